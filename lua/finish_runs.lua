@@ -1,0 +1,58 @@
+-- finish_runs.lua: record the outcome of many attempts of one queue, each conditional
+-- on its fencing token.
+-- KEYS: the queue keys (includes/common.lua)
+-- ARGV[1] now (ms)
+-- ARGV[2] crashes after which a run is quarantined (FAILED, reason quarantined)
+-- then 6 per item: run id, token, outcome, data, error class, retry delay (ms)
+--   outcome: ok (data = encoded result) | error | fatal (never retried) | timeout | crash
+--   (data = error message). The delay is computed by the caller (backoff + full jitter).
+-- Returns: one entry per item: the run's new state, or 'STALE' when the token is not
+--   the run's current one (nothing changes; counted in stats.stale_finish).
+-- @include common
+local now, quarantine = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {}
+for i = 3, #ARGV, 6 do
+  local id, token, outcome, data, eclass, delay = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
+  local key = run_key(id)
+  local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'max_retries', 'worker')
+  local st = f[1]
+  if (st ~= 'RUNNING' and st ~= 'STOPPING') or f[2] ~= token then
+    redis.call('HINCRBY', K_STATS, 'stale_finish', 1)
+    out[#out + 1] = 'STALE'
+  else
+    redis.call('ZREM', K_ACTIVE, id)
+    local base = {'attempt', f[3], 'token', token, 'worker', f[5]}
+    if outcome == 'ok' then
+      redis.call('HSET', key, 'result', data)
+      base[#base + 1] = 'result'; base[#base + 1] = data
+      transition(id, key, st, 'SUCCEEDED', 'succeeded', now, base)
+      out[#out + 1] = 'SUCCEEDED'
+    else
+      local fails = redis.call('HINCRBY', key, 'fails', 1)
+      local reason = 'retries_exhausted'
+      if outcome == 'fatal' or outcome == 'timeout' then reason = outcome end
+      if outcome == 'crash' and redis.call('HINCRBY', key, 'crashes', 1) >= quarantine then
+        reason = 'quarantined'
+      end
+      redis.call('HSET', key, 'error_class', eclass, 'error', data)
+      for _, v in ipairs({'outcome', outcome, 'error_class', eclass, 'error', data}) do base[#base + 1] = v end
+      local retry = st == 'RUNNING' and outcome ~= 'fatal' and reason ~= 'quarantined'
+                    and fails <= tonumber(f[4])
+      if retry then
+        local run_at = now + delay
+        redis.call('HSET', key, 'run_at', run_at)
+        redis.call('ZADD', K_DELAYED, run_at, id)
+        base[#base + 1] = 'run_at'; base[#base + 1] = run_at
+        transition(id, key, 'RUNNING', 'RETRY_WAIT', 'retry_scheduled', now, base)
+        out[#out + 1] = 'RETRY_WAIT'
+      else
+        local to, event = 'FAILED', 'failed'
+        if outcome == 'timeout' and st == 'RUNNING' then to, event = 'TIMED_OUT', 'timed_out' end
+        base[#base + 1] = 'reason'; base[#base + 1] = reason
+        transition(id, key, st, to, event, now, base)
+        out[#out + 1] = to
+      end
+    end
+  end
+end
+return out

@@ -1,0 +1,49 @@
+-- common.lua: included at the top of every queue script by scheduler/scripts.py.
+--
+-- Every queue script receives the same KEYS (scheduler/keys.py, Keys.script_keys):
+--   KEYS[1] due      ZSET  claimable runs, score = (255 - priority) * 2^40 + FIFO sequence
+--   KEYS[2] delayed  ZSET  delayed and RETRY_WAIT runs, score = run_at (ms)
+--   KEYS[3] active   ZSET  RUNNING / STOPPING runs, score = lease expiry (ms)
+--   KEYS[4] events   STREAM transitions for the recorder
+--   KEYS[5] seq      counter for FIFO order
+--   KEYS[6] token    counter, low 40 bits of fencing tokens in the current epoch
+--   KEYS[7] epoch    epoch stamp (absent = dataset not trusted)
+--   KEYS[8] paused   exists while the queue is paused
+--   KEYS[9] wake     LIST nudged so idle workers wake up
+--   KEYS[10] stats   HASH of counters
+-- Run hashes are BASE .. 'run:' .. id, in the same hash slot as the keys above.
+local K_DUE, K_DELAYED, K_ACTIVE, K_EVENTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_SEQ, K_TOKEN, K_EPOCH, K_PAUSED, K_WAKE, K_STATS = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local BASE = string.sub(K_DUE, 1, -4)
+local TOKEN_SPAN = 1099511627776 -- 2^40: tokens are epoch * 2^40 + counter
+
+local function run_key(id)
+  return BASE .. 'run:' .. id
+end
+
+-- LEGAL['FROM>TO>event'] = true, rendered from scheduler/states.py (the only copy).
+-- @states
+
+-- Move a run to a new state and append the event. Callers check the current state
+-- first (compare-and-set); this guard only stops an edge the state table lacks.
+local function transition(id, key, from, to, event, now, extra)
+  if not LEGAL[from .. '>' .. to .. '>' .. event] then
+    error({err = 'ILLEGAL_TRANSITION ' .. id .. ' ' .. from .. ' ' .. to})
+  end
+  local v = redis.call('HINCRBY', key, 'version', 1)
+  redis.call('HSET', key, 'state', to)
+  local ev = {'run', id, 'type', event, 'from', from, 'to', to, 'v', v, 'ts', now}
+  if extra then
+    for i = 1, #extra do ev[#ev + 1] = extra[i] end
+  end
+  redis.call('XADD', K_EVENTS, '*', unpack(ev))
+  return v
+end
+
+local function due_score(priority)
+  return (255 - tonumber(priority)) * TOKEN_SPAN + redis.call('INCR', K_SEQ)
+end
+
+local function nudge()
+  if redis.call('LLEN', K_WAKE) == 0 then redis.call('RPUSH', K_WAKE, 1) end
+end

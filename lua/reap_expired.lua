@@ -1,0 +1,33 @@
+-- reap_expired.lua: runs whose lease expired (worker died, partitioned, paused too long)
+-- go back to PENDING, or FAILED when their retries are used up; the attempt is
+-- recorded as interrupted. Safe to run from many processes at once.
+-- KEYS: the queue keys (includes/common.lua)
+-- ARGV[1] now (ms), ARGV[2] max runs to reap in this call
+-- Returns: the number of runs reaped.
+-- @include common
+local now = tonumber(ARGV[1])
+local ids = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local reaped = 0
+for _, id in ipairs(ids) do
+  local key = run_key(id)
+  local f = redis.call('HMGET', key, 'state', 'lease_until', 'attempt', 'token', 'worker', 'max_retries', 'priority')
+  redis.call('ZREM', K_ACTIVE, id)
+  if (f[1] == 'RUNNING' or f[1] == 'STOPPING') and tonumber(f[2]) <= now then
+    local ev = {'attempt', f[3], 'token', f[4], 'worker', f[5], 'outcome', 'interrupted'}
+    if f[1] == 'STOPPING' then
+      transition(id, key, 'STOPPING', 'STOPPED', 'lease_expired', now, ev)
+    else
+      local fails = redis.call('HINCRBY', key, 'fails', 1)
+      if fails <= tonumber(f[6]) then
+        transition(id, key, 'RUNNING', 'PENDING', 'lease_expired', now, ev)
+        redis.call('ZADD', K_DUE, due_score(f[7]), id)
+        nudge()
+      else
+        ev[#ev + 1] = 'reason'; ev[#ev + 1] = 'retries_exhausted'
+        transition(id, key, 'RUNNING', 'FAILED', 'lease_expired', now, ev)
+      end
+    end
+    reaped = reaped + 1
+  end
+end
+return reaped

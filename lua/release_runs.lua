@@ -1,0 +1,22 @@
+-- release_runs.lua: a worker shutting down gives back runs it will not finish; they are
+-- PENDING again at once (not counted as failures), each conditional on its token.
+-- KEYS: the queue keys (includes/common.lua)
+-- ARGV[1] now (ms), then pairs: run id, token
+-- Returns: the number of runs released (a run whose token moved on is skipped).
+-- @include common
+local now = tonumber(ARGV[1])
+local released = 0
+for i = 2, #ARGV, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local key = run_key(id)
+  local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'worker', 'priority')
+  if f[1] == 'RUNNING' and f[2] == token then
+    redis.call('ZREM', K_ACTIVE, id)
+    transition(id, key, 'RUNNING', 'PENDING', 'released', now,
+               {'attempt', f[3], 'token', token, 'worker', f[4], 'outcome', 'released'})
+    redis.call('ZADD', K_DUE, due_score(f[5]), id)
+    released = released + 1
+  end
+end
+if released > 0 then nudge() end
+return released

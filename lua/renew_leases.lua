@@ -1,0 +1,24 @@
+-- renew_leases.lua: extend many leases of one queue in one call (the heartbeat).
+-- KEYS: the queue keys (includes/common.lua)
+-- ARGV[1] now (ms), ARGV[2] lease duration (ms), then pairs: run id, token
+-- Returns: one entry per pair:
+--   0        lost: the run's token differs or it is no longer RUNNING/STOPPING; abandon it
+--   1        renewed
+--   'pause' | 'stop' | 'cancel'   renewed, and an operator asked for that (control flag)
+-- @include common
+local now, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local lease = now + lease_ms
+local out = {}
+for i = 3, #ARGV, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local key = run_key(id)
+  local f = redis.call('HMGET', key, 'state', 'token', 'ctl')
+  if (f[1] == 'RUNNING' or f[1] == 'STOPPING') and f[2] == token then
+    redis.call('HSET', key, 'lease_until', lease)
+    redis.call('ZADD', K_ACTIVE, lease, id)
+    out[#out + 1] = f[3] or 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out

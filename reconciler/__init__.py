@@ -1,0 +1,1 @@
+"""The recorder (Redis Streams -> PostgreSQL history) and the repair loops."""

@@ -1,0 +1,48 @@
+"""Relay for runs submitted inside a producer's transaction: PostgreSQL NOTIFYs on
+commit (never before), and this moves those runs to Redis; a periodic pass catches any
+notification missed while the relay was down."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+
+from scheduler.client import enqueue_rows
+from scheduler.stores import Stores
+
+log = logging.getLogger("fencepost.reconciler")
+
+CHANNEL = "fencepost_outbox"
+
+
+class OutboxRelay:
+    def __init__(self, stores: Stores) -> None:
+        self.stores = stores
+        self.wakeup = asyncio.Event()
+        self.relayed = 0
+        self._conn: asyncpg.Connection | None = None
+
+    async def listen(self) -> None:
+        self._conn = await asyncpg.connect(self.stores.settings.database_url)
+        await self._conn.add_listener(CHANNEL, lambda *_: self.wakeup.set())
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def relay(self) -> int:
+        db = self.stores.db
+        moved = 0
+        for row in await db.fetch("outbox_queues"):
+            queue = row["queue"]
+            while True:
+                rows = await db.fetch("outbox_runs", queue, 1000)
+                if not rows:
+                    break
+                await enqueue_rows(self.stores, queue, [dict(r) for r in rows])
+                await db.execute("clear_outbox", [r["id"] for r in rows])
+                moved += len(rows)
+        self.relayed += moved
+        return moved

@@ -1,0 +1,277 @@
+"""The producer's client: durable submit (PostgreSQL first, then Redis), wait, inspect."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import defaultdict
+from datetime import datetime, timedelta, timezone
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
+
+import asyncpg
+import msgspec
+
+from .config import Settings
+from .errors import InvalidInput, PayloadTooLarge, UnknownHandler, UnknownRun, WaitTimeout
+from .keys import valid_queue_name
+from .models import JobSpec, Outcome, Submit, decode_result, encode_payload
+from .registry import Handler, Registry
+from .states import TERMINAL, Status
+from .stores import Stores
+
+__all__ = ["Client", "SyncClient", "enqueue_rows"]
+
+T = TypeVar("T")
+_UTC = timezone.utc
+
+
+def _ms(dt: datetime) -> int:
+    return int(dt.timestamp() * 1000)
+
+
+async def enqueue_rows(stores: Stores, queue: str, rows: Iterable[Any]) -> int:
+    """Make committed runs claimable: one Lua call for a batch (submit, outbox relay, repair).
+
+    Each row needs the columns of `active_runs_page` (id, handler, status, priority, payload,
+    run_at, attempt, max_retries, timeout_s, fire_time, trace_id, version).
+    """
+    args: list[Any] = [int(time.time() * 1000)]
+    for r in rows:
+        fields = ["handler", r["handler"], "payload", r["payload"], "max_retries", r["max_retries"],
+                  "timeout_ms", int(r["timeout_s"] * 1000), "attempt", r["attempt"], "version", r["version"]]
+        if r["fire_time"] is not None:
+            fields += ["fire_time", _ms(r["fire_time"])]
+        if r["trace_id"]:
+            fields += ["trace", r["trace_id"]]
+        args += [r["id"], r["status"], _ms(r["run_at"]), r["priority"], len(fields) // 2, *fields]
+    if len(args) == 1:
+        return 0
+    return await stores.scripts.run("enqueue_runs", stores.keys(queue), args)
+
+
+class Client:
+    """Async client. A submit returns only after PostgreSQL committed the run."""
+
+    def __init__(self, redis_url: str | None = None, database_url: str | None = None, *,
+                 settings: Settings | None = None, actor: str = "client") -> None:
+        self.settings = settings or Settings.from_env(redis_url=redis_url, database_url=database_url)
+        self.stores = Stores(self.settings)
+        self.actor = actor
+        self._defs: dict[str, JobSpec] = {}
+
+    async def connect(self) -> "Client":
+        await self.stores.connect()
+        return self
+
+    async def close(self) -> None:
+        await self.stores.close()
+
+    async def __aenter__(self) -> "Client":
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- definitions ---------------------------------------------------------------------------
+    async def register(self, registry: Registry | Iterable[JobSpec]) -> None:
+        """Store handler declarations so submits can be validated without a worker running."""
+        specs = registry.specs() if isinstance(registry, Registry) else list(registry)
+        cols = [[getattr(s, f) for s in specs] for f in
+                ("name", "model", "queue", "priority", "timeout_s", "max_retries", "version", "resumable", "owner")]
+        await self.stores.db.execute("upsert_definitions", *cols, ["{}"] * len(specs))
+        self._defs.update({s.name: s for s in specs})
+
+    async def _definition(self, name: str) -> JobSpec:
+        spec = self._defs.get(name)
+        if spec is None:
+            rows = await self.stores.db.fetch("definitions")
+            self._defs = {r["name"]: msgspec.convert(dict(r), JobSpec) for r in rows}
+            spec = self._defs.get(name)
+            if spec is None:
+                raise UnknownHandler(name)
+        return spec
+
+    # -- submit --------------------------------------------------------------------------------
+    async def submit(self, handler: str | Handler, *args: Any, kwargs: dict[str, Any] | None = None,
+                     queue: str | None = None, priority: int | None = None, run_at: datetime | None = None,
+                     delay: float | None = None, timeout: float | None = None, max_retries: int | None = None,
+                     idempotency_key: str | None = None, trace: str | None = None,
+                     connection: asyncpg.Connection | None = None) -> int:
+        name = handler.name if isinstance(handler, Handler) else handler
+        req = Submit(handler=name, args=args, kwargs=kwargs or {}, queue=queue, priority=priority, run_at=run_at,
+                     delay=delay, timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key,
+                     trace=trace)
+        return (await self.submit_many([req], connection=connection))[0]
+
+    async def submit_many(self, requests: Sequence[Submit], *, connection: asyncpg.Connection | None = None) -> list[int]:
+        """Submit a batch: one round trip to PostgreSQL, then one Lua call per queue.
+
+        With `connection`, the runs are written inside the caller's transaction (an outbox):
+        they exist if and only if it commits, and the reconciler moves them to Redis on commit.
+        Returns run ids in request order; an existing idempotency key yields the existing run.
+        """
+        if not requests:
+            return []
+        now = datetime.now(_UTC)
+        cols: list[list[Any]] = [[] for _ in range(14)]
+        for req in requests:
+            row = await self._validated(req, now, outbox=connection is not None)
+            for col, value in zip(cols, row):
+                col.append(value)
+        db = self.stores.db
+        rows = await db.fetch("insert_runs", *cols, self.actor, conn=connection)
+        ids: list[int | None] = [None] * len(requests)
+        created: list[int] = []
+        new_queues: dict[str, int] = {}
+        for r in rows:
+            if r["ord"] is None:
+                new_queues[r["queue"]] = r["epoch"]
+            elif r["created"]:
+                ids[r["ord"] - 1] = r["id"]
+                created.append(r["ord"] - 1)
+        missing = [i for i, v in enumerate(ids) if v is None]
+        if missing:
+            keys = [requests[i].idempotency_key for i in missing]
+            found = {r["idempotency_key"]: r["id"] for r in
+                     await db.fetch("runs_by_idempotency_key", keys, conn=connection)}
+            for i in missing:
+                ids[i] = found.get(requests[i].idempotency_key)
+                if ids[i] is None:  # a concurrent submit with this key has not committed yet
+                    raise InvalidInput(f"idempotency key {requests[i].idempotency_key!r} is being "
+                                       "submitted concurrently and is not committed yet; retry", field="idempotency_key")
+        if connection is None:
+            await self._stamp_new_queues(new_queues)
+            by_queue: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            for i in created:
+                by_queue[cols[1][i]].append({
+                    "id": ids[i], "handler": cols[0][i], "status": cols[9][i], "priority": cols[2][i],
+                    "payload": cols[3][i], "run_at": cols[4][i], "attempt": 0, "max_retries": cols[5][i],
+                    "timeout_s": cols[6][i], "fire_time": cols[12][i], "trace_id": cols[8][i], "version": 0,
+                })
+            for queue, batch in by_queue.items():
+                await enqueue_rows(self.stores, queue, batch)
+        return ids  # type: ignore[return-value]
+
+    async def _stamp_new_queues(self, new_queues: dict[str, int]) -> None:
+        """A queue this submit created has no history to lose, so its creator may stamp it."""
+        if not new_queues:
+            return
+        pipe = self.stores.redis.pipeline(transaction=False)
+        for queue, epoch in new_queues.items():
+            pipe.set(self.stores.keys(queue).epoch, epoch, nx=True)
+            pipe.sadd(self.stores.queues_key, queue)
+        await pipe.execute()
+
+    async def _validated(self, req: Submit, now: datetime, *, outbox: bool) -> tuple[Any, ...]:
+        spec = await self._definition(req.handler)
+        queue = req.queue or spec.queue
+        if not valid_queue_name(queue):
+            raise InvalidInput(f"queue name {queue!r} must be 1-64 of letters, digits, '_', '-', '.'", field="queue")
+        priority = spec.priority if req.priority is None else req.priority
+        if not 0 <= priority <= 255:
+            raise InvalidInput(f"priority {priority} is outside 0..255", field="priority")
+        timeout = spec.timeout_s if req.timeout is None else float(req.timeout)
+        if not timeout > 0:
+            raise InvalidInput(f"timeout must be positive, not {timeout}", field="timeout")
+        retries = spec.max_retries if req.max_retries is None else req.max_retries
+        if retries < 0:
+            raise InvalidInput(f"max_retries must be >= 0, not {retries}", field="max_retries")
+        if req.run_at is not None and req.delay is not None:
+            raise InvalidInput("give run_at or delay, not both", field="run_at")
+        run_at = now
+        if req.run_at is not None:
+            if req.run_at.tzinfo is None:
+                raise InvalidInput("run_at must be timezone-aware", field="run_at")
+            run_at = req.run_at
+        elif req.delay is not None:
+            if req.delay < 0:
+                raise InvalidInput(f"delay must be >= 0, not {req.delay}", field="delay")
+            run_at = now + timedelta(seconds=req.delay)
+        try:
+            payload = encode_payload(tuple(req.args), dict(req.kwargs))
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise InvalidInput(f"arguments cannot be encoded: {exc}", field="args") from exc
+        if len(payload) > self.settings.max_payload_bytes:
+            raise PayloadTooLarge(len(payload), self.settings.max_payload_bytes)
+        return (spec.name, queue, priority, payload, run_at, retries, timeout, req.idempotency_key,
+                req.trace, Status.PENDING.value, None, None, None, outbox)
+
+    # -- read ----------------------------------------------------------------------------------
+    async def get(self, run_id: int) -> dict[str, Any]:
+        row = await self.stores.db.fetchrow("get_run", run_id)
+        if row is None:
+            raise UnknownRun(run_id)
+        return dict(row)
+
+    async def wait(self, run_id: int, timeout: float | None = None) -> Outcome:
+        """Wait until the run is terminal; return its state and decoded result.
+
+        Polls the run's Redis hash (the hot state, no PostgreSQL load) and falls back to
+        PostgreSQL when Redis no longer holds it (recorded and expired, or not enqueued yet).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        terminal = {s.value.encode() for s in TERMINAL}
+        row: dict[str, Any] | None = await self.get(run_id)
+        key = self.stores.keys(row["queue"]).run(run_id)
+        delay = 0.005
+        while True:
+            if row is not None and row["status"] in TERMINAL:
+                return Outcome(run_id, row["status"], decode_result(row["result"]), row["last_error"],
+                               row["last_error_class"])
+            state, result, error, eclass = await self.stores.redis.hmget(key, "state", "result", "error", "error_class")
+            if state in terminal:
+                return Outcome(run_id, state.decode(), decode_result(result),
+                               error.decode() if error else None, eclass.decode() if eclass else None)
+            row = await self.get(run_id) if state is None else None
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(run_id, state.decode() if state else (row or {}).get("status", "?"))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    async def list_runs(self, *, queue: str | None = None, status: str | None = None,
+                        handler: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        if status is not None and status not in Status.__members__:
+            raise InvalidInput(f"unknown status {status!r}; one of {', '.join(Status)}", field="status")
+        return [dict(r) for r in await self.stores.db.fetch("list_runs", queue, status, handler, limit)]
+
+    async def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.stores.db.fetch("dead_letter", queue, limit)]
+
+    async def events(self, run_id: int) -> list[dict[str, Any]]:
+        await self.get(run_id)
+        return [dict(r) for r in await self.stores.db.fetch("run_events", run_id)]
+
+    async def attempts(self, run_id: int) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.stores.db.fetch("run_attempts", run_id)]
+
+
+class SyncClient:
+    """The same client for plain scripts: a private event loop on a background thread."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="fencepost-client", daemon=True)
+        self._thread.start()
+        self._client = Client(*args, **kwargs)
+        self._call(self._client.connect)
+
+    def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        return asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self._loop).result()
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        attr = getattr(self._client, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+        return lambda *a, **kw: self._call(attr, *a, **kw)
+
+    def close(self) -> None:
+        self._call(self._client.close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "SyncClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,34 @@
+"""Settings from the environment (FENCEPOST_*), with defaults that work on one machine."""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+
+__all__ = ["Settings"]
+
+
+class Settings(msgspec.Struct, kw_only=True):
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    prefix: str = "fp"
+    """Redis key prefix; separate prefixes never see each other's data."""
+    max_payload_bytes: int = 512 * 1024
+    lease_ms: int = 30_000
+    quarantine_after: int = 3
+    """Crashes of the worker process (os._exit, segfault) before a run is quarantined."""
+    backoff_base_ms: int = 1_000
+    backoff_cap_ms: int = 300_000
+    terminal_ttl_s: int = 3_600
+    """How long a finished run's hash stays in Redis after the recorder committed it."""
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "Settings":
+        env = {}
+        for field in cls.__struct_fields__:
+            raw = os.environ.get(f"FENCEPOST_{field.upper()}")
+            if raw is not None:
+                env[field] = raw
+        env.update({k: v for k, v in overrides.items() if v is not None})
+        return msgspec.convert(env, cls, strict=False)

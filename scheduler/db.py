@@ -1,0 +1,116 @@
+"""The only module that runs SQL: migrations and the named queries of sql/queries.sql."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import cache
+from typing import Any
+
+import asyncpg
+
+from .errors import DatabaseUnavailable
+from .resources import resource_dir
+
+__all__ = ["Database", "query", "migrations", "upgrade"]
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.M)
+_MIGRATION_LOCK = 0x46454E43  # "FENC": one upgrade at a time across replicas
+
+
+@cache
+def _queries() -> dict[str, str]:
+    text = (resource_dir("sql") / "queries.sql").read_text()
+    parts = _NAME.split(text)
+    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
+
+
+def query(name: str) -> str:
+    return _queries()[name]
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every numbered file in sql/, in order."""
+    out = []
+    for path in sorted(resource_dir("sql").glob("[0-9][0-9][0-9]_*.sql")):
+        out.append((int(path.name[:3]), path.stem, path.read_text()))
+    return out
+
+
+async def upgrade(conn: asyncpg.Connection) -> list[str]:
+    """Apply pending migrations; safe when replicas run it at once (advisory lock)."""
+    applied: list[str] = []
+    await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+    try:
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS fencepost_migrations (version integer PRIMARY KEY, "
+            "name text NOT NULL, checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {r["version"]: r["checksum"] for r in await conn.fetch("SELECT version, checksum FROM fencepost_migrations")}
+        for version, name, sql in migrations():
+            checksum = hashlib.sha256(sql.encode()).hexdigest()
+            if version in done:
+                if done[version] != checksum:
+                    raise RuntimeError(f"migration {name} changed after it was applied (checksum differs)")
+                continue
+            async with conn.transaction():
+                await conn.execute(sql)
+                await conn.execute(
+                    "INSERT INTO fencepost_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                    version, name, checksum,
+                )
+            applied.append(name)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
+    return applied
+
+
+class Database:
+    """A small asyncpg pool wrapper; connection errors become DatabaseUnavailable."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        self.url = url
+        self._min, self._max = min_size, max_size
+        self.pool: asyncpg.Pool | None = None
+
+    async def connect(self) -> "Database":
+        if self.pool is None:
+            try:
+                self.pool = await asyncpg.create_pool(self.url, min_size=self._min, max_size=self._max)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise DatabaseUnavailable(f"postgresql unreachable at {_redact(self.url)}: {exc}") from exc
+        return self
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+
+    def _p(self) -> asyncpg.Pool:
+        if self.pool is None:
+            raise DatabaseUnavailable("database not connected")
+        return self.pool
+
+    async def fetch(self, name: str, *args: Any, conn: asyncpg.Connection | None = None) -> list[asyncpg.Record]:
+        try:
+            return await (conn or self._p()).fetch(query(name), *args)
+        except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.ConnectionDoesNotExistError) as exc:
+            raise DatabaseUnavailable(f"postgresql: {exc}") from exc
+
+    async def fetchrow(self, name: str, *args: Any, conn: asyncpg.Connection | None = None) -> asyncpg.Record | None:
+        rows = await self.fetch(name, *args, conn=conn)
+        return rows[0] if rows else None
+
+    async def execute(self, name: str, *args: Any, conn: asyncpg.Connection | None = None) -> str:
+        try:
+            return await (conn or self._p()).execute(query(name), *args)
+        except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.ConnectionDoesNotExistError) as exc:
+            raise DatabaseUnavailable(f"postgresql: {exc}") from exc
+
+    async def upgrade(self) -> list[str]:
+        async with self._p().acquire() as conn:
+            return await upgrade(conn)
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"://([^:@/]+):[^@/]*@", r"://\1:***@", url)

@@ -1,0 +1,58 @@
+"""Every Redis key Fencepost uses, in one place.
+
+All keys of one queue share the hash tag `{prefix:queue}` so every script touches a
+single slot and the system runs on Redis Cluster unchanged. Lua scripts receive the
+queue's key prefix (`Keys.base`) and build run keys from it, never from strings of
+their own.
+
+Run hash fields (see lua/includes/common.lua): state, handler, payload, priority,
+attempt, fails, crashes, max_retries, timeout_ms, token, worker, lease_until,
+version, run_at, fire_time, trace, result, error_class, error, ctl.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["Keys", "QUEUES_KEY", "valid_queue_name"]
+
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def valid_queue_name(name: str) -> bool:
+    return bool(_QUEUE_RE.match(name))
+
+
+def QUEUES_KEY(prefix: str) -> str:  # noqa: N802 - a key template, read like a constant
+    """Set of known queue names (discovery only; not tagged, not on the hot path)."""
+    return f"{prefix}:queues"
+
+
+class Keys:
+    """The keys of one queue."""
+
+    __slots__ = ("queue", "base", "due", "delayed", "active", "events", "seq", "token",
+                 "epoch", "paused", "wake", "stats")
+
+    def __init__(self, prefix: str, queue: str) -> None:
+        self.queue = queue
+        self.base = f"{prefix}:{{{queue}}}:"
+        b = self.base
+        self.due = b + "due"          # ZSET run id -> priority band * 2^40 + FIFO sequence
+        self.delayed = b + "delayed"  # ZSET run id -> run_at (ms): delayed and RETRY_WAIT runs
+        self.active = b + "active"    # ZSET run id -> lease expiry (ms): RUNNING and STOPPING runs
+        self.events = b + "events"    # STREAM of transitions, read by the recorder group
+        self.seq = b + "seq"          # counter for FIFO order within a priority
+        self.token = b + "token"      # counter, low 32 bits of fencing tokens in this epoch
+        self.epoch = b + "epoch"      # epoch stamp written by the reconciler (or queue creator)
+        self.paused = b + "paused"    # exists while the whole queue is paused
+        self.wake = b + "wake"        # LIST nudged on enqueue so idle workers wake without polling
+        self.stats = b + "stats"      # HASH of counters (stale finishes, ...)
+
+    def run(self, run_id: int | str) -> str:
+        return f"{self.base}run:{run_id}"
+
+    def script_keys(self) -> list[str]:
+        """The KEYS every queue script receives, in this order (see each script's header)."""
+        return [self.due, self.delayed, self.active, self.events, self.seq, self.token,
+                self.epoch, self.paused, self.wake, self.stats]

@@ -1,0 +1,109 @@
+"""msgspec Structs at the boundaries: submit requests, run views, claimed runs, events."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = ["Submit", "JobSpec", "Claimed", "RunView", "Outcome", "encode_payload", "decode_payload",
+           "encode_result", "decode_result", "Model"]
+
+Model = Literal["async", "thread", "process"]
+
+
+class Submit(msgspec.Struct, kw_only=True, frozen=True):
+    """One run to submit. Unset options fall back to the handler's declared defaults."""
+
+    handler: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    queue: str | None = None
+    priority: int | None = None
+    run_at: datetime | None = None
+    delay: float | None = None
+    timeout: float | None = None
+    max_retries: int | None = None
+    idempotency_key: str | None = None
+    trace: str | None = None
+    """W3C traceparent of the producer, carried into the handler's context."""
+
+
+class JobSpec(msgspec.Struct, kw_only=True, frozen=True):
+    """What a handler declares; stored in job_definitions so producers can validate."""
+
+    name: str
+    model: Model = "async"
+    queue: str = "default"
+    priority: int = 0
+    timeout_s: float = 300.0
+    max_retries: int = 3
+    version: int = 1
+    resumable: bool = True
+    owner: str | None = None
+
+
+class Claimed(msgspec.Struct, frozen=True):
+    """A run a worker holds a lease on."""
+
+    id: int
+    token: int
+    attempt: int
+    handler: str
+    payload: bytes
+    timeout_ms: int
+    max_retries: int
+    queue: str
+    fire_time: int | None
+    trace: str | None
+
+
+class RunView(msgspec.Struct, kw_only=True):
+    id: int
+    handler: str
+    queue: str
+    status: str
+    attempt: int
+    priority: int = 0
+    run_at: datetime | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_error_class: str | None = None
+    last_error: str | None = None
+    reason: str | None = None
+    token: int | None = None
+    lease_owner: str | None = None
+    idempotency_key: str | None = None
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """What wait() returns: the final state and the handler's decoded return value."""
+
+    run_id: int
+    status: str
+    result: Any = None
+    error: str | None = None
+    error_class: str | None = None
+
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder()
+
+
+def encode_payload(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    return _enc.encode((args, kwargs))
+
+
+def decode_payload(raw: bytes) -> tuple[list[Any], dict[str, Any]]:
+    args, kwargs = _dec.decode(raw)
+    return args, kwargs
+
+
+def encode_result(value: Any) -> bytes:
+    return _enc.encode(value)
+
+
+def decode_result(raw: bytes | None) -> Any:
+    return None if raw is None or raw == b"" else _dec.decode(raw)

@@ -1,0 +1,61 @@
+"""Load lua/ once, run scripts by SHA (EVALSHA; redis-py reloads once on NOSCRIPT).
+
+Includes are inlined here (`-- @include name`), and the state table from
+`states.py` is rendered into them (`-- @states`), so Lua cannot drift from Python.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from typing import Any, Sequence
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError, TimeoutError as RedisTimeoutError
+
+from .errors import NotStamped, RedisUnavailable, decode_lua_error
+from .keys import Keys
+from .resources import resource_dir
+from .states import edges
+
+__all__ = ["Scripts", "render", "SCRIPT_NAMES"]
+
+_INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
+SCRIPT_NAMES = ("enqueue_runs", "claim_due", "renew_leases", "finish_runs", "reap_expired", "release_runs",
+                "expire_finished")
+
+
+def _states_lua() -> str:
+    entries = ", ".join(f"['{f}>{t}>{e}'] = true" for f, t, e in sorted(edges()) if f)
+    return f"local LEGAL = {{{entries}}}"
+
+
+@cache
+def render(name: str) -> str:
+    """The full source of one script, includes inlined."""
+    root = resource_dir("lua")
+    src = (root / f"{name}.lua").read_text()
+
+    def include(m: re.Match[str]) -> str:
+        return (root / "includes" / f"{m.group(1)}.lua").read_text().replace("-- @states", _states_lua())
+
+    return _INCLUDE.sub(include, src)
+
+
+class Scripts:
+    """All scripts registered on one Redis client."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._scripts = {name: redis.register_script(render(name)) for name in SCRIPT_NAMES}
+
+    async def run(self, name: str, keys: Keys, args: Sequence[Any]) -> Any:
+        try:
+            return await self._scripts[name](keys=keys.script_keys(), args=args)
+        except ResponseError as exc:
+            msg = str(exc)
+            if msg.startswith("UNSTAMPED"):
+                raise NotStamped(keys.queue) from None
+            raise decode_lua_error(msg) from None
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise RedisUnavailable(f"redis unreachable: {exc}") from exc

@@ -1,0 +1,174 @@
+-- Named queries. scheduler/db.py is the only module that runs SQL; it loads these by name.
+
+-- name: insert_runs
+-- One round trip per batch: creates queues on first use, inserts the runs (skipping
+-- idempotency keys and schedule fires that exist), and writes their submitted events.
+-- Returns one row per input (ord, id, created) and one per queue created.
+WITH input AS MATERIALIZED (
+    SELECT nextval(pg_get_serial_sequence('runs', 'id')) AS id, t.*
+    FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::timestamptz[],
+                $6::integer[], $7::double precision[], $8::text[], $9::text[], $10::text[],
+                $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[])
+        WITH ORDINALITY AS t(handler, queue, priority, payload, run_at, max_retries, timeout_s,
+                             idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox, ord)
+), new_queues AS (
+    INSERT INTO queues (name) SELECT DISTINCT queue FROM input
+    ON CONFLICT (name) DO NOTHING RETURNING name, epoch
+), ins AS (
+    INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
+                      idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox)
+    SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
+           idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox
+    FROM input ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, status, trace_id
+), ev AS (
+    INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
+    SELECT id, 'submitted', status, 0, $15, trace_id, now() FROM ins
+), notify AS (
+    SELECT pg_notify('fencepost_outbox', q.queue)
+    FROM (SELECT DISTINCT queue FROM input WHERE outbox) q
+)
+SELECT input.ord, input.id, (ins.id IS NOT NULL) AS created, NULL::text AS queue, NULL::bigint AS epoch,
+       (SELECT count(*) FROM notify) AS notified
+FROM input LEFT JOIN ins ON ins.id = input.id
+UNION ALL
+SELECT NULL, NULL, NULL, name, epoch, NULL FROM new_queues;
+
+-- name: runs_by_idempotency_key
+SELECT id, idempotency_key FROM runs WHERE idempotency_key = ANY($1::text[]);
+
+-- name: runs_by_fire
+SELECT id, schedule_id, fire_time FROM runs
+WHERE (schedule_id, fire_time) IN (SELECT * FROM unnest($1::bigint[], $2::timestamptz[]));
+
+-- name: upsert_definitions
+INSERT INTO job_definitions (name, model, queue, priority, timeout_s, max_retries, version, resumable, owner, options, updated_at)
+SELECT * , now() FROM unnest($1::text[], $2::text[], $3::text[], $4::smallint[], $5::double precision[],
+                             $6::integer[], $7::integer[], $8::boolean[], $9::text[], $10::jsonb[])
+ON CONFLICT (name) DO UPDATE SET model = excluded.model, queue = excluded.queue, priority = excluded.priority,
+    timeout_s = excluded.timeout_s, max_retries = excluded.max_retries, version = excluded.version,
+    resumable = excluded.resumable, owner = excluded.owner, options = excluded.options, updated_at = now();
+
+-- name: definitions
+SELECT name, model, queue, priority, timeout_s, max_retries, version, resumable, owner FROM job_definitions;
+
+-- name: get_run
+SELECT * FROM runs WHERE id = $1;
+
+-- name: run_status
+SELECT id, status, result, last_error, last_error_class FROM runs WHERE id = ANY($1::bigint[]);
+
+-- name: list_runs
+SELECT id, handler, queue, status, priority, attempt, run_at, created_at, started_at, finished_at, last_error_class, last_error, reason
+FROM runs
+WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3)
+ORDER BY id DESC LIMIT $4;
+
+-- name: dead_letter
+SELECT id, handler, queue, status, attempt, finished_at, last_error_class, last_error, reason
+FROM runs WHERE status IN ('FAILED', 'TIMED_OUT') AND ($1::text IS NULL OR queue = $1)
+ORDER BY finished_at DESC LIMIT $2;
+
+-- name: run_events
+SELECT id, type, from_status, to_status, version, attempt, token, worker_id, actor, reason,
+       error_class, error_message, trace_id, at, recorded_at
+FROM events WHERE run_id = $1 ORDER BY at, id;
+
+-- name: run_attempts
+SELECT attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message
+FROM attempts WHERE run_id = $1 ORDER BY attempt;
+
+-- name: insert_events
+INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, worker_id,
+                    reason, error_class, error_message, at, stream, stream_id)
+SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::integer[],
+                     $7::bigint[], $8::text[], $9::text[], $10::text[], $11::text[], $12::timestamptz[],
+                     $13::text[], $14::bigint[])
+ON CONFLICT (stream, stream_id) WHERE stream_id IS NOT NULL DO NOTHING
+RETURNING stream, stream_id;
+
+-- name: apply_runs
+-- The run projection: one row per run per batch (the recorder folds events first);
+-- guarded by version so a replayed or reordered batch never moves a run backwards.
+UPDATE runs r SET
+    status = u.status,
+    version = u.version,
+    attempt = COALESCE(u.attempt, r.attempt),
+    token = COALESCE(u.token, r.token),
+    lease_owner = CASE WHEN u.status IN ('RUNNING', 'STOPPING') THEN COALESCE(u.worker_id, r.lease_owner) END,
+    lease_expires_at = CASE WHEN u.status IN ('RUNNING', 'STOPPING') THEN COALESCE(u.lease, r.lease_expires_at) END,
+    started_at = COALESCE(u.started_at, r.started_at),
+    finished_at = CASE WHEN u.status IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'STOPPED')
+                       THEN COALESCE(u.finished_at, r.finished_at, u.at) END,
+    run_at = COALESCE(u.run_at, r.run_at),
+    last_error = COALESCE(u.error_message, r.last_error),
+    last_error_class = COALESCE(u.error_class, r.last_error_class),
+    reason = COALESCE(u.reason, r.reason),
+    result = CASE WHEN u.status = 'SUCCEEDED' THEN u.result END,
+    updated_at = now()
+FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::integer[], $5::bigint[], $6::text[],
+            $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], $10::timestamptz[], $11::text[],
+            $12::text[], $13::text[], $14::bytea[], $15::timestamptz[])
+     AS u(id, status, version, attempt, token, worker_id, lease, started_at, finished_at, run_at,
+          error_message, error_class, reason, result, at)
+WHERE r.id = u.id AND r.version < u.version;
+
+-- name: apply_attempts
+INSERT INTO attempts AS a (run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message)
+SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::text[], $5::timestamptz[],
+                     $6::timestamptz[], $7::text[], $8::text[], $9::text[])
+ON CONFLICT (run_id, attempt) DO UPDATE SET
+    finished_at = COALESCE(excluded.finished_at, a.finished_at),
+    outcome = COALESCE(excluded.outcome, a.outcome),
+    error_class = COALESCE(excluded.error_class, a.error_class),
+    error_message = COALESCE(excluded.error_message, a.error_message);
+
+-- name: bump_epoch
+UPDATE queues SET epoch = epoch + 1 WHERE name = $1 RETURNING epoch;
+
+-- name: queue_epochs
+SELECT name, epoch, paused FROM queues ORDER BY name;
+
+-- name: active_runs_page
+-- Runs Redis must hold, streamed in keyset pages for a rebuild or drift check.
+SELECT id, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
+       fire_time, trace_id, version, token, lease_owner
+FROM runs
+WHERE queue = $1 AND id > $2 AND status IN ('PENDING', 'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED')
+ORDER BY id LIMIT $3;
+
+-- name: outbox_runs
+SELECT id, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
+       fire_time, trace_id, version, token, lease_owner
+FROM runs WHERE outbox AND queue = $1 ORDER BY id LIMIT $2;
+
+-- name: outbox_queues
+SELECT DISTINCT queue FROM runs WHERE outbox;
+
+-- name: clear_outbox
+UPDATE runs SET outbox = false WHERE id = ANY($1::bigint[]) AND outbox;
+
+-- name: still_waiting
+SELECT id FROM runs WHERE id = ANY($1::bigint[]) AND status IN ('PENDING', 'RETRY_WAIT', 'PAUSED', 'BLOCKED');
+
+-- name: interrupt_lost_runs
+-- Runs PostgreSQL has as leased whose lease state Redis lost: the attempt is closed as
+-- interrupted and the run goes back to PENDING (at least once), in one statement.
+WITH r AS (
+    UPDATE runs SET status = 'PENDING', lease_owner = NULL, lease_expires_at = NULL,
+                    version = version + 1, reason = 'redis_lost', updated_at = now()
+    WHERE id = ANY($1::bigint[]) AND status = 'RUNNING'
+    RETURNING id, attempt, version, token
+), a AS (
+    UPDATE attempts SET finished_at = now(), outcome = 'interrupted',
+                        error_message = 'lease state lost with the Redis dataset'
+    WHERE (run_id, attempt) IN (SELECT id, attempt FROM r) AND finished_at IS NULL
+), e AS (
+    INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, actor, reason, at)
+    SELECT id, 'lease_expired', 'RUNNING', 'PENDING', version, attempt, token, 'reconciler', 'redis_lost', now() FROM r
+)
+SELECT id, version FROM r;
+
+-- name: ensure_queues
+INSERT INTO queues (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING;

@@ -1,0 +1,81 @@
+"""The acknowledger: completions are batched into one finish_runs call per queue.
+
+While one flush is in flight, new completions accumulate, so batches grow with load and
+latency stays at one round trip when idle. Flushes are shielded from cancellation: an
+outcome the worker has computed is never dropped by a shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import defaultdict
+from typing import Any
+
+from scheduler.stores import Stores
+
+log = logging.getLogger("fencepost.worker")
+
+__all__ = ["Acknowledger"]
+
+
+def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
+    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(attempt-1))]."""
+    return int(random.uniform(0, min(cap_ms, base_ms * 2 ** min(attempt - 1, 30))))
+
+
+class Acknowledger:
+    def __init__(self, stores: Stores) -> None:
+        self.stores = stores
+        s = stores.settings
+        self._base, self._cap, self._quarantine = s.backoff_base_ms, s.backoff_cap_ms, s.quarantine_after
+        self._pending: dict[str, list[tuple[list[Any], asyncio.Future[str]]]] = defaultdict(list)
+        self._flushing: asyncio.Task[None] | None = None
+        self.stale = 0
+        self.finished: dict[str, int] = defaultdict(int)
+
+    def add(self, queue: str, run_id: int, token: int, attempt: int, kind: str, data: bytes | str,
+            error_class: str) -> asyncio.Future[str]:
+        """Queue one outcome; the future resolves to the run's new state or 'STALE'."""
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        delay = backoff_ms(attempt, self._base, self._cap) if kind != "ok" else 0
+        self._pending[queue].append(([run_id, token, kind, data, error_class, delay], fut))
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.ensure_future(self._flush_loop())
+        return fut
+
+    async def _flush_loop(self) -> None:
+        while self._pending:
+            batches, self._pending = self._pending, defaultdict(list)
+            await asyncio.gather(*(asyncio.shield(self._flush(q, items)) for q, items in batches.items()),
+                                 return_exceptions=True)
+
+    async def _flush(self, queue: str, items: list[tuple[list[Any], asyncio.Future[str]]]) -> None:
+        args: list[Any] = [int(time.time() * 1000), self._quarantine]
+        for item, _ in items:
+            args.extend(item)
+        delay = 0.05
+        while True:
+            try:
+                states = await self.stores.scripts.run("finish_runs", self.stores.keys(queue), args)
+                break
+            except Exception as exc:  # noqa: BLE001 - keep the outcome until Redis takes it
+                log.warning("finish of %d runs failed, retrying: %s", len(items), exc,
+                            extra={"event": "finish_retry", "queue": queue})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        for (item, fut), state in zip(items, states):
+            state = state.decode() if isinstance(state, bytes) else state
+            if state == "STALE":
+                self.stale += 1
+                log.warning("late finish of run %s discarded: its token %s is stale", item[0], item[1],
+                            extra={"event": "stale_finish", "run_id": item[0]})
+            self.finished[state] += 1
+            if not fut.done():
+                fut.set_result(state)
+
+    async def drain(self) -> None:
+        while self._flushing is not None and not self._flushing.done():
+            await asyncio.shield(self._flushing)

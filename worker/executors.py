@@ -1,0 +1,105 @@
+"""Run one claimed job under its execution model and turn whatever happens into an Outcome.
+
+async: on the worker's loop, cancelled at its timeout.
+thread: in a thread pool; a thread cannot be killed, so at its timeout the run is given
+  up (TIMED_OUT or retried) and the thread's slot is counted as leaked until it returns.
+process: in a child process that is killed at its timeout or replaced if it crashes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+
+from scheduler.errors import InvalidInput
+from scheduler.models import Claimed, decode_payload, encode_result
+from scheduler.registry import Registry
+
+from .context import Context
+from .procpool import ChildCrashed, ProcessPool, RemoteError
+
+__all__ = ["Outcome", "Executors"]
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    kind: str  # ok | error | fatal | timeout | crash
+    data: bytes | str = b""
+    error_class: str = ""
+
+
+class Executors:
+    def __init__(self, registry: Registry, app: str | None, *, threads: int, processes: int) -> None:
+        self.registry = registry
+        self._threads = ThreadPoolExecutor(max_workers=max(threads, 1), thread_name_prefix="fencepost-job")
+        self.procs = ProcessPool(app, processes) if app and processes > 0 and any(
+            h.spec.model == "process" for h in registry.handlers.values()) else None
+        self.leaked_threads = 0
+        self._lock = threading.Lock()
+
+    async def start(self) -> None:
+        if self.procs is not None:
+            await self.procs.start()
+
+    async def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        if self.procs is not None:
+            await self.procs.close()
+
+    async def run(self, job: Claimed, ctx: Context) -> Outcome:
+        handler = self.registry.handlers.get(job.handler)
+        if handler is None:
+            return Outcome("fatal", f"this worker has no handler {job.handler!r}", "UnknownHandler")
+        timeout = job.timeout_ms / 1000
+        model = handler.spec.model
+        try:
+            if model == "process":
+                if self.procs is None:
+                    return Outcome("fatal", "process handler but the worker has no --app to spawn from", "NoProcessPool")
+                ctx_fields = (ctx.run_id, ctx.attempt, ctx.token, ctx.queue, ctx.handler, ctx.fire_time,
+                              ctx.trace, ctx.worker_id)
+                return Outcome("ok", await self.procs.run(job.handler, job.payload, ctx_fields, timeout))
+            args, kwargs = decode_payload(job.payload)
+            if model == "async":
+                async with asyncio.timeout(timeout):
+                    result = await handler.fn(ctx, *args, **kwargs)
+                return Outcome("ok", encode_result(result))
+            return await self._run_thread(handler.fn, ctx, args, kwargs, timeout)
+        except TimeoutError:
+            return Outcome("timeout", f"exceeded its timeout of {timeout:g}s", "Timeout")
+        except ChildCrashed as exc:
+            return Outcome("crash", str(exc), "WorkerCrash")
+        except RemoteError as exc:
+            return _classify(exc.error_class, str(exc))
+        except (InvalidInput, msgspec.DecodeError) as exc:
+            return Outcome("fatal", str(exc), type(exc).__name__)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every handler error becomes an outcome
+            return _classify(type(exc).__name__, f"{exc}\n{traceback.format_exc(limit=5)}"[:4000])
+
+    async def _run_thread(self, fn: Any, ctx: Context, args: list[Any], kwargs: dict[str, Any], timeout: float) -> Outcome:
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._threads, lambda: fn(ctx, *args, **kwargs))
+        try:
+            result = await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            ctx._stop = True
+            with self._lock:
+                self.leaked_threads += 1
+            fut.add_done_callback(self._thread_returned)
+            raise
+        return Outcome("ok", encode_result(result))
+
+    def _thread_returned(self, _fut: Any) -> None:
+        with self._lock:
+            self.leaked_threads -= 1
+
+
+def _classify(error_class: str, message: str) -> Outcome:
+    # Typed error classes arrive with the error-classes issue; unknown errors are transient.
+    return Outcome("error", message, error_class)

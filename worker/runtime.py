@@ -1,0 +1,273 @@
+"""A worker: a claimer, executors, a lease keeper, an acknowledger and a reaper.
+
+Graceful stop (SIGTERM) = stop claiming, let running jobs finish within the grace
+period, give back (release) what is left, flush every outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.config import Settings
+from scheduler.errors import NotStamped, StoreUnavailable
+from scheduler.models import Claimed
+from scheduler.registry import Registry
+from scheduler.stores import Stores
+
+from .acks import Acknowledger
+from .context import Context
+from .executors import Executors
+
+log = logging.getLogger("fencepost.worker")
+
+__all__ = ["Worker", "WorkerOptions"]
+
+
+@dataclass
+class WorkerOptions:
+    queues: list[str] = field(default_factory=lambda: ["default"])
+    concurrency: int = 100
+    processes: int = max(os.cpu_count() or 1, 1)
+    grace_s: float = 30.0
+    lease_ms: int | None = None
+    idle_wait_s: float = 0.5
+    reap_every_s: float = 2.0
+    burst: bool = False
+    """Exit once every queue is empty and nothing runs (deterministic tests, one-off drains)."""
+
+
+class _Running:
+    __slots__ = ("job", "ctx", "task")
+
+    def __init__(self, job: Claimed, ctx: Context) -> None:
+        self.job, self.ctx = job, ctx
+        self.task: asyncio.Task[None] | None = None
+
+
+class Worker:
+    def __init__(self, registry: Registry, options: WorkerOptions | None = None, *,
+                 settings: Settings | None = None, app: str | None = None, worker_id: str | None = None) -> None:
+        self.registry = registry
+        self.opts = options or WorkerOptions()
+        self.stores = Stores(settings, db_pool_size=2)
+        self.settings = self.stores.settings
+        self.lease_ms = self.opts.lease_ms or self.settings.lease_ms
+        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.executors = Executors(registry, app, threads=self.opts.concurrency,
+                                   processes=min(self.opts.processes, self.opts.concurrency))
+        self.acks = Acknowledger(self.stores)
+        self.running: dict[int, _Running] = {}
+        self.lost = 0
+        self.claimed = 0
+        self._stopping = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stopping.set()
+        self._slot_freed.set()
+
+    async def run(self) -> None:
+        await self.stores.connect(database=bool(self.registry.handlers))
+        await self.stores.check_redis()
+        if self.registry.handlers:
+            from scheduler.client import Client  # register our handlers so producers can validate
+            client = Client(settings=self.settings)
+            client.stores = self.stores
+            await client.register(self.registry)
+        await self.executors.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.request_stop)
+            except (NotImplementedError, RuntimeError):
+                pass
+        log.info("worker %s serving %s (concurrency %d)", self.id, ",".join(self.opts.queues),
+                 self.opts.concurrency, extra={"event": "worker_started", "worker_id": self.id})
+        helpers = [asyncio.create_task(self._keep_leases()), asyncio.create_task(self._reap())]
+        try:
+            await self._claim_loop()
+            await self._drain()
+        finally:
+            for t in helpers:
+                t.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            await self.acks.drain()
+            await self.executors.close()
+            await self.stores.close()
+            log.info("worker %s stopped", self.id, extra={"event": "worker_stopped", "worker_id": self.id})
+
+    # -- claimer -------------------------------------------------------------------------------
+    def _free(self) -> int:
+        return self.opts.concurrency - len(self.running) - self.executors.leaked_threads
+
+    async def _claim_loop(self) -> None:
+        queues = self.opts.queues
+        turn = 0
+        idle_rounds = 0
+        while not self._stopping.is_set():
+            free = self._free()
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            got = 0
+            for i in range(len(queues)):
+                queue = queues[(turn + i) % len(queues)]
+                free = self._free()
+                if free <= 0:
+                    break
+                got += await self._claim(queue, free)
+            turn += 1
+            if got:
+                idle_rounds = 0
+                continue
+            if self.opts.burst and not self.running and await self._queues_empty():
+                idle_rounds += 1
+                if idle_rounds >= 2:
+                    return
+            await self._wait_for_work()
+
+    async def _claim(self, queue: str, n: int) -> int:
+        now = int(time.time() * 1000)
+        try:
+            raw = await self.stores.scripts.run("claim_due", self.stores.keys(queue),
+                                                [now, n, self.id, self.lease_ms, max(n, 100)])
+        except NotStamped:
+            log.warning("queue %s is not stamped; waiting for the reconciler", queue,
+                        extra={"event": "claim_unstamped", "queue": queue})
+            await asyncio.sleep(0.5)
+            return 0
+        except StoreUnavailable as exc:
+            log.warning("claim failed: %s", exc, extra={"event": "claim_failed", "queue": queue})
+            await asyncio.sleep(0.5)
+            return 0
+        count = len(raw) // 9
+        for i in range(0, len(raw), 9):
+            job = Claimed(int(raw[i]), int(raw[i + 1]), int(raw[i + 2]), raw[i + 3].decode(), raw[i + 4],
+                          int(raw[i + 5]), int(raw[i + 6]), queue,
+                          int(raw[i + 7]) if raw[i + 7] else None, raw[i + 8].decode() or None)
+            ctx = Context(job.id, job.attempt, job.token, queue, job.handler, job.fire_time, job.trace, self.id)
+            entry = _Running(job, ctx)
+            self.running[job.id] = entry
+            entry.task = asyncio.create_task(self._execute(entry))
+        self.claimed += count
+        return count
+
+    async def _wait_for_work(self) -> None:
+        wake = [self.stores.keys(q).wake for q in self.opts.queues]
+        try:
+            waiter = asyncio.ensure_future(self.stores.redis.blpop(wake, timeout=self.opts.idle_wait_s))
+            stop = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if not waiter.done():
+                waiter.cancel()
+        except Exception as exc:  # noqa: BLE001 - idle wait is best effort
+            log.debug("idle wait failed: %s", exc)
+            await asyncio.sleep(self.opts.idle_wait_s)
+
+    async def _queues_empty(self) -> bool:
+        pipe = self.stores.redis.pipeline(transaction=False)
+        for q in self.opts.queues:
+            k = self.stores.keys(q)
+            pipe.zcard(k.due)
+            pipe.zcard(k.delayed)
+            pipe.zcard(k.active)
+        return not any(await pipe.execute())
+
+    # -- executor ------------------------------------------------------------------------------
+    async def _execute(self, entry: _Running) -> None:
+        job = entry.job
+        try:
+            outcome = await self.executors.run(job, entry.ctx)
+            if job.id in self.running and self.running[job.id] is entry:
+                await self.acks.add(job.queue, job.id, job.token, job.attempt, outcome.kind, outcome.data,
+                                    outcome.error_class)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            if self.running.get(job.id) is entry:
+                del self.running[job.id]
+            self._slot_freed.set()
+
+    # -- lease keeper --------------------------------------------------------------------------
+    async def _keep_leases(self) -> None:
+        period = self.lease_ms / 3000
+        while True:
+            await asyncio.sleep(period)
+            by_queue: dict[str, list[_Running]] = {}
+            for entry in list(self.running.values()):
+                by_queue.setdefault(entry.job.queue, []).append(entry)
+            for queue, entries in by_queue.items():
+                args: list[Any] = [int(time.time() * 1000), self.lease_ms]
+                for e in entries:
+                    args += [e.job.id, e.job.token]
+                try:
+                    replies = await self.stores.scripts.run("renew_leases", self.stores.keys(queue), args)
+                except Exception as exc:  # noqa: BLE001 - a missed renewal is retried next period
+                    log.warning("lease renewal failed: %s", exc, extra={"event": "renew_failed", "queue": queue})
+                    continue
+                for e, reply in zip(entries, replies):
+                    if reply == 0:
+                        self._abandon(e)
+
+    def _abandon(self, entry: _Running) -> None:
+        """The lease is gone (another attempt owns the run): stop and never finish it."""
+        self.lost += 1
+        log.warning("lost lease on run %s (token %s); abandoning it", entry.job.id, entry.job.token,
+                    extra={"event": "lease_lost", "run_id": entry.job.id, "attempt": entry.job.attempt,
+                           "worker_id": self.id})
+        entry.ctx._stop = True
+        if self.running.get(entry.job.id) is entry:
+            del self.running[entry.job.id]
+        if entry.task is not None:
+            entry.task.cancel()
+        self._slot_freed.set()
+
+    # -- reaper --------------------------------------------------------------------------------
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(self.opts.reap_every_s)
+            for q in self.opts.queues:
+                try:
+                    await self.stores.scripts.run("reap_expired", self.stores.keys(q), [int(time.time() * 1000), 500])
+                except Exception as exc:  # noqa: BLE001
+                    log.debug("reap failed: %s", exc)
+
+    # -- shutdown ------------------------------------------------------------------------------
+    async def _drain(self) -> None:
+        if not self.running:
+            return
+        tasks = [e.task for e in self.running.values() if e.task is not None]
+        log.info("stopping: waiting up to %.0fs for %d running jobs", self.opts.grace_s, len(tasks),
+                 extra={"event": "worker_draining", "worker_id": self.id})
+        for e in self.running.values():
+            e.ctx._stop = True
+        await asyncio.wait(tasks, timeout=self.opts.grace_s)
+        left = list(self.running.values())
+        if not left:
+            return
+        by_queue: dict[str, list[_Running]] = {}
+        for e in left:
+            by_queue.setdefault(e.job.queue, []).append(e)
+            if e.task is not None:
+                e.task.cancel()
+        for queue, entries in by_queue.items():
+            args: list[Any] = [int(time.time() * 1000)]
+            for e in entries:
+                args += [e.job.id, e.job.token]
+            try:
+                n = await self.stores.scripts.run("release_runs", self.stores.keys(queue), args)
+                log.info("released %d runs of %s", n, queue, extra={"event": "runs_released", "queue": queue})
+            except Exception as exc:  # noqa: BLE001 - their leases expire and the reaper returns them
+                log.warning("release failed (%s); leases will expire instead", exc)
+        self.running.clear()
