@@ -41,10 +41,13 @@ def stream_id_int(entry_id: bytes) -> int:
 
 
 class Recorder:
-    def __init__(self, stores: Stores, *, batch: int = 5000, consumer: str | None = None) -> None:
+    def __init__(self, stores: Stores, *, batch: int = 5000, consumer: str | None = None,
+                 claim_idle_ms: int = 30_000) -> None:
         self.stores = stores
         self.batch = batch
-        self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}"
+        # Stable across restarts of one host/container, so a restarted recorder re-reads its own pending entries.
+        self.consumer = consumer or os.environ.get("FENCEPOST_RECORDER_ID") or socket.gethostname()
+        self.claim_idle_ms = claim_idle_ms
         self._groups: set[str] = set()
         self.recorded = 0
         self.last_lag_s = 0.0
@@ -87,7 +90,26 @@ class Recorder:
             await self.record(entries)
         return len(entries)
 
+    async def adopt_orphans(self) -> int:
+        """Take over entries another recorder read but never acknowledged (it died)."""
+        handled = 0
+        for queue in await self.queues():
+            stream = (await self._ensure_groups([queue]))[0]
+            start = "0-0"
+            while True:
+                nxt, items, *_ = await self.stores.redis.xautoclaim(stream, GROUP, self.consumer, self.claim_idle_ms,
+                                                                    start_id=start, count=self.batch)
+                entries = [(stream, eid, f) for eid, f in items if f]
+                if entries:
+                    await self.record(entries)
+                    handled += len(entries)
+                start = nxt
+                if nxt in (b"0-0", "0-0"):
+                    break
+        return handled
+
     async def run(self, stop: asyncio.Event) -> None:
+        last_adopt = 0.0
         while not stop.is_set():  # replay what a previous incarnation read but did not acknowledge
             try:
                 if await self.run_once(pending=True) == 0:
@@ -97,6 +119,9 @@ class Recorder:
                 await asyncio.sleep(1)
         while not stop.is_set():
             try:
+                if time.monotonic() - last_adopt > self.claim_idle_ms / 2000:
+                    last_adopt = time.monotonic()
+                    await self.adopt_orphans()
                 await self.run_once()
             except Exception as exc:  # noqa: BLE001 - the stream keeps the entries; retry
                 log.warning("recorder batch failed, will retry: %s", exc, extra={"event": "recorder_retry"})

@@ -1,0 +1,140 @@
+"""Durable submit: PostgreSQL first, idempotency keys, batches, outbox, bad input changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+import asyncpg
+import pytest
+
+from scheduler.client import Client
+from scheduler.errors import InvalidInput, PayloadTooLarge, UnknownHandler
+from scheduler.models import Submit
+from worker.runtime import Worker, WorkerOptions
+
+from tests.apps import registry
+from tests.conftest import record_all, wait_until
+
+
+async def _count_runs(client: Client) -> int:
+    return (await client.stores.db.pool.fetchval("SELECT count(*) FROM runs"))  # type: ignore[union-attr]
+
+
+async def test_submit_is_in_postgres_and_redis(client: Client) -> None:
+    run_id = await client.submit("t.echo", 41)
+    row = await client.get(run_id)
+    assert row["status"] == "PENDING" and row["queue"] == "tq"
+    keys = client.stores.keys("tq")
+    assert await client.stores.redis.hget(keys.run(run_id), "state") == b"PENDING"
+    assert await client.stores.redis.zscore(keys.due, run_id) is not None
+    events = await client.events(run_id)
+    assert [e["type"] for e in events] == ["submitted"]
+
+
+async def test_same_idempotency_key_twice_yields_one_run(client: Client) -> None:
+    a = await client.submit("t.echo", 1, idempotency_key="order-17")
+    b = await client.submit("t.echo", 2, idempotency_key="order-17")
+    assert a == b
+    assert await _count_runs(client) == 1
+    assert await client.stores.redis.zcard(client.stores.keys("tq").due) == 1
+
+
+async def test_same_idempotency_key_concurrently_yields_one_run(client: Client, settings) -> None:
+    clients = [await Client(settings=settings).connect() for _ in range(8)]
+    try:
+        ids = await asyncio.gather(*(c.submit("t.echo", i, idempotency_key="pay-1") for i, c in enumerate(clients)))
+    finally:
+        for c in clients:
+            await c.close()
+    assert len(set(ids)) == 1
+    assert await _count_runs(client) == 1
+    n_events = await client.stores.db.pool.fetchval("SELECT count(*) FROM events")  # type: ignore[union-attr]
+    assert n_events == 1
+
+
+async def test_submit_many_keeps_order_and_dedupes_within_batch(client: Client) -> None:
+    reqs = [Submit(handler="t.echo", args=(i,)) for i in range(100)]
+    reqs.append(Submit(handler="t.echo", args=("x",), idempotency_key="k"))
+    reqs.append(Submit(handler="t.echo", args=("y",), idempotency_key="k"))
+    ids = await client.submit_many(reqs)
+    assert ids[:100] == sorted(ids[:100]) and len(set(ids[:100])) == 100
+    assert ids[100] == ids[101]
+    assert await _count_runs(client) == 101
+
+
+@pytest.mark.parametrize("bad, error", [
+    (dict(handler="nope"), UnknownHandler),
+    (dict(handler="t.echo", priority=300), InvalidInput),
+    (dict(handler="t.echo", queue="no spaces"), InvalidInput),
+    (dict(handler="t.echo", timeout=0), InvalidInput),
+    (dict(handler="t.echo", max_retries=-1), InvalidInput),
+    (dict(handler="t.echo", delay=-5), InvalidInput),
+    (dict(handler="t.echo", run_at=datetime(2030, 1, 1)), InvalidInput),
+    (dict(handler="t.echo", args=("x" * 600_000,)), PayloadTooLarge),
+    (dict(handler="t.echo", args=(object(),)), InvalidInput),
+])
+async def test_bad_input_is_a_typed_error_and_changes_nothing(client: Client, bad: dict, error: type) -> None:
+    good = Submit(handler="t.echo", args=(1,))
+    with pytest.raises(error) as info:
+        await client.submit_many([good, Submit(**bad)])
+    assert str(info.value)
+    assert await _count_runs(client) == 0
+    assert await client.stores.redis.zcard(client.stores.keys("tq").due) == 0
+
+
+async def test_delayed_run_is_not_claimable_before_run_at(client: Client) -> None:
+    run_id = await client.submit("t.echo", 1, run_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    keys = client.stores.keys("tq")
+    assert await client.stores.redis.zscore(keys.delayed, run_id) is not None
+    got = await client.stores.scripts.run("claim_due", keys, [int(datetime.now().timestamp() * 1000), 10, "w", 1000, 10])
+    assert got == []
+
+
+async def test_wait_returns_the_handlers_result(client: Client, settings) -> None:
+    run_id = await client.submit("t.echo", {"answer": 42})
+    worker = Worker(registry, WorkerOptions(queues=["tq"], concurrency=4, burst=True), settings=settings)
+    await worker.run()
+    out = await client.wait(run_id, timeout=10)
+    assert out.status == "SUCCEEDED" and out.result == {"answer": 42}
+
+
+async def test_outbox_submit_exists_only_if_the_transaction_commits(client: Client, settings, stores) -> None:
+    from reconciler.outbox import OutboxRelay
+
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        async with conn.transaction():
+            kept = await client.submit("t.echo", "kept", connection=conn)
+        tx = conn.transaction()
+        await tx.start()
+        dropped = await client.submit("t.echo", "dropped", connection=conn)
+        await tx.rollback()
+    finally:
+        await conn.close()
+    keys = stores.keys("tq")
+    assert await stores.redis.exists(keys.run(kept)) == 0, "outbox runs reach Redis only via the relay"
+    relay = OutboxRelay(stores)
+    await relay.listen()
+    try:
+        assert await relay.relay() == 1
+    finally:
+        await relay.close()
+    assert await stores.redis.hget(keys.run(kept), "state") == b"PENDING"
+    assert await stores.redis.exists(keys.run(dropped)) == 0
+    assert (await client.get(kept))["outbox"] is False
+    with pytest.raises(Exception):
+        await client.get(dropped)
+
+
+async def test_history_reaches_postgres(client: Client, settings, stores) -> None:
+    ids = await client.submit_many([Submit(handler="t.echo", args=(i,)) for i in range(50)])
+    await Worker(registry, WorkerOptions(queues=["tq"], concurrency=10, burst=True), settings=settings).run()
+    await record_all(stores)
+    rows = await stores.db.fetch("run_status", ids)
+    assert {r["status"] for r in rows} == {"SUCCEEDED"}
+    types = await stores.db.pool.fetch(  # type: ignore[union-attr]
+        "SELECT type, count(*) AS n FROM events GROUP BY type ORDER BY type")
+    assert {r["type"]: r["n"] for r in types} == {"submitted": 50, "claimed": 50, "succeeded": 50}
+    att = await stores.db.pool.fetchval("SELECT count(*) FROM attempts WHERE outcome = 'succeeded'")  # type: ignore[union-attr]
+    assert att == 50
