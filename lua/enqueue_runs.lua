@@ -2,8 +2,8 @@
 -- outbox relay, reconciler repair and rebuild).
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV[1]  now (ms)
--- then per run: id, state, run_at (ms), priority, n, followed by n field/value pairs
---   stored verbatim in the run hash (handler, payload, max_retries, timeout_ms, ...).
+-- then 12 per run: id, state, run_at (ms), priority, handler, payload, max_retries,
+--   timeout_ms, attempt, version, fire_time (ms or ''), trace ('' if none)
 -- state is PENDING, BLOCKED, RETRY_WAIT or PAUSED (the last two only from a rebuild).
 -- Returns: the number of runs created. A run whose hash already exists is left alone,
 -- so enqueueing twice never duplicates or rewinds a run.
@@ -11,14 +11,15 @@
 -- @include common
 local now = tonumber(ARGV[1])
 local created = 0
-local i = 2
-while i <= #ARGV do
-  local id, state, run_at, priority, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], tonumber(ARGV[i + 4])
+for i = 2, #ARGV, 12 do
+  local id, state, run_at, priority = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local key = run_key(id)
   if redis.call('EXISTS', key) == 0 then
-    local fields = {'state', state, 'run_at', run_at, 'priority', priority}
-    for j = 1, 2 * n do fields[#fields + 1] = ARGV[i + 4 + j] end
-    redis.call('HSET', key, unpack(fields))
+    redis.call('HSET', key, 'state', state, 'run_at', run_at, 'priority', priority, 'handler', ARGV[i + 4],
+               'payload', ARGV[i + 5], 'max_retries', ARGV[i + 6], 'timeout_ms', ARGV[i + 7],
+               'attempt', ARGV[i + 8], 'version', ARGV[i + 9])
+    if ARGV[i + 10] ~= '' then redis.call('HSET', key, 'fire_time', ARGV[i + 10]) end
+    if ARGV[i + 11] ~= '' then redis.call('HSET', key, 'trace', ARGV[i + 11]) end
     if state == 'RETRY_WAIT' or (state == 'PENDING' and run_at > now) then
       redis.call('ZADD', K_DELAYED, run_at, id)
     elseif state == 'PENDING' then
@@ -26,7 +27,6 @@ while i <= #ARGV do
     end
     created = created + 1
   end
-  i = i + 5 + 2 * n
 end
 if created > 0 then nudge() end
 return created

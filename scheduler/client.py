@@ -38,13 +38,10 @@ async def enqueue_rows(stores: Stores, queue: str, rows: Iterable[Any]) -> int:
     """
     args: list[Any] = [int(time.time() * 1000)]
     for r in rows:
-        fields = ["handler", r["handler"], "payload", r["payload"], "max_retries", r["max_retries"],
-                  "timeout_ms", int(r["timeout_s"] * 1000), "attempt", r["attempt"], "version", r["version"]]
-        if r["fire_time"] is not None:
-            fields += ["fire_time", _ms(r["fire_time"])]
-        if r["trace_id"]:
-            fields += ["trace", r["trace_id"]]
-        args += [r["id"], r["status"], _ms(r["run_at"]), r["priority"], len(fields) // 2, *fields]
+        ft = r["fire_time"]
+        args += (r["id"], r["status"], _ms(r["run_at"]), r["priority"], r["handler"], r["payload"],
+                 r["max_retries"], int(r["timeout_s"] * 1000), r["attempt"], r["version"],
+                 _ms(ft) if ft is not None else "", r["trace_id"] or "")
     if len(args) == 1:
         return 0
     return await stores.scripts.run("enqueue_runs", stores.keys(queue), args)
@@ -82,15 +79,13 @@ class Client:
         await self.stores.db.execute("upsert_definitions", *cols, ["{}"] * len(specs))
         self._defs.update({s.name: s for s in specs})
 
-    async def _definition(self, name: str) -> JobSpec:
-        spec = self._defs.get(name)
-        if spec is None:
+    async def _load_definitions(self, names: set[str]) -> None:
+        """Refresh the cached declarations once if a handler is not known yet."""
+        if names - self._defs.keys():
             rows = await self.stores.db.fetch("definitions")
             self._defs = {r["name"]: msgspec.convert(dict(r), JobSpec) for r in rows}
-            spec = self._defs.get(name)
-            if spec is None:
+            for name in sorted(names - self._defs.keys()):
                 raise UnknownHandler(name)
-        return spec
 
     # -- submit --------------------------------------------------------------------------------
     async def submit(self, handler: str | Handler, *args: Any, kwargs: dict[str, Any] | None = None,
@@ -113,12 +108,41 @@ class Client:
         """
         if not requests:
             return []
+        # Validate everything before writing anything: bad input changes nothing.
+        await self._load_definitions({r.handler for r in requests})
         now = datetime.now(_UTC)
-        cols: list[list[Any]] = [[] for _ in range(14)]
-        for req in requests:
-            row = await self._validated(req, now, outbox=connection is not None)
-            for col, value in zip(cols, row):
-                col.append(value)
+        outbox = connection is not None
+        rows = [self._validated(r, now, outbox=outbox) for r in requests]
+        if connection is None and len(requests) > self.chunk:
+            return await self._submit_pipelined(requests, rows)
+        ids, created, cols, new_queues = await self._insert(requests, rows, connection)
+        if connection is None:
+            await self._stamp_new_queues(new_queues)
+            await self._enqueue(created, ids, cols)
+        return ids
+
+    chunk = 2000
+    """Large batches are split so chunk k reaches Redis while chunk k+1 is being committed."""
+
+    async def _submit_pipelined(self, requests: Sequence[Submit], rows: list[tuple[Any, ...]]) -> list[int]:
+        ids: list[int] = []
+        enqueues: list[asyncio.Task[None]] = []
+        try:
+            for i in range(0, len(requests), self.chunk):
+                part = slice(i, i + self.chunk)
+                part_ids, created, cols, new_queues = await self._insert(requests[part], rows[part], None)
+                await self._stamp_new_queues(new_queues)
+                enqueues.append(asyncio.create_task(self._enqueue(created, part_ids, cols)))
+                ids += part_ids
+        finally:
+            await asyncio.gather(*enqueues)
+        return ids
+
+    async def _insert(self, requests: Sequence[Submit], rows_in: Sequence[tuple[Any, ...]],
+                      connection: asyncpg.Connection | None
+                      ) -> tuple[list[int], list[int], list[list[Any]], dict[str, int]]:
+        """One round trip to PostgreSQL for a batch of validated rows."""
+        cols: list[list[Any]] = [list(c) for c in zip(*rows_in)]
         db = self.stores.db
         rows = await db.fetch("insert_runs", *cols, self.actor, conn=connection)
         ids: list[int | None] = [None] * len(requests)
@@ -140,18 +164,18 @@ class Client:
                 if ids[i] is None:  # a concurrent submit with this key has not committed yet
                     raise InvalidInput(f"idempotency key {requests[i].idempotency_key!r} is being "
                                        "submitted concurrently and is not committed yet; retry", field="idempotency_key")
-        if connection is None:
-            await self._stamp_new_queues(new_queues)
-            by_queue: dict[str, list[dict[str, Any]]] = defaultdict(list)
-            for i in created:
-                by_queue[cols[1][i]].append({
-                    "id": ids[i], "handler": cols[0][i], "status": cols[9][i], "priority": cols[2][i],
-                    "payload": cols[3][i], "run_at": cols[4][i], "attempt": 0, "max_retries": cols[5][i],
-                    "timeout_s": cols[6][i], "fire_time": cols[12][i], "trace_id": cols[8][i], "version": 0,
-                })
-            for queue, batch in by_queue.items():
-                await enqueue_rows(self.stores, queue, batch)
-        return ids  # type: ignore[return-value]
+        return ids, created, cols, new_queues  # type: ignore[return-value]
+
+    async def _enqueue(self, created: list[int], ids: list[int], cols: list[list[Any]]) -> None:
+        by_queue: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for i in created:
+            by_queue[cols[1][i]].append({
+                "id": ids[i], "handler": cols[0][i], "status": cols[9][i], "priority": cols[2][i],
+                "payload": cols[3][i], "run_at": cols[4][i], "attempt": 0, "max_retries": cols[5][i],
+                "timeout_s": cols[6][i], "fire_time": cols[12][i], "trace_id": cols[8][i], "version": 0,
+            })
+        for queue, batch in by_queue.items():
+            await enqueue_rows(self.stores, queue, batch)
 
     async def _stamp_new_queues(self, new_queues: dict[str, int]) -> None:
         """A queue this submit created has no history to lose, so its creator may stamp it."""
@@ -163,8 +187,8 @@ class Client:
             pipe.sadd(self.stores.queues_key, queue)
         await pipe.execute()
 
-    async def _validated(self, req: Submit, now: datetime, *, outbox: bool) -> tuple[Any, ...]:
-        spec = await self._definition(req.handler)
+    def _validated(self, req: Submit, now: datetime, *, outbox: bool) -> tuple[Any, ...]:
+        spec = self._defs[req.handler]
         queue = req.queue or spec.queue
         if not valid_queue_name(queue):
             raise InvalidInput(f"queue name {queue!r} must be 1-64 of letters, digits, '_', '-', '.'", field="queue")

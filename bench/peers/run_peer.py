@@ -121,14 +121,17 @@ async def wait_redis(url: str, remaining: Callable[[Any], Awaitable[int]], t0: f
 # arq ------------------------------------------------------------------------------------
 
 
-async def arq_submit(cfg: Cfg) -> None:
+async def arq_submit(cfg: Cfg) -> float:
     """``ArqRedis.enqueue_job`` is per job (WATCH/MULTI); run SUBMIT_INFLIGHT at once."""
     from arq import create_pool
     from arq.connections import RedisSettings
 
     pool = await create_pool(RedisSettings.from_dsn(cfg.redis_url), default_queue_name=QUEUE)
+    t = time.perf_counter()
     await bounded_gather(((lambda: pool.enqueue_job("noop")) for _ in range(cfg.jobs)), SUBMIT_INFLIGHT)
+    t = time.perf_counter() - t
     await pool.aclose()
+    return t
 
 
 async def arq_remaining(r: Any) -> int:
@@ -154,14 +157,17 @@ async def arq_worker(cfg: Cfg) -> None:
 # saq ------------------------------------------------------------------------------------
 
 
-async def saq_submit(cfg: Cfg) -> None:
+async def saq_submit(cfg: Cfg) -> float:
     """SAQ has no bulk enqueue; ``Queue.enqueue`` (one Lua call) with SUBMIT_INFLIGHT at once."""
     from saq.queue.redis import RedisQueue
 
     q = RedisQueue.from_url(cfg.redis_url, name=QUEUE, max_concurrent_ops=SUBMIT_INFLIGHT)
     await q.connect()
+    t = time.perf_counter()
     await bounded_gather(((lambda: q.enqueue("noop")) for _ in range(cfg.jobs)), SUBMIT_INFLIGHT)
+    t = time.perf_counter() - t
     await q.disconnect()
+    return t
 
 
 async def saq_remaining(r: Any) -> int:
@@ -215,15 +221,18 @@ async def pgq_reset(cfg: Cfg) -> None:
     await conn.close()
 
 
-async def pgq_submit(cfg: Cfg) -> None:
+async def pgq_submit(cfg: Cfg) -> float:
     """One ``Queries.enqueue`` call with list arguments (a single UNNEST insert)."""
     import asyncpg
     from pgqueuer.queries import Queries
 
     conn = await asyncpg.connect(cfg.database_url)
-    n = cfg.jobs
-    await Queries.from_asyncpg_connection(conn).enqueue(["noop"] * n, [None] * n, [0] * n)
+    queries, n = Queries.from_asyncpg_connection(conn), cfg.jobs
+    t = time.perf_counter()
+    await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+    t = time.perf_counter() - t
     await conn.close()
+    return t
 
 
 async def pgq_wait(cfg: Cfg, t0: float) -> float:
@@ -283,15 +292,15 @@ def worker_main(cfg: Cfg, ready: Any, go: Any) -> None:
 
 
 async def submit(cfg: Cfg) -> float:
-    """Reset storage, submit, and return the submit wall time in seconds."""
+    """Reset storage, submit, and return the submit wall time in seconds.
+
+    The clock covers the enqueue calls only (client connect/close is excluded).
+    """
     if cfg.peer == "pgqueuer":
         await pgq_reset(cfg)
     else:
         await flush_redis(cfg.redis_url)
-    fn = {"arq": arq_submit, "saq": saq_submit, "pgqueuer": pgq_submit}[cfg.peer]
-    t = time.perf_counter()
-    await fn(cfg)
-    return time.perf_counter() - t
+    return await {"arq": arq_submit, "saq": saq_submit, "pgqueuer": pgq_submit}[cfg.peer](cfg)
 
 
 async def wait_done(cfg: Cfg, t0: float) -> float:
