@@ -1,0 +1,474 @@
+"""The run state machine, checked three ways against real Redis:
+
+a. every (from, to, event) triple through the Lua `transition()` guard itself;
+b. a static read of every literal `transition(...)` call and every script header in lua/;
+c. a Hypothesis state machine driving the real queue scripts with random operations and
+   checking each event the scripts append to the queue's stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+import redis
+from hypothesis import HealthCheck, event, settings as hsettings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
+    run_state_machine_as_test
+from redis.exceptions import ResponseError
+
+from scheduler import states
+from scheduler.keys import Keys
+from scheduler.resources import resource_dir
+from scheduler.scripts import SCRIPT_NAMES, _states_lua, render
+from scheduler.states import ACTIVE, TERMINAL, TRANSITIONS, Status, edges, is_legal
+from scheduler.stores import Stores
+
+from tests.conftest import REDIS_URL
+
+LUA = resource_dir("lua")
+ALL_FROM: list[Status | None] = [None, *Status]
+ALL_EVENTS = sorted({e for evs in TRANSITIONS.values() for e in evs})
+
+# A test-only script: the shared include, rendered exactly as scripts.py renders it, then one
+# bare call of transition() on a scratch run hash. ARGV: id, from, to, event, now.
+_PROBE_BODY = """
+local id = ARGV[1]
+return transition(id, run_key(id), ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))
+"""
+
+
+def _probe_source() -> str:
+    common = (LUA / "includes" / "common.lua").read_text()
+    assert "-- @states" in common, "common.lua lost its -- @states placeholder"
+    return common.replace("-- @states", _states_lua()) + _PROBE_BODY
+
+
+# --------------------------------------------------------------------------------------------
+# a. every triple through the Lua guard
+
+
+def _lua_may_take(frm: Status | None, to: Status, event: str) -> bool:
+    """Lua takes exactly the table's edges that leave an existing state. Creation (from None)
+    is never a Lua transition: enqueue_runs writes the hash without an event, because the
+    `submitted` event is committed to PostgreSQL together with the run (`_states_lua` skips
+    those edges on purpose), so the guard must refuse them too."""
+    return frm is not None and is_legal(frm, to, event)
+
+
+async def test_every_triple_through_the_lua_guard(stores: Stores) -> None:
+    r = stores.redis
+    keys = stores.keys("sm")
+    probe = r.register_script(_probe_source())
+    run_id = "77"
+    key = keys.run(run_id)
+    legal_seen: set[tuple[str, str, str]] = set()
+    refused = 0
+    for frm, to, event in itertools.product(ALL_FROM, list(Status), ALL_EVENTS):
+        f = frm.value if frm else ""
+        await r.hset(key, mapping={"state": f or "NONE", "version": 7, "handler": "t.echo"})
+        before_len = await r.xlen(keys.events)
+        last = await r.xrevrange(keys.events, count=1)
+        last_id = last[0][0] if last else b"0-0"
+        if _lua_may_take(frm, to, event):
+            v = await probe(keys=keys.script_keys(), args=[run_id, f, to.value, event, 1234])
+            assert v == 8, (frm, to, event)
+            after = await r.xrange(keys.events, min=b"(" + last_id)
+            assert len(after) == 1, f"{frm}->{to} ({event}) wrote {len(after)} events"
+            fields = after[0][1]
+            assert fields == {b"run": b"77", b"type": event.encode(), b"from": f.encode(),
+                              b"to": to.value.encode(), b"v": b"8", b"ts": b"1234"}
+            assert await r.hget(key, "version") == b"8"
+            assert await r.hget(key, "state") == to.value.encode()
+            legal_seen.add((f, to.value, event))
+        else:
+            with pytest.raises(ResponseError) as info:
+                await probe(keys=keys.script_keys(), args=[run_id, f, to.value, event, 1234])
+            assert str(info.value).startswith("ILLEGAL_TRANSITION"), str(info.value)
+            assert str(info.value).startswith(f"ILLEGAL_TRANSITION {run_id} {f} {to.value}"), str(info.value)
+            assert await r.xlen(keys.events) == before_len, f"{frm}->{to} ({event}) wrote an event"
+            assert await r.hget(key, "version") == b"7"
+            assert await r.hget(key, "state") == (f or "NONE").encode()
+            refused += 1
+    # Every non-creation edge of the table was taken, nothing else was.
+    assert legal_seen == {e for e in edges() if e[0]}
+    assert refused == len(ALL_FROM) * len(Status) * len(ALL_EVENTS) - len(legal_seen)
+    # Creation edges exist in the table, and the guard refuses all of them (see _lua_may_take).
+    assert {e for e in edges() if not e[0]} == {("", "PENDING", "submitted"), ("", "BLOCKED", "submitted")}
+
+
+def test_is_legal_matches_edges() -> None:
+    for frm, to, event in itertools.product(ALL_FROM, list(Status), ALL_EVENTS):
+        assert is_legal(frm, to, event) == ((frm.value if frm else "", to.value, event) in edges())
+    # Terminal states leave only by an operator's retry/restart, and always to PENDING.
+    for (frm, to), evs in TRANSITIONS.items():
+        if frm in TERMINAL:
+            assert to is Status.PENDING and evs <= {"retried", "restarted"}
+    # Only leased states end by lease expiry, and only claims create a lease.
+    assert {t for (f, t) in TRANSITIONS if t in ACTIVE and f not in ACTIVE} == {Status.RUNNING}
+    assert {f for (f, t) in TRANSITIONS if t is Status.RUNNING} == {Status.PENDING}
+
+
+# --------------------------------------------------------------------------------------------
+# b. static checks of lua/
+
+_CALL = re.compile(r"\btransition\(([^()]*(?:\{[^{}]*\}[^()]*)?)\)")
+_LITERAL = re.compile(r"^'([A-Za-z_]+)'$")
+
+
+def _lua_scripts() -> list[str]:
+    return sorted(p.stem for p in LUA.glob("*.lua"))
+
+
+def test_literal_transition_calls_are_edges_of_the_table() -> None:
+    checked, dynamic, sites = [], [], 0
+    for name in _lua_scripts():
+        src = (LUA / f"{name}.lua").read_text()
+        sites += len(re.findall(r"\btransition\(", src))
+        for m in _CALL.finditer(src):
+            args = [a.strip() for a in re.split(r",(?![^{]*\})", m.group(1))]
+            frm, to, event = (_LITERAL.match(a) for a in args[2:5])
+            if frm and to and event:
+                triple = (frm.group(1), to.group(1), event.group(1))
+                assert triple in edges(), f"{name}.lua takes {triple}, which states.py does not list"
+                checked.append((name, triple))
+            else:
+                dynamic.append((name, args[2:5]))
+    # Sanity: the parser found the calls the scripts are known to make.
+    assert len(checked) + len(dynamic) == sites, "a transition() call the parser could not read"
+    assert len(checked) >= 7, checked
+    assert {n for n, _ in checked} >= {"claim_due", "finish_runs", "reap_expired", "release_runs"}
+    # Calls with a variable from/to/event exist only in finish_runs (its `st` is RUNNING or
+    # STOPPING, checked just above the calls); the dynamic tests exercise them.
+    assert {n for n, _ in dynamic} <= {"finish_runs"}, dynamic
+
+
+def test_common_lua_has_the_guard_and_the_states_placeholder() -> None:
+    common = (LUA / "includes" / "common.lua").read_text()
+    assert "-- @states" in common
+    assert re.search(r"if not LEGAL\[from \.\. '>' \.\. to \.\. '>' \.\. event\]", common)
+    rendered = render("claim_due")
+    assert "-- @states" not in rendered and "-- @include" not in rendered
+    for f, t, e in edges():
+        if f:
+            assert f"['{f}>{t}>{e}'] = true" in rendered
+
+
+def test_every_script_is_registered_and_documented() -> None:
+    on_disk = _lua_scripts()
+    assert sorted(SCRIPT_NAMES) == on_disk, "lua/*.lua and SCRIPT_NAMES differ"
+    for name in on_disk:
+        lines = (LUA / f"{name}.lua").read_text().splitlines()
+        header = list(itertools.takewhile(lambda ln: ln.startswith("--"), lines))
+        text = "\n".join(header)
+        assert header and header[0].startswith(f"-- {name}.lua:"), f"{name}.lua header does not name the script"
+        for word in ("KEYS", "ARGV", "Returns"):
+            assert re.search(rf"\b{word}\b", text), f"{name}.lua header does not document {word}"
+        assert "-- @include common" in lines, f"{name}.lua does not include common"
+
+
+# --------------------------------------------------------------------------------------------
+# c. random operations against the real scripts
+
+QUARANTINE = 2
+START = 1_700_000_000_000
+
+
+@dataclass
+class RunM:
+    id: str
+    state: str
+    version: int
+    priority: int
+    ready_at: int          # claimable from (PENDING in delayed / RETRY_WAIT); 0 once in `due`
+    max_retries: int
+    fails: int = 0
+    crashes: int = 0
+    attempt: int = 0
+    token: str | None = None
+    old_tokens: list[str] = field(default_factory=list)
+    lease_until: int | None = None
+    held: bool = False     # claimed, not yet back to PENDING
+
+
+def enqueue_args(now: int, *runs: dict) -> list:
+    """ARGV of enqueue_runs (see its header): now, then 12 per run."""
+    args: list = [now]
+    for r in runs:
+        args += [r["id"], r.get("state", "PENDING"), r.get("run_at", now), r.get("priority", 0),
+                 r.get("handler", "t.echo"), r.get("payload", f"p{r['id']}"), r.get("max_retries", 0),
+                 r.get("timeout_ms", 1000), r.get("attempt", 0), r.get("version", 1),
+                 r.get("fire_time", ""), r.get("trace", "")]
+    return args
+
+
+class QueueMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.r = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+        self.s = {name: self.r.register_script(render(name)) for name in SCRIPT_NAMES}
+        self.prefix = f"fpsm{uuid.uuid4().hex[:10]}"
+        self.keys = Keys(self.prefix, "q")
+        self.now = START
+        self.runs: dict[str, RunM] = {}
+        self.order: list[str] = []
+        self.next_id = 1
+        self.last_event = "0-0"
+        self.max_token = 0
+        self.paused = False
+        self.stale_finish = 0
+
+    # ---- helpers
+
+    def call(self, name: str, *args):
+        return self.s[name](keys=self.keys.script_keys(), args=list(args))
+
+    def pick(self, i: int) -> RunM:
+        return self.runs[self.order[i % len(self.order)]]
+
+    def stale_token(self, m: RunM) -> str:
+        return m.old_tokens[-1] if m.old_tokens else "1"
+
+    def new_events(self) -> list[dict[str, str]]:
+        """Read and check every event appended since the last call."""
+        out = []
+        for eid, f in self.r.xrange(self.keys.events, min=f"({self.last_event}"):
+            self.last_event = eid
+            m = self.runs[f["run"]]
+            frm, to, typ = f["from"], f["to"], f["type"]
+            assert is_legal(Status(frm), Status(to), typ), f"illegal edge in stream: {f}"
+            assert frm == m.state, f"run {m.id}: event from {frm}, model says {m.state}: {f}"
+            assert int(f["v"]) == m.version + 1, f"run {m.id}: version {f['v']} after {m.version}"
+            assert int(f["ts"]) == self.now
+            if typ == "claimed":
+                assert not m.held, f"run {m.id} claimed twice without returning to PENDING"
+                tok = int(f["token"])
+                assert tok > self.max_token, f"token {tok} not above {self.max_token}"
+                self.max_token = tok
+                m.held = True
+                if m.token:
+                    m.old_tokens.append(m.token)
+                m.token, m.attempt, m.lease_until = f["token"], int(f["attempt"]), int(f["lease"])
+            if to == "PENDING":
+                m.held = False
+            m.state, m.version = to, int(f["v"])
+            out.append(f)
+        return out
+
+    def snapshot(self, m: RunM) -> dict[str, str]:
+        return self.r.hgetall(self.keys.run(m.id))
+
+    # ---- setup / teardown
+
+    @initialize()
+    def stamp(self) -> None:
+        self.r.set(self.keys.epoch, 1)
+
+    def teardown(self) -> None:
+        keys = list(self.r.scan_iter(match=f"{self.prefix}:*", count=1000))
+        if keys:
+            self.r.unlink(*keys)
+        self.r.close()
+
+    # ---- rules
+
+    @rule(priority=st.sampled_from([0, 1, 128, 255]), delay=st.sampled_from([0, 0, 0, 500, 4000]),
+          max_retries=st.integers(0, 2))
+    def submit(self, priority: int, delay: int, max_retries: int) -> None:
+        rid = str(self.next_id)
+        self.next_id += 1
+        run_at = self.now + delay
+        n = self.call("enqueue_runs", *enqueue_args(self.now, dict(id=rid, run_at=run_at, priority=priority,
+                                                                   max_retries=max_retries)))
+        assert n == 1
+        self.runs[rid] = RunM(rid, "PENDING", 1, priority, run_at if delay else 0, max_retries)
+        self.order.append(rid)
+        assert self.new_events() == []
+
+    @precondition(lambda self: self.runs)
+    @rule(i=st.integers(0, 100))
+    def enqueue_again_changes_nothing(self, i: int) -> None:
+        m = self.pick(i)
+        before = self.snapshot(m)
+        n = self.call("enqueue_runs", *enqueue_args(self.now, dict(id=m.id, priority=9, payload="other")))
+        assert n == 0
+        assert self.snapshot(m) == before
+        assert self.new_events() == []
+
+    @rule(n=st.integers(1, 4), worker=st.sampled_from(["w1", "w2", "w3"]), lease_ms=st.sampled_from([100, 1000, 5000]))
+    def claim(self, n: int, worker: str, lease_ms: int) -> None:
+        eligible = [m for m in self.runs.values()
+                    if m.state in ("PENDING", "RETRY_WAIT") and m.ready_at <= self.now]
+        due_promotions = {m.id for m in eligible if m.state == "RETRY_WAIT"}
+        prev_attempt = {m.id: m.attempt for m in eligible}
+        out = self.call("claim_due", self.now, n, worker, lease_ms, 1000)
+        events = self.new_events()
+        if self.paused:
+            assert out == [] and events == []
+            return
+        assert len(out) % 9 == 0
+        claimed = [out[j:j + 9] for j in range(0, len(out), 9)]
+        assert len(claimed) == min(n, len(eligible))
+        event(f"claimed {min(len(claimed), 2)}+")
+        assert {e["run"] for e in events if e["type"] == "due"} == due_promotions
+        claim_events = [e for e in events if e["type"] == "claimed"]
+        assert [e["run"] for e in claim_events] == [c[0] for c in claimed]
+        assert len(events) == len(due_promotions) + len(claimed)
+        ids = {c[0] for c in claimed}
+        # highest priority first
+        if claimed and len(eligible) > len(claimed):
+            lowest_taken = min(self.runs[i].priority for i in ids)
+            highest_left = max(m.priority for m in eligible if m.id not in ids)
+            assert lowest_taken >= highest_left
+        tokens = [int(c[1]) for c in claimed]
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+        for (rid, token, attempt, handler, payload, timeout_ms, max_retries, _ft, _tr), ev in zip(claimed, claim_events):
+            m = self.runs[rid]
+            assert ev["token"] == token and ev["worker"] == worker and int(ev["lease"]) == self.now + lease_ms
+            assert (handler, payload, timeout_ms, int(max_retries)) == ("t.echo", f"p{rid}", "1000", m.max_retries)
+            assert int(attempt) == m.attempt == prev_attempt[rid] + 1
+            m.ready_at = 0
+        for m in eligible:
+            if m.id not in ids:
+                m.ready_at = 0  # promoted into `due`
+
+    @precondition(lambda self: self.runs)
+    @rule(i=st.integers(0, 100), current=st.booleans(), lease_ms=st.sampled_from([100, 3000]))
+    def renew(self, i: int, current: bool, lease_ms: int) -> None:
+        m = self.pick(i)
+        token = m.token if current and m.token else self.stale_token(m)
+        valid = m.state in ("RUNNING", "STOPPING") and token == m.token
+        before = self.snapshot(m)
+        out = self.call("renew_leases", self.now, lease_ms, m.id, token)
+        assert self.new_events() == []
+        event(f"renew valid={valid}")
+        if valid:
+            assert out == [1]
+            m.lease_until = self.now + lease_ms
+            assert self.snapshot(m)["lease_until"] == str(m.lease_until)
+        else:
+            assert out == [0]
+            assert self.snapshot(m) == before
+
+    @precondition(lambda self: self.runs)
+    @rule(i=st.integers(0, 100), outcome=st.sampled_from(["ok", "error", "fatal", "timeout", "crash"]),
+          current=st.booleans(), delay=st.sampled_from([0, 200, 3000]))
+    def finish(self, i: int, outcome: str, current: bool, delay: int) -> None:
+        m = self.pick(i)
+        token = m.token if current and m.token else self.stale_token(m)
+        valid = m.state in ("RUNNING", "STOPPING") and token == m.token
+        before = self.snapshot(m)
+        out = self.call("finish_runs", self.now, QUARANTINE, m.id, token, outcome, "data", "E", delay)
+        events = self.new_events()
+        if not valid:
+            assert out == ["STALE"] and events == []
+            event("finish -> STALE")
+            assert self.snapshot(m) == before
+            self.stale_finish += 1
+            assert self.r.hget(self.keys.stats, "stale_finish") == str(self.stale_finish)
+            return
+        if outcome == "ok":
+            expect, typ = "SUCCEEDED", "succeeded"
+        else:
+            m.fails += 1
+            quarantined = False
+            if outcome == "crash":
+                m.crashes += 1
+                quarantined = m.crashes >= QUARANTINE
+            if outcome != "fatal" and not quarantined and m.fails <= m.max_retries:
+                expect, typ = "RETRY_WAIT", "retry_scheduled"
+                m.ready_at = self.now + delay
+            elif outcome == "timeout":
+                expect, typ = "TIMED_OUT", "timed_out"
+            else:
+                expect, typ = "FAILED", "failed"
+            snap = self.snapshot(m)
+            assert int(snap["fails"]) == m.fails and int(snap.get("crashes", 0)) == m.crashes
+        assert out == [expect]
+        event(f"finish -> {expect}")
+        assert [(e["run"], e["type"], e["to"]) for e in events] == [(m.id, typ, expect)]
+        assert events[0]["token"] == token
+        m.lease_until = None
+
+    @precondition(lambda self: self.runs)
+    @rule(advance=st.integers(0, 6000))
+    def reap(self, advance: int) -> None:
+        self.now += advance
+        expired = [m for m in self.runs.values() if m.state == "RUNNING" and m.lease_until <= self.now]
+        n = self.call("reap_expired", self.now, 1000)
+        events = self.new_events()
+        assert n == len(expired)
+        event(f"reaped {min(n, 2)}+")
+        assert sorted(e["run"] for e in events) == sorted(m.id for m in expired)
+        for m in expired:
+            m.fails += 1
+            assert m.state == ("PENDING" if m.fails <= m.max_retries else "FAILED")
+            m.ready_at, m.lease_until = 0, None
+        assert all(e["type"] == "lease_expired" for e in events)
+
+    @precondition(lambda self: self.runs)
+    @rule(i=st.integers(0, 100), current=st.booleans())
+    def release(self, i: int, current: bool) -> None:
+        m = self.pick(i)
+        token = m.token if current and m.token else self.stale_token(m)
+        valid = m.state == "RUNNING" and token == m.token
+        before = self.snapshot(m)
+        n = self.call("release_runs", self.now, m.id, token)
+        events = self.new_events()
+        event(f"release valid={valid}")
+        if valid:
+            assert n == 1
+            assert [(e["run"], e["type"], e["to"]) for e in events] == [(m.id, "released", "PENDING")]
+            assert int(self.snapshot(m).get("fails", 0)) == m.fails  # a release is not a failure
+            m.ready_at, m.lease_until = 0, None
+        else:
+            assert n == 0 and events == []
+            assert self.snapshot(m) == before
+
+    @rule(ms=st.integers(1, 3000))
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+    @rule()
+    def toggle_pause(self) -> None:
+        self.paused = not self.paused
+        if self.paused:
+            self.r.set(self.keys.paused, 1)
+        else:
+            self.r.delete(self.keys.paused)
+
+    # ---- invariants
+
+    @invariant()
+    def stream_drained_and_hashes_match(self) -> None:
+        assert self.new_events() == [], "an event appeared outside any operation"
+        due = set(self.r.zrange(self.keys.due, 0, -1))
+        delayed = dict(self.r.zrange(self.keys.delayed, 0, -1, withscores=True))
+        active = dict(self.r.zrange(self.keys.active, 0, -1, withscores=True))
+        for m in self.runs.values():
+            h = self.snapshot(m)
+            assert h["state"] == m.state and int(h["version"]) == m.version, (m, h)
+            where = (m.id in due, m.id in delayed, m.id in active)
+            if m.state == "PENDING":
+                assert where in ((True, False, False), (False, True, False)), (m, where)
+                assert (m.id in delayed) == (m.ready_at > 0)
+            elif m.state == "RETRY_WAIT":
+                assert where == (False, True, False) and delayed[m.id] == m.ready_at, (m, where)
+            elif m.state == "RUNNING":
+                assert where == (False, False, True) and active[m.id] == m.lease_until, (m, where)
+                assert h["token"] == m.token and int(h["lease_until"]) == m.lease_until
+            else:
+                assert m.state in {s.value for s in TERMINAL} and where == (False, False, False), (m, where)
+
+
+def test_random_operations_keep_the_state_machine() -> None:
+    run_state_machine_as_test(QueueMachine, settings=hsettings(
+        max_examples=25, stateful_step_count=30, deadline=None, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+
+
+def test_state_module_exports() -> None:
+    assert set(states.__all__) <= set(dir(states))
