@@ -89,6 +89,10 @@ async def _demo(settings: Settings, jobs: int) -> int:
 def run_demo(base_dir: str, jobs: int, settings: Settings | None) -> int:
     from .embedded import resolve_urls
 
+    import logging
+
+    if logging.getLogger().level < logging.WARNING and not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger().setLevel(logging.WARNING)  # the demo prints its own story; -v shows service logs
     redis_url, database_url, servers = resolve_urls(base_dir)
     if servers is not None:
         click.echo(f"using embedded servers in {base_dir}/ (set FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL to use yours)")

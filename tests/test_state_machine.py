@@ -229,6 +229,17 @@ class QueueMachine(RuleBasedStateMachine):
     def pick(self, i: int) -> RunM:
         return self.runs[self.order[i % len(self.order)]]
 
+    def pick_claimed(self, i: int) -> RunM:
+        """A run that was claimed at least once (the ones a token can refer to), leased ones first."""
+        claimed = sorted((self.runs[r] for r in self.order if self.runs[r].token), key=lambda m: not m.held)
+        return claimed[i % len(claimed)]
+
+    def any_claimed(self) -> bool:
+        return any(m.token for m in self.runs.values())
+
+    def any_claimable(self) -> bool:
+        return any(m.state in ("PENDING", "RETRY_WAIT") for m in self.runs.values())
+
     def stale_token(self, m: RunM) -> str:
         return m.old_tokens[-1] if m.old_tokens else "1"
 
@@ -275,17 +286,18 @@ class QueueMachine(RuleBasedStateMachine):
 
     # ---- rules
 
-    @rule(priority=st.sampled_from([0, 1, 128, 255]), delay=st.sampled_from([0, 0, 0, 500, 4000]),
-          max_retries=st.integers(0, 2))
-    def submit(self, priority: int, delay: int, max_retries: int) -> None:
-        rid = str(self.next_id)
-        self.next_id += 1
-        run_at = self.now + delay
-        n = self.call("enqueue_runs", *enqueue_args(self.now, dict(id=rid, run_at=run_at, priority=priority,
-                                                                   max_retries=max_retries)))
-        assert n == 1
-        self.runs[rid] = RunM(rid, "PENDING", 1, priority, run_at if delay else 0, max_retries)
-        self.order.append(rid)
+    @rule(batch=st.lists(st.tuples(st.sampled_from([0, 1, 128, 255]), st.sampled_from([0, 0, 0, 500, 4000]),
+                                   st.integers(0, 2)), min_size=1, max_size=3))
+    def submit(self, batch: list[tuple[int, int, int]]) -> None:
+        rows = []
+        for priority, delay, max_retries in batch:
+            rid = str(self.next_id)
+            self.next_id += 1
+            run_at = self.now + delay
+            rows.append(dict(id=rid, run_at=run_at, priority=priority, max_retries=max_retries))
+            self.runs[rid] = RunM(rid, "PENDING", 1, priority, run_at if delay else 0, max_retries)
+            self.order.append(rid)
+        assert self.call("enqueue_runs", *enqueue_args(self.now, *rows)) == len(rows)
         assert self.new_events() == []
 
     @precondition(lambda self: self.runs)
@@ -298,6 +310,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.snapshot(m) == before
         assert self.new_events() == []
 
+    @precondition(lambda self: self.any_claimable())
     @rule(n=st.integers(1, 4), worker=st.sampled_from(["w1", "w2", "w3"]), lease_ms=st.sampled_from([100, 1000, 5000]))
     def claim(self, n: int, worker: str, lease_ms: int) -> None:
         eligible = [m for m in self.runs.values()
@@ -335,10 +348,10 @@ class QueueMachine(RuleBasedStateMachine):
             if m.id not in ids:
                 m.ready_at = 0  # promoted into `due`
 
-    @precondition(lambda self: self.runs)
-    @rule(i=st.integers(0, 100), current=st.booleans(), lease_ms=st.sampled_from([100, 3000]))
+    @precondition(lambda self: self.any_claimed())
+    @rule(i=st.integers(0, 100), current=st.sampled_from([True, True, True, False]), lease_ms=st.sampled_from([100, 3000]))
     def renew(self, i: int, current: bool, lease_ms: int) -> None:
-        m = self.pick(i)
+        m = self.pick_claimed(i)
         token = m.token if current and m.token else self.stale_token(m)
         valid = m.state in ("RUNNING", "STOPPING") and token == m.token
         before = self.snapshot(m)
@@ -353,11 +366,11 @@ class QueueMachine(RuleBasedStateMachine):
             assert out == [0]
             assert self.snapshot(m) == before
 
-    @precondition(lambda self: self.runs)
+    @precondition(lambda self: self.any_claimed())
     @rule(i=st.integers(0, 100), outcome=st.sampled_from(["ok", "error", "fatal", "timeout", "crash"]),
-          current=st.booleans(), delay=st.sampled_from([0, 200, 3000]))
+          current=st.sampled_from([True, True, True, False]), delay=st.sampled_from([0, 200, 3000]))
     def finish(self, i: int, outcome: str, current: bool, delay: int) -> None:
-        m = self.pick(i)
+        m = self.pick_claimed(i)
         token = m.token if current and m.token else self.stale_token(m)
         valid = m.state in ("RUNNING", "STOPPING") and token == m.token
         before = self.snapshot(m)
@@ -393,7 +406,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert events[0]["token"] == token
         m.lease_until = None
 
-    @precondition(lambda self: self.runs)
+    @precondition(lambda self: self.any_claimed())
     @rule(advance=st.integers(0, 6000))
     def reap(self, advance: int) -> None:
         self.now += advance
@@ -409,10 +422,10 @@ class QueueMachine(RuleBasedStateMachine):
             m.ready_at, m.lease_until = 0, None
         assert all(e["type"] == "lease_expired" for e in events)
 
-    @precondition(lambda self: self.runs)
-    @rule(i=st.integers(0, 100), current=st.booleans())
+    @precondition(lambda self: self.any_claimed())
+    @rule(i=st.integers(0, 100), current=st.sampled_from([True, True, True, False]))
     def release(self, i: int, current: bool) -> None:
-        m = self.pick(i)
+        m = self.pick_claimed(i)
         token = m.token if current and m.token else self.stale_token(m)
         valid = m.state == "RUNNING" and token == m.token
         before = self.snapshot(m)
@@ -432,9 +445,9 @@ class QueueMachine(RuleBasedStateMachine):
     def advance(self, ms: int) -> None:
         self.now += ms
 
-    @rule()
-    def toggle_pause(self) -> None:
-        self.paused = not self.paused
+    @rule(on=st.sampled_from([False, False, True]))
+    def pause(self, on: bool) -> None:
+        self.paused = on
         if self.paused:
             self.r.set(self.keys.paused, 1)
         else:
@@ -466,7 +479,7 @@ class QueueMachine(RuleBasedStateMachine):
 
 def test_random_operations_keep_the_state_machine() -> None:
     run_state_machine_as_test(QueueMachine, settings=hsettings(
-        max_examples=25, stateful_step_count=30, deadline=None, database=None,
+        max_examples=150, stateful_step_count=30, deadline=None, database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
 
 

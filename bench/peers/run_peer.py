@@ -8,11 +8,14 @@ Phases:
 
 1. Reset the peer's storage (Redis ``FLUSHDB`` on a dedicated DB; for pgqueuer a
    freshly created database with the peer's schema installed).
-2. Submit N no-op jobs with the peer's bulk API; ``submit_per_s`` = N / wall time.
+2. Submit N no-op jobs with the peer's bulk API; ``submit_per_s`` = N / wall time
+   of the enqueue calls (client connect/close excluded).
 3. Start W worker OS processes (``spawn``). Each imports the peer, then waits on a
    shared "go" event, so interpreter start-up is not timed. The clock starts when
    "go" is set and stops when the peer's *own* state says no job is left
    (polled every ``POLL_S``); ``drain_per_s`` = N / that time.
+   Afterwards the peer's own records must show N successful jobs (arq result keys,
+   SAQ job status, pgqueuer_log rows), else the case reports an error.
 4. Print exactly one JSON line on stdout. A missing peer prints ``{"peer", "error"}``
    and exits 0, so a caller can skip it.
 
@@ -25,7 +28,8 @@ Worker concurrency (defaults, override with ``--concurrency``/``--batch``):
   job ttl (result kept 600 s).
 * pgqueuer: ``batch_size=100`` jobs per dequeue query (also the size at which
   completion logs are flushed), ``max_concurrent_tasks`` unlimited, default logged
-  (durable) tables.
+  (durable) tables. Drain rate depends strongly on this knob (the library default
+  of 10 drains at roughly a third of the rate of 100 here).
 
 Every process runs on uvloop when it is installed (Fencepost's venv has it too).
 """
