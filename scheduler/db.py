@@ -94,6 +94,8 @@ class Database:
     async def fetch(self, name: str, *args: Any, conn: asyncpg.Connection | None = None) -> list[asyncpg.Record]:
         try:
             return await (conn or self._p()).fetch(query(name), *args)
+        except asyncpg.UndefinedTableError as exc:
+            raise DatabaseUnavailable(f"the Fencepost schema is missing ({exc}); run `fencepost db upgrade`") from exc
         except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.ConnectionDoesNotExistError) as exc:
             raise DatabaseUnavailable(f"postgresql: {exc}") from exc
 
@@ -104,6 +106,8 @@ class Database:
     async def execute(self, name: str, *args: Any, conn: asyncpg.Connection | None = None) -> str:
         try:
             return await (conn or self._p()).execute(query(name), *args)
+        except asyncpg.UndefinedTableError as exc:
+            raise DatabaseUnavailable(f"the Fencepost schema is missing ({exc}); run `fencepost db upgrade`") from exc
         except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.ConnectionDoesNotExistError) as exc:
             raise DatabaseUnavailable(f"postgresql: {exc}") from exc
 

@@ -11,6 +11,7 @@ from .config import Settings
 from .db import Database
 from .errors import RedisUnavailable
 from .keys import QUEUES_KEY, Keys
+from .redisconn import connect
 from .scripts import Scripts
 
 __all__ = ["Stores"]
@@ -21,7 +22,7 @@ log = logging.getLogger("fencepost")
 class Stores:
     def __init__(self, settings: Settings | None = None, *, db_pool_size: int = 10) -> None:
         self.settings = settings or Settings.from_env()
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(
+        self.redis: aioredis.Redis = connect(
             self.settings.redis_url, decode_responses=False, health_check_interval=30,
             socket_connect_timeout=5, retry_on_timeout=True,
         )

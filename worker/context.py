@@ -11,16 +11,24 @@ class Context:
     so a zombie attempt cannot overwrite a newer attempt's effects."""
 
     __slots__ = ("run_id", "attempt", "token", "queue", "handler", "fire_time", "trace", "worker_id",
-                 "log", "_stop")
+                 "_log", "_stop")
 
     def __init__(self, run_id: int, attempt: int, token: int, queue: str, handler: str,
                  fire_time: int | None = None, trace: str | None = None, worker_id: str = "") -> None:
         self.run_id, self.attempt, self.token = run_id, attempt, token
         self.queue, self.handler, self.fire_time, self.trace = queue, handler, fire_time, trace
         self.worker_id = worker_id
-        self.log = logging.LoggerAdapter(logging.getLogger(f"fencepost.job.{handler}"),
-                                         {"run_id": run_id, "attempt": attempt, "worker_id": worker_id})
+        self._log: logging.LoggerAdapter[logging.Logger] | None = None
         self._stop = False
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger whose lines carry run_id, attempt and worker_id (made on first use: most jobs never log)."""
+        if self._log is None:
+            self._log = logging.LoggerAdapter(logging.getLogger(f"fencepost.job.{self.handler}"),
+                                              {"run_id": self.run_id, "attempt": self.attempt,
+                                               "worker_id": self.worker_id, "event": "job_log"})
+        return self._log
 
     def op_key(self, item: Any) -> str:
         """A stable idempotency key for one unit of work: the same across attempts of this run."""

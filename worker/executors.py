@@ -33,6 +33,10 @@ class Outcome(msgspec.Struct, frozen=True):
 
 
 class Executors:
+    def model(self, handler: str) -> str:
+        h = self.registry.handlers.get(handler)
+        return h.spec.model if h is not None else "async"
+
     def __init__(self, registry: Registry, app: str | None, *, threads: int, processes: int) -> None:
         self.registry = registry
         self._threads = ThreadPoolExecutor(max_workers=max(threads, 1), thread_name_prefix="fencepost-job")
@@ -64,10 +68,8 @@ class Executors:
                               ctx.trace, ctx.worker_id)
                 return Outcome("ok", await self.procs.run(job.handler, job.payload, ctx_fields, timeout))
             args, kwargs = decode_payload(job.payload)
-            if model == "async":
-                async with asyncio.timeout(timeout):
-                    result = await handler.fn(ctx, *args, **kwargs)
-                return Outcome("ok", encode_result(result))
+            if model == "async":  # its timeout is enforced by the worker's watchdog (no timer per job)
+                return Outcome("ok", encode_result(await handler.fn(ctx, *args, **kwargs)))
             return await self._run_thread(handler.fn, ctx, args, kwargs, timeout)
         except TimeoutError:
             return Outcome("timeout", f"exceeded its timeout of {timeout:g}s", "Timeout")

@@ -14,6 +14,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from math import inf
 from typing import Any
 
 from scheduler.config import Settings
@@ -24,7 +25,7 @@ from scheduler.stores import Stores
 
 from .acks import Acknowledger
 from .context import Context
-from .executors import Executors
+from .executors import Executors, Outcome
 
 log = logging.getLogger("fencepost.worker")
 
@@ -45,11 +46,13 @@ class WorkerOptions:
 
 
 class _Running:
-    __slots__ = ("job", "ctx", "task")
+    __slots__ = ("job", "ctx", "task", "deadline", "timed_out")
 
-    def __init__(self, job: Claimed, ctx: Context) -> None:
+    def __init__(self, job: Claimed, ctx: Context, deadline: float) -> None:
         self.job, self.ctx = job, ctx
         self.task: asyncio.Task[None] | None = None
+        self.deadline = deadline
+        self.timed_out = False
 
 
 class Worker:
@@ -92,7 +95,8 @@ class Worker:
                 pass
         log.info("worker %s serving %s (concurrency %d)", self.id, ",".join(self.opts.queues),
                  self.opts.concurrency, extra={"event": "worker_started", "worker_id": self.id})
-        helpers = [asyncio.create_task(self._keep_leases()), asyncio.create_task(self._reap())]
+        helpers = [asyncio.create_task(self._keep_leases()), asyncio.create_task(self._reap()),
+                   asyncio.create_task(self._watchdog())]
         try:
             await self._claim_loop()
             await self._drain()
@@ -156,7 +160,8 @@ class Worker:
                           int(raw[i + 5]), int(raw[i + 6]), queue,
                           int(raw[i + 7]) if raw[i + 7] else None, raw[i + 8].decode() or None)
             ctx = Context(job.id, job.attempt, job.token, queue, job.handler, job.fire_time, job.trace, self.id)
-            entry = _Running(job, ctx)
+            deadline = (time.monotonic() + job.timeout_ms / 1000) if self.executors.model(job.handler) == "async" else inf
+            entry = _Running(job, ctx, deadline)
             self.running[job.id] = entry
             entry.task = asyncio.create_task(self._execute(entry))
         self.claimed += count
@@ -188,7 +193,14 @@ class Worker:
     async def _execute(self, entry: _Running) -> None:
         job = entry.job
         try:
-            outcome = await self.executors.run(job, entry.ctx)
+            try:
+                outcome = await self.executors.run(job, entry.ctx)
+            except asyncio.CancelledError:
+                if not entry.timed_out:
+                    raise
+                outcome = Outcome("timeout", f"exceeded its timeout of {job.timeout_ms / 1000:g}s", "Timeout")
+            if entry.timed_out and outcome.kind == "ok":  # the handler swallowed the cancellation
+                outcome = Outcome("timeout", f"exceeded its timeout of {job.timeout_ms / 1000:g}s", "Timeout")
             if job.id in self.running and self.running[job.id] is entry:
                 await self.acks.add(job.queue, job.id, job.token, job.attempt, outcome.kind, outcome.data,
                                     outcome.error_class)
@@ -198,6 +210,18 @@ class Worker:
             if self.running.get(job.id) is entry:
                 del self.running[job.id]
             self._slot_freed.set()
+
+    # -- watchdog ------------------------------------------------------------------------------
+    async def _watchdog(self, period: float = 0.05) -> None:
+        """Cancel async jobs past their timeout: one scan per period instead of a timer per job."""
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for entry in list(self.running.values()):
+                if entry.deadline < now and not entry.timed_out and entry.task is not None:
+                    entry.timed_out = True
+                    entry.ctx._stop = True
+                    entry.task.cancel()
 
     # -- lease keeper --------------------------------------------------------------------------
     async def _keep_leases(self) -> None:
