@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from reconciler.recorder import GROUP, Recorder, stream_id_int
@@ -130,11 +131,10 @@ async def _assert_history_equals(stores: Stores, expected: set[tuple[int, int, s
     dup = await _fetch(stores, "SELECT run_id, type, count(*) AS n FROM events GROUP BY run_id, type "
                                "HAVING count(*) > 1 LIMIT 5")
     assert not dup, f"duplicate (run, type) events: {[dict(r) for r in dup]}"
-    gaps = await _fetch(stores, """
-        SELECT run_id, array_agg(version ORDER BY version) AS vs FROM events
-        WHERE stream_id IS NOT NULL GROUP BY run_id
-        HAVING array_agg(version ORDER BY version) <> array(SELECT generate_series(1, count(*)::int)) LIMIT 5""")
-    assert not gaps, f"versions are not 1..n per run: {[dict(r) for r in gaps]}"
+    per_run = await _fetch(stores, "SELECT run_id, array_agg(version ORDER BY version) AS vs FROM events "
+                                   "WHERE stream_id IS NOT NULL GROUP BY run_id")
+    gaps = [(r["run_id"], list(r["vs"])) for r in per_run if list(r["vs"]) != list(range(1, len(r["vs"]) + 1))]
+    assert not gaps, f"versions are not 1..n per run: {gaps[:5]}"
     sub = await _fetch(stores, "SELECT run_id, count(*) AS n, min(version) AS v FROM events WHERE type = 'submitted' "
                                "GROUP BY run_id")
     assert {r["run_id"] for r in sub} == set(run_ids) and {(r["n"], r["v"]) for r in sub} == {(1, 0)}
@@ -232,23 +232,32 @@ async def test_sigkilled_worker_run_is_reclaimed_after_its_lease_expires(client:
 
 
 # -- 3. recorder killed mid-batch ---------------------------------------------------------------------
+@pytest.mark.parametrize("crash_at", ["ack", "expire"])
 async def test_recorder_crash_after_commit_before_ack_replays_without_duplicates(
-        client: Client, settings: Settings, stores: Stores, monkeypatch: pytest.MonkeyPatch) -> None:
+        client: Client, settings: Settings, stores: Stores, monkeypatch: pytest.MonkeyPatch, crash_at: str) -> None:
+    """The second batch is committed to PostgreSQL, then the recorder dies: at the start of
+    `_acknowledge` ("ack"), or while giving finished hashes their TTL ("expire")."""
     ids = await client.submit_many([Submit(handler="t.echo", args=(i,)) for i in range(200)])
     await _run_burst_worker(settings, concurrency=50)
     expected = await _transitions(stores)
     assert len(expected) == 400
 
-    real_ack = Recorder._acknowledge
+    real_ack, real_run = Recorder._acknowledge, stores.scripts.run
     calls = {"n": 0}
 
     async def ack_then_die_once(self: Recorder, entries: Any, runs: Any) -> None:
         calls["n"] += 1
-        if calls["n"] == 2:  # the second batch: committed to PostgreSQL, then the process "dies"
+        if calls["n"] == 2 and crash_at == "ack":
             raise RuntimeError("recorder killed between commit and ack")
         await real_ack(self, entries, runs)
 
+    async def run_script(name: str, keys: Any, args: Any) -> Any:
+        if name == "expire_finished" and calls["n"] == 2 and crash_at == "expire":
+            raise RuntimeError("recorder killed between commit and ack (in expire_finished)")
+        return await real_run(name, keys, args)
+
     monkeypatch.setattr(Recorder, "_acknowledge", ack_then_die_once)
+    monkeypatch.setattr(stores.scripts, "run", run_script)
     first = Recorder(stores, consumer="rec-a", batch=150)
     assert await first.run_once(block_ms=50) == 150
     with pytest.raises(RuntimeError, match="between commit and ack"):
@@ -256,6 +265,7 @@ async def test_recorder_crash_after_commit_before_ack_replays_without_duplicates
     assert await _stream_events_in_pg(stores) == 300, "the second batch must be committed"
     assert await _pending(stores, "rec-a") == 150, "the committed batch must still be pending (never acked)"
     monkeypatch.setattr(Recorder, "_acknowledge", real_ack)
+    monkeypatch.setattr(stores.scripts, "run", real_run)
 
     second = Recorder(stores, consumer="rec-a", batch=150)  # the restart: same consumer name
     assert await second.run_once(pending=True) == 150
@@ -283,25 +293,56 @@ async def _backlog(client: Client, settings: Settings, stores: Stores, n: int) -
     return ids, expected
 
 
+_GATE = 0x7E57  # advisory lock key the test holds to stop the recorder inside its second batch
+
+
 async def _kill_recorder_mid_batch(settings: Settings, stores: Stores, total: int, log: Path) -> int:
-    """Start `fencepost reconciler` as rec-1 and SIGKILL it while it holds unacknowledged entries
-    and only part of the history is in PostgreSQL. Returns its pending count at death."""
+    """Start `fencepost reconciler` as rec-1 and SIGKILL it in the middle of a batch: its first
+    batch committed and acknowledged, its second read from the stream (pending) and inside its
+    PostgreSQL transaction, not committed. Returns its pending count at death.
+
+    To kill at that point every time rather than by luck, a test-only statement trigger makes an
+    insert into `events` wait on an advisory lock the test holds once any stream event exists."""
+    gate = await asyncpg.connect(settings.database_url)
+    await gate.execute(f"""
+        CREATE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF EXISTS (SELECT 1 FROM events WHERE stream_id IS NOT NULL) THEN
+                PERFORM pg_advisory_xact_lock_shared({_GATE});
+            END IF;
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER test_gate BEFORE INSERT ON events FOR EACH STATEMENT EXECUTE FUNCTION test_gate();
+        SELECT pg_advisory_lock({_GATE});""")
     rec = spawn(settings, "reconciler", log=log, FENCEPOST_RECORDER_ID="rec-1")
     try:
-        async def partly_recorded() -> bool:
+        async def blocked_mid_batch() -> bool:
             done = await _stream_events_in_pg(stores)
-            return 0 < done < total and await _pending(stores, "rec-1") > 0
+            waiting = await gate.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                          "AND wait_event_type = 'Lock' AND wait_event = 'advisory'")
+            return 0 < done < total and waiting == 1 and await _pending(stores, "rec-1") > 0
 
         try:
-            await wait_until(partly_recorded, timeout=40, what="the recorder to be mid-way", interval=0.01)
+            await wait_until(blocked_mid_batch, timeout=40, what="the recorder to block inside its second batch",
+                             interval=0.05)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{_tail(log)}") from None
         os.kill(rec.pid, signal.SIGKILL)
         assert await _exited(rec, 10, "the SIGKILLed reconciler to die") == -signal.SIGKILL
+        # its server-side session would otherwise sit on the gate (and its uncommitted rows) until released
+        await gate.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock' AND wait_event = 'advisory'")
+
+        async def orphan_gone() -> bool:
+            return await gate.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted") == 0
+
+        await wait_until(orphan_gone, timeout=10, what="the dead recorder's PostgreSQL session to end")
     finally:
         _kill(rec)
+        await gate.close()  # drops the advisory lock: the gate is open from here on
     pending = await _pending(stores, "rec-1")
-    assert pending > 0, "the kill must leave entries read but not acknowledged"
+    done = await _stream_events_in_pg(stores)
+    assert 0 < done < total and pending > 0, f"not killed mid-batch: {done}/{total} recorded, {pending} pending"
     return pending
 
 
