@@ -8,11 +8,12 @@
 -- ARGV[5] max delayed runs to promote in this call
 -- Returns: {} if nothing is due or the queue is paused; else 9 fields per claimed run:
 --   id, token, attempt, handler, payload, timeout_ms, max_retries, fire_time, trace
--- Errors: UNSTAMPED when the queue carries no epoch stamp: the dataset may have lost
---   writes, so nothing is claimed until the reconciler has rebuilt and stamped it.
+-- Errors: UNSTAMPED when the queue carries no epoch stamp written on this server process
+--   (includes/common.lua, trusted_epoch): the dataset may have lost writes, so nothing
+--   is claimed until the reconciler has rebuilt and stamped it.
 -- Tokens are epoch * 2^40 + a per-queue counter, so they grow across failovers.
 -- @include common
-local epoch = redis.call('GET', K_EPOCH)
+local epoch = trusted_epoch()
 if not epoch then return redis.error_reply('UNSTAMPED') end
 if redis.call('EXISTS', K_PAUSED) == 1 then return {} end
 local now, want, worker, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])

@@ -53,7 +53,7 @@ async def rebuild_queue(stores: Stores, queue: str) -> dict[str, int]:
             stats["interrupted"] += len(bumped)
         stats["restored"] += await enqueue_rows(stores, queue, restore)
     await stores.redis.sadd(stores.queues_key, queue)
-    await stores.redis.set(keys.epoch, epoch)
+    await stores.scripts.run("stamp_queue", keys, [epoch, 1])
     log.warning("rebuilt queue %s from PostgreSQL at epoch %d: %d runs restored, %d interrupted",
                 queue, epoch, stats["restored"], stats["interrupted"],
                 extra={"event": "queue_rebuilt", "queue": queue, **stats})
@@ -61,17 +61,19 @@ async def rebuild_queue(stores: Stores, queue: str) -> dict[str, int]:
 
 
 async def ensure_stamped(stores: Stores) -> list[str]:
-    """Rebuild every queue whose stamp is missing or older than PostgreSQL's epoch."""
+    """Rebuild every queue whose stamp is missing, older than PostgreSQL's epoch, or was
+    written on another server process (a restart or a promoted replica)."""
     queues = await stores.db.fetch("queue_epochs")
     if not queues:
         return []
+    server = (await stores.redis.info("server"))["run_id"]
     pipe = stores.redis.pipeline(transaction=False)
     for q in queues:
-        pipe.get(stores.keys(q["name"]).epoch)
+        pipe.hmget(stores.keys(q["name"]).epoch, "epoch", "server")
     stamps = await pipe.execute()
     rebuilt = []
-    for q, stamp in zip(queues, stamps):
-        if stamp is None or int(stamp) < q["epoch"]:
+    for q, (epoch, stamped_on) in zip(queues, stamps):
+        if epoch is None or int(epoch) < q["epoch"] or stamped_on is None or stamped_on.decode() != server:
             await rebuild_queue(stores, q["name"])
             rebuilt.append(q["name"])
     return rebuilt

@@ -220,7 +220,9 @@ class Recorder:
                 att.update(finished=at, outcome=outcome.decode(),
                            eclass=f[b"error_class"].decode() if b"error_class" in f else None,
                            emsg=f[b"error"].decode(errors="replace")[:4000] if b"error" in f else None)
-        self._versions = {rid: (p["queue_stream"], p["version"], p["status"]) for rid, p in runs.items()}
+        # From every entry, not only fresh ones: a replayed batch was committed by the pass that died
+        # before acknowledging it, and its finished runs still need their hashes to expire.
+        self._versions = {int(f[b"run"]): (stream, int(f[b"v"]), f[b"to"].decode()) for stream, _, f in entries}
         rcols: list[list[Any]] = [[] for _ in range(15)]
         for rid, p in runs.items():
             for i, name in enumerate(("id", "status", "version", "attempt", "token", "worker_id", "lease",
@@ -238,16 +240,16 @@ class Recorder:
         by_stream: dict[str, list[bytes]] = {}
         for stream, entry_id, _ in entries:
             by_stream.setdefault(stream, []).append(entry_id)
-        pipe = self.stores.redis.pipeline(transaction=False)
-        for stream, ids in by_stream.items():
-            pipe.xack(stream, GROUP, *ids)
-            pipe.xdel(stream, *ids)
-        await pipe.execute()
         finished: dict[str, list[Any]] = {}
         for rid, (stream, version, status) in self._versions.items():
             if status in _TERMINAL:
                 finished.setdefault(stream, []).extend((rid, version))
         ttl = self.stores.settings.terminal_ttl_s * 1000
-        for stream, pairs in finished.items():
+        for stream, pairs in finished.items():  # before the ack: a crash in between replays the batch
             queue = stream[stream.index("{") + 1: stream.index("}")]
             await self.stores.scripts.run("expire_finished", self.stores.keys(queue), [ttl, *pairs])
+        pipe = self.stores.redis.pipeline(transaction=False)
+        for stream, ids in by_stream.items():
+            pipe.xack(stream, GROUP, *ids)
+            pipe.xdel(stream, *ids)
+        await pipe.execute()

@@ -254,6 +254,21 @@ def demo(ctx: click.Context, base_dir: str, jobs: int) -> None:
         sys.exit(1)
 
 
+def _add_area_commands() -> None:
+    """Commands of other areas live in their own modules (cli_<area>.py) and register here."""
+    import importlib
+    import pkgutil
+
+    import scheduler
+
+    for mod in pkgutil.iter_modules(scheduler.__path__):
+        if mod.name.startswith("cli_"):
+            importlib.import_module(f"scheduler.{mod.name}").register(cli)
+
+
+_add_area_commands()
+
+
 def main() -> None:
     cli(prog_name="fencepost")
 

@@ -181,11 +181,9 @@ class Client:
         """A queue this submit created has no history to lose, so its creator may stamp it."""
         if not new_queues:
             return
-        pipe = self.stores.redis.pipeline(transaction=False)
         for queue, epoch in new_queues.items():
-            pipe.set(self.stores.keys(queue).epoch, epoch, nx=True)
-            pipe.sadd(self.stores.queues_key, queue)
-        await pipe.execute()
+            await self.stores.scripts.run("stamp_queue", self.stores.keys(queue), [epoch, 0])
+        await self.stores.redis.sadd(self.stores.queues_key, *new_queues)
 
     def _validated(self, req: Submit, now: datetime, *, outbox: bool) -> tuple[Any, ...]:
         spec = self._defs[req.handler]

@@ -20,9 +20,15 @@ _MIGRATION_LOCK = 0x46454E43  # "FENC": one upgrade at a time across replicas
 
 @cache
 def _queries() -> dict[str, str]:
-    text = (resource_dir("sql") / "queries.sql").read_text()
-    parts = _NAME.split(text)
-    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
+    """Named queries from sql/queries*.sql (one file per area: core, control, reconciler...)."""
+    out: dict[str, str] = {}
+    for path in sorted(resource_dir("sql").glob("queries*.sql")):
+        parts = _NAME.split(path.read_text())
+        for i in range(1, len(parts), 2):
+            if parts[i] in out:
+                raise RuntimeError(f"query {parts[i]!r} is defined twice (second in {path.name})")
+            out[parts[i]] = parts[i + 1].strip()
+    return out
 
 
 def query(name: str) -> str:

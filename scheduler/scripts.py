@@ -22,8 +22,8 @@ from .states import edges
 __all__ = ["Scripts", "render", "SCRIPT_NAMES"]
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
-SCRIPT_NAMES = ("enqueue_runs", "claim_due", "renew_leases", "finish_runs", "reap_expired", "release_runs",
-                "expire_finished")
+SCRIPT_NAMES = tuple(sorted(p.stem for p in resource_dir("lua").glob("*.lua")))
+"""Every lua/<verb>_<object>.lua is a script (includes live in lua/includes/)."""
 
 
 def _states_lua() -> str:

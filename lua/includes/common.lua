@@ -7,7 +7,8 @@
 --   KEYS[4] events   STREAM transitions for the recorder
 --   KEYS[5] seq      counter for FIFO order
 --   KEYS[6] token    counter, low 40 bits of fencing tokens in the current epoch
---   KEYS[7] epoch    epoch stamp (absent = dataset not trusted)
+--   KEYS[7] epoch    HASH stamp {epoch, server}: absent, or written on another server
+--                    (restart, promoted replica), means the dataset is not trusted
 --   KEYS[8] paused   exists while the queue is paused
 --   KEYS[9] wake     LIST nudged so idle workers wake up
 --   KEYS[10] stats   HASH of counters
@@ -38,6 +39,17 @@ local function transition(id, key, from, to, event, now, extra)
   end
   redis.call('XADD', K_EVENTS, '*', unpack(ev))
   return v
+end
+
+-- The queue's epoch if the stamp was written on this very server process, else nil.
+-- A promoted replica or a restarted server has a new run_id, so a replicated or
+-- persisted stamp does not vouch for it: claims wait until the reconciler rebuilt it.
+local function trusted_epoch()
+  local stamp = redis.call('HMGET', K_EPOCH, 'epoch', 'server')
+  if not stamp[1] then return nil end
+  local server = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+  if stamp[2] ~= server then return nil end
+  return tonumber(stamp[1])
 end
 
 local function due_score(priority)
