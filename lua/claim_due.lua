@@ -6,8 +6,9 @@
 -- ARGV[3] worker id
 -- ARGV[4] lease duration (ms)
 -- ARGV[5] max delayed runs to promote in this call
--- Returns: {} if nothing is due or the queue is paused; else 9 fields per claimed run:
---   id, token, attempt, handler, payload, timeout_ms, max_retries, fire_time, trace
+-- Returns: {} if nothing is due or the queue is paused; else 10 fields per claimed run:
+--   id, token, attempt, handler, payload, timeout_ms, max_retries, fire_time, trace,
+--   gen (checkpoint generation: bumped by restart; older checkpoints are not read)
 -- Errors: UNSTAMPED when the queue carries no epoch stamp written on this server process
 --   (includes/common.lua, trusted_epoch): the dataset may have lost writes, so nothing
 --   is claimed until the reconciler has rebuilt and stamped it.
@@ -42,7 +43,7 @@ for i = 1, count do
   local id = popped[2 * i - 1]
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'attempt', 'handler', 'payload', 'timeout_ms',
-                       'max_retries', 'fire_time', 'trace')
+                       'max_retries', 'fire_time', 'trace', 'gen')
   if f[1] == 'PENDING' then
     local attempt = (tonumber(f[2]) or 0) + 1
     local token = string.format('%.0f', first + i)
@@ -52,7 +53,7 @@ for i = 1, count do
     redis.call('ZADD', K_ACTIVE, lease, id)
     local n = #out
     out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, token, attempt, f[3], f[4]
-    out[n + 6], out[n + 7], out[n + 8], out[n + 9] = f[5], f[6], f[7] or '', f[8] or ''
+    out[n + 6], out[n + 7], out[n + 8], out[n + 9], out[n + 10] = f[5], f[6], f[7] or '', f[8] or '', f[9] or '0'
   end
   -- any other state: a leftover member of a run that moved on; dropping it is the repair
 end

@@ -5,7 +5,11 @@
 -- ARGV[2] crashes after which a run is quarantined (FAILED, reason quarantined)
 -- then 6 per item: run id, token, outcome, data, error class, retry delay (ms)
 --   outcome: ok (data = encoded result) | error | fatal (never retried) | timeout | crash
---   (data = error message). The delay is computed by the caller (backoff + full jitter).
+--   (data = error message) | interrupted (the handler let go at a safe boundary; data =
+--   'forced' when the worker had to kill it after the stop grace period). The delay is
+--   computed by the caller (backoff + full jitter).
+--   An interrupted run goes where the operator asked (ctl): pause -> PAUSED, stop ->
+--   STOPPED, cancel -> CANCELLED; with no request (worker shutdown) it is PENDING again.
 -- Returns: one entry per item: the run's new state, or 'STALE' when the token is not
 --   the run's current one (nothing changes; counted in stats.stale_finish).
 -- @include common
@@ -14,7 +18,7 @@ local out = {}
 for i = 3, #ARGV, 6 do
   local id, token, outcome, data, eclass, delay = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
   local key = run_key(id)
-  local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'max_retries', 'worker')
+  local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'max_retries', 'worker', 'ctl', 'compensate', 'priority')
   local st = f[1]
   if (st ~= 'RUNNING' and st ~= 'STOPPING') or f[2] ~= token then
     redis.call('HINCRBY', K_STATS, 'stale_finish', 1)
@@ -22,7 +26,32 @@ for i = 3, #ARGV, 6 do
   else
     redis.call('ZREM', K_ACTIVE, id)
     local base = {'attempt', f[3], 'token', token, 'worker', f[5]}
-    if outcome == 'ok' then
+    if outcome == 'interrupted' then
+      local ctl = f[6]
+      redis.call('HDEL', key, 'ctl')
+      if data == 'forced' then base[#base + 1] = 'forced'; base[#base + 1] = '1' end
+      if st == 'RUNNING' and ctl == 'pause' then
+        base[#base + 1] = 'outcome'; base[#base + 1] = 'paused'
+        transition(id, key, st, 'PAUSED', 'paused', now, base)
+        out[#out + 1] = 'PAUSED'
+      elseif st == 'STOPPING' and ctl == 'cancel' then
+        base[#base + 1] = 'outcome'; base[#base + 1] = 'cancelled'
+        if f[7] then base[#base + 1] = 'compensate'; base[#base + 1] = f[7] end
+        transition(id, key, st, 'CANCELLED', 'cancelled', now, base)
+        out[#out + 1] = 'CANCELLED'
+      elseif st == 'STOPPING' then
+        base[#base + 1] = 'outcome'; base[#base + 1] = 'stopped'
+        transition(id, key, st, 'STOPPED', 'stopped', now, base)
+        out[#out + 1] = 'STOPPED'
+      else
+        base[#base + 1] = 'outcome'; base[#base + 1] = 'released'
+        transition(id, key, st, 'PENDING', 'released', now, base)
+        redis.call('ZADD', K_DUE, due_score(f[8]), id)
+        nudge()
+        out[#out + 1] = 'PENDING'
+      end
+    elseif outcome == 'ok' then
+      redis.call('HDEL', key, 'ctl')
       redis.call('HSET', key, 'result', data)
       base[#base + 1] = 'result'; base[#base + 1] = data
       transition(id, key, st, 'SUCCEEDED', 'succeeded', now, base)

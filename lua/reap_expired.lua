@@ -1,6 +1,7 @@
 -- reap_expired.lua: runs whose lease expired (worker died, partitioned, paused too long)
 -- go back to PENDING, or FAILED when their retries are used up; the attempt is
--- recorded as interrupted. Safe to run from many processes at once.
+-- recorded as interrupted. A run an operator asked to pause, stop or cancel goes where
+-- they asked (PAUSED / STOPPED / CANCELLED). Safe to run from many processes at once.
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV[1] now (ms), ARGV[2] max runs to reap in this call
 -- Returns: the number of runs reaped.
@@ -10,12 +11,19 @@ local ids = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, tonum
 local reaped = 0
 for _, id in ipairs(ids) do
   local key = run_key(id)
-  local f = redis.call('HMGET', key, 'state', 'lease_until', 'attempt', 'token', 'worker', 'max_retries', 'priority')
+  local f = redis.call('HMGET', key, 'state', 'lease_until', 'attempt', 'token', 'worker', 'max_retries', 'priority',
+                       'ctl', 'compensate')
   redis.call('ZREM', K_ACTIVE, id)
   if (f[1] == 'RUNNING' or f[1] == 'STOPPING') and tonumber(f[2]) <= now then
     local ev = {'attempt', f[3], 'token', f[4], 'worker', f[5], 'outcome', 'interrupted'}
-    if f[1] == 'STOPPING' then
+    redis.call('HDEL', key, 'ctl')
+    if f[1] == 'STOPPING' and f[8] == 'cancel' then
+      if f[9] then ev[#ev + 1] = 'compensate'; ev[#ev + 1] = f[9] end
+      transition(id, key, 'STOPPING', 'CANCELLED', 'lease_expired', now, ev)
+    elseif f[1] == 'STOPPING' then
       transition(id, key, 'STOPPING', 'STOPPED', 'lease_expired', now, ev)
+    elseif f[8] == 'pause' then
+      transition(id, key, 'RUNNING', 'PAUSED', 'lease_expired', now, ev)
     else
       local fails = redis.call('HINCRBY', key, 'fails', 1)
       if fails <= tonumber(f[6]) then

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections import defaultdict
@@ -47,6 +48,14 @@ async def enqueue_rows(stores: Stores, queue: str, rows: Iterable[Any]) -> int:
     return await stores.scripts.run("enqueue_runs", stores.keys(queue), args)
 
 
+def _spec(row: Any) -> JobSpec:
+    data = dict(row)
+    options = data.pop("options", None) or {}
+    if isinstance(options, str):
+        options = json.loads(options)
+    return msgspec.convert({**data, **options}, JobSpec)
+
+
 class Client:
     """Async client. A submit returns only after PostgreSQL committed the run."""
 
@@ -55,6 +64,7 @@ class Client:
         self.settings = settings or Settings.from_env(redis_url=redis_url, database_url=database_url)
         self.stores = Stores(self.settings)
         self.actor = actor
+        self.registry: Registry | None = None
         self._defs: dict[str, JobSpec] = {}
 
     async def connect(self) -> "Client":
@@ -74,16 +84,18 @@ class Client:
     async def register(self, registry: Registry | Iterable[JobSpec]) -> None:
         """Store handler declarations so submits can be validated without a worker running."""
         specs = registry.specs() if isinstance(registry, Registry) else list(registry)
+        if isinstance(registry, Registry):
+            self.registry = registry
         cols = [[getattr(s, f) for s in specs] for f in
                 ("name", "model", "queue", "priority", "timeout_s", "max_retries", "version", "resumable", "owner")]
-        await self.stores.db.execute("upsert_definitions", *cols, ["{}"] * len(specs))
+        await self.stores.db.execute("upsert_definitions", *cols, [json.dumps(s.options()) for s in specs])
         self._defs.update({s.name: s for s in specs})
 
     async def _load_definitions(self, names: set[str]) -> None:
         """Refresh the cached declarations once if a handler is not known yet."""
         if names - self._defs.keys():
             rows = await self.stores.db.fetch("definitions")
-            self._defs = {r["name"]: msgspec.convert(dict(r), JobSpec) for r in rows}
+            self._defs = {r["name"]: _spec(r) for r in rows}
             for name in sorted(names - self._defs.keys()):
                 raise UnknownHandler(name)
 

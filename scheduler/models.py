@@ -40,8 +40,22 @@ class JobSpec(msgspec.Struct, kw_only=True, frozen=True):
     timeout_s: float = 300.0
     max_retries: int = 3
     version: int = 1
+    """Checkpoint schema version: resume refuses a checkpoint of another version unless
+    the handler declares a migration."""
     resumable: bool = True
     owner: str | None = None
+    stop_grace_s: float | None = None
+    """Seconds a stop waits for the handler before escalating (None: the worker's default)."""
+    side_effects: bool = False
+    """Irreversible side effects: a run cancelled mid-way is flagged needs_compensation."""
+    compensate: str | None = None
+    """Handler enqueued with the cancelled run's id when it needs compensation."""
+    migrates: bool = False
+    """The handler can migrate older checkpoint schema versions to `version`."""
+
+    def options(self) -> dict[str, object]:
+        return {"stop_grace_s": self.stop_grace_s, "side_effects": self.side_effects,
+                "compensate": self.compensate, "migrates": self.migrates}
 
 
 class Claimed(msgspec.Struct, frozen=True):
@@ -57,6 +71,7 @@ class Claimed(msgspec.Struct, frozen=True):
     queue: str
     fire_time: int | None
     trace: str | None
+    gen: int = 0
 
 
 class RunView(msgspec.Struct, kw_only=True):

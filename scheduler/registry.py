@@ -12,10 +12,16 @@ __all__ = ["Registry", "Handler", "load_registry"]
 
 
 class Handler:
-    __slots__ = ("spec", "fn")
+    __slots__ = ("spec", "fn", "migrate", "resume_check")
 
-    def __init__(self, spec: JobSpec, fn: Callable[..., Any]) -> None:
+    def __init__(self, spec: JobSpec, fn: Callable[..., Any], migrate: Callable[[int, Any], Any] | None = None,
+                 resume_check: Callable[..., str | None] | None = None) -> None:
         self.spec, self.fn = spec, fn
+        self.migrate = migrate
+        """migrate(old_schema_version, state) -> state in the current version."""
+        self.resume_check = resume_check
+        """resume_check(args, kwargs, checkpoint_state) -> None, or why resuming is unsafe
+        (e.g. a declared input no longer exists); run by Client.resume when it has the registry."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -33,15 +39,19 @@ class Registry:
 
     def job(self, name: str | None = None, *, model: Model = "async", queue: str = "default",
             priority: int = 0, timeout: float = 300.0, max_retries: int = 3, version: int = 1,
-            resumable: bool = True, owner: str | None = None) -> Callable[[Callable[..., Any]], Handler]:
+            resumable: bool = True, owner: str | None = None, stop_grace: float | None = None,
+            side_effects: bool = False, compensate: str | None = None,
+            migrate: Callable[[int, Any], Any] | None = None,
+            resume_check: Callable[..., str | None] | None = None) -> Callable[[Callable[..., Any]], Handler]:
         if model not in ("async", "thread", "process"):
             raise InvalidInput(f"model must be async, thread or process, not {model!r}", field="model")
 
         def register(fn: Callable[..., Any]) -> Handler:
             spec = JobSpec(name=name or f"{fn.__module__}.{fn.__qualname__}", model=model, queue=queue,
                            priority=priority, timeout_s=float(timeout), max_retries=max_retries,
-                           version=version, resumable=resumable, owner=owner)
-            handler = Handler(spec, fn)
+                           version=version, resumable=resumable, owner=owner, stop_grace_s=stop_grace,
+                           side_effects=side_effects, compensate=compensate, migrates=migrate is not None)
+            handler = Handler(spec, fn, migrate, resume_check)
             self.handlers[spec.name] = handler
             return handler
 

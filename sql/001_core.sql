@@ -130,14 +130,20 @@ END $$;
 CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
     FOR EACH ROW EXECUTE FUNCTION events_append_only();
 
--- Latest committed checkpoint per run; written only by a token at least as new.
+-- Latest committed checkpoint per run, fenced at the store: a write is refused unless its
+-- token is at least the last writer's and at least `fence_token`, the token of the newest
+-- attempt that has started (and read the checkpoint). `gen` is bumped by restart, so an
+-- attempt never resumes from a checkpoint of an earlier generation.
 CREATE TABLE checkpoints (
     run_id          bigint PRIMARY KEY REFERENCES runs (id),
-    token           bigint NOT NULL,
+    gen             integer NOT NULL DEFAULT 0,
+    token           bigint NOT NULL DEFAULT 0,
+    fence_token     bigint NOT NULL DEFAULT 0,
     attempt         integer NOT NULL,
-    version         integer NOT NULL DEFAULT 1,
+    version         integer NOT NULL DEFAULT 0,
     schema_version  integer NOT NULL DEFAULT 1,
-    state           bytea NOT NULL,
+    state           bytea,
     processed       bigint,
-    updated_at      timestamptz NOT NULL DEFAULT now()
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    CHECK ((state IS NULL) = (version = 0))
 );

@@ -51,7 +51,7 @@ ON CONFLICT (name) DO UPDATE SET model = excluded.model, queue = excluded.queue,
     resumable = excluded.resumable, owner = excluded.owner, options = excluded.options, updated_at = now();
 
 -- name: definitions
-SELECT name, model, queue, priority, timeout_s, max_retries, version, resumable, owner FROM job_definitions;
+SELECT name, model, queue, priority, timeout_s, max_retries, version, resumable, owner, options FROM job_definitions;
 
 -- name: get_run
 SELECT * FROM runs WHERE id = $1;

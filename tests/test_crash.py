@@ -170,7 +170,10 @@ async def test_eight_worker_processes_claim_each_run_exactly_once(client: Client
         async def all_started() -> bool:
             return all(log.exists() and b"worker_started" in log.read_bytes() for log in logs)
 
-        await wait_until(all_started, timeout=40, what="8 workers to start", interval=0.1)
+        try:
+            await wait_until(all_started, timeout=40, what="8 workers to start", interval=0.1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n" + "\n".join(f"--- {log.name}\n{_tail(log, 5)}" for log in logs)) from None
         t0 = time.monotonic()
         await stores.redis.delete(keys.paused)
         await stores.redis.rpush(keys.wake, 1)
@@ -337,9 +340,11 @@ async def _kill_recorder_mid_batch(settings: Settings, stores: Stores, total: in
             return await gate.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted") == 0
 
         await wait_until(orphan_gone, timeout=10, what="the dead recorder's PostgreSQL session to end")
+        await gate.execute(f"SELECT pg_advisory_unlock({_GATE}); DROP TRIGGER test_gate ON events; "
+                           "DROP FUNCTION test_gate()")
     finally:
         _kill(rec)
-        await gate.close()  # drops the advisory lock: the gate is open from here on
+        await gate.close()
     pending = await _pending(stores, "rec-1")
     done = await _stream_events_in_pg(stores)
     assert 0 < done < total and pending > 0, f"not killed mid-batch: {done}/{total} recorded, {pending} pending"
@@ -409,10 +414,29 @@ async def test_hung_process_job_is_killed_at_its_timeout_while_others_keep_runni
     hang = await client.submit("t.hang")
     others = await client.submit_many([Submit(handler="t.spin", args=(10_000 + i,)) for i in range(15)]
                                       + [Submit(handler="t.echo", args=(i,)) for i in range(15)])
-    worker = Worker(registry, WorkerOptions(queues=["tq"], concurrency=20, processes=2, burst=True),
+    worker = Worker(registry, WorkerOptions(queues=["tq"], concurrency=20, processes=2, idle_wait_s=0.1),
                     settings=settings, app=APP)
-    await asyncio.wait_for(worker.run(), 60)
-    assert worker.executors.procs is not None and worker.executors.procs.rebuilds >= 1, "the hung child was not replaced"
+    task = asyncio.create_task(worker.run())
+    try:
+        await _wait_state(stores, hang, {"RUNNING"}, 30, "the worker to claim the hanging run")
+        pool = worker.executors.procs
+        assert pool is not None
+        children = list(pool._children)
+        assert len(children) == 2
+
+        async def all_finished() -> bool:
+            states = [await _state(stores, rid) for rid in [hang, *others]]
+            return all(st in ("SUCCEEDED", "FAILED", "TIMED_OUT") for st in states)
+
+        await wait_until(all_finished, timeout=30, what="every run to finish")
+        assert await _state(stores, hang) == "TIMED_OUT"
+        exits = sorted((c.proc.exitcode for c in children), key=str)
+        assert exits == [-signal.SIGKILL, None], f"exactly the hung child must be killed, got exit codes {exits}"
+        assert pool.rebuilds == 1 and len(pool._children) == 2, "the killed child must be replaced"
+        assert all(c.proc.is_alive() for c in pool._children)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
     await record_all(stores)
 
     h = await client.get(hang)

@@ -107,9 +107,10 @@ def test_is_legal_matches_edges() -> None:
     for (frm, to), evs in TRANSITIONS.items():
         if frm in TERMINAL:
             assert to is Status.PENDING and evs <= {"retried", "restarted"}
-    # Only leased states end by lease expiry, and only claims create a lease.
-    assert {t for (f, t) in TRANSITIONS if t in ACTIVE and f not in ACTIVE} == {Status.RUNNING}
-    assert {f for (f, t) in TRANSITIONS if t is Status.RUNNING} == {Status.PENDING}
+    # Only claims create a lease, and only leased states end by lease expiry.
+    assert {(f, t) for (f, t) in TRANSITIONS if t in ACTIVE and f not in ACTIVE} == {(Status.PENDING, Status.RUNNING)}
+    assert TRANSITIONS[(Status.PENDING, Status.RUNNING)] == {"claimed"}
+    assert all(f in ACTIVE for (f, t), evs in TRANSITIONS.items() if "lease_expired" in evs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @initialize()
     def stamp(self) -> None:
-        self.r.set(self.keys.epoch, 1)
+        assert self.call("stamp_queue", 1, 1) == 1
 
     def teardown(self) -> None:
         keys = list(self.r.scan_iter(match=f"{self.prefix}:*", count=1000))

@@ -1,25 +1,52 @@
-"""What a handler receives as its first argument."""
+"""What a handler receives as its first argument, and the two signals it may raise."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any
+from typing import Any, Awaitable, Callable
+
+__all__ = ["Context", "SyncContext", "Interrupt", "LeaseLost"]
+
+
+class Interrupt(BaseException):
+    """Raised by `checkpoint()` once the checkpoint is durable, when an operator asked this
+    run to pause, stop or cancel. Let it propagate: the worker turns it into PAUSED,
+    STOPPED or CANCELLED. (BaseException, so `except Exception` in a handler keeps it.)"""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"operator asked to {kind}")
+        self.kind = kind
+
+
+class LeaseLost(BaseException):
+    """This attempt no longer owns the run (its lease expired and a newer attempt holds
+    it): do no more side effects. Its checkpoint was refused at the store."""
 
 
 class Context:
-    """Run identity for the handler: pass `token` and `op_key()` to downstream side effects
-    so a zombie attempt cannot overwrite a newer attempt's effects."""
+    """Run identity and cooperative controls for an async handler.
 
-    __slots__ = ("run_id", "attempt", "token", "queue", "handler", "fire_time", "trace", "worker_id",
-                 "_log", "_stop")
+    Pass `token` and `op_key()` to downstream side effects so a zombie attempt cannot
+    overwrite a newer attempt's effects.
+    """
+
+    __slots__ = ("run_id", "attempt", "token", "queue", "handler", "fire_time", "trace", "worker_id", "gen",
+                 "checkpoint_data", "checkpoint_version", "processed", "_log", "_stop", "_ctl", "_writer")
 
     def __init__(self, run_id: int, attempt: int, token: int, queue: str, handler: str,
-                 fire_time: int | None = None, trace: str | None = None, worker_id: str = "") -> None:
+                 fire_time: int | None = None, trace: str | None = None, worker_id: str = "", gen: int = 0) -> None:
         self.run_id, self.attempt, self.token = run_id, attempt, token
         self.queue, self.handler, self.fire_time, self.trace = queue, handler, fire_time, trace
-        self.worker_id = worker_id
+        self.worker_id, self.gen = worker_id, gen
+        self.checkpoint_data: Any = None
+        """The latest committed checkpoint's state when this attempt started (None: start fresh)."""
+        self.checkpoint_version = 0
+        self.processed: int | None = None
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
         self._stop = False
+        self._ctl: str | None = None
+        self._writer: Callable[[Context, Any, int | None], Awaitable[int]] | None = None
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -35,8 +62,41 @@ class Context:
         return f"{self.run_id}:{item}"
 
     def should_stop(self) -> bool:
-        """True once the worker is shutting down or the lease was lost: return at a safe boundary."""
-        return self._stop
+        """True once a stop or cancel was asked, the worker is shutting down, or the lease is
+        gone: checkpoint and return at the next safe boundary."""
+        return self._stop or self._ctl in ("stop", "cancel")
+
+    def should_pause(self) -> bool:
+        return self._ctl == "pause"
+
+    async def checkpoint(self, state: Any, *, processed: int | None = None) -> int:
+        """Persist progress; returns only when it is durable in PostgreSQL (its version).
+
+        Call it after the unit's side effects are durable. Raises Interrupt when an
+        operator asked to pause/stop/cancel, LeaseLost when a newer attempt owns the run.
+        """
+        if self._writer is None:
+            raise RuntimeError("checkpoint() is only available inside a worker")
+        return await self._writer(self, state, processed)
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.run_id, self.attempt, self.token, self.queue, self.handler, self.fire_time, self.trace,
+                self.worker_id, self.gen)
 
     def __repr__(self) -> str:
-        return f"Context(run_id={self.run_id}, attempt={self.attempt}, token={self.token})"
+        return f"{type(self).__name__}(run_id={self.run_id}, attempt={self.attempt}, token={self.token})"
+
+
+class SyncContext(Context):
+    """The same API for thread handlers: `checkpoint()` blocks until durable."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, *args: Any, loop: asyncio.AbstractEventLoop | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loop = loop
+
+    def checkpoint(self, state: Any, *, processed: int | None = None) -> int:  # type: ignore[override]
+        if self._writer is None or self._loop is None:
+            raise RuntimeError("checkpoint() is only available inside a worker")
+        return asyncio.run_coroutine_threadsafe(self._writer(self, state, processed), self._loop).result()

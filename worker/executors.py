@@ -20,14 +20,15 @@ from scheduler.errors import InvalidInput
 from scheduler.models import Claimed, decode_payload, encode_result
 from scheduler.registry import Registry
 
-from .context import Context
+from .checkpoints import Checkpoints
+from .context import Context, Interrupt, LeaseLost
 from .procpool import ChildCrashed, ProcessPool, RemoteError
 
 __all__ = ["Outcome", "Executors"]
 
 
 class Outcome(msgspec.Struct, frozen=True):
-    kind: str  # ok | error | fatal | timeout | crash
+    kind: str  # ok | error | fatal | timeout | crash | interrupted | lost
     data: bytes | str = b""
     error_class: str = ""
 
@@ -37,8 +38,10 @@ class Executors:
         h = self.registry.handlers.get(handler)
         return h.spec.model if h is not None else "async"
 
-    def __init__(self, registry: Registry, app: str | None, *, threads: int, processes: int) -> None:
+    def __init__(self, registry: Registry, app: str | None, *, threads: int, processes: int,
+                 checkpoints: Checkpoints | None = None) -> None:
         self.registry = registry
+        self.checkpoints = checkpoints
         self._threads = ThreadPoolExecutor(max_workers=max(threads, 1), thread_name_prefix="fencepost-job")
         self.procs = ProcessPool(app, processes) if app and processes > 0 and any(
             h.spec.model == "process" for h in registry.handlers.values()) else None
@@ -64,13 +67,17 @@ class Executors:
             if model == "process":
                 if self.procs is None:
                     return Outcome("fatal", "process handler but the worker has no --app to spawn from", "NoProcessPool")
-                ctx_fields = (ctx.run_id, ctx.attempt, ctx.token, ctx.queue, ctx.handler, ctx.fire_time,
-                              ctx.trace, ctx.worker_id)
-                return Outcome("ok", await self.procs.run(job.handler, job.payload, ctx_fields, timeout))
+                assert self.checkpoints is not None
+                return Outcome("ok", await self.procs.run(job.handler, job.payload, ctx, timeout,
+                                                          self.checkpoints.write_encoded))
             args, kwargs = decode_payload(job.payload)
             if model == "async":  # its timeout is enforced by the worker's watchdog (no timer per job)
                 return Outcome("ok", encode_result(await handler.fn(ctx, *args, **kwargs)))
             return await self._run_thread(handler.fn, ctx, args, kwargs, timeout)
+        except Interrupt:
+            return Outcome("interrupted")
+        except LeaseLost as exc:
+            return Outcome("lost", str(exc))
         except TimeoutError:
             return Outcome("timeout", f"exceeded its timeout of {timeout:g}s", "Timeout")
         except ChildCrashed as exc:
@@ -89,7 +96,9 @@ class Executors:
         fut = loop.run_in_executor(self._threads, lambda: fn(ctx, *args, **kwargs))
         try:
             result = await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
+        except (TimeoutError, asyncio.CancelledError):
+            # A thread cannot be killed: give the run up and count the slot as leaked
+            # until the thread returns by itself.
             ctx._stop = True
             with self._lock:
                 self.leaked_threads += 1

@@ -15,11 +15,11 @@ import signal
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Awaitable, Callable
 
-from scheduler.models import decode_payload, encode_result
+from scheduler.models import decode_payload, decode_result, encode_result
 
-from .context import Context
+from .context import Context, Interrupt, LeaseLost, SyncContext
 
 log = logging.getLogger("fencepost.worker.procpool")
 _CTX = mp.get_context("spawn")
@@ -38,6 +38,23 @@ class RemoteError(Exception):
         self.error_class = error_class
 
 
+class _ChildContext(SyncContext):
+    """The handler's context inside a child process: checkpoints go through the parent."""
+
+    __slots__ = ("_conn",)
+
+    def checkpoint(self, state: Any, *, processed: int | None = None) -> int:  # type: ignore[override]
+        self._conn.send(("ckpt", encode_result(state), processed))
+        reply = self._conn.recv()
+        if reply[0] == "lost":
+            self._stop = True
+            raise LeaseLost(reply[1])
+        self.checkpoint_version, self._ctl = reply[1], reply[2]
+        if self._ctl in ("pause", "stop", "cancel"):
+            raise Interrupt(self._ctl)
+        return self.checkpoint_version
+
+
 def _child_main(app: str, conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -49,12 +66,19 @@ def _child_main(app: str, conn: Connection) -> None:
             msg = conn.recv()
         except (EOFError, OSError):
             return
-        handler, payload, ctx_fields = msg
+        handler, payload, ctx_fields, checkpoint, checkpoint_version, ctl = msg
         try:
             args, kwargs = decode_payload(payload)
-            ctx = Context(*ctx_fields)
+            ctx = _ChildContext(*ctx_fields)
+            ctx._conn = conn
+            ctx.checkpoint_data = decode_result(checkpoint) if checkpoint is not None else None
+            ctx.checkpoint_version, ctx._ctl = checkpoint_version, ctl
             result = registry[handler].fn(ctx, *args, **kwargs)
             conn.send(("ok", encode_result(result)))
+        except Interrupt as exc:
+            conn.send(("interrupted", exc.kind))
+        except LeaseLost as exc:
+            conn.send(("lost", str(exc)))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent, never raised here
             conn.send(("err", type(exc).__name__, f"{exc}\n{traceback.format_exc(limit=5)}"[:4000]))
 
@@ -91,14 +115,34 @@ class ProcessPool:
             self._children.add(child)
             self._idle.put_nowait(child)
 
-    async def run(self, handler: str, payload: bytes, ctx_fields: tuple[Any, ...], timeout: float) -> bytes:
-        """Run one job in an idle child; kill it on timeout; replace it if it dies."""
+    async def run(self, handler: str, payload: bytes, ctx: Context, timeout: float,
+                  on_checkpoint: Callable[[Context, bytes, int | None], Awaitable[int]]) -> bytes:
+        """Run one job in an idle child; kill it on timeout; replace it if it dies.
+
+        The child's checkpoints come back over its pipe and are written by `on_checkpoint`
+        here (fenced, durable) before the child continues.
+        """
         loop = asyncio.get_running_loop()
         child = await self._idle.get()
         healthy = False
+        deadline = loop.time() + timeout
+        checkpoint = encode_result(ctx.checkpoint_data) if ctx.checkpoint_data is not None else None
         try:
-            child.conn.send((handler, payload, ctx_fields))
-            reply = await asyncio.wait_for(loop.run_in_executor(self._io, child.conn.recv), timeout)
+            child.conn.send((handler, payload, ctx._fields(), checkpoint, ctx.checkpoint_version, ctx._ctl))
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError
+                reply = await asyncio.wait_for(loop.run_in_executor(self._io, child.conn.recv), remaining)
+                if reply[0] != "ckpt":
+                    break
+                try:
+                    answer: tuple[Any, ...] = ("ok", await on_checkpoint(ctx, reply[1], reply[2]), ctx._ctl)
+                except Interrupt as exc:
+                    answer = ("ok", ctx.checkpoint_version, exc.kind)
+                except LeaseLost as exc:
+                    answer = ("lost", str(exc))
+                child.conn.send(answer)
             healthy = True
         except TimeoutError:  # a subclass of OSError: must come first
             raise
@@ -117,6 +161,10 @@ class ProcessPool:
                 self._idle.put_nowait(replacement)
         if reply[0] == "ok":
             return reply[1]
+        if reply[0] == "interrupted":
+            raise Interrupt(reply[1])
+        if reply[0] == "lost":
+            raise LeaseLost(reply[1])
         raise RemoteError(reply[1], reply[2])
 
     async def close(self) -> None:

@@ -24,7 +24,8 @@ from scheduler.registry import Registry
 from scheduler.stores import Stores
 
 from .acks import Acknowledger
-from .context import Context
+from .context import Context, SyncContext
+from .checkpoints import Checkpoints
 from .executors import Executors, Outcome
 
 log = logging.getLogger("fencepost.worker")
@@ -39,6 +40,10 @@ class WorkerOptions:
     processes: int = max(os.cpu_count() or 1, 1)
     grace_s: float = 30.0
     lease_ms: int | None = None
+    stop_grace_s: float = 30.0
+    """How long a stop waits for a handler that does not declare its own grace."""
+    heartbeat_s: float = 1.0
+    """Lease renewal period (at most a third of the lease): also how fast control flags arrive."""
     idle_wait_s: float = 0.5
     reap_every_s: float = 2.0
     burst: bool = False
@@ -46,13 +51,15 @@ class WorkerOptions:
 
 
 class _Running:
-    __slots__ = ("job", "ctx", "task", "deadline", "timed_out")
+    __slots__ = ("job", "ctx", "task", "deadline", "timed_out", "stop_seen", "forced")
 
     def __init__(self, job: Claimed, ctx: Context, deadline: float) -> None:
         self.job, self.ctx = job, ctx
         self.task: asyncio.Task[None] | None = None
         self.deadline = deadline
         self.timed_out = False
+        self.stop_seen: float | None = None
+        self.forced = False
 
 
 class Worker:
@@ -64,8 +71,10 @@ class Worker:
         self.settings = self.stores.settings
         self.lease_ms = self.opts.lease_ms or self.settings.lease_ms
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.checkpoints = Checkpoints(self.stores, registry)
         self.executors = Executors(registry, app, threads=self.opts.concurrency,
-                                   processes=min(self.opts.processes, self.opts.concurrency))
+                                   processes=min(self.opts.processes, self.opts.concurrency),
+                                   checkpoints=self.checkpoints)
         self.acks = Acknowledger(self.stores)
         self.running: dict[int, _Running] = {}
         self.lost = 0
@@ -154,13 +163,21 @@ class Worker:
             log.warning("claim failed: %s", exc, extra={"event": "claim_failed", "queue": queue})
             await asyncio.sleep(0.5)
             return 0
-        count = len(raw) // 9
-        for i in range(0, len(raw), 9):
+        count = len(raw) // 10
+        loop = asyncio.get_running_loop()
+        for i in range(0, len(raw), 10):
             job = Claimed(int(raw[i]), int(raw[i + 1]), int(raw[i + 2]), raw[i + 3].decode(), raw[i + 4],
                           int(raw[i + 5]), int(raw[i + 6]), queue,
-                          int(raw[i + 7]) if raw[i + 7] else None, raw[i + 8].decode() or None)
-            ctx = Context(job.id, job.attempt, job.token, queue, job.handler, job.fire_time, job.trace, self.id)
-            deadline = (time.monotonic() + job.timeout_ms / 1000) if self.executors.model(job.handler) == "async" else inf
+                          int(raw[i + 7]) if raw[i + 7] else None, raw[i + 8].decode() or None, int(raw[i + 9]))
+            model = self.executors.model(job.handler)
+            if model == "async":
+                ctx = Context(job.id, job.attempt, job.token, queue, job.handler, job.fire_time, job.trace, self.id,
+                              job.gen)
+            else:
+                ctx = SyncContext(job.id, job.attempt, job.token, queue, job.handler, job.fire_time, job.trace,
+                                  self.id, job.gen, loop=loop)
+            ctx._writer = self.checkpoints.write
+            deadline = (time.monotonic() + job.timeout_ms / 1000) if model == "async" else inf
             entry = _Running(job, ctx, deadline)
             self.running[job.id] = entry
             entry.task = asyncio.create_task(self._execute(entry))
@@ -194,11 +211,23 @@ class Worker:
         job = entry.job
         try:
             try:
+                if job.attempt > 1:
+                    await self.checkpoints.load(entry.ctx)
                 outcome = await self.executors.run(job, entry.ctx)
             except asyncio.CancelledError:
-                if not entry.timed_out:
+                if entry.forced:
+                    outcome = Outcome("interrupted", "forced")
+                elif entry.timed_out:
+                    outcome = Outcome("timeout", f"exceeded its timeout of {job.timeout_ms / 1000:g}s", "Timeout")
+                else:
                     raise
-                outcome = Outcome("timeout", f"exceeded its timeout of {job.timeout_ms / 1000:g}s", "Timeout")
+            except ValueError as exc:  # an incompatible checkpoint: never retried blindly
+                outcome = Outcome("fatal", str(exc), "IncompatibleCheckpoint")
+            if outcome.kind == "lost":
+                self._abandon(entry)
+                return
+            if entry.forced and outcome.kind == "interrupted":
+                outcome = Outcome("interrupted", "forced")
             if entry.timed_out and outcome.kind == "ok":  # the handler swallowed the cancellation
                 outcome = Outcome("timeout", f"exceeded its timeout of {job.timeout_ms / 1000:g}s", "Timeout")
             if job.id in self.running and self.running[job.id] is entry:
@@ -222,10 +251,34 @@ class Worker:
                     entry.timed_out = True
                     entry.ctx._stop = True
                     entry.task.cancel()
+                elif entry.stop_seen is not None and not entry.forced and entry.task is not None:
+                    grace = self._grace(entry.job.handler)
+                    if now - entry.stop_seen > grace:
+                        entry.forced = True
+                        asyncio.ensure_future(self._escalate(entry, grace))
+
+    def _grace(self, handler: str) -> float:
+        h = self.registry.handlers.get(handler)
+        declared = h.spec.stop_grace_s if h is not None else None
+        return self.opts.stop_grace_s if declared is None else declared
+
+    async def _escalate(self, entry: _Running, grace: float) -> None:
+        """The handler ignored a stop for its whole grace period: record it, then stop it by
+        force (kill the process job; cancel an async one; give a thread up as a leaked slot)."""
+        job = entry.job
+        log.warning("run %s ignored stop for %.0fs; forcing", job.id, grace,
+                    extra={"event": "stop_escalated", "run_id": job.id, "attempt": job.attempt, "worker_id": self.id})
+        try:
+            await self.stores.scripts.run("escalate_stop", self.stores.keys(job.queue),
+                                          [int(time.time() * 1000), job.id, job.token, self.id, f"{grace:g}"])
+        except Exception as exc:  # noqa: BLE001 - the forced stop goes ahead; the finish records it
+            log.warning("could not record stop escalation of run %s: %s", job.id, exc)
+        if entry.task is not None:
+            entry.task.cancel()
 
     # -- lease keeper --------------------------------------------------------------------------
     async def _keep_leases(self) -> None:
-        period = self.lease_ms / 3000
+        period = min(self.lease_ms / 3000, self.opts.heartbeat_s)
         while True:
             await asyncio.sleep(period)
             by_queue: dict[str, list[_Running]] = {}
@@ -243,6 +296,10 @@ class Worker:
                 for e, reply in zip(entries, replies):
                     if reply == 0:
                         self._abandon(e)
+                    elif isinstance(reply, bytes):
+                        e.ctx._ctl = reply.decode()
+                        if e.ctx._ctl in ("stop", "cancel") and e.stop_seen is None:
+                            e.stop_seen = time.monotonic()
 
     def _abandon(self, entry: _Running) -> None:
         """The lease is gone (another attempt owns the run): stop and never finish it."""

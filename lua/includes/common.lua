@@ -52,6 +52,25 @@ local function trusted_epoch()
   return tonumber(stamp[1])
 end
 
+-- Operator commands: ARGV[1] now, ARGV[2] run id, ARGV[3] actor, ARGV[4] reason,
+-- ARGV[5] expected version ('' = any). Returns now, id, key, state, and the event
+-- fields naming who asked and why. Errors NO_RUN, or STALE_VERSION when the caller
+-- acted on a version that has moved on (compare-and-set).
+local function control_args(verb)
+  local now, id, actor, reason, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+  local key = run_key(id)
+  local f = redis.call('HMGET', key, 'state', 'version')
+  if not f[1] then error({err = 'NO_RUN ' .. id}) end
+  if expected ~= '' and expected ~= f[2] then
+    error({err = 'STALE_VERSION ' .. id .. ' ' .. f[1] .. ' ' .. verb .. ' ' .. f[2]})
+  end
+  return now, id, key, f[1], {'actor', actor, 'reason', reason}
+end
+
+local function refuse(id, state, verb)
+  error({err = 'STATE ' .. id .. ' ' .. state .. ' ' .. verb})
+end
+
 local function due_score(priority)
   return (255 - tonumber(priority)) * TOKEN_SPAN + redis.call('INCR', K_SEQ)
 end

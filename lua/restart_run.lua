@@ -1,0 +1,22 @@
+-- restart_run.lua: run again from the beginning, discarding the checkpoint:
+-- PAUSED / STOPPED / FAILED / TIMED_OUT / CANCELLED -> PENDING. The checkpoint
+-- generation (gen) is bumped, so no attempt of this run reads an older checkpoint.
+-- KEYS: the queue keys (includes/common.lua)
+-- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
+-- Returns: 'PENDING'
+-- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> restart
+-- @include common
+local now, id, key, st, who = control_args('restart')
+if st == 'PAUSED' or st == 'STOPPED' or st == 'FAILED' or st == 'TIMED_OUT' or st == 'CANCELLED' then
+  redis.call('PERSIST', key)
+  redis.call('HDEL', key, 'ctl', 'compensate', 'result', 'error', 'error_class')
+  redis.call('HSET', key, 'fails', 0, 'crashes', 0)
+  local gen = redis.call('HINCRBY', key, 'gen', 1)
+  who[#who + 1] = 'gen'; who[#who + 1] = gen
+  local prio = redis.call('HGET', key, 'priority')
+  transition(id, key, st, 'PENDING', 'restarted', now, who)
+  redis.call('ZADD', K_DUE, due_score(prio), id)
+  nudge()
+  return 'PENDING'
+end
+refuse(id, st, 'restart')

@@ -1,0 +1,19 @@
+-- resume_run.lua: PAUSED / STOPPED -> PENDING, same run id; the next claim is a new
+-- attempt with a new token that starts from the latest committed checkpoint. Resume is
+-- a state transition, not a new enqueue: of two racing resumes exactly one wins.
+-- (Checkpoint schema and input checks happen in the client before this call.)
+-- KEYS: the queue keys (includes/common.lua)
+-- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
+-- Returns: 'PENDING'
+-- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> resume
+-- @include common
+local now, id, key, st, who = control_args('resume')
+if st == 'PAUSED' or st == 'STOPPED' then
+  redis.call('HDEL', key, 'ctl')
+  local prio = redis.call('HGET', key, 'priority')
+  transition(id, key, st, 'PENDING', 'resumed', now, who)
+  redis.call('ZADD', K_DUE, due_score(prio), id)
+  nudge()
+  return 'PENDING'
+end
+refuse(id, st, 'resume')

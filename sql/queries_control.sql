@@ -1,0 +1,73 @@
+-- Named queries for operator commands and checkpoints.
+
+-- name: write_checkpoint
+-- $1 run, $2 token, $3 attempt, $4 gen, $5 schema version, $6 state, $7 processed.
+-- Returns the new checkpoint version, or no row when the writer is fenced off.
+WITH w AS (
+    INSERT INTO checkpoints AS c (run_id, gen, token, attempt, version, schema_version, state, processed)
+    VALUES ($1, $4, $2, $3, 1, $5, $6, $7)
+    ON CONFLICT (run_id) DO UPDATE SET
+        gen = excluded.gen, token = excluded.token, attempt = excluded.attempt,
+        version = CASE WHEN c.gen = excluded.gen THEN c.version + 1 ELSE 1 END,
+        schema_version = excluded.schema_version, state = excluded.state,
+        processed = excluded.processed, updated_at = now()
+    WHERE excluded.token >= c.token AND excluded.token >= c.fence_token AND excluded.gen >= c.gen
+    RETURNING version
+), e AS (
+    INSERT INTO events (run_id, type, attempt, token, actor, data, at)
+    SELECT $1, 'checkpointed', $3, $2, 'worker',
+           jsonb_build_object('version', version, 'processed', $7::bigint, 'gen', $4::integer), now()
+    FROM w
+)
+SELECT version FROM w;
+
+-- name: fence_checkpoint
+-- A new attempt (retry, resume, re-run after a crash) fences off older attempts and reads
+-- the checkpoint in one statement: $1 run, $2 gen, $3 token, $4 attempt.
+INSERT INTO checkpoints AS c (run_id, gen, token, fence_token, attempt)
+VALUES ($1, $2, 0, $3, $4)
+ON CONFLICT (run_id) DO UPDATE SET fence_token = greatest(c.fence_token, excluded.fence_token)
+RETURNING gen, state, schema_version, version, processed, updated_at;
+
+-- name: get_checkpoint
+SELECT run_id, gen, token, attempt, version, schema_version, state, processed, updated_at
+FROM checkpoints WHERE run_id = $1;
+
+-- name: definition
+SELECT name, model, queue, priority, timeout_s, max_retries, version, resumable, owner, options
+FROM job_definitions WHERE name = $1;
+
+-- name: pause_queue
+WITH q AS (
+    UPDATE queues SET paused = $2 WHERE name = $1 RETURNING name
+)
+SELECT count(*) AS n FROM q;
+
+-- name: count_matching
+SELECT count(*) FROM runs
+WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3);
+
+-- name: select_matching
+SELECT id FROM runs
+WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3)
+ORDER BY id LIMIT $4;
+
+-- name: insert_compensations
+-- Compensation runs for cancelled runs with irreversible side effects; written in the
+-- recorder's transaction, relayed to Redis by the outbox. Idempotent per cancelled run.
+WITH src AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS t(run_id, handler, payload)
+), ins AS (
+    INSERT INTO runs (handler, queue, priority, payload, max_retries, timeout_s, idempotency_key, status, outbox)
+    SELECT s.handler, d.queue, d.priority, s.payload, d.max_retries, d.timeout_s,
+           'compensate:' || s.run_id, 'PENDING', true
+    FROM src s JOIN job_definitions d ON d.name = s.handler
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue
+), ev AS (
+    INSERT INTO events (run_id, type, to_status, version, actor, reason, at)
+    SELECT id, 'submitted', 'PENDING', 0, 'recorder', 'compensation', now() FROM ins
+), flag AS (
+    UPDATE runs SET needs_compensation = true WHERE id IN (SELECT run_id FROM src)
+)
+SELECT pg_notify('fencepost_outbox', queue) FROM ins;

@@ -1,0 +1,69 @@
+"""Checkpoints: fenced writes to PostgreSQL and the read at the start of an attempt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.models import decode_result, encode_result
+from scheduler.registry import Registry
+from scheduler.stores import Stores
+
+from .context import Context, Interrupt, LeaseLost
+
+__all__ = ["Checkpoints"]
+
+
+class Checkpoints:
+    def __init__(self, stores: Stores, registry: Registry) -> None:
+        self.stores, self.registry = stores, registry
+        self.written = 0
+        self.refused = 0
+
+    def _schema_version(self, handler: str) -> int:
+        h = self.registry.handlers.get(handler)
+        return h.spec.version if h is not None else 1
+
+    async def write(self, ctx: Context, state: Any, processed: int | None) -> int:
+        """Durable in PostgreSQL before returning; refused for a fenced-off (stale) attempt."""
+        return await self.write_encoded(ctx, encode_result(state), processed)
+
+    async def write_encoded(self, ctx: Context, raw: bytes, processed: int | None) -> int:
+        """`write` for a state already encoded (a process-model child sends it encoded)."""
+        key = self.stores.keys(ctx.queue).run(ctx.run_id)
+        token, ctl = await self.stores.redis.hmget(key, "token", "ctl")
+        if token is None or int(token) != ctx.token:
+            self.refused += 1
+            ctx._stop = True
+            raise LeaseLost(f"run {ctx.run_id}: token {ctx.token} no longer owns the run")
+        row = await self.stores.db.fetchrow("write_checkpoint", ctx.run_id, ctx.token, ctx.attempt, ctx.gen,
+                                            self._schema_version(ctx.handler), raw, processed)
+        if row is None:
+            self.refused += 1
+            ctx._stop = True
+            raise LeaseLost(f"run {ctx.run_id}: checkpoint of token {ctx.token} fenced off by a newer attempt")
+        self.written += 1
+        ctx.checkpoint_version, ctx.processed = row["version"], processed
+        ctx._ctl = ctl.decode() if ctl else None
+        if ctx._ctl in ("pause", "stop", "cancel"):
+            raise Interrupt(ctx._ctl)
+        return row["version"]
+
+    async def load(self, ctx: Context) -> None:
+        """For a retried / resumed attempt: fence off older attempts and read the checkpoint.
+
+        First attempts skip this (nothing can precede them), so the common case costs nothing.
+        """
+        if ctx.attempt <= 1:
+            return
+        row = await self.stores.db.fetchrow("fence_checkpoint", ctx.run_id, ctx.gen, ctx.token, ctx.attempt)
+        if row is None or row["state"] is None or row["gen"] != ctx.gen:
+            return
+        state = decode_result(row["state"])
+        handler = self.registry.handlers.get(ctx.handler)
+        if handler is not None and row["schema_version"] != handler.spec.version:
+            if handler.migrate is None or row["schema_version"] > handler.spec.version:
+                raise ValueError(f"checkpoint schema version {row['schema_version']} is incompatible with "
+                                 f"{ctx.handler} version {handler.spec.version}; restart the run")
+            state = handler.migrate(row["schema_version"], state)
+        ctx.checkpoint_data = state
+        ctx.checkpoint_version, ctx.processed = row["version"], row["processed"]
