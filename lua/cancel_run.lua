@@ -13,22 +13,24 @@ local now, id, key, st, who = control_args('cancel')
 who[#who + 1] = 'ctl'; who[#who + 1] = 'cancel'
 local compensate = ARGV[6]
 local started = tonumber(redis.call('HGET', key, 'attempt') or '0') > 0
-if compensate ~= '' and started then
-  redis.call('HSET', key, 'compensate', compensate)
-end
+-- the compensate field is written only by a cancel that is accepted: a refused one changes nothing
+local function remember() if compensate ~= '' and started then redis.call('HSET', key, 'compensate', compensate) end end
 if st == 'PENDING' or st == 'PAUSED' or st == 'RETRY_WAIT' or st == 'BLOCKED' or st == 'STOPPED' then
   redis.call('ZREM', K_DUE, id)
   redis.call('ZREM', K_DELAYED, id)
   if compensate ~= '' and started then
     who[#who + 1] = 'compensate'; who[#who + 1] = compensate
   end
+  remember()
   transition(id, key, st, 'CANCELLED', 'cancelled', now, who)
   return 'CANCELLED'
 elseif st == 'RUNNING' then
+  remember()
   redis.call('HSET', key, 'ctl', 'cancel')
   transition(id, key, st, 'STOPPING', 'stop_requested', now, who)
   return 'STOPPING'
 elseif st == 'STOPPING' then
+  remember()
   redis.call('HSET', key, 'ctl', 'cancel')
   transition(id, key, st, 'STOPPING', 'cancel_requested', now, who)
   return 'STOPPING'

@@ -2,8 +2,8 @@
 -- outbox relay, reconciler repair and rebuild).
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV[1]  now (ms)
--- then 12 per run: id, state, run_at (ms), priority, handler, payload, max_retries,
---   timeout_ms, attempt, version, fire_time (ms or ''), trace ('' if none)
+-- then 13 per run: id, state, run_at (ms), priority, handler, payload, max_retries,
+--   timeout_ms, attempt, version, fire_time (ms or ''), trace ('' if none), gen
 -- state is PENDING, BLOCKED, RETRY_WAIT or PAUSED (the last two only from a rebuild).
 -- Returns: the number of runs created. A run whose hash already exists is left alone,
 -- so enqueueing twice never duplicates or rewinds a run.
@@ -11,13 +11,13 @@
 -- @include common
 local now = tonumber(ARGV[1])
 local created = 0
-for i = 2, #ARGV, 12 do
+for i = 2, #ARGV, 13 do
   local id, state, run_at, priority = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local key = run_key(id)
   if redis.call('EXISTS', key) == 0 then
     redis.call('HSET', key, 'state', state, 'run_at', run_at, 'priority', priority, 'handler', ARGV[i + 4],
                'payload', ARGV[i + 5], 'max_retries', ARGV[i + 6], 'timeout_ms', ARGV[i + 7],
-               'attempt', ARGV[i + 8], 'version', ARGV[i + 9])
+               'attempt', ARGV[i + 8], 'version', ARGV[i + 9], 'gen', ARGV[i + 12])
     if ARGV[i + 10] ~= '' then redis.call('HSET', key, 'fire_time', ARGV[i + 10]) end
     if ARGV[i + 11] ~= '' then redis.call('HSET', key, 'trace', ARGV[i + 11]) end
     if state == 'RETRY_WAIT' or (state == 'PENDING' and run_at > now) then

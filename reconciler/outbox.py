@@ -24,13 +24,23 @@ class OutboxRelay:
         self.relayed = 0
         self._conn: asyncpg.Connection | None = None
 
+    def listening(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
+
     async def listen(self) -> None:
-        self._conn = await asyncpg.connect(self.stores.settings.database_url)
-        await self._conn.add_listener(CHANNEL, lambda *_: self.wakeup.set())
+        """(Re)open the LISTEN connection; a notification missed while it was down is caught
+        by the periodic relay pass."""
+        if self._conn is not None:
+            self._conn.terminate()
+        self._conn = None
+        conn = await asyncpg.connect(self.stores.settings.database_url, timeout=5)
+        await conn.add_listener(CHANNEL, lambda *_: self.wakeup.set())
+        self._conn = conn
 
     async def close(self) -> None:
         if self._conn is not None:
             await self._conn.close()
+            self._conn = None
 
     async def relay(self) -> int:
         db = self.stores.db

@@ -1,68 +1,139 @@
 """Epoch stamps and the rebuild of a queue's hot state from PostgreSQL.
 
 A queue whose Redis keys carry no stamp (a new empty server, a FLUSHALL, a restart
-without persistence) is not trusted: claims refuse it until it was rebuilt here.
-The epoch is bumped first, so every token issued afterwards is above every token
-issued before, whatever counter value the new dataset holds.
+without persistence), or a stamp written on another server process (a restart with
+persistence, a promoted replica), is not trusted: claims refuse it until it was rebuilt
+here. The epoch is bumped in PostgreSQL first, so every token issued afterwards is above
+every token issued before, whatever counter value the dataset holds.
+
+The rebuild, streamed in keyset pages (bounded memory):
+  1. PostgreSQL's active runs: missing hashes are restored (RUNNING ones become interrupted
+     attempts and are re-queued), hashes behind PostgreSQL are replaced from it, and runs
+     the dataset holds as leased are interrupted (no pre-failover token survives).
+  2. Redis's due / delayed / active members: anything PostgreSQL has as terminal (a replica
+     that missed the finish) leaves the sets, so a completed run is never claimed again;
+     members without a hash or a row are dropped.
+  3. The queue-level pause (queues.paused) is restored, then the queue is stamped.
+When the dataset holds none of the queue's sorted sets (it forgot everything), nothing in
+it can be stale, so the stamp is written after the first page and workers claim while the
+remaining pages are restored.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
-from scheduler.client import enqueue_rows
 from scheduler.stores import Stores
+
+from .drift import DriftRepair
+from .metrics import REBUILD_SECONDS, REBUILDS, RESTORED
 
 log = logging.getLogger("fencepost.reconciler")
 
 PAGE = 2000
 
 
-async def rebuild_queue(stores: Stores, queue: str) -> dict[str, int]:
-    """Bump the epoch, restore every run PostgreSQL has as active, then stamp. Streams in pages."""
-    db, keys = stores.db, stores.keys(queue)
-    row = await db.fetchrow("bump_epoch", queue)
-    epoch = row["epoch"]
-    await stores.redis.delete(keys.token, keys.epoch)
-    stats = {"restored": 0, "interrupted": 0, "epoch": epoch}
+async def rebuild_queue(stores: Stores, queue: str, *, page: int = PAGE, force: bool = False) -> dict[str, Any]:
+    """Rebuild one queue (one reconciler at a time: a PostgreSQL advisory lock). Returns stats,
+    or {"skipped": 1} when another process holds the lock or has just rebuilt the queue."""
+    pool = stores.db.pool
+    if pool is None:
+        from scheduler.errors import DatabaseUnavailable
+        raise DatabaseUnavailable("database not connected")
+    async with pool.acquire() as conn:
+        if not (await stores.db.fetchrow("rebuild_try_lock", queue, conn=conn))["locked"]:
+            return {"skipped": 1}
+        try:
+            if not force and queue not in await untrusted_queues(stores):
+                return {"skipped": 1}
+            return await _rebuild(stores, queue, page)
+        finally:
+            await stores.db.fetchrow("rebuild_unlock", queue, conn=conn)
+
+
+async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
+    t0 = time.monotonic()
+    db, keys, r = stores.db, stores.keys(queue), stores.redis
+    epoch = (await db.fetchrow("bump_epoch", queue))["epoch"]
+    await r.delete(keys.token, keys.epoch)  # claims refuse from here until the stamp
+    pipe = r.pipeline(transaction=False)
+    for z in (keys.due, keys.delayed, keys.active):
+        pipe.zcard(z)
+    empty = not any(await pipe.execute())
+    paused = (await db.fetchrow("queue_epoch", queue))["paused"]
+    drift = DriftRepair(stores, page=page)
+    stats: dict[str, Any] = {"epoch": epoch, "restored": 0, "interrupted": 0, "synced": 0, "dropped": 0,
+                             "empty": int(empty)}
+    stamped_at: float | None = None
+
+    async def stamp() -> None:
+        nonlocal stamped_at
+        if paused:
+            await r.set(keys.paused, 1)
+        await r.sadd(stores.queues_key, queue)
+        await stores.scripts.run("stamp_queue", keys, [epoch, 1])
+        stamped_at = time.monotonic()
+
+    async def apply(found: list[Any]) -> None:
+        leases = [d for d in found if d.kind == "untrusted_lease"]
+        if leases:
+            args: list[Any] = [int(time.time() * 1000)]
+            for d in leases:
+                args += [d.run_id, d.seen_version]
+            stats["interrupted"] += len(await stores.scripts.run("repair_interrupt", keys, args))
+        done = await drift.repair(queue, [d for d in found if d.kind != "untrusted_lease"], record=False)
+        for d in done:
+            if d.kind in ("missing", "lost_lease", "stale_hash", "corrupt"):
+                stats["restored"] += 1
+                if d.kind == "lost_lease":
+                    stats["interrupted"] += 1
+            elif d.kind == "terminal_in_pg":
+                stats["synced"] += 1
+            elif d.kind in ("orphan_hash", "orphan_member"):
+                stats["dropped"] += 1
+
     last = 0
     while True:
-        page = await db.fetch("active_runs_page", queue, last, PAGE)
-        if not page:
+        ids = [x["id"] for x in await db.fetch("drift_active_ids", queue, last, page)]
+        if not ids:
             break
-        last = page[-1]["id"]
-        pipe = stores.redis.pipeline(transaction=False)
-        for r in page:
-            pipe.exists(keys.run(r["id"]))
-        present = await pipe.execute()
-        restore: list[dict[str, Any]] = []
-        lost_running: list[int] = []
-        for r, exists in zip(page, present):
-            if exists:
-                continue
-            if r["status"] in ("RUNNING", "STOPPING"):
-                lost_running.append(r["id"])
-            else:
-                restore.append(dict(r))
-        if lost_running:
-            bumped = {x["id"]: x["version"] for x in await db.fetch("interrupt_lost_runs", lost_running)}
-            for r in page:
-                if r["id"] in bumped:
-                    restore.append({**dict(r), "status": "PENDING", "version": bumped[r["id"]]})
-            stats["interrupted"] += len(bumped)
-        stats["restored"] += await enqueue_rows(stores, queue, restore)
-    await stores.redis.sadd(stores.queues_key, queue)
-    await stores.scripts.run("stamp_queue", keys, [epoch, 1])
-    log.warning("rebuilt queue %s from PostgreSQL at epoch %d: %d runs restored, %d interrupted",
-                queue, epoch, stats["restored"], stats["interrupted"],
-                extra={"event": "queue_rebuilt", "queue": queue, **stats})
+        last = ids[-1]
+        # Before the stamp nothing in the dataset is trusted; after an early stamp (empty
+        # dataset) the runs are the ones we restored and workers may hold them: normal rules.
+        await apply(await drift.examine(queue, ids, grace_s=0.0, rebuild=stamped_at is None))
+        if empty and stamped_at is None:
+            await stamp()
+    if not empty:
+        for z in (keys.due, keys.delayed, keys.active):
+            cur = 0
+            while True:
+                cur, members = await r.zscan(z, cur, count=page)
+                ids = [int(m) for m, _ in members if m.isdigit()]
+                await apply(await drift.examine(queue, ids, grace_s=0.0, rebuild=True))
+                if cur == 0:
+                    break
+    if stamped_at is None:
+        await stamp()
+    assert stamped_at is not None
+    stats["claimable_after_s"] = round(stamped_at - t0, 3)
+    stats["seconds"] = round(time.monotonic() - t0, 3)
+    REBUILDS.labels(queue).inc()
+    REBUILD_SECONDS.labels(queue).observe(stats["seconds"])
+    for action in ("restored", "interrupted", "synced", "dropped"):
+        if stats[action]:
+            RESTORED.labels(queue, action).inc(stats[action])
+    log.warning("rebuilt queue %s from PostgreSQL at epoch %d: %d restored, %d interrupted, %d synced, "
+                "%d dropped in %.2fs (claimable after %.2fs)", queue, epoch, stats["restored"],
+                stats["interrupted"], stats["synced"], stats["dropped"], stats["seconds"],
+                stats["claimable_after_s"], extra={"event": "queue_rebuilt", "queue": queue})
     return stats
 
 
-async def ensure_stamped(stores: Stores) -> list[str]:
-    """Rebuild every queue whose stamp is missing, older than PostgreSQL's epoch, or was
-    written on another server process (a restart or a promoted replica)."""
+async def untrusted_queues(stores: Stores) -> list[str]:
+    """Queues whose stamp is missing, older than PostgreSQL's epoch, or was written on
+    another server process (a restart or a promoted replica)."""
     queues = await stores.db.fetch("queue_epochs")
     if not queues:
         return []
@@ -71,9 +142,18 @@ async def ensure_stamped(stores: Stores) -> list[str]:
     for q in queues:
         pipe.hmget(stores.keys(q["name"]).epoch, "epoch", "server")
     stamps = await pipe.execute()
-    rebuilt = []
+    out = []
     for q, (epoch, stamped_on) in zip(queues, stamps):
         if epoch is None or int(epoch) < q["epoch"] or stamped_on is None or stamped_on.decode() != server:
-            await rebuild_queue(stores, q["name"])
-            rebuilt.append(q["name"])
+            out.append(q["name"])
+    return out
+
+
+async def ensure_stamped(stores: Stores) -> list[str]:
+    """Rebuild every untrusted queue; returns the queues rebuilt."""
+    rebuilt = []
+    for name in await untrusted_queues(stores):
+        stats = await rebuild_queue(stores, name)
+        if not stats.get("skipped"):
+            rebuilt.append(name)
     return rebuilt

@@ -20,6 +20,7 @@ import asyncpg
 from redis.exceptions import ResponseError
 
 from scheduler.db import query
+from scheduler.models import encode_payload
 from scheduler.states import TERMINAL
 from scheduler.stores import Stores
 
@@ -116,6 +117,7 @@ class Recorder:
                     break
             except Exception as exc:  # noqa: BLE001
                 log.warning("recorder replay failed: %s", exc)
+                self._groups.clear()  # Redis may have lost the stream and its group (restart, failover)
                 await asyncio.sleep(1)
         while not stop.is_set():
             try:
@@ -125,6 +127,7 @@ class Recorder:
                 await self.run_once()
             except Exception as exc:  # noqa: BLE001 - the stream keeps the entries; retry
                 log.warning("recorder batch failed, will retry: %s", exc, extra={"event": "recorder_retry"})
+                self._groups.clear()  # Redis may have lost the stream and its group (restart, failover)
                 await asyncio.sleep(0.5)
                 try:
                     await self.run_once(pending=True)
@@ -132,7 +135,7 @@ class Recorder:
                     pass
 
     async def record(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]]) -> None:
-        ev_cols: list[list[Any]] = [[] for _ in range(14)]
+        ev_cols: list[list[Any]] = [[] for _ in range(15)]
         for stream, entry_id, f in entries:
             g = f.get
             ev_cols[0].append(int(f[b"run"]))
@@ -155,6 +158,8 @@ class Recorder:
             ev_cols[11].append(_ts(f[b"ts"]))
             ev_cols[12].append(stream)
             ev_cols[13].append(stream_id_int(entry_id))
+            actor = g(b"actor")
+            ev_cols[14].append(actor.decode() if actor else None)
         pool = self.stores.db.pool
         assert pool is not None
         async with pool.acquire() as conn:
@@ -166,6 +171,8 @@ class Recorder:
                     await conn.execute(query("apply_runs"), *runs)
                 if attempts:
                     await conn.execute(query("apply_attempts"), *attempts)
+                if self._compensations:
+                    await conn.execute(query("insert_compensations"), *map(list, zip(*self._compensations)))
         await self._acknowledge(entries, runs)
         self.recorded += len(new)
         self.last_lag_s = max(0.0, time.time() - int(entries[-1][2][b"ts"]) / 1000)
@@ -175,6 +182,7 @@ class Recorder:
         """One projection row per run and one attempt row per (run, attempt) for the whole batch."""
         runs: dict[int, dict[str, Any]] = {}
         atts: dict[tuple[int, int], dict[str, Any]] = {}
+        compensations: list[tuple[int, str, bytes]] = []
         for stream, entry_id, f in entries:
             if only is not None and (stream, stream_id_int(entry_id)) not in only:
                 continue
@@ -209,6 +217,14 @@ class Recorder:
                 p["reason"] = f[b"reason"].decode()
             if b"result" in f:
                 p["result"] = f[b"result"]
+            if b"ctl" in f:
+                p["ctl"] = f[b"ctl"].decode()
+            if b"forced" in f:
+                p["forced"] = True
+            if b"gen" in f:
+                p["gen"] = int(f[b"gen"])
+            if b"compensate" in f and p["status"] == "CANCELLED":
+                compensations.append((run_id, f[b"compensate"].decode(), encode_payload((run_id,), {})))
             if p["status"] in _TERMINAL or p["status"] == "STOPPED":
                 p["finished_at"] = at
             outcome = f.get(b"outcome") or (b"succeeded" if typ == b"succeeded" else None)
@@ -223,11 +239,12 @@ class Recorder:
         # From every entry, not only fresh ones: a replayed batch was committed by the pass that died
         # before acknowledging it, and its finished runs still need their hashes to expire.
         self._versions = {int(f[b"run"]): (stream, int(f[b"v"]), f[b"to"].decode()) for stream, _, f in entries}
-        rcols: list[list[Any]] = [[] for _ in range(15)]
+        self._compensations = compensations
+        rcols: list[list[Any]] = [[] for _ in range(18)]
         for rid, p in runs.items():
             for i, name in enumerate(("id", "status", "version", "attempt", "token", "worker_id", "lease",
                                       "started_at", "finished_at", "run_at", "error_message", "error_class",
-                                      "reason", "result", "at")):
+                                      "reason", "result", "at", "ctl", "forced", "gen")):
                 rcols[i].append(rid if name == "id" else p.get(name))
         acols: list[list[Any]] = [[] for _ in range(9)]
         for (rid, n), att in atts.items():

@@ -1,5 +1,10 @@
 """`fencepost reconciler`: the recorder plus the maintenance loops (stamps and rebuilds,
-reaper, outbox relay), each a small component with one job."""
+reaper, outbox relay, drift repair), each a small component with one job.
+
+Every maintenance step runs once per tick (at most 1 s apart, sooner on an outbox
+notification); a step that fails (Redis or PostgreSQL unreachable) is logged and retried
+on the next tick, so the service recovers by itself after either store restarts.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,13 @@ import asyncio
 import logging
 import signal
 import time
+from typing import Any, Awaitable, Callable
 
 from scheduler.config import Settings
+from scheduler.errors import StoreUnavailable
 from scheduler.stores import Stores
 
+from .drift import DriftRepair
 from .outbox import OutboxRelay
 from .rebuild import ensure_stamped
 from .recorder import Recorder
@@ -19,42 +27,73 @@ log = logging.getLogger("fencepost.reconciler")
 
 
 class Reconciler:
-    def __init__(self, settings: Settings | None = None, *, tick_s: float = 1.0) -> None:
+    def __init__(self, settings: Settings | None = None, *, tick_s: float = 1.0, drift_grace_s: float = 5.0) -> None:
         self.stores = Stores(settings, db_pool_size=4)
         self.recorder = Recorder(self.stores)
         self.outbox = OutboxRelay(self.stores)
-        self.tick_s = tick_s
+        self.drift = DriftRepair(self.stores, grace_s=drift_grace_s)
+        self.tick_s = min(tick_s, 1.0)
         self.stop = asyncio.Event()
+        self.rebuilt: list[tuple[float, str]] = []
+        """(time.time(), queue) of every rebuild this process did."""
+
+    async def _step(self, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            return await fn()
+        except Exception as exc:  # noqa: BLE001 - the next tick retries
+            log.warning("%s failed: %s", name, exc, extra={"event": f"{name}_failed"})
+            return None
 
     async def maintain_once(self) -> None:
-        await ensure_stamped(self.stores)
+        rebuilt = await self._step("rebuild", lambda: ensure_stamped(self.stores))
+        self.rebuilt += [(time.time(), q) for q in rebuilt or []]
+        queues = await self._step("queues", self.recorder.queues) or []
         now = int(time.time() * 1000)
-        for q in await self.recorder.queues():
-            await self.stores.scripts.run("reap_expired", self.stores.keys(q), [now, 1000])
+        for q in queues:
+            await self._step("reap", lambda q=q: self.stores.scripts.run("reap_expired", self.stores.keys(q), [now, 1000]))
+        await self._step("outbox", self._relay)
+        for q in queues:
+            await self._step("drift", lambda q=q: self.drift.tick(q))
+
+    async def _relay(self) -> None:
+        if not self.outbox.listening():
+            await self.outbox.listen()
         await self.outbox.relay()
 
     async def _maintain(self) -> None:
         while not self.stop.is_set():
-            try:
-                await self.maintain_once()
-            except Exception as exc:  # noqa: BLE001 - the next tick retries
-                log.warning("maintenance pass failed: %s", exc, extra={"event": "maintenance_failed"})
+            await self.maintain_once()
             self.outbox.wakeup.clear()
             try:
                 await asyncio.wait_for(self.outbox.wakeup.wait(), self.tick_s)
             except TimeoutError:
                 pass
 
+    async def _connect(self) -> None:
+        """Connect with backoff: a reconciler started while a store is down waits for it."""
+        delay = 0.2
+        while True:
+            try:
+                await self.stores.connect()
+                return
+            except StoreUnavailable as exc:
+                if self.stop.is_set():
+                    raise
+                log.warning("stores unavailable, retrying in %.1fs: %s", delay, exc,
+                            extra={"event": "connect_retry"})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
     async def run(self) -> None:
-        await self.stores.connect()
-        await self.stores.check_redis()
-        await self.outbox.listen()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.add_signal_handler(sig, self.stop.set)
             except (NotImplementedError, RuntimeError):
                 pass
+        await self._connect()
+        await self.stores.check_redis()
+        await self._step("outbox_listen", self.outbox.listen)
         log.info("reconciler started", extra={"event": "reconciler_started"})
         try:
             await asyncio.gather(self.recorder.run(self.stop), self._maintain())

@@ -158,6 +158,13 @@ async def status(settings: Settings, run_id: int) -> None:
             click.echo(f"{'result':17} {json.dumps(decode_result(run['result']), default=str)}")
         if run.get("last_error"):
             click.echo(f"{'last_error':17} {run['last_error'].splitlines()[0][:200]}")
+        for flag in ("pause_requested", "stop_requested", "cancel_requested", "forced", "needs_compensation"):
+            if run.get(flag):
+                click.echo(f"{flag:17} yes")
+        ckpt = await client.stores.db.fetchrow("get_checkpoint", run_id)
+        if ckpt is not None and ckpt["state"] is not None:
+            click.echo(f"{'checkpoint':17} version {ckpt['version']}, processed {ckpt['processed']}, "
+                       f"schema v{ckpt['schema_version']}, written {_fmt(ckpt['updated_at'])} by attempt {ckpt['attempt']}")
         click.echo("")
         _table(await client.attempts(run_id), ["attempt", "worker_id", "token", "started_at", "finished_at",
                                                "outcome", "error_class"])

@@ -14,11 +14,12 @@ import asyncpg
 import msgspec
 
 from .config import Settings
+from .control import ControlMixin
 from .errors import InvalidInput, PayloadTooLarge, UnknownHandler, UnknownRun, WaitTimeout
 from .keys import valid_queue_name
 from .models import JobSpec, Outcome, Submit, decode_result, encode_payload
 from .registry import Handler, Registry
-from .states import TERMINAL, Status
+from .states import RESTING, Status
 from .stores import Stores
 
 __all__ = ["Client", "SyncClient", "enqueue_rows"]
@@ -42,7 +43,7 @@ async def enqueue_rows(stores: Stores, queue: str, rows: Iterable[Any]) -> int:
         ft = r["fire_time"]
         args += (r["id"], r["status"], _ms(r["run_at"]), r["priority"], r["handler"], r["payload"],
                  r["max_retries"], int(r["timeout_s"] * 1000), r["attempt"], r["version"],
-                 _ms(ft) if ft is not None else "", r["trace_id"] or "")
+                 _ms(ft) if ft is not None else "", r["trace_id"] or "", r.get("gen") or 0)
     if len(args) == 1:
         return 0
     return await stores.scripts.run("enqueue_runs", stores.keys(queue), args)
@@ -56,7 +57,7 @@ def _spec(row: Any) -> JobSpec:
     return msgspec.convert({**data, **options}, JobSpec)
 
 
-class Client:
+class Client(ControlMixin):
     """Async client. A submit returns only after PostgreSQL committed the run."""
 
     def __init__(self, redis_url: str | None = None, database_url: str | None = None, *,
@@ -239,18 +240,18 @@ class Client:
         return dict(row)
 
     async def wait(self, run_id: int, timeout: float | None = None) -> Outcome:
-        """Wait until the run is terminal; return its state and decoded result.
+        """Wait until the run is terminal, PAUSED or STOPPED; return its state and decoded result.
 
         Polls the run's Redis hash (the hot state, no PostgreSQL load) and falls back to
         PostgreSQL when Redis no longer holds it (recorded and expired, or not enqueued yet).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        terminal = {s.value.encode() for s in TERMINAL}
+        terminal = {s.value.encode() for s in RESTING}
         row: dict[str, Any] | None = await self.get(run_id)
         key = self.stores.keys(row["queue"]).run(run_id)
         delay = 0.005
         while True:
-            if row is not None and row["status"] in TERMINAL:
+            if row is not None and row["status"] in RESTING:
                 return Outcome(run_id, row["status"], decode_result(row["result"]), row["last_error"],
                                row["last_error_class"])
             state, result, error, eclass = await self.stores.redis.hmget(key, "state", "result", "error", "error_class")

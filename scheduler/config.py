@@ -11,6 +11,12 @@ __all__ = ["Settings"]
 
 class Settings(msgspec.Struct, kw_only=True):
     redis_url: str = "redis://127.0.0.1:6379/0"
+    """Plain Redis; with Sentinel its password and db number are used, with Cluster its host:port is a seed."""
+    redis_sentinels: str = ""
+    """Sentinel addresses `host:port,host:port`; the primary is looked up by `redis_service`."""
+    redis_service: str = "mymaster"
+    redis_cluster: bool = False
+    """Connect with the Redis Cluster client (every key of a queue shares one hash slot)."""
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     prefix: str = "fp"
     """Redis key prefix; separate prefixes never see each other's data."""

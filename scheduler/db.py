@@ -71,6 +71,11 @@ async def upgrade(conn: asyncpg.Connection) -> list[str]:
     return applied
 
 
+_UNAVAILABLE = (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
+                asyncpg.exceptions.OperatorInterventionError)
+"""Connection lost, server shutting down or restarting (pg_terminate_backend, failover)."""
+
+
 class Database:
     """A small asyncpg pool wrapper; connection errors become DatabaseUnavailable."""
 
@@ -83,7 +88,7 @@ class Database:
         if self.pool is None:
             try:
                 self.pool = await asyncpg.create_pool(self.url, min_size=self._min, max_size=self._max)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
                 raise DatabaseUnavailable(f"postgresql unreachable at {_redact(self.url)}: {exc}") from exc
         return self
 
@@ -102,7 +107,7 @@ class Database:
             return await (conn or self._p()).fetch(query(name), *args)
         except asyncpg.UndefinedTableError as exc:
             raise DatabaseUnavailable(f"the Fencepost schema is missing ({exc}); run `fencepost db upgrade`") from exc
-        except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.ConnectionDoesNotExistError) as exc:
+        except _UNAVAILABLE as exc:
             raise DatabaseUnavailable(f"postgresql: {exc}") from exc
 
     async def fetchrow(self, name: str, *args: Any, conn: asyncpg.Connection | None = None) -> asyncpg.Record | None:
@@ -114,7 +119,7 @@ class Database:
             return await (conn or self._p()).execute(query(name), *args)
         except asyncpg.UndefinedTableError as exc:
             raise DatabaseUnavailable(f"the Fencepost schema is missing ({exc}); run `fencepost db upgrade`") from exc
-        except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.ConnectionDoesNotExistError) as exc:
+        except _UNAVAILABLE as exc:
             raise DatabaseUnavailable(f"postgresql: {exc}") from exc
 
     async def upgrade(self) -> list[str]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 __all__ = [
     "FencepostError", "InvalidInput", "UnknownHandler", "PayloadTooLarge", "UnknownRun",
     "IllegalTransition", "StaleToken", "StoreUnavailable", "RedisUnavailable",
-    "DatabaseUnavailable", "NotStamped", "WaitTimeout", "decode_lua_error",
+    "DatabaseUnavailable", "NotStamped", "WaitTimeout", "decode_lua_error", "ResumeRefused",
+    "ConcurrentModification", "UnknownQueue", "BulkNotConfirmed",
 ]
 
 
@@ -48,8 +49,41 @@ class IllegalTransition(FencepostError):
 
     def __init__(self, run_id: int | None, current: str, requested: str) -> None:
         where = f"run {run_id}" if run_id is not None else "run"
-        super().__init__(f"{where} is {current}; cannot {requested}")
+        super().__init__(f"{where} is already {current}; cannot {requested}")
         self.run_id, self.current, self.requested = run_id, current, requested
+
+
+class ResumeRefused(FencepostError):
+    """Resuming would not be safe (checkpoint schema, missing input, not resumable); restart instead."""
+
+    def __init__(self, run_id: int, reason: str) -> None:
+        super().__init__(f"run {run_id} cannot be resumed: {reason}. Restart it from the beginning "
+                         f"instead (`fencepost restart {run_id}`), which discards its checkpoint")
+        self.run_id, self.reason, self.offer = run_id, reason, "restart"
+
+
+class ConcurrentModification(IllegalTransition):
+    """The run changed since the caller read it (expected version is stale)."""
+
+    def __init__(self, run_id: int, current: str, requested: str, version: int) -> None:
+        FencepostError.__init__(self, f"run {run_id} changed (now {current}, version {version}); cannot {requested} "
+                                      "on the version you saw")
+        self.run_id, self.current, self.requested, self.version = run_id, current, requested, version
+
+
+class UnknownQueue(InvalidInput):
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"no queue named {queue!r}", field="queue")
+        self.queue = queue
+
+
+class BulkNotConfirmed(InvalidInput):
+    """A bulk command needs an explicit confirmation; nothing was changed."""
+
+    def __init__(self, matched: int, limit: int) -> None:
+        super().__init__(f"{matched} runs match; nothing changed. Confirm with --yes (acts on at most "
+                         f"{min(matched, limit)}, --limit {limit})", field="confirm")
+        self.matched, self.limit = matched, limit
 
 
 class StaleToken(FencepostError):
@@ -95,4 +129,10 @@ def decode_lua_error(message: str) -> FencepostError:
         return IllegalTransition(int(args[0]) if args[0].isdigit() else None, args[1], f"move to {args[2]}")
     if code == "UNSTAMPED":
         return NotStamped(rest)
+    if code == "STATE":  # STATE <run_id> <current> <verb>
+        return IllegalTransition(int(args[0]), args[1], args[2])
+    if code == "STALE_VERSION":  # STALE_VERSION <run_id> <current> <verb> <version>
+        return ConcurrentModification(int(args[0]), args[1], args[2], int(args[3]))
+    if code == "NO_RUN":
+        return UnknownRun(int(args[0]))
     return FencepostError(message)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Status", "TRANSITIONS", "TERMINAL", "ACTIVE", "is_legal", "edges"]
+__all__ = ["Status", "TRANSITIONS", "TERMINAL", "RESTING", "ACTIVE", "is_legal", "edges"]
 
 
 class Status(enum.StrEnum):
@@ -74,6 +74,8 @@ TRANSITIONS: dict[tuple[Status | None, Status], frozenset[str]] = {
 
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.CANCELLED})
 """States a run stays in unless an operator retries or restarts it."""
+RESTING = TERMINAL | {S.PAUSED, S.STOPPED}
+"""States in which nothing more happens to a run until an operator acts (what wait() waits for)."""
 ACTIVE = frozenset({S.RUNNING, S.STOPPING})
 """States that hold a lease."""
 

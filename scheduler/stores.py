@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -19,13 +20,34 @@ __all__ = ["Stores"]
 log = logging.getLogger("fencepost")
 
 
+def _redis_client(settings: Settings) -> aioredis.Redis:
+    """Plain URL (scheduler.redisconn.connect), Sentinel (FENCEPOST_REDIS_SENTINELS +
+    FENCEPOST_REDIS_SERVICE) or Cluster (FENCEPOST_REDIS_CLUSTER=1)."""
+    opts: dict[str, Any] = dict(decode_responses=False, socket_connect_timeout=5, retry_on_timeout=True)
+    if settings.redis_sentinels:
+        from urllib.parse import urlparse
+
+        from redis.asyncio.sentinel import Sentinel
+
+        url = urlparse(settings.redis_url)
+        hosts = []
+        for part in settings.redis_sentinels.split(","):
+            host, _, port = part.strip().rpartition(":")
+            hosts.append((host, int(port)))
+        db = int(url.path.lstrip("/") or 0) if url.path.lstrip("/").isdigit() else 0
+        sentinel = Sentinel(hosts, socket_connect_timeout=5)
+        return sentinel.master_for(settings.redis_service, password=url.password, db=db, **opts)
+    if settings.redis_cluster:
+        from redis.asyncio.cluster import RedisCluster
+
+        return RedisCluster.from_url(settings.redis_url, **opts)  # type: ignore[return-value]
+    return connect(settings.redis_url, health_check_interval=30, **opts)
+
+
 class Stores:
     def __init__(self, settings: Settings | None = None, *, db_pool_size: int = 10) -> None:
         self.settings = settings or Settings.from_env()
-        self.redis: aioredis.Redis = connect(
-            self.settings.redis_url, decode_responses=False, health_check_interval=30,
-            socket_connect_timeout=5, retry_on_timeout=True,
-        )
+        self.redis: aioredis.Redis = _redis_client(self.settings)
         self.db = Database(self.settings.database_url, max_size=db_pool_size)
         self.scripts = Scripts(self.redis)
         self._keys: dict[str, Keys] = {}

@@ -44,6 +44,7 @@ CREATE TABLE runs (
     lease_expires_at  timestamptz,
     token             bigint,
     version           bigint NOT NULL DEFAULT 0,
+    gen               integer NOT NULL DEFAULT 0,  -- checkpoint generation, bumped by restart
     created_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now(),
     started_at        timestamptz,
@@ -100,7 +101,8 @@ CREATE TABLE attempts (
 -- no-op; events written directly by PostgreSQL transactions have no stream id.
 CREATE TABLE events (
     id              bigint GENERATED ALWAYS AS IDENTITY (CACHE 1000) PRIMARY KEY,
-    run_id          bigint NOT NULL,
+    run_id          bigint,
+    queue           text,
     type            text NOT NULL,
     from_status     text,
     to_status       text,
@@ -117,7 +119,8 @@ CREATE TABLE events (
     at              timestamptz NOT NULL,
     recorded_at     timestamptz NOT NULL DEFAULT now(),
     stream          text,
-    stream_id       bigint
+    stream_id       bigint,
+    CHECK (run_id IS NOT NULL OR queue IS NOT NULL)
 );
 CREATE UNIQUE INDEX events_stream_entry ON events (stream, stream_id) WHERE stream_id IS NOT NULL;
 CREATE INDEX events_run ON events (run_id, id);

@@ -81,10 +81,10 @@ FROM attempts WHERE run_id = $1 ORDER BY attempt;
 
 -- name: insert_events
 INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, worker_id,
-                    reason, error_class, error_message, at, stream, stream_id)
+                    reason, error_class, error_message, at, stream, stream_id, actor)
 SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::integer[],
                      $7::bigint[], $8::text[], $9::text[], $10::text[], $11::text[], $12::timestamptz[],
-                     $13::text[], $14::bigint[])
+                     $13::text[], $14::bigint[], $15::text[])
 ON CONFLICT (stream, stream_id) WHERE stream_id IS NOT NULL DO NOTHING
 RETURNING stream, stream_id;
 
@@ -106,12 +106,19 @@ UPDATE runs r SET
     last_error_class = COALESCE(u.error_class, r.last_error_class),
     reason = COALESCE(u.reason, r.reason),
     result = CASE WHEN u.status = 'SUCCEEDED' THEN u.result END,
+    pause_requested = u.status = 'RUNNING' AND COALESCE(u.ctl, CASE WHEN r.pause_requested THEN 'pause' END) = 'pause',
+    stop_requested = u.status = 'STOPPING' AND COALESCE(u.ctl, CASE WHEN r.cancel_requested THEN 'cancel' ELSE 'stop' END) = 'stop',
+    cancel_requested = u.status = 'STOPPING' AND COALESCE(u.ctl, CASE WHEN r.cancel_requested THEN 'cancel' END) = 'cancel',
+    gen = COALESCE(u.gen, r.gen),
+    forced = CASE WHEN u.status IN ('STOPPED', 'CANCELLED') THEN COALESCE(u.forced, false)
+                  WHEN u.status = 'PENDING' THEN false ELSE r.forced END,
     updated_at = now()
 FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::integer[], $5::bigint[], $6::text[],
             $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], $10::timestamptz[], $11::text[],
-            $12::text[], $13::text[], $14::bytea[], $15::timestamptz[])
+            $12::text[], $13::text[], $14::bytea[], $15::timestamptz[], $16::text[], $17::boolean[],
+            $18::integer[])
      AS u(id, status, version, attempt, token, worker_id, lease, started_at, finished_at, run_at,
-          error_message, error_class, reason, result, at)
+          error_message, error_class, reason, result, at, ctl, forced, gen)
 WHERE r.id = u.id AND r.version < u.version;
 
 -- name: apply_attempts
@@ -133,14 +140,14 @@ SELECT name, epoch, paused FROM queues ORDER BY name;
 -- name: active_runs_page
 -- Runs Redis must hold, streamed in keyset pages for a rebuild or drift check.
 SELECT id, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
-       fire_time, trace_id, version, token, lease_owner
+       fire_time, trace_id, version, token, lease_owner, gen
 FROM runs
 WHERE queue = $1 AND id > $2 AND status IN ('PENDING', 'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED')
 ORDER BY id LIMIT $3;
 
 -- name: outbox_runs
 SELECT id, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
-       fire_time, trace_id, version, token, lease_owner
+       fire_time, trace_id, version, token, lease_owner, gen
 FROM runs WHERE outbox AND queue = $1 ORDER BY id LIMIT $2;
 
 -- name: outbox_queues

@@ -71,3 +71,9 @@ WITH src AS (
     UPDATE runs SET needs_compensation = true WHERE id IN (SELECT run_id FROM src)
 )
 SELECT pg_notify('fencepost_outbox', queue) FROM ins;
+
+-- name: queue_event
+INSERT INTO events (queue, type, actor, reason, at) VALUES ($1, $2, $3, $4, now());
+
+-- name: queue_exists
+SELECT name, paused FROM queues WHERE name = $1;

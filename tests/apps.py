@@ -53,3 +53,56 @@ def die(ctx) -> None:
 def block(ctx, seconds: float) -> str:
     time.sleep(seconds)
     return "late"
+
+
+# -- checkpointed and controllable jobs (operator commands) ---------------------------------------
+import asyncpg  # noqa: E402
+
+
+@registry.job("t.items", queue="tq", max_retries=5, timeout=300, version=1)
+async def items(ctx, n: int, every: int, dsn: str, delay: float = 0.0) -> int:
+    """Processes items n in order, one row per item keyed by ctx.op_key (so tests can count
+    duplicates), checkpointing every `every` items after the rows are committed."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        start = (ctx.checkpoint_data or {}).get("next", 0)
+        for i in range(start, n):
+            await conn.execute("INSERT INTO processed_items (op_key, run_id, attempt) VALUES ($1, $2, $3)",
+                               ctx.op_key(i), ctx.run_id, ctx.attempt)
+            if (i + 1) % every == 0:
+                await ctx.checkpoint({"next": i + 1}, processed=i + 1)
+            if delay:
+                await asyncio.sleep(delay)
+        return n
+    finally:
+        await conn.close()
+
+
+@registry.job("t.items_sync", queue="tq", model="thread", max_retries=5, timeout=300)
+def items_sync(ctx, n: int, every: int, delay: float = 0.0) -> int:
+    """The same loop for a thread handler: checkpoint() blocks until durable."""
+    start = (ctx.checkpoint_data or {}).get("next", 0)
+    for i in range(start, n):
+        if (i + 1) % every == 0:
+            ctx.checkpoint({"next": i + 1}, processed=i + 1)
+        time.sleep(delay)
+    return n
+
+
+@registry.job("t.stubborn", queue="tq", model="process", timeout=300, stop_grace=1, max_retries=0)
+def stubborn(ctx) -> None:
+    """Ignores stop requests: never checkpoints, never polls."""
+    time.sleep(3600)
+
+
+@registry.job("t.effects", queue="tq", side_effects=True, compensate="t.compensate", timeout=300)
+async def effects(ctx, seconds: float = 60) -> None:
+    """Irreversible side effects; checkpoints so it can be stopped at a boundary."""
+    for i in range(int(seconds * 10)):
+        await asyncio.sleep(0.1)
+        await ctx.checkpoint({"i": i})
+
+
+@registry.job("t.compensate", queue="tq")
+async def compensate(ctx, cancelled_run: int) -> int:
+    return cancelled_run

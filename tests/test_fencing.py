@@ -13,11 +13,10 @@ from scheduler.errors import NotStamped
 from scheduler.keys import Keys
 from scheduler.stores import Stores
 
-from tests.test_state_machine import enqueue_args
+from tests.test_state_machine import claimed_runs, enqueue_args
 
 T0 = 1_700_000_000_000
 SPAN = 2 ** 40
-CLAIM_FIELDS = ("id", "token", "attempt", "handler", "payload", "timeout_ms", "max_retries", "fire_time", "trace")
 
 
 def _s(x: Any) -> Any:
@@ -55,7 +54,7 @@ class Queue:
 
     async def claim(self, now: int, n: int = 10, worker: str = "w", lease_ms: int = 1000) -> list[dict[str, str]]:
         out = await self.run("claim_due", now, n, worker, lease_ms, 100)
-        return [dict(zip(CLAIM_FIELDS, map(str, out[i:i + 9]))) for i in range(0, len(out), 9)]
+        return claimed_runs(out)
 
     async def finish(self, now: int, run_id: str, token: str, outcome: str = "ok", data: str = "d",
                      delay: int = 100, quarantine: int = 3) -> str:
@@ -239,7 +238,7 @@ async def test_claim_returns_the_run_fields(q: Queue) -> None:
                              fire_time=T0 - 5, trace="tr-1"), dict(id="2"))
     c1, c2 = await q.claim(T0, worker="wk", lease_ms=700)
     assert c1 == dict(id="1", token=str(SPAN + 1), attempt="1", handler="t.echo", payload="xyz", timeout_ms="2500",
-                      max_retries="4", fire_time=str(T0 - 5), trace="tr-1")
+                      max_retries="4", fire_time=str(T0 - 5), trace="tr-1", gen="0")
     assert (c2["token"], c2["fire_time"], c2["trace"]) == (str(SPAN + 2), "", "")
     h = await q.hash("1")
     assert (h["state"], h["worker"], h["lease_until"], h["token"]) == ("RUNNING", "wk", str(T0 + 700), c1["token"])

@@ -142,9 +142,10 @@ def test_literal_transition_calls_are_edges_of_the_table() -> None:
     assert len(checked) + len(dynamic) == sites, "a transition() call the parser could not read"
     assert len(checked) >= 7, checked
     assert {n for n, _ in checked} >= {"claim_due", "finish_runs", "reap_expired", "release_runs"}
-    # Calls with a variable from/to/event exist only in finish_runs (its `st` is RUNNING or
-    # STOPPING, checked just above the calls); the dynamic tests exercise them.
-    assert {n for n, _ in dynamic} <= {"finish_runs"}, dynamic
+    # Calls with a variable from/to/event (`st`, the state just read) are exercised from
+    # every state by the tests in section d below; a new script doing that must be added there.
+    uncovered = {n for n, _ in dynamic} - FROM_EVERY_STATE
+    assert not uncovered, f"scripts with non-literal transition() calls not run from every state: {uncovered}"
 
 
 def test_common_lua_has_the_guard_and_the_states_placeholder() -> None:
@@ -195,14 +196,52 @@ class RunM:
     held: bool = False     # claimed, not yet back to PENDING
 
 
+def _header_list(script: str, lead: str) -> tuple[int, list[str]]:
+    """A field list documented in a script's header: '<lead>' then 'N <words>:' then names, with
+    (notes) dropped. The tests build arguments and read results from the header, so a script
+    whose layout changes without its header changing fails here, loudly."""
+    header = "\n".join(itertools.takewhile(lambda ln: ln.startswith("--"),
+                                           (LUA / f"{script}.lua").read_text().splitlines()))
+    m = re.search(re.escape(lead) + r"\s*(\d+)[^:]*:(.*?)(?=\n-- \S|\Z)", header, re.S)
+    assert m, f"{script}.lua header does not say '{lead} N ...:'"
+    text = re.sub(r"\n--\s*", " ", m.group(2))
+    while re.search(r"\([^()]*\)", text):
+        text = re.sub(r"\([^()]*\)", "", text)
+    names = [n.strip() for n in text.split(",")]
+    assert all(re.fullmatch(r"\w+", n) for n in names), f"cannot read the {script}.lua field list: {names}"
+    assert len(names) == int(m.group(1)), f"{script}.lua header says {m.group(1)} fields but lists {names}"
+    return int(m.group(1)), names
+
+
+CLAIM_FIELDS = tuple(_header_list("claim_due", "else")[1])
+"""What claim_due returns per claimed run (read from its header)."""
+ENQUEUE_FIELDS = tuple(_header_list("enqueue_runs", "then")[1])
+"""What enqueue_runs takes per run after ARGV[1] (read from its header)."""
+
+
+def test_documented_field_lists() -> None:
+    assert CLAIM_FIELDS[:3] == ("id", "token", "attempt")
+    assert ENQUEUE_FIELDS[:4] == ("id", "state", "run_at", "priority")
+
+
+def claimed_runs(out: list) -> list[dict[str, str]]:
+    n = len(CLAIM_FIELDS)
+    assert len(out) % n == 0, f"claim_due returned {len(out)} fields, not a multiple of {n}"
+    return [dict(zip(CLAIM_FIELDS, map(str, out[i:i + n]))) for i in range(0, len(out), n)]
+
+
 def enqueue_args(now: int, *runs: dict) -> list:
-    """ARGV of enqueue_runs (see its header): now, then 12 per run."""
+    """ARGV of enqueue_runs: now, then the documented fields of each run."""
     args: list = [now]
     for r in runs:
-        args += [r["id"], r.get("state", "PENDING"), r.get("run_at", now), r.get("priority", 0),
-                 r.get("handler", "t.echo"), r.get("payload", f"p{r['id']}"), r.get("max_retries", 0),
-                 r.get("timeout_ms", 1000), r.get("attempt", 0), r.get("version", 1),
-                 r.get("fire_time", ""), r.get("trace", "")]
+        row = dict(state="PENDING", run_at=now, priority=0, handler="t.echo", payload=f"p{r['id']}", max_retries=0,
+                   timeout_ms=1000, attempt=0, version=1, fire_time="", trace="", gen=0)
+        row.update(r)
+        missing = [f for f in ENQUEUE_FIELDS if f not in row]
+        assert not missing, f"enqueue_runs wants {missing}: teach enqueue_args a default"
+        unknown = set(r) - set(ENQUEUE_FIELDS)
+        assert not unknown, f"enqueue_runs no longer takes {unknown}"
+        args += [row[f] for f in ENQUEUE_FIELDS]
     return args
 
 
@@ -323,27 +362,27 @@ class QueueMachine(RuleBasedStateMachine):
         if self.paused:
             assert out == [] and events == []
             return
-        assert len(out) % 9 == 0
-        claimed = [out[j:j + 9] for j in range(0, len(out), 9)]
+        claimed = claimed_runs(out)
         assert len(claimed) == min(n, len(eligible))
         event(f"claimed {min(len(claimed), 2)}+")
         assert {e["run"] for e in events if e["type"] == "due"} == due_promotions
         claim_events = [e for e in events if e["type"] == "claimed"]
-        assert [e["run"] for e in claim_events] == [c[0] for c in claimed]
+        assert [e["run"] for e in claim_events] == [c["id"] for c in claimed]
         assert len(events) == len(due_promotions) + len(claimed)
-        ids = {c[0] for c in claimed}
+        ids = {c["id"] for c in claimed}
         # highest priority first
         if claimed and len(eligible) > len(claimed):
             lowest_taken = min(self.runs[i].priority for i in ids)
             highest_left = max(m.priority for m in eligible if m.id not in ids)
             assert lowest_taken >= highest_left
-        tokens = [int(c[1]) for c in claimed]
+        tokens = [int(c["token"]) for c in claimed]
         assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
-        for (rid, token, attempt, handler, payload, timeout_ms, max_retries, _ft, _tr), ev in zip(claimed, claim_events):
-            m = self.runs[rid]
-            assert ev["token"] == token and ev["worker"] == worker and int(ev["lease"]) == self.now + lease_ms
-            assert (handler, payload, timeout_ms, int(max_retries)) == ("t.echo", f"p{rid}", "1000", m.max_retries)
-            assert int(attempt) == m.attempt == prev_attempt[rid] + 1
+        for c, ev in zip(claimed, claim_events):
+            m = self.runs[c["id"]]
+            assert ev["token"] == c["token"] and ev["worker"] == worker and int(ev["lease"]) == self.now + lease_ms
+            assert (c["handler"], c["payload"], c["timeout_ms"], c["max_retries"]) == (
+                "t.echo", f"p{m.id}", "1000", str(m.max_retries))
+            assert int(c["attempt"]) == m.attempt == prev_attempt[m.id] + 1
             m.ready_at = 0
         for m in eligible:
             if m.id not in ids:
@@ -486,3 +525,163 @@ def test_random_operations_keep_the_state_machine() -> None:
 
 def test_state_module_exports() -> None:
     assert set(states.__all__) <= set(dir(states))
+
+
+# --------------------------------------------------------------------------------------------
+# d. every script that takes a computed edge, run from every state: it either refuses with a
+#    typed error and changes nothing, or writes exactly one legal event, and the run ends up
+#    in the index (due / delayed / active) its new state calls for. ILLEGAL_TRANSITION from
+#    a real script is always a bug: the script's own state check let through an edge the
+#    table does not have.
+
+CONTROL_SCRIPTS = frozenset(n for n in SCRIPT_NAMES if "control_args(" in (LUA / f"{n}.lua").read_text())
+FROM_EVERY_STATE = CONTROL_SCRIPTS | {"finish_runs", "reap_expired", "release_runs", "escalate_stop"}
+NOW = 5_000_000
+TOKEN = "1099511627999"
+CTL_VARIANTS = {Status.RUNNING: [None, "pause"], Status.STOPPING: ["stop", "cancel"]}
+
+
+class Scratch:
+    """Run hashes placed directly in any state (the scripts only read the hash and indexes)."""
+
+    def __init__(self, stores: Stores) -> None:
+        self.r = stores.redis
+        self.keys = stores.keys("every")
+        self.scripts = {n: self.r.register_script(render(n)) for n in SCRIPT_NAMES}
+        self.n = 0
+
+    async def place(self, state: Status, ctl: str | None = None, fails: int = 0, attempt: int = 1) -> str:
+        self.n += 1
+        rid = str(self.n)
+        fields = dict(state=state.value, version=5, priority=3, attempt=attempt, max_retries=2, fails=fails, crashes=0,
+                      token=TOKEN, worker="w", lease_until=NOW + 1000, handler="t.echo", payload="p", run_at=NOW,
+                      timeout_ms=1000)
+        if ctl:
+            fields["ctl"] = ctl
+        await self.r.hset(self.keys.run(rid), mapping=fields)
+        if state is Status.PENDING:
+            await self.r.zadd(self.keys.due, {rid: 10})
+        elif state is Status.RETRY_WAIT:
+            await self.r.zadd(self.keys.delayed, {rid: NOW})
+        elif state in ACTIVE:
+            await self.r.zadd(self.keys.active, {rid: NOW + 1000})
+        return rid
+
+    async def discard(self, rid: str) -> None:
+        k = self.keys
+        await self.r.delete(k.run(rid))
+        for z in (k.due, k.delayed, k.active):
+            await self.r.zrem(z, rid)
+
+    async def snapshot(self, rid: str) -> tuple:
+        k = self.keys
+        return (await self.r.hgetall(k.run(rid)), await self.r.zscore(k.due, rid), await self.r.zscore(k.delayed, rid),
+                await self.r.zscore(k.active, rid), await self.r.xlen(k.events))
+
+    async def call(self, name: str, args: list) -> tuple[object, str | None]:
+        try:
+            return _decoded(await self.scripts[name](keys=self.keys.script_keys(), args=args)), None
+        except ResponseError as exc:
+            return None, str(exc)
+
+    async def check(self, name: str, rid: str, frm: Status, args: list) -> tuple[object, dict | None]:
+        """Run one script on one placed run; returns (result, the event it wrote or None)."""
+        before = await self.snapshot(rid)
+        last = await self.r.xrevrange(self.keys.events, count=1)
+        out, err = await self.call(name, args)
+        where = f"{name} from {frm.value} ({before[0].get(b'ctl')}): "
+        if err is not None:
+            assert not err.startswith("ILLEGAL_TRANSITION"), where + err
+            assert await self.snapshot(rid) == before, where + f"refused ({err}) but changed the run"
+            return err, None
+        new = await self.r.xrange(self.keys.events, min=b"(" + last[0][0] if last else b"-")
+        if not new:
+            assert await self.snapshot(rid) == before, where + f"returned {out!r} with no event but changed the run"
+            return out, None
+        assert len(new) == 1, where + f"wrote {len(new)} events"
+        ev = {k.decode(): v.decode() for k, v in new[0][1].items()}
+        assert ev["run"] == rid and ev["from"] == frm.value, where + str(ev)
+        assert is_legal(frm, Status(ev["to"]), ev["type"]), where + f"took an edge not in the table: {ev}"
+        h, due, delayed, active, _ = await self.snapshot(rid)
+        assert h[b"state"].decode() == ev["to"] and h[b"version"] == b"6" and ev["v"] == "6", where + str(ev)
+        to = Status(ev["to"])
+        expect = {Status.PENDING: (True, False, False), Status.RETRY_WAIT: (False, True, False)}.get(
+            to, (False, False, to in ACTIVE))
+        assert (due is not None, delayed is not None, active is not None) == expect, where + f"indexes wrong for {to}"
+        return out, ev
+
+
+def _decoded(x):
+    return [_decoded(v) for v in x] if isinstance(x, list) else x.decode() if isinstance(x, bytes) else x
+
+
+def _variants(state: Status) -> list[str | None]:
+    return CTL_VARIANTS.get(state, [None])
+
+
+@pytest.mark.parametrize("name", sorted(CONTROL_SCRIPTS))
+async def test_control_script_from_every_state(stores: Stores, name: str) -> None:
+    sc = Scratch(stores)
+    took = set()
+    for state in Status:
+        for ctl in _variants(state):
+            for attempt in (0, 1):
+                rid = await sc.place(state, ctl, attempt=attempt)
+                # a version the run has moved past: refused, nothing written
+                err, _ = await sc.check(name, rid, state, [NOW, rid, "op", "why", "4", "comp.undo"])
+                assert isinstance(err, str) and err.startswith("STALE_VERSION"), (name, state, err)
+                out, ev = await sc.check(name, rid, state, [NOW, rid, "op", "why", "5", "comp.undo"])
+                if ev is None:
+                    continue
+                took.add((state.value, ev["to"], ev["type"]))
+                assert (ev["actor"], ev["reason"]) == ("op", "why")
+                assert ("compensate" in ev) == (ev["type"] == "cancelled" and attempt > 0 and name == "cancel_run")
+    assert took, f"{name} took no edge from any state"
+    _, err = await sc.call(name, [NOW, "404", "op", "why", "", ""])
+    assert err and err.startswith("NO_RUN"), err
+
+
+@pytest.mark.parametrize("state", sorted(ACTIVE))
+async def test_finish_from_active_states(stores: Stores, state: Status) -> None:
+    sc = Scratch(stores)
+    for ctl in _variants(state) + [None]:
+        for outcome in ("ok", "error", "fatal", "timeout", "crash", "interrupted"):
+            for data in (["x", "forced"] if outcome == "interrupted" else ["x"]):
+                for fails in (0, 2):
+                    rid = await sc.place(state, ctl, fails=fails)
+                    out, ev = await sc.check("finish_runs", rid, state, [NOW, 3, rid, TOKEN, outcome, data, "E", 100])
+                    assert ev is not None and out == [ev["to"]], (state, ctl, outcome, out, ev)
+                    if outcome == "ok":
+                        assert ev["to"] == "SUCCEEDED"
+                    if ev["to"] == "RETRY_WAIT":
+                        assert state is Status.RUNNING and fails == 0 and outcome in ("error", "timeout", "crash")
+    # a stale token from any state: nothing changes
+    for st_ in Status:
+        rid = await sc.place(st_)
+        out, ev = await sc.check("finish_runs", rid, st_, [NOW, 3, rid, "1", "ok", "x", "E", 100])
+        assert out == ["STALE"] and ev is None
+
+
+@pytest.mark.parametrize("state", sorted(ACTIVE))
+async def test_reap_and_escalate_from_active_states(stores: Stores, state: Status) -> None:
+    sc = Scratch(stores)
+    for ctl in _variants(state):
+        for fails in (0, 2):
+            rid = await sc.place(state, ctl, fails=fails)
+            out, ev = await sc.check("reap_expired", rid, state, [NOW + 1000, 100])
+            assert out == 1 and ev is not None and ev["type"] == "lease_expired"
+            await sc.discard(rid)
+        rid = await sc.place(state, ctl)
+        out, ev = await sc.check("escalate_stop", rid, state, [NOW, rid, TOKEN, "w", 30])
+        assert out == (1 if state is Status.STOPPING else 0)
+        await sc.discard(rid)
+
+
+async def test_release_from_every_state(stores: Stores) -> None:
+    sc = Scratch(stores)
+    for state in Status:
+        for ctl in _variants(state):
+            rid = await sc.place(state, ctl)
+            out, ev = await sc.check("release_runs", rid, state, [NOW, rid, TOKEN])
+            assert out == (1 if ev else 0)
+            assert (ev is not None) == (state is Status.RUNNING), (state, ev)

@@ -1,0 +1,39 @@
+-- repair_requeue.lua: put runs back into the sorted set their state needs (drift repair):
+-- a PENDING run in neither due nor delayed, a RETRY_WAIT run not in delayed, or a leased
+-- run not in active would never be claimed, promoted or reaped.
+-- KEYS: the queue keys (includes/common.lua)
+-- ARGV[1] now (ms), then pairs: run id, version the reconciler read
+-- Returns: the ids put back. A run whose version moved on, or that is already in its set,
+--   is skipped (compare-and-set). No event and no transition: the state does not change.
+-- Errors: none.
+-- @include common
+local now = tonumber(ARGV[1])
+local out = {}
+for i = 2, #ARGV, 2 do
+  local id = ARGV[i]
+  local f = redis.call('HMGET', run_key(id), 'state', 'version', 'run_at', 'priority', 'lease_until')
+  if f[2] == ARGV[i + 1] then
+    local st = f[1]
+    local in_due = redis.call('ZSCORE', K_DUE, id)
+    local in_delayed = redis.call('ZSCORE', K_DELAYED, id)
+    local fixed = false
+    if st == 'PENDING' and not in_due and not in_delayed then
+      local run_at = tonumber(f[3]) or 0
+      if run_at > now then
+        redis.call('ZADD', K_DELAYED, run_at, id)
+      else
+        redis.call('ZADD', K_DUE, due_score(f[4] or 0), id)
+        nudge()
+      end
+      fixed = true
+    elseif st == 'RETRY_WAIT' and not in_delayed then
+      redis.call('ZADD', K_DELAYED, tonumber(f[3]) or now, id)
+      fixed = true
+    elseif (st == 'RUNNING' or st == 'STOPPING') and not redis.call('ZSCORE', K_ACTIVE, id) then
+      redis.call('ZADD', K_ACTIVE, tonumber(f[5]) or now, id)
+      fixed = true
+    end
+    if fixed then out[#out + 1] = id end
+  end
+end
+return out

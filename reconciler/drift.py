@@ -1,0 +1,383 @@
+"""Drift between Redis (the hot copy) and PostgreSQL (the record): found incrementally,
+repaired with compare-and-set scripts, counted (reconciler/metrics.py) and written as
+'drift_repaired' events.
+
+Kinds (the `kind` label and the event's reason):
+
+    missing         PostgreSQL has the run waiting (PENDING, RETRY_WAIT, PAUSED, BLOCKED),
+                    Redis has no hash                        -> enqueue it from PostgreSQL
+    lost_lease      PostgreSQL has it leased, Redis has no hash -> attempt interrupted,
+                    run re-queued (at least once)
+    unqueued        the hash says PENDING / RETRY_WAIT / leased but no sorted set holds it
+                                                             -> put it back in its set
+    unrecorded      Redis has a terminal state PostgreSQL lacks and the stream entry that
+                    would record it is gone                  -> record it in PostgreSQL
+    terminal_in_pg  PostgreSQL terminal, Redis still active and not newer -> fix Redis
+    stale_hash      the hash is behind PostgreSQL (lower version) -> restore from PostgreSQL
+    corrupt         the hash cannot be read as a run         -> restore from PostgreSQL
+    orphan_hash     a run hash PostgreSQL has no row for     -> delete
+    orphan_member   a due/delayed/active member with no hash -> remove
+
+Races: Redis is read before PostgreSQL, so a run committed before its Redis write is
+always seen; runs PostgreSQL changed within `grace_s` are left alone (a submit or command
+between its commit and its Redis write); every Redis repair is conditional on the version
+read; a run found missing is re-read from PostgreSQL just before it is enqueued (the
+recorder may have committed a terminal state and expired the hash in between).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from scheduler.client import enqueue_rows
+from scheduler.states import TERMINAL, Status
+from scheduler.stores import Stores
+
+from .metrics import DRIFT_FOUND, DRIFT_REPAIRED
+
+log = logging.getLogger("fencepost.reconciler")
+
+__all__ = ["Drift", "DriftRepair", "KINDS"]
+
+KINDS = ("missing", "lost_lease", "unqueued", "unrecorded", "terminal_in_pg", "stale_hash", "corrupt",
+         "orphan_hash", "orphan_member")
+WAITING = frozenset({"PENDING", "RETRY_WAIT", "PAUSED", "BLOCKED"})
+LEASED = frozenset({"RUNNING", "STOPPING"})
+DONE = frozenset({s.value for s in TERMINAL})
+KNOWN = frozenset(s.value for s in Status)
+_FIELDS = ("state", "version", "run_at", "priority", "lease_until", "attempt", "token", "handler",
+           "error_class", "error", "reason")
+STREAM_SCAN_LIMIT = 200_000
+"""Above this many unrecorded stream entries the `unrecorded` check waits for the recorder."""
+
+
+@dataclass(slots=True)
+class Drift:
+    queue: str
+    kind: str
+    run_id: int
+    detail: str
+    seen_version: str = ""
+    """The hash's version field as read (compare-and-set for the Redis repairs)."""
+    pg: dict[str, Any] | None = None
+    redis: dict[str, Any] | None = None
+
+    def line(self) -> str:
+        return f"{self.queue}\t{self.kind}\t{self.run_id}\t{self.detail}"
+
+
+@dataclass
+class _Cursor:
+    pg_last: int = 0
+    zsets: dict[str, int] = field(default_factory=dict)
+    scan: int = 0
+
+
+def _s(v: bytes | None) -> str | None:
+    return v.decode(errors="replace") if v is not None else None
+
+
+class DriftRepair:
+    """Finds and repairs drift of one store pair. `tick` does one incremental step per
+    queue (a keyset page of PostgreSQL's active runs, the newest active runs, and one
+    cursor step over each Redis sorted set and the run hashes); `full_pass` walks
+    everything once (the `fencepost reconcile` commands)."""
+
+    def __init__(self, stores: Stores, *, page: int = 1000, recent: int = 200, grace_s: float = 5.0) -> None:
+        self.stores = stores
+        self.page = page
+        self.recent = recent
+        self.grace_s = grace_s
+        self._cursors: dict[str, _Cursor] = {}
+
+    # -- finding ---------------------------------------------------------------------------------
+    async def examine(self, queue: str, ids: Iterable[int], *, grace_s: float | None = None,
+                      rebuild: bool = False) -> list[Drift]:
+        """Compare the given runs in Redis (read first) with PostgreSQL (read second)."""
+        ids = sorted(set(ids))
+        if not ids:
+            return []
+        keys = self.stores.keys(queue)
+        pipe = self.stores.redis.pipeline(transaction=False)
+        for rid in ids:
+            k = keys.run(rid)
+            pipe.exists(k)
+            pipe.hmget(k, *_FIELDS)
+            pipe.hstrlen(k, "payload")
+            pipe.zscore(keys.due, rid)
+            pipe.zscore(keys.delayed, rid)
+            pipe.zscore(keys.active, rid)
+        raw = await pipe.execute()
+        grace = self.grace_s if grace_s is None else grace_s
+        rows = {r["id"]: dict(r) for r in await self.stores.db.fetch("drift_runs", ids, float(grace))}
+        out: list[Drift] = []
+        for i, rid in enumerate(ids):
+            exists, fields, plen, in_due, in_delayed, in_active = raw[6 * i: 6 * i + 6]
+            h = {name: _s(v) for name, v in zip(_FIELDS, fields)} if exists else None
+            if h is not None:
+                h["payload_len"] = plen
+            members = [n for n, m in (("due", in_due), ("delayed", in_delayed), ("active", in_active)) if m is not None]
+            d = self._classify(queue, rid, h, members, rows.get(rid), rebuild)
+            if d is not None:
+                out.append(d)
+        return out
+
+    def _classify(self, queue: str, rid: int, h: dict[str, Any] | None, members: list[str],
+                  p: dict[str, Any] | None, rebuild: bool) -> Drift | None:
+        settled = p is not None and (p["settled"] or rebuild)
+        if h is None:
+            if p is not None and p["queue"] == queue and settled:
+                if p["status"] in WAITING:
+                    return Drift(queue, "missing", rid, f"PostgreSQL {p['status']} v{p['version']}, no Redis hash", pg=p)
+                if p["status"] in LEASED:
+                    return Drift(queue, "lost_lease", rid, f"PostgreSQL {p['status']}, no Redis hash", pg=p)
+            if members and (p is None or p["status"] not in WAITING | LEASED or settled):
+                return Drift(queue, "orphan_member", rid, f"member of {','.join(members)} without a hash")
+            return None
+        seen = h["version"] or ""
+        if p is None or p["queue"] != queue:
+            return Drift(queue, "orphan_hash", rid, f"hash in state {h['state']} without a PostgreSQL row",
+                         seen_version=seen, redis=h)
+        state = h["state"]
+        corrupt = (state not in KNOWN or not seen.isdigit()
+                   or (state in WAITING | LEASED and (not h["handler"] or not h["payload_len"] or h["priority"] is None)))
+        if corrupt:
+            return Drift(queue, "corrupt", rid, f"hash unreadable (state={state!r}, version={h['version']!r})",
+                         seen_version=seen, pg=p, redis=h)
+        vr, vp, ps = int(seen), p["version"], p["status"]
+        if settled and (vr < vp or (vr == vp and ps in DONE and (state != ps or members))):
+            if ps in DONE or ps == "STOPPED":
+                if state == ps and not members:
+                    return None
+                return Drift(queue, "terminal_in_pg", rid, f"PostgreSQL {ps} v{vp}, Redis {state} v{vr}",
+                             seen_version=seen, pg=p, redis=h)
+            return Drift(queue, "stale_hash", rid, f"Redis {state} v{vr} is behind PostgreSQL {ps} v{vp}",
+                         seen_version=seen, pg=p, redis=h)
+        if state in DONE and vr > vp:
+            return Drift(queue, "unrecorded", rid, f"Redis {state} v{vr}, PostgreSQL {ps} v{vp}",
+                         seen_version=seen, pg=p, redis=h)
+        if rebuild and state in LEASED:
+            return Drift(queue, "untrusted_lease", rid, f"leased in an untrusted dataset (token {h['token']})",
+                         seen_version=seen, pg=p, redis=h)
+        if ((state == "PENDING" and not members) or (state == "RETRY_WAIT" and "delayed" not in members)
+                or (state in LEASED and "active" not in members)):
+            return Drift(queue, "unqueued", rid, f"{state} but in no sorted set for it", seen_version=seen, redis=h)
+        return None
+
+    async def _unrecorded_confirmed(self, queue: str, cands: list[Drift]) -> list[Drift]:
+        """Keep candidates with no entry left in the queue's stream (those the recorder will
+        never see), then re-read PostgreSQL: the recorder may have caught up meanwhile."""
+        if not cands:
+            return []
+        stream = self.stores.keys(queue).events
+        if await self.stores.redis.xlen(stream) > STREAM_SCAN_LIMIT:
+            return []
+        pending: set[int] = set()
+        start = "-"
+        while True:
+            entries = await self.stores.redis.xrange(stream, min=start, max="+", count=10_000)
+            for eid, f in entries:
+                if b"run" in f:
+                    pending.add(int(f[b"run"]))
+            if len(entries) < 10_000:
+                break
+            start = "(" + entries[-1][0].decode()
+        cands = [d for d in cands if d.run_id not in pending]
+        if not cands:
+            return []
+        fresh = {r["id"]: r for r in await self.stores.db.fetch("drift_runs", [d.run_id for d in cands], 0.0)}
+        return [d for d in cands if d.run_id in fresh and fresh[d.run_id]["version"] < int(d.seen_version)]
+
+    async def tick(self, queue: str, *, repair: bool = True) -> list[Drift]:
+        """One incremental step for one queue: bounded work whatever the queue's size."""
+        c = self._cursors.setdefault(queue, _Cursor())
+        db, keys, r = self.stores.db, self.stores.keys(queue), self.stores.redis
+        ids: set[int] = set()
+        page = [x["id"] for x in await db.fetch("drift_active_ids", queue, c.pg_last, self.page)]
+        c.pg_last = page[-1] if len(page) == self.page else 0
+        ids.update(page)
+        ids.update(x["id"] for x in await db.fetch("drift_recent_ids", queue, self.recent))
+        for z in (keys.due, keys.delayed, keys.active):
+            cur, members = await r.zscan(z, c.zsets.get(z, 0), count=self.page)
+            c.zsets[z] = cur
+            ids.update(int(m) for m, _ in members if m.isdigit())
+        c.scan, orphans = await self._scan_hashes(queue, c.scan)
+        ids.update(orphans)
+        found = await self.examine(queue, ids)
+        return await self._finish(queue, found, repair)
+
+    async def full_pass(self, queue: str, *, repair: bool, grace_s: float | None = None) -> list[Drift]:
+        """Walk everything of one queue once, in pages (bounded memory)."""
+        db, keys, r = self.stores.db, self.stores.keys(queue), self.stores.redis
+        found: list[Drift] = []
+        last = 0
+        while True:
+            page = [x["id"] for x in await db.fetch("drift_active_ids", queue, last, self.page)]
+            if not page:
+                break
+            last = page[-1]
+            found += await self._finish(queue, await self.examine(queue, page, grace_s=grace_s), repair)
+        for z in (keys.due, keys.delayed, keys.active):
+            cur = 0
+            while True:
+                cur, members = await r.zscan(z, cur, count=self.page)
+                ids = [int(m) for m, _ in members if m.isdigit()]
+                found += await self._finish(queue, await self.examine(queue, ids, grace_s=grace_s), repair)
+                if cur == 0:
+                    break
+        cur = 0
+        while True:
+            cur, ids = await self._scan_hashes(queue, cur)
+            found += await self._finish(queue, await self.examine(queue, ids, grace_s=grace_s), repair)
+            if cur == 0:
+                break
+        seen: set[tuple[str, int]] = set()
+        unique = []
+        for d in found:  # a run can be met by several walks; report it once
+            if (d.kind, d.run_id) not in seen:
+                seen.add((d.kind, d.run_id))
+                unique.append(d)
+        return unique
+
+    async def _scan_hashes(self, queue: str, cursor: int) -> tuple[int, list[int]]:
+        base = self.stores.keys(queue).base
+        pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in base) + "run:*"
+        cursor, names = await self.stores.redis.scan(cursor, match=pattern, count=self.page)
+        ids = []
+        for n in names:
+            tail = n[len(base) + 4:]
+            if tail.isdigit():
+                ids.append(int(tail))
+        return cursor, ids
+
+    async def _finish(self, queue: str, found: list[Drift], repair: bool) -> list[Drift]:
+        cands = [d for d in found if d.kind == "unrecorded"]
+        if cands:
+            ok = {d.run_id for d in await self._unrecorded_confirmed(queue, cands)}
+            found = [d for d in found if d.kind != "unrecorded" or d.run_id in ok]
+        found = [d for d in found if d.kind != "untrusted_lease"]
+        for d in found:
+            DRIFT_FOUND.labels(d.kind, queue).inc()
+        if not repair or not found:
+            return found
+        return await self.repair(queue, found)
+
+    # -- repairing -------------------------------------------------------------------------------
+    async def repair(self, queue: str, found: list[Drift], *, record: bool = True) -> list[Drift]:
+        """Apply the repairs; returns the drifts actually repaired (each compare-and-set may
+        find that the run moved on, which is not drift any more)."""
+        stores, keys = self.stores, self.stores.keys(queue)
+        run = stores.scripts.run
+        done: list[Drift] = []
+        by_kind: dict[str, list[Drift]] = {}
+        for d in found:
+            by_kind.setdefault(d.kind, []).append(d)
+
+        drop_args: list[Any] = []
+        for d in by_kind.get("orphan_member", []):
+            drop_args += [d.run_id, "member", ""]
+        for k in ("orphan_hash", "corrupt", "stale_hash"):
+            for d in by_kind.get(k, []):
+                drop_args += [d.run_id, "hash", d.seen_version]
+        dropped: set[int] = set()
+        if drop_args:
+            dropped = {int(x) for x in await run("repair_drop", keys, drop_args)}
+        for k in ("orphan_member", "orphan_hash"):
+            done += [d for d in by_kind.get(k, []) if d.run_id in dropped]
+
+        sync = by_kind.get("terminal_in_pg", [])
+        if sync:
+            args: list[Any] = [stores.settings.terminal_ttl_s * 1000]
+            for d in sync:
+                assert d.pg is not None
+                args += [d.run_id, d.seen_version, d.pg["status"], d.pg["version"]]
+            synced = {int(x) for x in await run("repair_sync", keys, args)}
+            done += [d for d in sync if d.run_id in synced]
+
+        requeue = by_kind.get("unqueued", [])
+        if requeue:
+            args = [int(time.time() * 1000)]
+            for d in requeue:
+                args += [d.run_id, d.seen_version]
+            back = {int(x) for x in await run("repair_requeue", keys, args)}
+            done += [d for d in requeue if d.run_id in back]
+
+        # Runs to restore from PostgreSQL: missing, lost leases, and dropped corrupt/stale hashes.
+        restore = by_kind.get("missing", []) + by_kind.get("lost_lease", []) + [
+            d for k in ("corrupt", "stale_hash") for d in by_kind.get(k, []) if d.run_id in dropped]
+        if restore:
+            done += await self._restore(queue, restore)
+
+        unrec = by_kind.get("unrecorded", [])
+        if unrec:
+            done += await self._record(queue, unrec)
+
+        if record and done:
+            await self._write_events(queue, done)
+        return done
+
+    async def _restore(self, queue: str, drifts: list[Drift]) -> list[Drift]:
+        """Re-read PostgreSQL (the recorder may have moved the run on), interrupt lost leases
+        there, and enqueue what is still waiting. enqueue_runs never overwrites a hash."""
+        db = self.stores.db
+        ids = [d.run_id for d in drifts]
+        fresh = {r["id"]: dict(r) for r in await db.fetch("drift_runs", ids, 0.0)}
+        leased = [i for i in ids if i in fresh and fresh[i]["status"] in LEASED]
+        if leased:
+            for r in await db.fetch("drift_interrupt_lost", leased):
+                fresh[r["id"]].update(status=r["status"], version=r["version"])
+        rows = [fresh[i] for i in ids if i in fresh and fresh[i]["status"] in WAITING]
+        await enqueue_rows(self.stores, queue, rows)
+        ok = {r["id"] for r in rows} | {i for i in leased if fresh[i]["status"] == "STOPPED"}
+        out = []
+        for d in drifts:
+            if d.run_id in ok:
+                d.pg = fresh[d.run_id]
+                out.append(d)
+            elif d.kind in ("corrupt", "stale_hash"):  # hash dropped; PostgreSQL has it terminal: nothing to restore
+                out.append(d)
+        return out
+
+    async def _record(self, queue: str, drifts: list[Drift]) -> list[Drift]:
+        keys = self.stores.keys(queue)
+        pipe = self.stores.redis.pipeline(transaction=False)
+        for d in drifts:
+            pipe.hget(keys.run(d.run_id), "result")
+        results = await pipe.execute()
+        cols: list[list[Any]] = [[] for _ in range(9)]
+        for d, res in zip(drifts, results):
+            h = d.redis or {}
+            for i, v in enumerate((d.run_id, h["state"], int(d.seen_version), int(h["attempt"] or 0),
+                                   int(h["token"]) if h.get("token") else None, res, h.get("error_class"),
+                                   (h.get("error") or None) and h["error"][:4000], h.get("reason"))):
+                cols[i].append(v)
+        written = {r["id"]: r["from_status"] for r in await self.stores.db.fetch("drift_record_terminal", *cols)}
+        out = [d for d in drifts if d.run_id in written]
+        if out:
+            ttl = self.stores.settings.terminal_ttl_s * 1000
+            args: list[Any] = [ttl]
+            for d in out:
+                args += [d.run_id, d.seen_version]
+            await self.stores.scripts.run("expire_finished", keys, args)
+        return out
+
+    async def _write_events(self, queue: str, done: list[Drift]) -> None:
+        cols: list[list[Any]] = [[] for _ in range(6)]
+        for d in done:
+            h, p = d.redis or {}, d.pg or {}
+            frm, to, ver = h.get("state"), p.get("status"), p.get("version")
+            if d.kind == "unrecorded":
+                frm, to, ver = p.get("status"), h.get("state"), int(d.seen_version)
+            elif d.kind in ("orphan_hash", "orphan_member", "unqueued"):
+                to = None if d.kind != "unqueued" else h.get("state")
+            for i, v in enumerate((d.run_id, frm, to, ver, d.kind,
+                                   json.dumps({"queue": queue, "detail": d.detail}))):
+                cols[i].append(v)
+            DRIFT_REPAIRED.labels(d.kind, queue).inc()
+            log.warning("repaired drift %s of run %s: %s", d.kind, d.run_id, d.detail,
+                        extra={"event": "drift_repaired", "run_id": d.run_id, "queue": queue})
+        await self.stores.db.execute("drift_events", *cols)

@@ -1,0 +1,87 @@
+-- Named queries of the reconciler (drift repair and rebuild). Loaded by scheduler/db.py.
+
+-- name: drift_active_ids
+-- One keyset page of the runs Redis must hold (the incremental walk, a page per tick).
+SELECT id FROM runs
+WHERE queue = $1 AND id > $2 AND status IN ('PENDING', 'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED')
+ORDER BY id LIMIT $3;
+
+-- name: drift_recent_ids
+-- The newest active runs of a queue (where a submit that never reached Redis shows up first).
+SELECT id FROM runs
+WHERE queue = $1 AND status IN ('PENDING', 'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED')
+ORDER BY id DESC LIMIT $2;
+
+-- name: drift_runs
+-- The record of runs seen in Redis or PostgreSQL, read after Redis (a row committed before a
+-- Redis write is always seen). `settled`: not changed within the grace period, so a submit
+-- or command between its PostgreSQL commit and its Redis write is not taken for drift.
+SELECT id, queue, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
+       fire_time, trace_id, version, token,
+       updated_at < now() - make_interval(secs => $2::double precision) AS settled
+FROM runs WHERE id = ANY($1::bigint[]);
+
+-- name: drift_interrupt_lost
+-- Runs PostgreSQL has as leased whose Redis state is gone: the attempt is closed as
+-- interrupted; RUNNING goes back to PENDING (at least once), STOPPING becomes STOPPED
+-- (the lease_expired edges of scheduler/states.py). Conditional on the leased state.
+WITH r AS (
+    UPDATE runs SET status = CASE WHEN status = 'RUNNING' THEN 'PENDING' ELSE 'STOPPED' END,
+                    lease_owner = NULL, lease_expires_at = NULL, version = version + 1,
+                    finished_at = CASE WHEN status = 'STOPPING' THEN now() END,
+                    reason = 'redis_lost', updated_at = now()
+    WHERE id = ANY($1::bigint[]) AND status IN ('RUNNING', 'STOPPING')
+    RETURNING id, status, attempt, version, token
+), a AS (
+    UPDATE attempts SET finished_at = now(), outcome = 'interrupted',
+                        error_message = 'lease state lost from Redis'
+    WHERE (run_id, attempt) IN (SELECT id, attempt FROM r) AND finished_at IS NULL
+), e AS (
+    INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, actor, reason, at)
+    SELECT id, 'lease_expired', CASE WHEN status = 'PENDING' THEN 'RUNNING' ELSE 'STOPPING' END, status,
+           version, attempt, token, 'reconciler', 'redis_lost', now() FROM r
+)
+SELECT id, status, version FROM r;
+
+-- name: drift_record_terminal
+-- Terminal transitions Redis made whose stream entries are gone: the projection takes the
+-- Redis state (only if it is newer, by version) and the open attempt is closed.
+-- Returns the runs written, with the status PostgreSQL had before.
+WITH u AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::integer[], $5::bigint[], $6::bytea[],
+                         $7::text[], $8::text[], $9::text[])
+        AS u(id, status, version, attempt, token, result, error_class, error_message, reason)
+), old AS (
+    SELECT r.id, r.status FROM runs r JOIN u ON u.id = r.id WHERE r.version < u.version FOR UPDATE OF r
+), upd AS (
+    UPDATE runs r SET status = u.status, version = u.version, attempt = GREATEST(r.attempt, u.attempt),
+                      token = COALESCE(u.token, r.token), lease_owner = NULL, lease_expires_at = NULL,
+                      finished_at = now(), result = CASE WHEN u.status = 'SUCCEEDED' THEN u.result END,
+                      last_error = COALESCE(u.error_message, r.last_error),
+                      last_error_class = COALESCE(u.error_class, r.last_error_class),
+                      reason = COALESCE(u.reason, r.reason), updated_at = now()
+    FROM u WHERE r.id = u.id AND r.id IN (SELECT id FROM old)
+    RETURNING r.id, r.status, r.attempt
+), att AS (
+    UPDATE attempts a SET finished_at = now(),
+        outcome = CASE upd.status WHEN 'SUCCEEDED' THEN 'succeeded' WHEN 'CANCELLED' THEN 'cancelled'
+                                  WHEN 'TIMED_OUT' THEN 'timeout' ELSE 'error' END
+    FROM upd WHERE a.run_id = upd.id AND a.attempt = upd.attempt AND a.finished_at IS NULL
+)
+SELECT old.id, old.status AS from_status FROM old;
+
+-- name: drift_events
+-- One 'drift_repaired' event per repaired drift (reason = the kind of drift).
+INSERT INTO events (run_id, type, from_status, to_status, version, actor, reason, data, at)
+SELECT id, 'drift_repaired', f, t, v, 'reconciler', k, d, now()
+FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::jsonb[]) AS x(id, f, t, v, k, d);
+
+-- name: rebuild_try_lock
+-- One rebuild of a queue at a time across reconciler replicas (session lock, same connection).
+SELECT pg_try_advisory_lock(hashtext('fencepost_rebuild:' || $1::text)) AS locked;
+
+-- name: rebuild_unlock
+SELECT pg_advisory_unlock(hashtext('fencepost_rebuild:' || $1::text)) AS unlocked;
+
+-- name: queue_epoch
+SELECT epoch, paused FROM queues WHERE name = $1;
