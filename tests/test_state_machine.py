@@ -1,9 +1,11 @@
 """The run state machine, checked three ways against real Redis:
 
 a. every (from, to, event) triple through the Lua `transition()` guard itself;
-b. a static read of every literal `transition(...)` call and every script header in lua/;
+b. a static read of lua/: every literal `transition(...)` call, who writes `state`, and
+   every script header;
 c. a Hypothesis state machine driving the real queue scripts with random operations and
-   checking each event the scripts append to the queue's stream.
+   checking each event the scripts append to the queue's stream;
+d. every script that takes a computed edge, run from every state.
 """
 
 from __future__ import annotations
@@ -15,12 +17,11 @@ from dataclasses import dataclass, field
 
 import pytest
 import redis
-from hypothesis import HealthCheck, event, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, event as note, settings as hsettings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
     run_state_machine_as_test
 from redis.exceptions import ResponseError
 
-from scheduler import states
 from scheduler.keys import Keys
 from scheduler.resources import resource_dir
 from scheduler.scripts import SCRIPT_NAMES, _states_lua, render
@@ -146,6 +147,25 @@ def test_literal_transition_calls_are_edges_of_the_table() -> None:
     # every state by the tests in section d below; a new script doing that must be added there.
     uncovered = {n for n, _ in dynamic} - FROM_EVERY_STATE
     assert not uncovered, f"scripts with non-literal transition() calls not run from every state: {uncovered}"
+
+
+# Scripts that may write a run's `state` field without transition(), and why.
+STATE_WRITERS_WITHOUT_EDGE = {
+    "enqueue_runs": "creation: the submitted event is committed to PostgreSQL with the run",
+    "repair_sync": "drift repair: the hot copy is rewritten to the state PostgreSQL recorded",
+}
+
+
+def test_state_is_written_only_by_transition() -> None:
+    writes = re.compile(r"redis\.call\(\s*'(?:HSET|HMSET|HSETNX)'\s*,[^)]*'state'", re.S)
+    common = (LUA / "includes" / "common.lua").read_text()
+    assert len(writes.findall(common)) == 1, "common.lua writes state outside transition()"
+    for name in _lua_scripts():
+        n = len(writes.findall((LUA / f"{name}.lua").read_text()))
+        if name in STATE_WRITERS_WITHOUT_EDGE:
+            assert n >= 1, f"{name}.lua no longer writes state: drop it from STATE_WRITERS_WITHOUT_EDGE"
+        else:
+            assert n == 0, f"{name}.lua writes a run's state without transition(): the state table cannot guard it"
 
 
 def test_common_lua_has_the_guard_and_the_states_placeholder() -> None:
@@ -364,7 +384,7 @@ class QueueMachine(RuleBasedStateMachine):
             return
         claimed = claimed_runs(out)
         assert len(claimed) == min(n, len(eligible))
-        event(f"claimed {min(len(claimed), 2)}+")
+        note(f"claimed {min(len(claimed), 2)}+")
         assert {e["run"] for e in events if e["type"] == "due"} == due_promotions
         claim_events = [e for e in events if e["type"] == "claimed"]
         assert [e["run"] for e in claim_events] == [c["id"] for c in claimed]
@@ -397,7 +417,7 @@ class QueueMachine(RuleBasedStateMachine):
         before = self.snapshot(m)
         out = self.call("renew_leases", self.now, lease_ms, m.id, token)
         assert self.new_events() == []
-        event(f"renew valid={valid}")
+        note(f"renew valid={valid}")
         if valid:
             assert out == [1]
             m.lease_until = self.now + lease_ms
@@ -407,7 +427,7 @@ class QueueMachine(RuleBasedStateMachine):
             assert self.snapshot(m) == before
 
     @precondition(lambda self: self.any_claimed())
-    @rule(i=st.integers(0, 100), outcome=st.sampled_from(["ok", "error", "fatal", "timeout", "crash"]),
+    @rule(i=st.integers(0, 100), outcome=st.sampled_from(["ok", "error", "fatal", "timeout", "crash", "interrupted"]),
           current=st.sampled_from([True, True, True, False]), delay=st.sampled_from([0, 200, 3000]))
     def finish(self, i: int, outcome: str, current: bool, delay: int) -> None:
         m = self.pick_claimed(i)
@@ -418,13 +438,16 @@ class QueueMachine(RuleBasedStateMachine):
         events = self.new_events()
         if not valid:
             assert out == ["STALE"] and events == []
-            event("finish -> STALE")
+            note("finish -> STALE")
             assert self.snapshot(m) == before
             self.stale_finish += 1
             assert self.r.hget(self.keys.stats, "stale_finish") == str(self.stale_finish)
             return
         if outcome == "ok":
             expect, typ = "SUCCEEDED", "succeeded"
+        elif outcome == "interrupted":  # no operator request: handed back, not a failure
+            expect, typ = "PENDING", "released"
+            m.ready_at = 0
         else:
             m.fails += 1
             quarantined = False
@@ -441,7 +464,7 @@ class QueueMachine(RuleBasedStateMachine):
             snap = self.snapshot(m)
             assert int(snap["fails"]) == m.fails and int(snap.get("crashes", 0)) == m.crashes
         assert out == [expect]
-        event(f"finish -> {expect}")
+        note(f"finish -> {expect}")
         assert [(e["run"], e["type"], e["to"]) for e in events] == [(m.id, typ, expect)]
         assert events[0]["token"] == token
         m.lease_until = None
@@ -454,7 +477,7 @@ class QueueMachine(RuleBasedStateMachine):
         n = self.call("reap_expired", self.now, 1000)
         events = self.new_events()
         assert n == len(expired)
-        event(f"reaped {min(n, 2)}+")
+        note(f"reaped {min(n, 2)}+")
         assert sorted(e["run"] for e in events) == sorted(m.id for m in expired)
         for m in expired:
             m.fails += 1
@@ -471,7 +494,7 @@ class QueueMachine(RuleBasedStateMachine):
         before = self.snapshot(m)
         n = self.call("release_runs", self.now, m.id, token)
         events = self.new_events()
-        event(f"release valid={valid}")
+        note(f"release valid={valid}")
         if valid:
             assert n == 1
             assert [(e["run"], e["type"], e["to"]) for e in events] == [(m.id, "released", "PENDING")]
@@ -521,10 +544,6 @@ def test_random_operations_keep_the_state_machine() -> None:
     run_state_machine_as_test(QueueMachine, settings=hsettings(
         max_examples=150, stateful_step_count=30, deadline=None, database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
-
-
-def test_state_module_exports() -> None:
-    assert set(states.__all__) <= set(dir(states))
 
 
 # --------------------------------------------------------------------------------------------

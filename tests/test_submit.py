@@ -138,3 +138,20 @@ async def test_history_reaches_postgres(client: Client, settings, stores) -> Non
     assert {r["type"]: r["n"] for r in types} == {"submitted": 50, "claimed": 50, "succeeded": 50}
     att = await stores.db.pool.fetchval("SELECT count(*) FROM attempts WHERE outcome = 'succeeded'")  # type: ignore[union-attr]
     assert att == 50
+
+
+async def test_bad_request_in_the_last_chunk_of_a_pipelined_batch_changes_nothing(client: Client) -> None:
+    reqs = [Submit(handler="t.echo", args=(i,)) for i in range(client.chunk * 2 + 10)]
+    reqs.append(Submit(handler="t.echo", priority=999))
+    with pytest.raises(InvalidInput):
+        await client.submit_many(reqs)
+    assert await _count_runs(client) == 0
+    assert await client.stores.redis.zcard(client.stores.keys("tq").due) == 0
+
+
+async def test_pipelined_batch_keeps_request_order(client: Client) -> None:
+    reqs = [Submit(handler="t.echo", args=(i,), idempotency_key=f"k{i}") for i in range(client.chunk * 2 + 10)]
+    ids = await client.submit_many(reqs)
+    rows = await client.stores.db.pool.fetch("SELECT id, idempotency_key FROM runs")  # type: ignore[union-attr]
+    by_key = {r["idempotency_key"]: r["id"] for r in rows}
+    assert ids == [by_key[f"k{i}"] for i in range(len(reqs))]
