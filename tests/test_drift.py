@@ -21,6 +21,7 @@ from scheduler.models import Submit
 from scheduler.stores import Stores
 
 from tests.conftest import ROOT, record_all, wait_until, worker_env
+from tests.test_state_machine import CLAIM_FIELDS
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,8 @@ def reported(out: str) -> dict[tuple[str, int], str]:
 
 async def claim(stores: Stores, n: int = 1) -> list[tuple[int, int]]:
     raw = await stores.scripts.run("claim_due", stores.keys(Q), [int(time.time() * 1000), n, "w-test", 60_000, 0])
-    return [(int(raw[i]), int(raw[i + 1])) for i in range(0, len(raw), 9)]
+    n = len(CLAIM_FIELDS)  # claim_due's fields per run
+    return [(int(raw[i]), int(raw[i + 1])) for i in range(0, len(raw), n)]
 
 
 async def finish(stores: Stores, run_id: int, token: int) -> str:

@@ -1,0 +1,149 @@
+"""Real redis-server processes for failover tests: started on free loopback ports, stopped by
+pid; and a loopback TCP proxy that plays the part of a failover address (DNS name or virtual
+IP): clients keep one URL while the proxy is switched from a dead primary to the promoted
+replica."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+
+__all__ = ["RedisServer", "TcpProxy", "free_port"]
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """One redis-server on 127.0.0.1 without persistence (unless asked), in a private dir."""
+
+    def __init__(self, port: int | None = None, *, replicaof: "RedisServer | None" = None,
+                 extra: tuple[str, ...] = ()) -> None:
+        self.port = port or free_port()
+        self.replicaof = replicaof
+        self.extra = extra
+        self.dir = tempfile.mkdtemp(prefix="fp-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def client(self, **kw: Any) -> aioredis.Redis:
+        return aioredis.Redis(host=HOST, port=self.port, **kw)
+
+    async def start(self, timeout: float = 10.0) -> "RedisServer":
+        args = ["redis-server", "--bind", HOST, "--port", str(self.port), "--save", "", "--appendonly", "no",
+                "--dir", self.dir, "--protected-mode", "yes", "--enable-debug-command", "local",
+                "--maxmemory-policy", "noeviction", *self.extra]
+        if self.replicaof is not None:
+            args += ["--replicaof", HOST, str(self.replicaof.port)]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        r = self.client()
+        try:
+            while True:
+                try:
+                    await r.ping()
+                    break
+                except (OSError, aioredis.ConnectionError):
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"redis-server on port {self.port} did not start") from None
+                    await asyncio.sleep(0.02)
+            if self.replicaof is not None:
+                while (await r.info("replication")).get("master_link_status") != "up":
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("replica did not connect to its primary")
+                    await asyncio.sleep(0.02)
+        finally:
+            await r.aclose()
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Stop this server by its pid (SIGKILL by default: no shutdown save, a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def cleanup(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class TcpProxy:
+    """A loopback TCP forwarder whose target can be switched (a failover address)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port = free_port()
+        self.target_port = target_port
+        self._server: asyncio.base_events.Server | None = None
+        self._conns: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    async def start(self) -> "TcpProxy":
+        self._server = await asyncio.start_server(self._handle, HOST, self.port)
+        return self
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_r, up_w = await asyncio.open_connection(HOST, self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._conns |= {writer, up_w}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    dst.close()
+
+        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
+        self._conns -= {writer, up_w}
+
+    def switch(self, target_port: int) -> None:
+        """Point new connections at another server and drop the current ones (as a failover does)."""
+        self.target_port = target_port
+        for w in list(self._conns):
+            with contextlib.suppress(Exception):
+                w.transport.abort()
+        self._conns.clear()
+
+    async def close(self) -> None:
+        self.switch(self.target_port)
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
