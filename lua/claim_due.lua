@@ -6,6 +6,8 @@
 -- ARGV[3] worker id
 -- ARGV[4] lease duration (ms)
 -- ARGV[5] max delayed runs to promote in this call
+-- First attempts are counted for the queue's retry budget (budget_config in common.lua);
+-- a `throttle` key (set while a dependency rate-limits) caps the claims per call.
 -- Returns: {} if nothing is due or the queue is paused; else 10 fields per claimed run:
 --   id, token, attempt, handler, payload, timeout_ms, max_retries, fire_time, trace,
 --   gen (checkpoint generation: bumped by restart; older checkpoints are not read)
@@ -18,6 +20,10 @@ local epoch = trusted_epoch()
 if not epoch then return redis.error_reply('UNSTAMPED') end
 if redis.call('EXISTS', K_PAUSED) == 1 then return {} end
 local now, want, worker, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local _, _, budget_window = budget_config()
+-- a rate-limited dependency throttles the queue: at most this many claims per call while it lasts
+local throttle = redis.call('GET', BASE .. 'throttle')
+if throttle then want = math.min(want, tonumber(throttle)) end
 
 local ready = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[5]))
 for _, id in ipairs(ready) do
@@ -39,6 +45,7 @@ local last = redis.call('INCRBY', K_TOKEN, count)
 local first = tonumber(epoch) * TOKEN_SPAN + last - count
 local lease = now + lease_ms
 local out = {}
+local firsts = 0
 for i = 1, count do
   local id = popped[2 * i - 1]
   local key = run_key(id)
@@ -46,6 +53,7 @@ for i = 1, count do
                        'max_retries', 'fire_time', 'trace', 'gen')
   if f[1] == 'PENDING' then
     local attempt = (tonumber(f[2]) or 0) + 1
+    if attempt == 1 then firsts = firsts + 1 end
     local token = string.format('%.0f', first + i)
     redis.call('HSET', key, 'attempt', attempt, 'token', token, 'worker', worker, 'lease_until', lease)
     transition(id, key, 'PENDING', 'RUNNING', 'claimed', now,
@@ -57,5 +65,6 @@ for i = 1, count do
   end
   -- any other state: a leftover member of a run that moved on; dropping it is the repair
 end
+budget_count('a', now, budget_window, firsts)
 if redis.call('ZCARD', K_DUE) > 0 then nudge() end
 return out

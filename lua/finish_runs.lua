@@ -4,7 +4,13 @@
 -- ARGV[1] now (ms)
 -- ARGV[2] crashes after which a run is quarantined (FAILED, reason quarantined)
 -- then 6 per item: run id, token, outcome, data, error class, retry delay (ms)
+-- The queue's retry budget comes from its config hash (budget_config in common.lua):
+-- beyond it a retry is delayed by half a window more (reason retry_budget_exhausted;
+-- stats.budget_exhausted counts it).
 --   outcome: ok (data = encoded result) | error | fatal (never retried) | timeout | crash
+--   | review (non-idempotent side effect failed: FAILED, reason review, for an operator)
+--   | policy (authorization/policy: FAILED, reason policy) | deferred (an open circuit
+--   breaker: RETRY_WAIT after the delay, not counted as a failure)
 --   (data = error message) | interrupted (the handler let go at a safe boundary; data =
 --   'forced' when the worker had to kill it after the stop grace period). The delay is
 --   computed by the caller (backoff + full jitter).
@@ -14,6 +20,7 @@
 --   the run's current one (nothing changes; counted in stats.stale_finish).
 -- @include common
 local now, quarantine = tonumber(ARGV[1]), tonumber(ARGV[2])
+local ratio, floor_, window = budget_config()
 local out = {}
 for i = 3, #ARGV, 6 do
   local id, token, outcome, data, eclass, delay = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
@@ -57,17 +64,38 @@ for i = 3, #ARGV, 6 do
       transition(id, key, st, 'SUCCEEDED', 'succeeded', now, base)
       out[#out + 1] = 'SUCCEEDED'
     else
-      local fails = redis.call('HINCRBY', key, 'fails', 1)
+      local fails = 0
+      if outcome == 'deferred' then
+        fails = tonumber(redis.call('HGET', key, 'fails') or '0')
+      else
+        fails = redis.call('HINCRBY', key, 'fails', 1)
+      end
       local reason = 'retries_exhausted'
-      if outcome == 'fatal' or outcome == 'timeout' then reason = outcome end
+      if outcome == 'fatal' or outcome == 'timeout' or outcome == 'review' or outcome == 'policy' then
+        reason = outcome
+      end
       if outcome == 'crash' and redis.call('HINCRBY', key, 'crashes', 1) >= quarantine then
         reason = 'quarantined'
       end
       redis.call('HSET', key, 'error_class', eclass, 'error', data)
       for _, v in ipairs({'outcome', outcome, 'error_class', eclass, 'error', data}) do base[#base + 1] = v end
-      local retry = st == 'RUNNING' and outcome ~= 'fatal' and reason ~= 'quarantined'
-                    and fails <= tonumber(f[4])
-      if retry then
+      local retry = st == 'RUNNING' and outcome ~= 'fatal' and outcome ~= 'review' and outcome ~= 'policy'
+                    and reason ~= 'quarantined' and (fails <= tonumber(f[4]) or outcome == 'deferred')
+      if retry and f[6] == 'pause' then
+        -- the operator asked for a pause: park it instead of retrying (resume decides)
+        redis.call('HDEL', key, 'ctl')
+        base[#base + 1] = 'reason'; base[#base + 1] = 'paused_after_error'
+        transition(id, key, 'RUNNING', 'PAUSED', 'paused', now, base)
+        out[#out + 1] = 'PAUSED'
+      elseif retry then
+        if outcome == 'deferred' then
+          base[#base + 1] = 'reason'; base[#base + 1] = 'breaker_open'
+        elseif not budget_allows(now, ratio, floor_, window) then
+          delay = delay + math.floor(window / 2)
+          redis.call('HINCRBY', K_STATS, 'budget_exhausted', 1)
+          base[#base + 1] = 'reason'; base[#base + 1] = 'retry_budget_exhausted'
+        end
+        if outcome ~= 'deferred' then budget_count('r', now, window, 1) end
         local run_at = now + delay
         redis.call('HSET', key, 'run_at', run_at)
         redis.call('ZADD', K_DELAYED, run_at, id)

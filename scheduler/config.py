@@ -26,6 +26,10 @@ class Settings(msgspec.Struct, kw_only=True):
     """Crashes of the worker process (os._exit, segfault) before a run is quarantined."""
     backoff_base_ms: int = 1_000
     backoff_cap_ms: int = 300_000
+    retry_budget_ratio: float = 0.2
+    """Retries of a queue may not exceed floor + ratio x first attempts over the window (0: off)."""
+    retry_budget_floor: int = 10
+    retry_budget_window_ms: int = 60_000
     terminal_ttl_s: int = 3_600
     """How long a finished run's hash stays in Redis after the recorder committed it."""
 

@@ -136,3 +136,49 @@ def decode_lua_error(message: str) -> FencepostError:
     if code == "NO_RUN":
         return UnknownRun(int(args[0]))
     return FencepostError(message)
+
+
+# -- errors a handler raises to say what kind of failure it hit ---------------------------------
+class JobError(Exception):
+    """Base of the classified failures a handler may raise (or map its own exceptions to with
+    `@registry.job(errors={SomeError: "transient", ...})`). Unknown exceptions are transient."""
+
+    kind = "transient"
+
+
+class Transient(JobError):
+    """A dependency timed out or hiccupped: retried with exponential backoff and full jitter."""
+
+
+class RateLimited(JobError):
+    """The dependency said slow down: retried after `retry_after` seconds, and the queue's
+    claims are throttled for that long."""
+
+    kind = "rate_limited"
+
+    def __init__(self, message: str = "rate limited", *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class InvalidJobInput(JobError):
+    """The input can never succeed: failed at once, never retried."""
+
+    kind = "invalid_input"
+
+
+class SideEffectFailed(JobError):
+    """A non-idempotent side effect may or may not have happened: the run goes to the review
+    queue (FAILED, reason 'review') until an operator reconciles it."""
+
+    kind = "side_effect"
+
+
+class PolicyViolation(JobError):
+    """Authorization or policy refused the work: the run stops (FAILED, reason 'policy') and the
+    owner / security route is alerted."""
+
+    kind = "policy"
+
+
+ERROR_KINDS = ("transient", "rate_limited", "invalid_input", "side_effect", "policy")

@@ -32,7 +32,7 @@ class Keys:
     """The keys of one queue."""
 
     __slots__ = ("queue", "base", "due", "delayed", "active", "events", "seq", "token",
-                 "epoch", "paused", "wake", "stats")
+                 "epoch", "paused", "wake", "stats", "config", "throttle")
 
     def __init__(self, prefix: str, queue: str) -> None:
         self.queue = queue
@@ -43,11 +43,14 @@ class Keys:
         self.active = b + "active"    # ZSET run id -> lease expiry (ms): RUNNING and STOPPING runs
         self.events = b + "events"    # STREAM of transitions, read by the recorder group
         self.seq = b + "seq"          # counter for FIFO order within a priority
-        self.token = b + "token"      # counter, low 32 bits of fencing tokens in this epoch
+        self.token = b + "token"      # counter, low 40 bits of fencing tokens in this epoch
         self.epoch = b + "epoch"      # epoch stamp written by the reconciler (or queue creator)
         self.paused = b + "paused"    # exists while the whole queue is paused
         self.wake = b + "wake"        # LIST nudged on enqueue so idle workers wake without polling
-        self.stats = b + "stats"      # HASH of counters (stale finishes, ...)
+        self.stats = b + "stats"      # HASH of counters (stale_finish, budget_exhausted, ...)
+        self.config = b + "config"    # HASH budget_ratio / budget_floor / budget_window_ms (retry budget)
+        self.throttle = b + "throttle"  # max claims per call while a dependency rate-limits (PX = retry_after)
+        # also, built by Lua from `base`: budget:a:<bucket> / budget:r:<bucket> counters
 
     def run(self, run_id: int | str) -> str:
         return f"{self.base}run:{run_id}"

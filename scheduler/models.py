@@ -52,10 +52,12 @@ class JobSpec(msgspec.Struct, kw_only=True, frozen=True):
     """Handler enqueued with the cancelled run's id when it needs compensation."""
     migrates: bool = False
     """The handler can migrate older checkpoint schema versions to `version`."""
+    service: str | None = None
+    """The downstream dependency whose circuit breaker gates this handler's runs."""
 
     def options(self) -> dict[str, object]:
         return {"stop_grace_s": self.stop_grace_s, "side_effects": self.side_effects,
-                "compensate": self.compensate, "migrates": self.migrates}
+                "compensate": self.compensate, "migrates": self.migrates, "service": self.service}
 
 
 class Claimed(msgspec.Struct, frozen=True):

@@ -12,11 +12,14 @@ __all__ = ["Registry", "Handler", "load_registry"]
 
 
 class Handler:
-    __slots__ = ("spec", "fn", "migrate", "resume_check")
+    __slots__ = ("spec", "fn", "migrate", "resume_check", "errors")
 
     def __init__(self, spec: JobSpec, fn: Callable[..., Any], migrate: Callable[[int, Any], Any] | None = None,
-                 resume_check: Callable[..., str | None] | None = None) -> None:
+                 resume_check: Callable[..., str | None] | None = None,
+                 errors: dict[type, str] | None = None) -> None:
         self.spec, self.fn = spec, fn
+        self.errors = errors or {}
+        """Exception type -> error kind (transient, rate_limited, invalid_input, side_effect, policy)."""
         self.migrate = migrate
         """migrate(old_schema_version, state) -> state in the current version."""
         self.resume_check = resume_check
@@ -42,7 +45,13 @@ class Registry:
             resumable: bool = True, owner: str | None = None, stop_grace: float | None = None,
             side_effects: bool = False, compensate: str | None = None,
             migrate: Callable[[int, Any], Any] | None = None,
-            resume_check: Callable[..., str | None] | None = None) -> Callable[[Callable[..., Any]], Handler]:
+            resume_check: Callable[..., str | None] | None = None, errors: dict[type, str] | None = None,
+            depends_on_service: str | None = None) -> Callable[[Callable[..., Any]], Handler]:
+        """Declare a handler. `depends_on_service` puts its runs behind that dependency's
+        shared circuit breaker; `errors` maps the handler's own exception types to kinds."""
+        from worker.classify import validate_mapping
+
+        mapping = validate_mapping(errors or {})
         if model not in ("async", "thread", "process"):
             raise InvalidInput(f"model must be async, thread or process, not {model!r}", field="model")
 
@@ -50,8 +59,9 @@ class Registry:
             spec = JobSpec(name=name or f"{fn.__module__}.{fn.__qualname__}", model=model, queue=queue,
                            priority=priority, timeout_s=float(timeout), max_retries=max_retries,
                            version=version, resumable=resumable, owner=owner, stop_grace_s=stop_grace,
-                           side_effects=side_effects, compensate=compensate, migrates=migrate is not None)
-            handler = Handler(spec, fn, migrate, resume_check)
+                           side_effects=side_effects, compensate=compensate, migrates=migrate is not None,
+                           service=depends_on_service)
+            handler = Handler(spec, fn, migrate, resume_check, mapping)
             self.handlers[spec.name] = handler
             return handler
 

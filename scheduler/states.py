@@ -1,7 +1,7 @@
 """The run state machine: the one place that says which transitions exist.
 
 Lua scripts do not carry their own copy: `scripts.py` renders `TRANSITIONS` into
-`lua/includes/states.lua` at load time, so a script can only take an edge listed
+`lua/includes/common.lua` (at `-- @states`) at load time, so a script can only take an edge listed
 here (anything else raises `ILLEGAL_TRANSITION` inside Redis, before any write).
 """
 

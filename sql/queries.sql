@@ -106,9 +106,12 @@ UPDATE runs r SET
     last_error_class = COALESCE(u.error_class, r.last_error_class),
     reason = COALESCE(u.reason, r.reason),
     result = CASE WHEN u.status = 'SUCCEEDED' THEN u.result END,
-    pause_requested = u.status = 'RUNNING' AND COALESCE(u.ctl, CASE WHEN r.pause_requested THEN 'pause' END) = 'pause',
-    stop_requested = u.status = 'STOPPING' AND COALESCE(u.ctl, CASE WHEN r.cancel_requested THEN 'cancel' ELSE 'stop' END) = 'stop',
-    cancel_requested = u.status = 'STOPPING' AND COALESCE(u.ctl, CASE WHEN r.cancel_requested THEN 'cancel' END) = 'cancel',
+    pause_requested = u.status = 'RUNNING'
+        AND COALESCE(u.ctl, CASE WHEN r.pause_requested THEN 'pause' END) IS NOT DISTINCT FROM 'pause',
+    stop_requested = u.status = 'STOPPING'
+        AND COALESCE(u.ctl, CASE WHEN r.cancel_requested THEN 'cancel' ELSE 'stop' END) IS NOT DISTINCT FROM 'stop',
+    cancel_requested = u.status = 'STOPPING'
+        AND COALESCE(u.ctl, CASE WHEN r.cancel_requested THEN 'cancel' END) IS NOT DISTINCT FROM 'cancel',
     gen = COALESCE(u.gen, r.gen),
     forced = CASE WHEN u.status IN ('STOPPED', 'CANCELLED') THEN COALESCE(u.forced, false)
                   WHEN u.status = 'PENDING' THEN false ELSE r.forced END,

@@ -37,10 +37,13 @@ class Acknowledger:
         self.finished: dict[str, int] = defaultdict(int)
 
     def add(self, queue: str, run_id: int, token: int, attempt: int, kind: str, data: bytes | str,
-            error_class: str) -> asyncio.Future[str]:
+            error_class: str, retry_after: float | None = None) -> asyncio.Future[str]:
         """Queue one outcome; the future resolves to the run's new state or 'STALE'."""
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        delay = backoff_ms(attempt, self._base, self._cap) if kind != "ok" else 0
+        if retry_after is not None:  # the dependency said when (rate limit, open breaker): a little jitter only
+            delay = int(retry_after * 1000 * random.uniform(1.0, 1.2))
+        else:
+            delay = backoff_ms(attempt, self._base, self._cap) if kind != "ok" else 0
         self._pending[queue].append(([run_id, token, kind, data, error_class, delay], fut))
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.ensure_future(self._flush_loop())

@@ -21,6 +21,7 @@ from scheduler.models import Claimed, decode_payload, encode_result
 from scheduler.registry import Registry
 
 from .checkpoints import Checkpoints
+from .classify import OUTCOME_OF_KIND, classify
 from .context import Context, Interrupt, LeaseLost
 from .procpool import ChildCrashed, ProcessPool, RemoteError
 
@@ -28,9 +29,12 @@ __all__ = ["Outcome", "Executors"]
 
 
 class Outcome(msgspec.Struct, frozen=True):
-    kind: str  # ok | error | fatal | timeout | crash | interrupted | lost
+    kind: str  # finish_runs outcome: ok | error | fatal | timeout | crash | review | policy | deferred | interrupted | lost
     data: bytes | str = b""
     error_class: str = ""
+    retry_after: float | None = None
+    """Seconds before the retry (rate limited, breaker open) instead of the backoff."""
+    error_kind: str | None = None
 
 
 class Executors:
@@ -83,13 +87,15 @@ class Executors:
         except ChildCrashed as exc:
             return Outcome("crash", str(exc), "WorkerCrash")
         except RemoteError as exc:
-            return _classify(exc.error_class, str(exc))
+            return Outcome(OUTCOME_OF_KIND[exc.kind], str(exc), exc.error_class, exc.retry_after, exc.kind)
         except (InvalidInput, msgspec.DecodeError) as exc:
             return Outcome("fatal", str(exc), type(exc).__name__)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every handler error becomes an outcome
-            return _classify(type(exc).__name__, f"{exc}\n{traceback.format_exc(limit=5)}"[:4000])
+            kind, retry_after = classify(exc, handler.errors)
+            return Outcome(OUTCOME_OF_KIND[kind], f"{exc}\n{traceback.format_exc(limit=5)}"[:4000],
+                           type(exc).__name__, retry_after, kind)
 
     async def _run_thread(self, fn: Any, ctx: Context, args: list[Any], kwargs: dict[str, Any], timeout: float) -> Outcome:
         loop = asyncio.get_running_loop()
@@ -109,8 +115,3 @@ class Executors:
     def _thread_returned(self, _fut: Any) -> None:
         with self._lock:
             self.leaked_threads -= 1
-
-
-def _classify(error_class: str, message: str) -> Outcome:
-    # Typed error classes arrive with the error-classes issue; unknown errors are transient.
-    return Outcome("error", message, error_class)

@@ -33,9 +33,11 @@ class ChildCrashed(Exception):
 
 
 class RemoteError(Exception):
-    def __init__(self, error_class: str, message: str) -> None:
+    """A handler in a child process raised; it was classified there (the child has the registry)."""
+
+    def __init__(self, error_class: str, message: str, kind: str = "transient", retry_after: float | None = None) -> None:
         super().__init__(message)
-        self.error_class = error_class
+        self.error_class, self.kind, self.retry_after = error_class, kind, retry_after
 
 
 class _ChildContext(SyncContext):
@@ -80,7 +82,10 @@ def _child_main(app: str, conn: Connection) -> None:
         except LeaseLost as exc:
             conn.send(("lost", str(exc)))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent, never raised here
-            conn.send(("err", type(exc).__name__, f"{exc}\n{traceback.format_exc(limit=5)}"[:4000]))
+            from .classify import classify
+
+            kind, retry_after = classify(exc, registry[handler].errors if handler in registry else None)
+            conn.send(("err", type(exc).__name__, f"{exc}\n{traceback.format_exc(limit=5)}"[:4000], kind, retry_after))
 
 
 class _Child:
@@ -165,7 +170,7 @@ class ProcessPool:
             raise Interrupt(reply[1])
         if reply[0] == "lost":
             raise LeaseLost(reply[1])
-        raise RemoteError(reply[1], reply[2])
+        raise RemoteError(reply[1], reply[2], reply[3], reply[4])
 
     async def close(self) -> None:
         for child in list(self._children):

@@ -96,6 +96,11 @@ class Worker:
             client.stores = self.stores
             await client.register(self.registry)
         await self.executors.start()
+        s = self.settings
+        for q in self.opts.queues:  # the retry budget is per queue, shared by its workers
+            await self.stores.redis.hset(self.stores.keys(q).config, mapping={
+                "budget_ratio": s.retry_budget_ratio, "budget_floor": s.retry_budget_floor,
+                "budget_window_ms": s.retry_budget_window_ms})
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -232,7 +237,7 @@ class Worker:
                 outcome = Outcome("timeout", f"exceeded its timeout of {job.timeout_ms / 1000:g}s", "Timeout")
             if job.id in self.running and self.running[job.id] is entry:
                 await self.acks.add(job.queue, job.id, job.token, job.attempt, outcome.kind, outcome.data,
-                                    outcome.error_class)
+                                    outcome.error_class, outcome.retry_after)
         except asyncio.CancelledError:
             pass
         finally:

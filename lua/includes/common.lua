@@ -71,6 +71,41 @@ local function refuse(id, state, verb)
   error({err = 'STATE ' .. id .. ' ' .. state .. ' ' .. verb})
 end
 
+-- Retry budget: retries of a queue may not exceed floor + ratio * first attempts over a
+-- sliding window (12 buckets, each a counter key with a TTL, in the queue's hash slot).
+-- Configured per queue in the hash BASE..'config' (workers write it from their settings;
+-- absent = no budget): budget_ratio, budget_floor, budget_window_ms.
+local function budget_config()
+  local c = redis.call('HMGET', BASE .. 'config', 'budget_ratio', 'budget_floor', 'budget_window_ms')
+  return tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0')
+end
+local function budget_key(kind, now, window)
+  local width = math.floor(window / 12)
+  return BASE .. 'budget:' .. kind .. ':' .. math.floor(now / width), width
+end
+
+local function budget_count(kind, now, window, n)
+  if window <= 0 or n == 0 then return end
+  local key, width = budget_key(kind, now, window)
+  redis.call('INCRBY', key, n)
+  redis.call('PEXPIRE', key, window + width)
+end
+
+local function budget_allows(now, ratio, floor_, window)
+  if ratio <= 0 or window <= 0 then return true end
+  local width = math.floor(window / 12)
+  local b = math.floor(now / width)
+  local ak, rk = {}, {}
+  for i = 0, 11 do
+    ak[#ak + 1] = BASE .. 'budget:a:' .. (b - i)
+    rk[#rk + 1] = BASE .. 'budget:r:' .. (b - i)
+  end
+  local firsts, retries = 0, 0
+  for _, v in ipairs(redis.call('MGET', unpack(ak))) do firsts = firsts + (tonumber(v) or 0) end
+  for _, v in ipairs(redis.call('MGET', unpack(rk))) do retries = retries + (tonumber(v) or 0) end
+  return retries < floor_ + ratio * firsts
+end
+
 local function due_score(priority)
   return (255 - tonumber(priority)) * TOKEN_SPAN + redis.call('INCR', K_SEQ)
 end
