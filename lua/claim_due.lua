@@ -50,14 +50,14 @@ for i = 1, count do
   local id = popped[2 * i - 1]
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'attempt', 'handler', 'payload', 'timeout_ms',
-                       'max_retries', 'fire_time', 'trace', 'gen')
+                       'max_retries', 'fire_time', 'trace', 'gen', 'run_at')
   if f[1] == 'PENDING' then
     local attempt = (tonumber(f[2]) or 0) + 1
     if attempt == 1 then firsts = firsts + 1 end
     local token = string.format('%.0f', first + i)
     redis.call('HSET', key, 'attempt', attempt, 'token', token, 'worker', worker, 'lease_until', lease)
     transition(id, key, 'PENDING', 'RUNNING', 'claimed', now,
-               {'attempt', attempt, 'token', token, 'worker', worker, 'lease', lease})
+               {'attempt', attempt, 'token', token, 'worker', worker, 'lease', lease, 'due', f[10] or now})
     redis.call('ZADD', K_ACTIVE, lease, id)
     local n = #out
     out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, token, attempt, f[3], f[4]

@@ -20,9 +20,13 @@ import asyncpg
 from redis.exceptions import ResponseError
 
 from scheduler.db import query
+
+from . import gauges
 from scheduler.models import encode_payload
 from scheduler.states import TERMINAL
 from scheduler.stores import Stores
+
+from . import workflows
 
 log = logging.getLogger("fencepost.recorder")
 
@@ -51,6 +55,7 @@ class Recorder:
         self.claim_idle_ms = claim_idle_ms
         self._groups: set[str] = set()
         self.recorded = 0
+        self._expired_at: dict[int, int] = {}
         self.last_lag_s = 0.0
 
     async def _ensure_groups(self, queues: list[str]) -> list[str]:
@@ -169,11 +174,13 @@ class Recorder:
                 runs, attempts = self._fold(entries, new if len(new) != len(entries) else None)
                 if runs:
                     await conn.execute(query("apply_runs"), *runs)
+                    await workflows.on_recorded(conn, runs[0], runs[1])  # release / cancel dependents
                 if attempts:
                     await conn.execute(query("apply_attempts"), *attempts)
                 if self._compensations:
                     await conn.execute(query("insert_compensations"), *map(list, zip(*self._compensations)))
         await self._acknowledge(entries, runs)
+        self._observe(entries, new if len(new) != len(entries) else None)
         self.recorded += len(new)
         self.last_lag_s = max(0.0, time.time() - int(entries[-1][2][b"ts"]) / 1000)
 
@@ -252,6 +259,32 @@ class Recorder:
                                    att.get("outcome"), att.get("eclass"), att.get("emsg"))):
                 acols[i].append(v)
         return (rcols if runs else []), (acols if atts else [])
+
+    def _observe(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], only: set[tuple[str, int]] | None) -> None:
+        """Metrics from the transitions just committed (once each: replays are skipped)."""
+        for stream, entry_id, f in entries:
+            if only is not None and (stream, stream_id_int(entry_id)) not in only:
+                continue
+            typ = f[b"type"].decode()
+            gauges.RECORDED.labels(typ).inc()
+            action = gauges.CONTROL_TYPES.get(typ)
+            if action is not None:
+                gauges.CONTROL.labels(action).inc()
+            queue = stream[stream.index("{") + 1: stream.index("}")]
+            run_id = int(f[b"run"])
+            if typ == "claimed":
+                ts = int(f[b"ts"])
+                due = f.get(b"due")
+                if due:
+                    gauges.SCHEDULE_LAG.labels(queue).observe(max(0, ts - int(due)) / 1000)
+                expired = self._expired_at.pop(run_id, None)
+                if expired is not None:
+                    gauges.RECOVERY.labels(queue).observe(max(0, ts - expired) / 1000)
+            elif typ == "lease_expired" and f[b"to"] == b"PENDING":
+                if len(self._expired_at) > 100_000:
+                    self._expired_at.clear()
+                self._expired_at[run_id] = int(f[b"ts"])
+        gauges.RECORDER_LAG.set(self.last_lag_s)
 
     async def _acknowledge(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], runs: list[list[Any]]) -> None:
         by_stream: dict[str, list[bytes]] = {}

@@ -80,6 +80,16 @@ async def db_upgrade(settings: Settings) -> None:
 
 
 # -- producer ------------------------------------------------------------------------------------
+def serve_metrics(port: int) -> None:
+    """/metrics for Prometheus; bound to FENCEPOST_METRICS_ADDR (default loopback)."""
+    if port:
+        import os
+
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=os.environ.get("FENCEPOST_METRICS_ADDR", "127.0.0.1"))
+
+
 def _json_arg(value: str | None, what: str, kind: type) -> Any:
     if value is None:
         return kind()
@@ -219,12 +229,15 @@ async def dlq(settings: Settings, queue: str | None, limit: int) -> None:
 @click.option("--processes", type=int, default=None, help="Size of the process pool (default: CPU count).")
 @click.option("--grace", type=float, default=30.0, show_default=True, help="Seconds to finish running jobs on SIGTERM.")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
+@click.option("--metrics-port", type=int, default=0, envvar="FENCEPOST_METRICS_PORT",
+              help="Serve Prometheus /metrics on this port (0: off).")
 @command
 async def worker(settings: Settings, app: str, queues: tuple[str, ...], concurrency: int, processes: int | None,
-                 grace: float, burst: bool) -> None:
+                 grace: float, burst: bool, metrics_port: int) -> None:
     """Run a worker."""
     import os
 
+    serve_metrics(metrics_port)
     from worker.runtime import Worker, WorkerOptions
 
     from .registry import load_registry
@@ -237,9 +250,12 @@ async def worker(settings: Settings, app: str, queues: tuple[str, ...], concurre
 
 
 @cli.command()
+@click.option("--metrics-port", type=int, default=0, envvar="FENCEPOST_METRICS_PORT",
+              help="Serve Prometheus /metrics on this port (0: off).")
 @command
-async def reconciler(settings: Settings) -> None:
+async def reconciler(settings: Settings, metrics_port: int) -> None:
     """Run the recorder (Redis Streams -> PostgreSQL), stamps/rebuilds, reaper and outbox relay."""
+    serve_metrics(metrics_port)
     from reconciler.service import Reconciler
 
     await Reconciler(settings).run()

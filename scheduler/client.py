@@ -21,6 +21,7 @@ from .models import JobSpec, Outcome, Submit, decode_result, encode_payload
 from .registry import Handler, Registry
 from .states import RESTING, Status
 from .stores import Stores
+from .workflows import WorkflowMixin
 
 __all__ = ["Client", "SyncClient", "enqueue_rows"]
 
@@ -57,7 +58,7 @@ def _spec(row: Any) -> JobSpec:
     return msgspec.convert({**data, **options}, JobSpec)
 
 
-class Client(ControlMixin):
+class Client(ControlMixin, WorkflowMixin):
     """Async client. A submit returns only after PostgreSQL committed the run."""
 
     def __init__(self, redis_url: str | None = None, database_url: str | None = None, *,

@@ -72,8 +72,9 @@ async def upgrade(conn: asyncpg.Connection) -> list[str]:
 
 
 _UNAVAILABLE = (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
-                asyncpg.exceptions.OperatorInterventionError)
-"""Connection lost, server shutting down or restarting (pg_terminate_backend, failover)."""
+                asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.InternalClientError)
+"""Connection lost, server shutting down or restarting (pg_terminate_backend, failover); the
+last one is asyncpg's protocol state left behind by a connection killed mid-statement."""
 
 
 class Database:

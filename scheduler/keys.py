@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["Keys", "QUEUES_KEY", "valid_queue_name"]
+__all__ = ["Keys", "QUEUES_KEY", "valid_queue_name", "breaker_keys"]
 
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -26,6 +26,12 @@ def valid_queue_name(name: str) -> bool:
 def QUEUES_KEY(prefix: str) -> str:  # noqa: N802 - a key template, read like a constant
     """Set of known queue names (discovery only; not tagged, not on the hot path)."""
     return f"{prefix}:queues"
+
+
+def breaker_keys(prefix: str, service: str) -> list[str]:
+    """KEYS of the breaker scripts: state hash, probe lock, bucket prefix (one hash tag per breaker)."""
+    tag = f"{prefix}:{{breaker:{service}}}:"
+    return [tag + "state", tag + "probe", tag]
 
 
 class Keys:

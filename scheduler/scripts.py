@@ -49,13 +49,15 @@ class Scripts:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._scripts = {name: redis.register_script(render(name)) for name in SCRIPT_NAMES}
 
-    async def run(self, name: str, keys: Keys, args: Sequence[Any]) -> Any:
+    async def run(self, name: str, keys: Keys | list[str], args: Sequence[Any]) -> Any:
+        """Run a script on a queue's keys (or, for the few non-queue scripts, explicit keys)."""
+        key_list = keys.script_keys() if isinstance(keys, Keys) else keys
         try:
-            return await self._scripts[name](keys=keys.script_keys(), args=args)
+            return await self._scripts[name](keys=key_list, args=args)
         except ResponseError as exc:
             msg = str(exc)
             if msg.startswith("UNSTAMPED"):
-                raise NotStamped(keys.queue) from None
+                raise NotStamped(keys.queue if isinstance(keys, Keys) else "?") from None
             raise decode_lua_error(msg) from None
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise RedisUnavailable(f"redis unreachable: {exc}") from exc

@@ -68,7 +68,9 @@ async def _wait_state(stores: Stores, run_id: int, states: set[str], timeout: fl
     try:
         return await wait_until(check, timeout=timeout, what=what or f"run {run_id} to reach {sorted(states)}")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; state is {await _state(stores, run_id)}\n--- log ---\n{_tail(log)}") from None
+        h = await stores.redis.hgetall(stores.keys("tq").run(run_id))
+        h.pop(b"payload", None)
+        raise AssertionError(f"{exc}; run hash is {h}\n--- log ---\n{_tail(log)}") from None
 
 
 async def _val(stores: Stores, sql: str, *args: Any) -> Any:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from scheduler.models import decode_result, encode_result
 from scheduler.registry import Registry
 from scheduler.stores import Stores
 
+from . import metrics
 from .context import Context, Interrupt, LeaseLost
 
 __all__ = ["Checkpoints"]
@@ -39,10 +41,13 @@ class Checkpoints:
                                             self._schema_version(ctx.handler), raw, processed)
         if row is None:
             self.refused += 1
+            metrics.STALE.labels(ctx.queue, "checkpoint").inc()
             ctx._stop = True
             raise LeaseLost(f"run {ctx.run_id}: checkpoint of token {ctx.token} fenced off by a newer attempt")
         self.written += 1
+        metrics.CHECKPOINTS.labels(ctx.handler).inc()
         ctx.checkpoint_version, ctx.processed = row["version"], processed
+        ctx.checkpointed_at = time.time()
         ctx._ctl = ctl.decode() if ctl else None
         if ctx._ctl in ("pause", "stop", "cancel"):
             raise Interrupt(ctx._ctl)

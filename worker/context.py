@@ -32,7 +32,8 @@ class Context:
     """
 
     __slots__ = ("run_id", "attempt", "token", "queue", "handler", "fire_time", "trace", "worker_id", "gen",
-                 "checkpoint_data", "checkpoint_version", "processed", "_log", "_stop", "_ctl", "_writer")
+                 "checkpoint_data", "checkpoint_version", "processed", "checkpointed_at", "_log", "_stop", "_ctl",
+                 "_writer")
 
     def __init__(self, run_id: int, attempt: int, token: int, queue: str, handler: str,
                  fire_time: int | None = None, trace: str | None = None, worker_id: str = "", gen: int = 0) -> None:
@@ -43,6 +44,7 @@ class Context:
         """The latest committed checkpoint's state when this attempt started (None: start fresh)."""
         self.checkpoint_version = 0
         self.processed: int | None = None
+        self.checkpointed_at: float | None = None
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
         self._stop = False
         self._ctl: str | None = None

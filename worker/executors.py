@@ -42,6 +42,10 @@ class Executors:
         h = self.registry.handlers.get(handler)
         return h.spec.model if h is not None else "async"
 
+    def spec(self, handler: str) -> Any:
+        h = self.registry.handlers.get(handler)
+        return h.spec if h is not None else None
+
     def __init__(self, registry: Registry, app: str | None, *, threads: int, processes: int,
                  checkpoints: Checkpoints | None = None) -> None:
         self.registry = registry
@@ -50,6 +54,7 @@ class Executors:
         self.procs = ProcessPool(app, processes) if app and processes > 0 and any(
             h.spec.model == "process" for h in registry.handlers.values()) else None
         self.leaked_threads = 0
+        self.threads_busy = 0
         self._lock = threading.Lock()
 
     async def start(self) -> None:
@@ -99,7 +104,9 @@ class Executors:
 
     async def _run_thread(self, fn: Any, ctx: Context, args: list[Any], kwargs: dict[str, Any], timeout: float) -> Outcome:
         loop = asyncio.get_running_loop()
+        self.threads_busy += 1
         fut = loop.run_in_executor(self._threads, lambda: fn(ctx, *args, **kwargs))
+        fut.add_done_callback(self._thread_done)
         try:
             result = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except (TimeoutError, asyncio.CancelledError):
@@ -111,6 +118,9 @@ class Executors:
             fut.add_done_callback(self._thread_returned)
             raise
         return Outcome("ok", encode_result(result))
+
+    def _thread_done(self, _fut: Any) -> None:
+        self.threads_busy -= 1
 
     def _thread_returned(self, _fut: Any) -> None:
         with self._lock:

@@ -161,6 +161,9 @@ class ProcessPool:
                 child.kill()
                 self._children.discard(child)
                 self.rebuilds += 1
+                from . import metrics
+
+                metrics.POOL_REBUILDS.inc()
                 replacement = await loop.run_in_executor(self._io, _Child, self.app)
                 self._children.add(replacement)
                 self._idle.put_nowait(replacement)
@@ -171,6 +174,9 @@ class ProcessPool:
         if reply[0] == "lost":
             raise LeaseLost(reply[1])
         raise RemoteError(reply[1], reply[2], reply[3], reply[4])
+
+    def idle(self) -> int:
+        return self._idle.qsize()
 
     async def close(self) -> None:
         for child in list(self._children):

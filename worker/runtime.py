@@ -25,6 +25,8 @@ from scheduler.stores import Stores
 
 from .acks import Acknowledger
 from .context import Context, SyncContext
+from . import metrics
+from .breakers import Breakers
 from .checkpoints import Checkpoints
 from .executors import Executors, Outcome
 
@@ -48,6 +50,10 @@ class WorkerOptions:
     reap_every_s: float = 2.0
     burst: bool = False
     """Exit once every queue is empty and nothing runs (deterministic tests, one-off drains)."""
+
+
+def _band(attempt: int) -> str:
+    return str(attempt) if attempt < 3 else "3+"
 
 
 class _Running:
@@ -76,6 +82,7 @@ class Worker:
                                    processes=min(self.opts.processes, self.opts.concurrency),
                                    checkpoints=self.checkpoints)
         self.acks = Acknowledger(self.stores)
+        self.breakers = Breakers(self.stores)
         self.running: dict[int, _Running] = {}
         self.lost = 0
         self.claimed = 0
@@ -110,7 +117,8 @@ class Worker:
         log.info("worker %s serving %s (concurrency %d)", self.id, ",".join(self.opts.queues),
                  self.opts.concurrency, extra={"event": "worker_started", "worker_id": self.id})
         helpers = [asyncio.create_task(self._keep_leases()), asyncio.create_task(self._reap()),
-                   asyncio.create_task(self._watchdog())]
+                   asyncio.create_task(self._watchdog()), asyncio.create_task(self.breakers.run()),
+                   asyncio.create_task(self._observe())]
         try:
             await self._claim_loop()
             await self._drain()
@@ -187,6 +195,8 @@ class Worker:
             self.running[job.id] = entry
             entry.task = asyncio.create_task(self._execute(entry))
         self.claimed += count
+        if count:
+            metrics.CLAIMED.labels(queue).inc(count)
         return count
 
     async def _wait_for_work(self) -> None:
@@ -214,10 +224,23 @@ class Worker:
     # -- executor ------------------------------------------------------------------------------
     async def _execute(self, entry: _Running) -> None:
         job = entry.job
+        spec = self.executors.spec(job.handler)
+        service = spec.service if spec is not None else None
+        probe = False
+        started = time.monotonic()
         try:
             try:
+                if service is not None:
+                    allowed, wait_s, probe = await self.breakers.check(service)
+                    if not allowed:  # the dependency is down: wait in RETRY_WAIT, not a failure
+                        metrics.DEFERRED.labels(service).inc()
+                        await self._finish(entry, Outcome("deferred", f"circuit breaker for {service} is open",
+                                                          "BreakerOpen", wait_s), None)
+                        return
                 if job.attempt > 1:
                     await self.checkpoints.load(entry.ctx)
+                metrics.DISPATCH_LATENCY.labels(job.queue).observe(time.monotonic() - started)
+                started = time.monotonic()
                 outcome = await self.executors.run(job, entry.ctx)
             except asyncio.CancelledError:
                 if entry.forced:
@@ -235,15 +258,74 @@ class Worker:
                 outcome = Outcome("interrupted", "forced")
             if entry.timed_out and outcome.kind == "ok":  # the handler swallowed the cancellation
                 outcome = Outcome("timeout", f"exceeded its timeout of {job.timeout_ms / 1000:g}s", "Timeout")
-            if job.id in self.running and self.running[job.id] is entry:
-                await self.acks.add(job.queue, job.id, job.token, job.attempt, outcome.kind, outcome.data,
-                                    outcome.error_class, outcome.retry_after)
+            if service is not None and outcome.kind in ("ok", "error", "timeout", "crash"):
+                self.breakers.record(service, outcome.kind == "ok", probe)
+            metrics.DURATION.labels(job.handler, _band(job.attempt)).observe(time.monotonic() - started)
+            await self._finish(entry, outcome, spec.model if spec is not None else "async")
         except asyncio.CancelledError:
             pass
         finally:
             if self.running.get(job.id) is entry:
                 del self.running[job.id]
             self._slot_freed.set()
+
+    async def _finish(self, entry: _Running, outcome: Outcome, model: str | None) -> None:
+        job = entry.job
+        if outcome.error_kind is not None:
+            metrics.ERRORS.labels(job.handler, outcome.error_kind).inc()
+            if outcome.error_kind == "rate_limited" and outcome.retry_after:
+                await self._throttle(job.queue, outcome.retry_after)
+        if entry.forced and model is not None:
+            metrics.FORCED.labels(job.handler, model).inc()
+        if self.running.get(job.id) is not entry:
+            return
+        state = await self.acks.add(job.queue, job.id, job.token, job.attempt, outcome.kind, outcome.data,
+                                    outcome.error_class, outcome.retry_after)
+        if state == "STALE":
+            metrics.STALE.labels(job.queue, "finish").inc()
+            return
+        metrics.FINISHED.labels(job.queue, job.handler, state).inc()
+        if state == "SUCCEEDED":
+            metrics.ATTEMPTS_PER_SUCCESS.labels(job.handler).observe(job.attempt)
+
+    async def _throttle(self, queue: str, retry_after: float) -> None:
+        """A dependency said slow down: cap every worker's claims on this queue while it lasts."""
+        in_queue = sum(1 for e in self.running.values() if e.job.queue == queue)
+        try:
+            await self.stores.redis.set(self.stores.keys(queue).throttle, max(1, in_queue // 2),
+                                        px=max(int(retry_after * 1000), 1))
+            metrics.THROTTLED.labels(queue).inc()
+        except Exception as exc:  # noqa: BLE001 - throttling is advisory
+            log.debug("could not throttle %s: %s", queue, exc)
+
+    # -- gauges --------------------------------------------------------------------------------
+    async def _observe(self, period: float = 1.0) -> None:
+        """Gauges and the event-loop lag probe (how long a call_soon callback waits)."""
+        loop = asyncio.get_running_loop()
+        metrics.CONCURRENCY.set(self.opts.concurrency)
+        while True:
+            t0 = loop.time()
+            fut = loop.create_future()
+            loop.call_soon(fut.set_result, None)
+            await fut
+            metrics.LOOP_LAG.observe(loop.time() - t0)
+            per_queue = dict.fromkeys(self.opts.queues, 0)
+            for e in self.running.values():
+                per_queue[e.job.queue] = per_queue.get(e.job.queue, 0) + 1
+            for q, n in per_queue.items():
+                metrics.RUNNING.labels(q).set(n)
+            busy = len(self.running) + self.executors.leaked_threads
+            metrics.UTILIZATION.set(busy / self.opts.concurrency)
+            metrics.LEAKED.set(self.executors.leaked_threads)
+            metrics.POOL_BUSY.labels("thread").set(self.executors.threads_busy + self.executors.leaked_threads)
+            metrics.POOL_SIZE.labels("thread").set(self.opts.concurrency)
+            if self.executors.procs is not None:
+                metrics.POOL_SIZE.labels("process").set(self.executors.procs.size)
+                metrics.POOL_BUSY.labels("process").set(self.executors.procs.size - self.executors.procs.idle())
+            now = time.time()
+            ages = [now - e.ctx.checkpointed_at for e in self.running.values() if e.ctx.checkpointed_at]
+            metrics.CHECKPOINT_AGE.set(max(ages) if ages else 0)
+            await asyncio.sleep(period)
 
     # -- watchdog ------------------------------------------------------------------------------
     async def _watchdog(self, period: float = 0.05) -> None:
@@ -293,13 +375,17 @@ class Worker:
                 args: list[Any] = [int(time.time() * 1000), self.lease_ms]
                 for e in entries:
                     args += [e.job.id, e.job.token]
+                t0 = time.monotonic()
                 try:
                     replies = await self.stores.scripts.run("renew_leases", self.stores.keys(queue), args)
+                    metrics.HEARTBEAT.labels(queue).observe(time.monotonic() - t0)
+                    metrics.RENEWALS.labels(queue).inc(sum(1 for r in replies if r != 0))
                 except Exception as exc:  # noqa: BLE001 - a missed renewal is retried next period
                     log.warning("lease renewal failed: %s", exc, extra={"event": "renew_failed", "queue": queue})
                     continue
                 for e, reply in zip(entries, replies):
                     if reply == 0:
+                        metrics.LEASES_LOST.labels(queue).inc()
                         self._abandon(e)
                     elif isinstance(reply, bytes):
                         e.ctx._ctl = reply.decode()
@@ -325,7 +411,9 @@ class Worker:
             await asyncio.sleep(self.opts.reap_every_s)
             for q in self.opts.queues:
                 try:
-                    await self.stores.scripts.run("reap_expired", self.stores.keys(q), [int(time.time() * 1000), 500])
+                    n = await self.stores.scripts.run("reap_expired", self.stores.keys(q), [int(time.time() * 1000), 500])
+                    if n:
+                        metrics.LEASE_EXPIRIES.labels(q).inc(n)
                 except Exception as exc:  # noqa: BLE001
                     log.debug("reap failed: %s", exc)
 

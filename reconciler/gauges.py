@@ -1,0 +1,113 @@
+"""Fleet-wide gauges the reconciler publishes (queue depth and age, dead-letter and review
+queues, retry budgets, recorder lag) and the stuck-run detector behind the SLA alerts.
+
+Bounded labels only: queue, priority band, state, reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from scheduler.stores import Stores
+
+log = logging.getLogger("fencepost.reconciler")
+
+DEPTH = Gauge("fencepost_queue_depth", "Runs waiting in Redis by queue, priority band and kind (due/delayed/active)",
+              ["queue", "band", "kind"])
+OLDEST = Gauge("fencepost_queue_oldest_pending_seconds", "Age of the oldest due run (now - run_at)", ["queue"])
+DEAD = Gauge("fencepost_dead_letter_runs", "Runs in the dead-letter view (FAILED / TIMED_OUT, not review)", ["queue"])
+REVIEW = Gauge("fencepost_review_queue_runs", "Runs waiting for an operator to reconcile a side effect", ["queue"])
+STUCK = Gauge("fencepost_stuck_runs", "Runs in RUNNING / STOPPING / PAUSED beyond their SLA", ["queue", "state"])
+STUCK_EVENTS = Counter("fencepost_stuck_detected_total", "Runs newly found stuck beyond their SLA", ["queue", "state"])
+BUDGET_EXHAUSTED = Gauge("fencepost_retry_budget_exhausted", "Retries delayed by the queue's retry budget (counter in Redis)",
+                         ["queue"])
+STALE_FINISH = Gauge("fencepost_stale_finishes", "Finishes refused for a stale token (counter in Redis)", ["queue"])
+RECORDER_LAG = Gauge("fencepost_recorder_lag_seconds", "Age of the newest transition the recorder committed when it did")
+RECORDED = Counter("fencepost_recorded_events_total", "Transitions written to PostgreSQL by the recorder", ["type"])
+CONTROL = Counter("fencepost_control_actions_total", "Operator commands and forced stops, from the history", ["action"])
+SCHEDULE_LAG = Histogram("fencepost_schedule_lag_seconds", "Claim time minus run_at (due time)", ["queue"],
+                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900))
+RECOVERY = Histogram("fencepost_recovery_seconds", "Lease expiry of an interrupted attempt to the next claim",
+                     ["queue"], buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900))
+
+CONTROL_TYPES = {"pause_requested": "pause", "paused": "pause", "stop_requested": "stop", "cancelled": "cancel",
+                 "cancel_requested": "cancel", "resumed": "resume", "restarted": "restart", "retried": "retry",
+                 "stop_escalated": "forced", "resolved": "resolve"}
+BANDS = (("high", 200, 255), ("normal", 100, 199), ("low", 0, 99))
+_SPAN = 2 ** 40
+
+
+class Gauges:
+    def __init__(self, stores: Stores, *, sla: dict[str, float] | None = None) -> None:
+        self.stores = stores
+        # seconds a run may sit in a state before it counts as stuck
+        self.sla = sla or {"RUNNING": 3600.0, "STOPPING": 300.0, "PAUSED": 86400.0}
+        self._stuck_seen: set[int] = set()
+
+    async def observe(self, queues: list[str]) -> None:
+        r = self.stores.redis
+        now = time.time()
+        for q in queues:
+            k = self.stores.keys(q)
+            pipe = r.pipeline(transaction=False)
+            for _, lo, hi in BANDS:  # due score = (255 - priority) * 2^40 + seq
+                pipe.zcount(k.due, (255 - hi) * _SPAN, (256 - lo) * _SPAN - 1)
+            pipe.zcard(k.delayed)
+            pipe.zcard(k.active)
+            pipe.zrange(k.due, 0, 0)
+            pipe.hmget(k.stats, "budget_exhausted", "stale_finish")
+            *bands, delayed, active, first, stats = await pipe.execute()
+            for (name, _, _), n in zip(BANDS, bands):
+                DEPTH.labels(q, name, "due").set(n)
+            DEPTH.labels(q, "all", "delayed").set(delayed)
+            DEPTH.labels(q, "all", "active").set(active)
+            age = 0.0
+            if first:
+                run_at = await r.hget(k.run(first[0].decode()), "run_at")
+                if run_at:
+                    age = max(0.0, now - int(run_at) / 1000)
+            OLDEST.labels(q).set(age)
+            BUDGET_EXHAUSTED.labels(q).set(int(stats[0] or 0))
+            STALE_FINISH.labels(q).set(int(stats[1] or 0))
+        await self._from_postgres(now)
+
+    async def _from_postgres(self, now: float) -> None:
+        pool = self.stores.db.pool
+        if pool is None:
+            return
+        rows = await pool.fetch(
+            "SELECT queue, (reason = 'review') AS review, count(*) AS n FROM runs "
+            "WHERE status IN ('FAILED', 'TIMED_OUT') GROUP BY 1, 2")
+        for r in rows:
+            (REVIEW if r["review"] else DEAD).labels(r["queue"]).set(r["n"])
+        stuck = await pool.fetch(
+            "SELECT id, queue, status FROM runs WHERE "
+            "(status = 'RUNNING' AND started_at < now() - make_interval(secs => $1)) OR "
+            "(status = 'STOPPING' AND updated_at < now() - make_interval(secs => $2)) OR "
+            "(status = 'PAUSED' AND updated_at < now() - make_interval(secs => $3)) LIMIT 10000",
+            self.sla["RUNNING"], self.sla["STOPPING"], self.sla["PAUSED"])
+        counts: dict[tuple[str, str], int] = {}
+        fresh = []
+        for r in stuck:
+            counts[(r["queue"], r["status"])] = counts.get((r["queue"], r["status"]), 0) + 1
+            if r["id"] not in self._stuck_seen:
+                fresh.append(r)
+        for labels in list(STUCK._metrics):  # reset series that are no longer stuck
+            if labels not in counts:
+                STUCK.labels(*labels).set(0)
+        for (q, st), n in counts.items():
+            STUCK.labels(q, st).set(n)
+        if fresh:  # one event per run that crossed its SLA: what the SLA alerts and runbooks point at
+            await pool.executemany(
+                "INSERT INTO events (run_id, queue, type, to_status, actor, reason, at) "
+                "VALUES ($1, $2, 'stuck_detected', $3, 'reconciler', $4, now())",
+                [(r["id"], r["queue"], r["status"], f"{r['status']} beyond its SLA of {self.sla[r['status']]:g}s")
+                 for r in fresh])
+            for r in fresh:
+                STUCK_EVENTS.labels(r["queue"], r["status"]).inc()
+                log.warning("run %s stuck in %s beyond its SLA", r["id"], r["status"],
+                            extra={"event": "stuck_detected", "run_id": r["id"], "queue": r["queue"]})
+        self._stuck_seen = {r["id"] for r in stuck}

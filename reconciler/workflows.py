@@ -1,0 +1,65 @@
+"""Workflow release and cancellation, inside the recorder's transaction.
+
+`on_recorded` is called by the recorder right after `apply_runs`, in the same PostgreSQL
+transaction: a dependent becomes PENDING (outbox=true, so the relay moves it to Redis
+after commit) in the very transaction that records its last upstream SUCCEEDED, and the
+BLOCKED descendants of a run that failed for good become CANCELLED (upstream_failed).
+If the transaction fails, the batch is redelivered and both steps run again; both are
+idempotent (they act only on runs still BLOCKED and check the upstreams' recorded state).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import asyncpg
+
+from scheduler.db import query
+
+__all__ = ["on_recorded", "release_dependents", "cancel_descendants", "sweep_blocked"]
+
+FAILED_FOR_GOOD = frozenset({"FAILED", "TIMED_OUT", "CANCELLED"})
+
+
+async def release_dependents(conn: asyncpg.Connection, succeeded: Sequence[int], *,
+                             actor: str = "recorder") -> list[int]:
+    """Make PENDING the BLOCKED dependents of `succeeded` whose upstreams all SUCCEEDED."""
+    if not succeeded:
+        return []
+    cands = [r["id"] for r in await conn.fetch(query("wf_lock_dependents"), list(succeeded))]
+    if not cands:
+        return []
+    return [r["id"] for r in await conn.fetch(query("wf_release"), cands, actor)]
+
+
+async def cancel_descendants(conn: asyncpg.Connection, failed: Sequence[int], *,
+                             actor: str = "recorder") -> list[int]:
+    """CANCELLED (upstream_failed) for every BLOCKED descendant of runs that failed for good."""
+    if not failed:
+        return []
+    return [r["id"] for r in await conn.fetch(query("wf_cancel_descendants"), list(failed), actor)]
+
+
+async def on_recorded(conn: asyncpg.Connection, run_ids: Sequence[int], statuses: Sequence[str]) -> None:
+    """The recorder's hook: the batch's runs and the status each reached."""
+    ok = [r for r, s in zip(run_ids, statuses) if s == "SUCCEEDED"]
+    bad = [r for r, s in zip(run_ids, statuses) if s in FAILED_FOR_GOOD]
+    if ok:
+        await release_dependents(conn, ok)
+    if bad:
+        await cancel_descendants(conn, bad)
+
+
+async def sweep_blocked(conn: asyncpg.Connection, *, settled_s: float = 5.0, limit: int = 1000) -> int:
+    """Safety net (run by the trigger leader): BLOCKED runs whose upstreams settled without
+    the hook seeing it (a terminal state written by drift repair, not by the recorder)."""
+    rows = await conn.fetch(query("wf_blocked_settled"), float(settled_s), limit)
+    ok = [r["id"] for r in rows if r["all_ok"]]
+    failed = sorted({u for r in rows if not r["all_ok"] for u in r["failed"] or []})
+    n = 0
+    if ok:
+        locked = [r["id"] for r in await conn.fetch(query("wf_lock_blocked"), ok)]
+        n += len(await conn.fetch(query("wf_release"), locked, "sweeper")) if locked else 0
+    if failed:
+        n += len(await cancel_descendants(conn, failed, actor="sweeper"))
+    return n

@@ -1,0 +1,287 @@
+"""Recurring schedules: fire-time arithmetic (cron in an IANA timezone, or a fixed
+interval), validation, the stable spread offset, and the schedule store.
+
+DST (cron schedules are read in the schedule's local wall-clock time):
+
+* A local time that does not exist (spring forward, e.g. 02:30 on the night clocks jump
+  from 02:00 to 03:00) fires once, at the first valid instant after it: the moment the
+  clocks jump (03:00 local). Several skipped times (a `*/15 2 * * *` line) collapse into
+  that one fire.
+* A local time that happens twice (fall back, e.g. 02:30 on the night clocks go from
+  03:00 back to 02:00) fires once, at its first occurrence (the earlier UTC instant).
+  The repeated hour fires nothing more, so an hourly job fires 24 times on a 25-hour day.
+
+Interval schedules are elapsed time (every `interval_s` seconds from their first fire)
+and ignore the timezone and DST entirely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from datetime import datetime, timedelta, timezone
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import msgspec
+from croniter import croniter
+
+from .errors import FencepostError, InvalidInput
+from .keys import valid_queue_name
+from .models import encode_payload
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = ["ScheduleSpec", "InvalidCron", "InvalidTimezone", "UnknownSchedule", "ScheduleExists",
+           "next_fires", "next_fire_after", "spread_offset_ms", "zone", "Schedules"]
+
+_UTC = timezone.utc
+
+
+class InvalidCron(InvalidInput):
+    def __init__(self, cron: str, why: str) -> None:
+        super().__init__(f"invalid cron expression {cron!r}: {why}", field="cron")
+        self.cron = cron
+
+
+class InvalidTimezone(InvalidInput):
+    def __init__(self, tz: str) -> None:
+        super().__init__(f"unknown timezone {tz!r}: use an IANA name such as 'Europe/Paris' or 'UTC'",
+                         field="timezone")
+        self.timezone = tz
+
+
+class UnknownSchedule(FencepostError, LookupError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no schedule named {name!r}")
+        self.name = name
+
+
+class ScheduleExists(InvalidInput):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a schedule named {name!r} already exists (remove it first, or pick another name)",
+                         field="name")
+        self.name = name
+
+
+class ScheduleSpec(msgspec.Struct, kw_only=True, frozen=True):
+    """A recurring schedule as given by a caller (CLI or API)."""
+
+    name: str
+    handler: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    cron: str | None = None
+    interval_s: float | None = None
+    timezone: str = "UTC"
+    queue: str | None = None
+    priority: int | None = None
+    spread_s: float = 0.0
+    """Fires land at fire_time + a stable offset in [0, spread_s) (0 or exact: on time)."""
+    exact: bool = False
+    catchup: bool = False
+    catchup_window_s: float | None = None
+    """With catchup: backfill only missed fires at most this old (None: 1 day)."""
+    allow_overlap: bool = False
+    start_at: datetime | None = None
+    """First fire no earlier than this (default: now)."""
+
+
+# -- time arithmetic ---------------------------------------------------------------------------
+@lru_cache(maxsize=512)
+def zone(name: str) -> ZoneInfo:
+    if not name or name.startswith(("/", ".")) or ".." in name:
+        raise InvalidTimezone(name)
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise InvalidTimezone(name) from None
+
+
+def validate_cron(expr: str) -> None:
+    if not isinstance(expr, str) or not expr.strip():
+        raise InvalidCron(str(expr), "empty")
+    if len(expr.split()) != 5:
+        raise InvalidCron(expr, f"expected 5 fields (minute hour day month weekday), got {len(expr.split())}")
+    try:
+        croniter(expr, datetime(2000, 1, 1))
+    except (ValueError, KeyError, TypeError) as exc:  # croniter's CroniterBadCronError is a ValueError
+        raise InvalidCron(expr, str(exc) or type(exc).__name__) from None
+
+
+def _local_to_utc(naive: datetime, tz: ZoneInfo) -> datetime:
+    """A local wall-clock time as a UTC instant: the first occurrence when it is repeated,
+    the first valid instant after it (the moment of the jump) when it does not exist."""
+    first = naive.replace(tzinfo=tz, fold=0)
+    u0 = first.astimezone(_UTC)
+    if u0.astimezone(tz).replace(tzinfo=None) == naive:
+        u1 = naive.replace(tzinfo=tz, fold=1).astimezone(_UTC)
+        return min(u0, u1)  # repeated: the earlier instant (fold=0 is the earlier for zoneinfo)
+    # Skipped: the transition lies between the two readings; find it to the second.
+    lo, hi = sorted((u0, naive.replace(tzinfo=tz, fold=1).astimezone(_UTC)))
+    off_lo = lo.astimezone(tz).utcoffset()
+    while (hi - lo) > timedelta(seconds=1):
+        mid = lo + (hi - lo) / 2
+        if mid.astimezone(tz).utcoffset() == off_lo:
+            lo = mid
+        else:
+            hi = mid
+    return hi.replace(microsecond=0)
+
+
+@lru_cache(maxsize=65536)
+def _cron_next(expr: str, tz_name: str, after: datetime) -> datetime:
+    """The first fire strictly after `after` (UTC). Cached: 100,000 schedules with the same
+    line firing at the same time cost one computation."""
+    tz = zone(tz_name)
+    local = after.astimezone(tz).replace(tzinfo=None)
+    # Start one hour back so a repeated (fall-back) hour is walked from its first reading.
+    it = croniter(expr, local - timedelta(hours=1, seconds=1))
+    for _ in range(100_000):
+        cand = _local_to_utc(it.get_next(datetime), tz)
+        if cand > after:
+            return cand
+    raise InvalidCron(expr, "never fires")
+
+
+def next_fire_after(after: datetime, *, cron: str | None, interval_s: float | None, tz: str = "UTC",
+                    anchor: datetime | None = None) -> datetime:
+    """The next logical fire time strictly after `after`. Interval fires are anchor + k*interval."""
+    if cron is not None:
+        return _cron_next(cron, tz, after.astimezone(_UTC))
+    assert interval_s is not None
+    step = timedelta(seconds=interval_s)
+    if anchor is None or anchor > after:
+        return anchor if anchor is not None else after + step
+    k = math.floor((after - anchor) / step) + 1
+    return anchor + k * step
+
+
+def next_fires(after: datetime, n: int, *, cron: str | None = None, interval_s: float | None = None,
+               tz: str = "UTC") -> list[datetime]:
+    """The next `n` fire times after `after` (what `fencepost schedule next` prints)."""
+    zone(tz)
+    if cron is not None:
+        validate_cron(cron)
+    out: list[datetime] = []
+    t = after
+    anchor = after + timedelta(seconds=interval_s) if interval_s else None
+    for _ in range(n):
+        t = next_fire_after(t, cron=cron, interval_s=interval_s, tz=tz, anchor=anchor)
+        out.append(t)
+    return out
+
+
+def fires_between(start: datetime, until: datetime, *, cron: str | None, interval_s: float | None,
+                  tz: str, limit: int) -> Iterator[datetime]:
+    """Fire times f with start <= f <= until (start itself is a fire time), at most `limit`."""
+    t = start
+    n = 0
+    while t <= until and n < limit:
+        yield t
+        n += 1
+        t = next_fire_after(t, cron=cron, interval_s=interval_s, tz=tz, anchor=start)
+
+
+def spread_offset_ms(schedule_id: int, spread_s: float) -> int:
+    """A stable offset in [0, spread) from a hash of the schedule id (same on every host)."""
+    spread_ms = int(spread_s * 1000)
+    if spread_ms <= 0:
+        return 0
+    h = int.from_bytes(hashlib.blake2b(str(schedule_id).encode(), digest_size=8).digest(), "big")
+    return h % spread_ms
+
+
+# -- the store ---------------------------------------------------------------------------------
+def _validated(spec: ScheduleSpec) -> None:
+    if not spec.name or len(spec.name) > 200:
+        raise InvalidInput("schedule name must be 1-200 characters", field="name")
+    if (spec.cron is None) == (spec.interval_s is None):
+        raise InvalidInput("give exactly one of cron or interval", field="cron")
+    zone(spec.timezone)
+    if spec.cron is not None:
+        validate_cron(spec.cron)
+    if spec.interval_s is not None and not spec.interval_s > 0:
+        raise InvalidInput(f"interval must be positive, not {spec.interval_s}", field="interval_s")
+    if spec.spread_s < 0:
+        raise InvalidInput("spread must be >= 0", field="spread_s")
+    if spec.exact and spec.spread_s:
+        raise InvalidInput("give a spread or exact, not both", field="spread_s")
+    if spec.catchup_window_s is not None and not spec.catchup_window_s > 0:
+        raise InvalidInput("catchup window must be positive", field="catchup_window_s")
+    if spec.queue is not None and not valid_queue_name(spec.queue):
+        raise InvalidInput(f"queue name {spec.queue!r} is not valid", field="queue")
+    if spec.priority is not None and not 0 <= spec.priority <= 255:
+        raise InvalidInput(f"priority {spec.priority} is outside 0..255", field="priority")
+    if spec.start_at is not None and spec.start_at.tzinfo is None:
+        raise InvalidInput("start_at must be timezone-aware", field="start_at")
+
+
+class Schedules:
+    """Add, list, pause, resume and remove schedules (validated before anything is written)."""
+
+    def __init__(self, client: "Client") -> None:
+        self.client = client
+        self.db = client.stores.db
+
+    async def add(self, spec: ScheduleSpec, *, now: datetime | None = None) -> dict[str, Any]:
+        _validated(spec)
+        await self.client._load_definitions({spec.handler})
+        try:
+            payload = encode_payload(tuple(spec.args), dict(spec.kwargs))
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise InvalidInput(f"arguments cannot be encoded: {exc}", field="args") from exc
+        if len(payload) > self.client.settings.max_payload_bytes:
+            raise InvalidInput("payload too large", field="args")
+        now = now or datetime.now(_UTC)
+        start = max(now, spec.start_at) if spec.start_at else now
+        if spec.cron is not None:
+            first = next_fire_after(start - timedelta(microseconds=1), cron=spec.cron, interval_s=None,
+                                    tz=spec.timezone)
+        else:
+            first = start
+        spread = 0.0 if spec.exact else spec.spread_s
+        window = spec.catchup_window_s if spec.catchup_window_s is not None else (86400.0 if spec.catchup else None)
+        row = await self.db.fetchrow(
+            "schedule_insert", spec.name, spec.handler, payload,
+            json.dumps({"args": list(spec.args), "kwargs": spec.kwargs}, default=str), spec.queue,
+            spec.priority, spec.cron, spec.interval_s, spec.timezone, first, spread, spec.catchup, window,
+            spec.allow_overlap)
+        if row is None:
+            raise ScheduleExists(spec.name)
+        offset = spread_offset_ms(row["id"], spread)
+        if offset:
+            await self.db.execute("schedule_set_offset", row["id"], offset)
+        return await self.get(spec.name)
+
+    async def get(self, name: str) -> dict[str, Any]:
+        row = await self.db.fetchrow("schedule_get", name)
+        if row is None:
+            raise UnknownSchedule(name)
+        return dict(row)
+
+    async def list(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.db.fetch("schedule_list", limit)]
+
+    async def set_paused(self, name: str, paused: bool, *, now: datetime | None = None) -> dict[str, Any]:
+        """Pause keeps next_fire_time; resume coalesces what was missed (or backfills with catchup)."""
+        if await self.db.fetchrow("schedule_pause", name, paused) is None:
+            raise UnknownSchedule(name)
+        return await self.get(name)
+
+    async def remove(self, name: str) -> None:
+        if await self.db.fetchrow("schedule_delete", name) is None:
+            raise UnknownSchedule(name)
+
+    async def runs(self, name: str, limit: int = 10) -> list[dict[str, Any]]:
+        s = await self.get(name)
+        return [dict(r) for r in await self.db.fetch("schedule_runs", s["id"], limit)]
+
+    async def upcoming(self, name: str, n: int, *, now: datetime | None = None) -> Sequence[datetime]:
+        s = await self.get(name)
+        start = s["next_fire_time"]
+        rest = next_fires(start, n - 1, cron=s["cron"], interval_s=s["interval_s"], tz=s["timezone"]) if n > 1 else []
+        return [start, *rest][:n]

@@ -1,0 +1,365 @@
+"""`fencepost trigger`: turns schedules into runs.
+
+One leader at a time holds a lease row in PostgreSQL (`trigger_leases`), but correctness
+never depends on it: every fire is a run with UNIQUE (schedule_id, fire_time), inserted
+with ON CONFLICT DO NOTHING, so two leaders briefly at once create each run once. Due
+schedules are read with FOR UPDATE SKIP LOCKED from the partial index on due_at, so a
+tick costs work proportional to the fires due; fires are inserted in batches (one
+`insert_runs` round trip per batch) with outbox=true, in the same transaction that
+advances next_fire_time, and moved to Redis right after commit (the outbox relay of the
+reconciler does it if this process dies in between). A new leader simply resumes from
+each schedule's next_fire_time.
+
+Missed fires (trigger down, schedule paused): coalesced into one run at the latest
+missed fire time by default; with catchup=true every missed fire within
+catchup_window_s is backfilled (at most `max_catchup` per schedule per pass; the rest
+follow on the next pass). Overlap: unless allow_overlap, a fire whose schedule's
+previous run is still active (PENDING, RETRY_WAIT, RUNNING, STOPPING, PAUSED) is skipped
+and recorded as a 'fire_skipped' event (run_id NULL, queue set).
+
+The clock is injectable (`ManualClock` in tests): nothing here sleeps to decide a fire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Protocol
+
+from .client import enqueue_rows
+from .db import query
+from .schedules import fires_between, next_fire_after
+from .states import Status
+from .stores import Stores
+
+__all__ = ["Trigger", "Clock", "SystemClock", "ManualClock", "TickResult", "LEASE_NAME"]
+
+log = logging.getLogger("fencepost.trigger")
+_UTC = timezone.utc
+LEASE_NAME = "trigger"
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(_UTC)
+
+
+class ManualClock:
+    """A clock tests move by hand."""
+
+    def __init__(self, start: datetime) -> None:
+        self._t = start
+
+    def now(self) -> datetime:
+        return self._t
+
+    def advance(self, seconds: float) -> datetime:
+        self._t += timedelta(seconds=seconds)
+        return self._t
+
+    def set(self, t: datetime) -> None:
+        self._t = t
+
+
+@dataclass
+class TickResult:
+    created: int = 0
+    duplicates: int = 0
+    skipped: int = 0
+    coalesced: int = 0
+    schedules: int = 0
+    run_ids: list[int] = field(default_factory=list)
+
+    def __iadd__(self, o: "TickResult") -> "TickResult":
+        self.created += o.created
+        self.duplicates += o.duplicates
+        self.skipped += o.skipped
+        self.coalesced += o.coalesced
+        self.schedules += o.schedules
+        self.run_ids += o.run_ids
+        return self
+
+
+def _latest_fire(nft: datetime, limit: datetime, cron: str | None, iv: float | None, tz: str) -> tuple[datetime, int | None]:
+    """The latest fire time <= limit (nft <= limit), and how many fires nft..limit hold
+    (None when it would take too long to count: more than a day of a cron line)."""
+    if iv is not None:
+        step = timedelta(seconds=iv)
+        k = math.floor((limit - nft) / step)
+        return nft + k * step, k + 1
+    t, count = nft, 1
+    if limit - nft > timedelta(days=2):
+        t0 = next_fire_after(limit - timedelta(days=1), cron=cron, interval_s=None, tz=tz)
+        if t0 <= limit:
+            t, count = t0, None  # type: ignore[assignment]
+    while True:
+        n = next_fire_after(t, cron=cron, interval_s=None, tz=tz)
+        if n > limit:
+            return t, count
+        t = n
+        if count is not None:
+            count += 1
+
+
+def plan_fires(s: Any, now: datetime, lookahead: timedelta, max_catchup: int
+               ) -> tuple[list[datetime], datetime, int | None]:
+    """(fire times to create, the next fire time after them, fires coalesced away)."""
+    cron, iv, tz, nft = s["cron"], s["interval_s"], s["timezone"], s["next_fire_time"]
+    limit = now + lookahead - timedelta(milliseconds=s["offset_ms"])
+    if nft > limit:
+        return [], nft, 0
+
+    def nxt(t: datetime) -> datetime:
+        return next_fire_after(t, cron=cron, interval_s=iv, tz=tz, anchor=nft)
+
+    if s["catchup"]:
+        oldest = now - timedelta(seconds=s["catchup_window_s"] or 86400)
+        start = nft
+        if start < oldest:  # fires older than the window are not backfilled
+            start = nxt(oldest - timedelta(microseconds=1))
+            if start > limit:  # nothing inside the window: still run the latest one (never less than coalesce)
+                latest, _ = _latest_fire(nft, limit, cron, iv, tz)
+                return [latest], nxt(latest), None
+        fires = list(fires_between(start, limit, cron=cron, interval_s=iv, tz=tz, limit=max_catchup))
+        return fires, nxt(fires[-1]), 0
+    latest, count = _latest_fire(nft, limit, cron, iv, tz)
+    return [latest], nxt(latest), (None if count is None else count - 1)
+
+
+class Trigger:
+    def __init__(self, stores: Stores, *, clock: Clock | None = None, holder: str | None = None,
+                 lease_s: float = 10.0, batch: int = 1000, lookahead_s: float = 0.5, tick_s: float = 0.25,
+                 use_lease: bool = True, max_catchup: int = 1000, sweep_every_s: float = 10.0,
+                 max_batches_per_tick: int = 50) -> None:
+        self.stores = stores
+        self.clock: Clock = clock or SystemClock()
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.lease_s = lease_s
+        self.batch = batch
+        self.lookahead = timedelta(seconds=lookahead_s)
+        self.tick_s = tick_s
+        self.use_lease = use_lease
+        self.max_catchup = max_catchup
+        self.sweep_every_s = sweep_every_s
+        self.max_batches_per_tick = max_batches_per_tick
+        self.lease_token: int | None = None
+        self.total = TickResult()
+        self.stop = asyncio.Event()
+
+    # -- leadership ------------------------------------------------------------------------------
+    async def acquire(self) -> bool:
+        """Take or renew the lease; False while another live holder has it."""
+        row = await self.stores.db.fetchrow("lease_acquire", LEASE_NAME, self.holder, self.clock.now(),
+                                            float(self.lease_s))
+        was = self.lease_token
+        self.lease_token = row["token"] if row else None
+        if self.lease_token is not None and was is None:
+            log.info("trigger leader (lease token %s)", self.lease_token, extra={"event": "trigger_leader"})
+        return self.lease_token is not None
+
+    async def release(self) -> None:
+        await self.stores.db.execute("lease_release", LEASE_NAME, self.holder)
+        self.lease_token = None
+
+    # -- firing ----------------------------------------------------------------------------------
+    async def tick(self) -> TickResult:
+        """Fire everything due now, in batches (bounded per call)."""
+        out = TickResult()
+        for _ in range(self.max_batches_per_tick):
+            r = await self.fire_batch()
+            out += r
+            if r.schedules < self.batch:
+                break
+        self.total += out
+        return out
+
+    async def fire_batch(self) -> TickResult:
+        now = self.clock.now()
+        res = TickResult()
+        pool = self.stores.db.pool
+        assert pool is not None
+        cols: list[list[Any]] = [[] for _ in range(14)]
+        owner: list[int] = []  # schedule index per insert row
+        skip_ev: list[list[Any]] = [[], [], [], []]
+        skipped: dict[int, int] = defaultdict(int)
+        async with pool.acquire() as conn:
+            async with conn.transaction():
+                rows = await conn.fetch(query("trigger_due"), now + self.lookahead, self.batch)
+                res.schedules = len(rows)
+                if not rows:
+                    return res
+                nexts: list[datetime] = []
+                for i, s in enumerate(rows):
+                    fires, nxt, coalesced = plan_fires(s, now, self.lookahead, self.max_catchup)
+                    nexts.append(nxt)
+                    queue = s["queue"] or "default"
+                    if not fires:
+                        continue
+                    if coalesced != 0:
+                        res.coalesced += coalesced or 1
+                        skip_ev[0].append(queue)
+                        skip_ev[1].append("fires_coalesced")
+                        skip_ev[2].append("missed")
+                        skip_ev[3].append(json.dumps({"schedule_id": s["id"], "fire_time": fires[-1].isoformat(),
+                                                      "missed": coalesced}))
+                    if s["max_retries"] is None:  # handler no longer declared anywhere
+                        skip_ev[0].append(queue)
+                        skip_ev[1].append("fire_skipped")
+                        skip_ev[2].append("unknown_handler")
+                        skip_ev[3].append(json.dumps({"schedule_id": s["id"], "handler": s["handler"],
+                                                      "fire_time": fires[-1].isoformat()}))
+                        res.skipped += len(fires)
+                        skipped[i] += len(fires)
+                        continue
+                    if s["busy"]:
+                        skip_ev[0].append(queue)
+                        skip_ev[1].append("fire_skipped")
+                        skip_ev[2].append("overlap")
+                        skip_ev[3].append(json.dumps({"schedule_id": s["id"], "blocking_run": s["last_run_id"],
+                                                      "fire_times": [f.isoformat() for f in fires[-10:]],
+                                                      "count": len(fires)}))
+                        res.skipped += len(fires)
+                        skipped[i] += len(fires)
+                        continue
+                    offset = timedelta(milliseconds=s["offset_ms"])
+                    for f in fires:
+                        for c, v in zip(cols, (s["handler"], queue, s["priority"], s["payload"], f + offset,
+                                               s["max_retries"], s["timeout_s"], None, None,
+                                               Status.PENDING.value, None, s["id"], f, True)):
+                            c.append(v)
+                        owner.append(i)
+                last_run: dict[int, int] = {}
+                last_fire: dict[int, datetime] = {}
+                created_rows: list[int] = []
+                new_queues: dict[str, int] = {}
+                if owner:
+                    out = await conn.fetch(query("insert_runs"), *cols, "trigger")
+                    missing: list[int] = []
+                    ids: list[int | None] = [None] * len(owner)
+                    for r in out:
+                        if r["ord"] is None:
+                            new_queues[r["queue"]] = r["epoch"]
+                        elif r["created"]:
+                            ids[r["ord"] - 1] = r["id"]
+                            created_rows.append(r["ord"] - 1)
+                        else:
+                            missing.append(r["ord"] - 1)
+                    if missing:  # another leader made these fires: point at its runs
+                        found = {(r["schedule_id"], r["fire_time"]): r["id"] for r in await conn.fetch(
+                            query("runs_by_fire"), [cols[11][k] for k in missing], [cols[12][k] for k in missing])}
+                        for k in missing:
+                            ids[k] = found.get((cols[11][k], cols[12][k]))
+                    for k, sidx in enumerate(owner):
+                        if ids[k] is not None:
+                            last_run[sidx] = ids[k]  # type: ignore[assignment]
+                            last_fire[sidx] = cols[12][k]
+                    res.created = len(created_rows)
+                    res.duplicates = len(missing)
+                    res.run_ids = [ids[k] for k in created_rows]  # type: ignore[misc]
+                fired: dict[int, int] = defaultdict(int)
+                for k in created_rows:
+                    fired[owner[k]] += 1
+                adv: list[list[Any]] = [[] for _ in range(7)]
+                for i, s in enumerate(rows):
+                    for c, v in zip(adv, (s["id"], s["next_fire_time"], nexts[i], last_fire.get(i),
+                                          last_run.get(i), fired[i], skipped[i])):
+                        c.append(v)
+                await conn.execute(query("trigger_advance"), *adv)
+                if skip_ev[0]:
+                    await conn.execute(query("trigger_skip_events"), *skip_ev)
+        if created_rows:
+            await self._enqueue(cols, res.run_ids, created_rows, new_queues)
+        return res
+
+    async def _enqueue(self, cols: list[list[Any]], ids: list[int], created: list[int],
+                       new_queues: dict[str, int]) -> None:
+        """Fast path after commit; if this fails or the process dies, the outbox relay does it."""
+        try:
+            for queue, epoch in new_queues.items():
+                await self.stores.scripts.run("stamp_queue", self.stores.keys(queue), [epoch, 0])
+            if new_queues:
+                await self.stores.redis.sadd(self.stores.queues_key, *new_queues)
+            by_queue: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            for rid, k in zip(ids, created):
+                by_queue[cols[1][k]].append({
+                    "id": rid, "handler": cols[0][k], "status": cols[9][k], "priority": cols[2][k],
+                    "payload": cols[3][k], "run_at": cols[4][k], "attempt": 0, "max_retries": cols[5][k],
+                    "timeout_s": cols[6][k], "fire_time": cols[12][k], "trace_id": None, "version": 0})
+            for queue, batch in by_queue.items():
+                await enqueue_rows(self.stores, queue, batch)
+            await self.stores.db.execute("clear_outbox", ids)
+        except Exception as exc:  # noqa: BLE001 - committed with outbox=true: the relay moves them
+            log.warning("enqueue after commit failed; the outbox relay will move the runs: %s", exc,
+                        extra={"event": "trigger_enqueue_failed"})
+
+    async def sweep(self) -> int:
+        """Safety net for workflows: release or cancel BLOCKED runs whose upstreams settled in a
+        way the recorder's hook did not see (e.g. a terminal state written by drift repair)."""
+        from reconciler.workflows import sweep_blocked
+
+        pool = self.stores.db.pool
+        assert pool is not None
+        async with pool.acquire() as conn:
+            async with conn.transaction():
+                return await sweep_blocked(conn)
+
+    # -- service ---------------------------------------------------------------------------------
+    async def run(self) -> None:
+        last_sweep = 0.0
+        while not self.stop.is_set():
+            busy = False
+            try:
+                if not self.use_lease or await self.acquire():
+                    r = await self.tick()
+                    busy = r.schedules >= self.batch * self.max_batches_per_tick
+                    if r.created or r.skipped:
+                        log.info("fired %d runs (%d skipped, %d coalesced, %d already made)", r.created,
+                                 r.skipped, r.coalesced, r.duplicates, extra={"event": "trigger_fired"})
+                    if time.monotonic() - last_sweep > self.sweep_every_s:
+                        last_sweep = time.monotonic()
+                        await self.sweep()
+            except Exception as exc:  # noqa: BLE001 - a store restart: retry on the next tick
+                log.warning("trigger tick failed: %s", exc, extra={"event": "trigger_tick_failed"})
+                self.lease_token = None
+            if not busy:
+                try:
+                    await asyncio.wait_for(self.stop.wait(), self.tick_s)
+                except TimeoutError:
+                    pass
+        if self.use_lease and self.lease_token is not None:
+            try:
+                await self.release()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+async def serve(settings: Any, **opts: Any) -> None:
+    """The `fencepost trigger` process."""
+    stores = Stores(settings, db_pool_size=3)
+    await stores.connect()
+    trig = Trigger(stores, **opts)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, trig.stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    log.info("trigger started as %s", trig.holder, extra={"event": "trigger_started"})
+    try:
+        await trig.run()
+    finally:
+        await stores.close()

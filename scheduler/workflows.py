@@ -1,0 +1,302 @@
+"""DAG workflows: submit a set of runs with depends_on edges atomically, inspect, retry.
+
+Nodes without dependencies start PENDING, the others BLOCKED (not in Redis at all). The
+recorder releases a dependent in the same PostgreSQL transaction that records its last
+upstream SUCCEEDED (reconciler/workflows.py), and cancels BLOCKED descendants
+(upstream_failed) when an upstream fails for good.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Sequence
+
+import msgspec
+
+from .errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused
+from .models import Submit
+from .states import Status
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = ["Node", "WorkflowMixin", "WorkflowCycle", "UnknownDependency", "UnknownWorkflow", "layers"]
+
+_UTC = timezone.utc
+
+
+class Node(msgspec.Struct, kw_only=True, frozen=True):
+    """One node of a workflow: a run of `handler`, started once every node in depends_on SUCCEEDED."""
+
+    name: str
+    handler: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    depends_on: tuple[str, ...] = ()
+    queue: str | None = None
+    priority: int | None = None
+    timeout: float | None = None
+    max_retries: int | None = None
+
+
+class UnknownDependency(InvalidInput):
+    def __init__(self, node: str, depends_on: str) -> None:
+        super().__init__(f"node {node!r} depends on {depends_on!r}, which is not a node of this workflow "
+                         f"(edge {depends_on} -> {node})", field="depends_on")
+        self.node, self.depends_on = node, depends_on
+
+
+class WorkflowCycle(InvalidInput):
+    def __init__(self, edge: tuple[str, str], cycle: list[str]) -> None:
+        super().__init__(f"workflow has a cycle through edge {edge[0]} -> {edge[1]} "
+                         f"({' -> '.join(cycle)})", field="depends_on")
+        self.edge, self.cycle = edge, cycle
+
+
+class UnknownWorkflow(FencepostError, LookupError):
+    def __init__(self, workflow_id: Any) -> None:
+        super().__init__(f"no workflow with id {workflow_id}")
+        self.workflow_id = workflow_id
+
+
+def _check_graph(nodes: Sequence[Node]) -> list[str]:
+    """Validate names, dependencies and acyclicity; return the names in topological order."""
+    names = [n.name for n in nodes]
+    seen: set[str] = set()
+    for n in names:
+        if not n or len(n) > 200:
+            raise InvalidInput("node names must be 1-200 characters", field="name")
+        if n in seen:
+            raise InvalidInput(f"node name {n!r} is used twice", field="name")
+        seen.add(n)
+    deps = {n.name: list(dict.fromkeys(n.depends_on)) for n in nodes}
+    for n, ds in deps.items():
+        for d in ds:
+            if d not in seen:
+                raise UnknownDependency(n, d)
+    # Iterative DFS: colour 1 = on the stack; an edge into a grey node closes a cycle.
+    colour: dict[str, int] = {}
+    order: list[str] = []
+    for root in names:
+        if root in colour:
+            continue
+        stack: list[tuple[str, int]] = [(root, 0)]
+        path: list[str] = []
+        colour[root] = 1
+        path.append(root)
+        while stack:
+            n, i = stack[-1]
+            if i < len(deps[n]):
+                stack[-1] = (n, i + 1)
+                d = deps[n][i]
+                c = colour.get(d, 0)
+                if c == 1:
+                    cyc = path[path.index(d):] + [d]
+                    cyc.reverse()  # as upstream -> dependent
+                    raise WorkflowCycle((d, n), cyc)
+                if c == 0:
+                    colour[d] = 1
+                    path.append(d)
+                    stack.append((d, 0))
+            else:
+                stack.pop()
+                path.pop()
+                colour[n] = 2
+                order.append(n)
+    return order
+
+
+def layers(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Nodes grouped by depth (longest path from a root), for drawing."""
+    by = {n["name"]: n for n in nodes}
+    depth: dict[str, int] = {}
+
+    def d(name: str) -> int:
+        if name not in depth:
+            depth[name] = 0  # guards against a corrupt cyclic graph
+            ups = [u for u in by[name]["depends_on"] if u in by]
+            depth[name] = 1 + max((d(u) for u in ups), default=-1)
+        return depth[name]
+
+    for n in by:
+        d(n)
+    out: list[list[dict[str, Any]]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+    for n in nodes:
+        out[depth[n["name"]]].append(n)
+    return out
+
+
+class WorkflowMixin:
+    """Mixed into Client."""
+
+    async def submit_workflow(self: "Client", nodes: Sequence[Node], *, name: str | None = None,
+                              trace: str | None = None) -> uuid.UUID:
+        """Insert every node atomically under one workflow id; returns it. Cycles and unknown
+        dependencies raise (WorkflowCycle, UnknownDependency) naming the edge; nothing is stored."""
+        if not nodes:
+            raise InvalidInput("a workflow needs at least one node", field="nodes")
+        _check_graph(nodes)
+        await self._load_definitions({n.handler for n in nodes})
+        now = datetime.now(_UTC)
+        wid = uuid.uuid4()
+        rows = []
+        for n in nodes:
+            req = Submit(handler=n.handler, args=tuple(n.args), kwargs=dict(n.kwargs), queue=n.queue,
+                         priority=n.priority, timeout=n.timeout, max_retries=n.max_retries, trace=trace)
+            r = list(self._validated(req, now, outbox=True))
+            blocked = bool(n.depends_on)
+            r[9] = Status.BLOCKED.value if blocked else Status.PENDING.value
+            r[10] = wid
+            r[13] = not blocked  # BLOCKED runs stay out of Redis until released
+            rows.append(tuple(r))
+        pool = self.stores.db.pool
+        assert pool is not None
+        async with pool.acquire() as conn:
+            async with conn.transaction():
+                ids, created, cols, new_queues = await self._insert(
+                    [Submit(handler=n.handler) for n in nodes], rows, conn)
+                by_name = dict(zip((n.name for n in nodes), ids))
+                e_run, e_dep = [], []
+                for n in nodes:
+                    for d in dict.fromkeys(n.depends_on):
+                        e_run.append(by_name[n.name])
+                        e_dep.append(by_name[d])
+                await self.stores.db.execute("wf_insert", wid, name, list(by_name.values()), list(by_name),
+                                             e_run, e_dep, conn=conn)
+        # After commit: roots to Redis now (the outbox relay would do it too).
+        await self._stamp_new_queues(new_queues)
+        roots = [i for i in created if cols[9][i] == Status.PENDING.value]
+        await self._enqueue(roots, ids, cols)
+        await self.stores.db.execute("clear_outbox", [ids[i] for i in roots])
+        return wid
+
+    async def workflow(self: "Client", workflow_id: uuid.UUID | str) -> dict[str, Any]:
+        """The workflow and its current nodes (name, run id, status, upstream names)."""
+        wid = _uuid(workflow_id)
+        row = await self.stores.db.fetchrow("wf_get", wid)
+        if row is None:
+            raise UnknownWorkflow(workflow_id)
+        nodes = [dict(r) for r in await self.stores.db.fetch("wf_nodes", wid)]
+        for n in nodes:
+            n["depends_on"] = list(n["depends_on"])
+        return {**dict(row), "nodes": nodes}
+
+    async def retry_workflow(self: "Client", workflow_id: uuid.UUID | str, *, recompute: Sequence[str] = (),
+                             reason: str = "") -> dict[str, list[str]]:
+        """Re-run what did not succeed, keeping succeeded nodes.
+
+        Failed, timed-out, stopped and cancelled nodes run again (retry / resume of the same
+        run); their descendants cancelled as upstream_failed go back to BLOCKED and are released
+        as usual. With `recompute`, the named nodes and all their descendants run again as new
+        runs, whatever their state (none of them may be active). Returns what was done by node.
+        """
+        wf = await self.workflow(workflow_id)
+        nodes = {n["name"]: n for n in wf["nodes"]}
+        for r in recompute:
+            if r not in nodes:
+                raise InvalidInput(f"workflow {wf['id']} has no node {r!r}", field="recompute")
+        if recompute:
+            return await self._recompute(wf["id"], nodes, recompute)
+        down: dict[str, list[str]] = defaultdict(list)
+        for n in nodes.values():
+            for u in n["depends_on"]:
+                down[u].append(n["name"])
+        rerun_states = {"FAILED", "TIMED_OUT", "STOPPED", "CANCELLED"}
+
+        def ups_ok(n: dict[str, Any]) -> bool:
+            return all(nodes[u]["status"] == "SUCCEEDED" for u in n["depends_on"])
+
+        # Roots of the re-run: not succeeded, and every upstream succeeded. Cancelled nodes
+        # whose upstreams have not all succeeded wait again (BLOCKED).
+        roots = [n for n in nodes.values() if n["status"] in rerun_states and ups_ok(n)]
+        reblock = [n for n in nodes.values() if n["status"] == "CANCELLED" and not ups_ok(n)]
+        stuck = [n for n in nodes.values() if n["status"] in rerun_states - {"CANCELLED"} and not ups_ok(n)]
+        for n in stuck:  # FAILED with an unsucceeded upstream cannot happen through the DAG itself
+            roots.append(n)
+        done: dict[str, list[str]] = {"retried": [], "resumed": [], "reblocked": [], "refused": []}
+        if reblock:
+            got = {r["id"] for r in await self.stores.db.fetch(
+                "wf_reblock", [n["id"] for n in reblock], [n["version"] for n in reblock], self.actor)}
+            done["reblocked"] = sorted(n["name"] for n in reblock if n["id"] in got)
+            # A stale copy in Redis (a cancelled hash) must not answer for the run any more.
+            for n in reblock:
+                if n["id"] in got:
+                    await self.stores.redis.delete(self.stores.keys(n["queue"]).run(n["id"]))
+        # Upstreams after their dependents are BLOCKED again, so their success releases them.
+        for n in sorted(roots, key=lambda n: n["name"]):
+            try:
+                if n["status"] == "STOPPED":
+                    try:
+                        await self.resume(n["id"], reason=reason or "workflow retry")
+                        done["resumed"].append(n["name"])
+                    except ResumeRefused:
+                        await self.restart(n["id"], reason=reason or "workflow retry")
+                        done["retried"].append(n["name"])
+                else:
+                    await self.retry(n["id"], reason=reason or "workflow retry")
+                    done["retried"].append(n["name"])
+            except IllegalTransition as exc:
+                done["refused"].append(f"{n['name']}: {exc}")
+        return done
+
+    async def _recompute(self: "Client", wid: uuid.UUID, nodes: dict[str, dict[str, Any]],
+                         names: Sequence[str]) -> dict[str, list[str]]:
+        down: dict[str, list[str]] = defaultdict(list)
+        for n in nodes.values():
+            for u in n["depends_on"]:
+                down[u].append(n["name"])
+        sub: set[str] = set()
+        todo = list(names)
+        while todo:
+            n = todo.pop()
+            if n not in sub:
+                sub.add(n)
+                todo += down[n]
+        active = {"PENDING", "RETRY_WAIT", "RUNNING", "STOPPING", "PAUSED"}
+        busy = sorted(n for n in sub if nodes[n]["status"] in active)
+        if busy:
+            raise IllegalTransition(nodes[busy[0]]["id"], nodes[busy[0]]["status"],
+                                    f"recompute node {busy[0]!r} (cancel or wait for it first)")
+        old = {r["id"]: dict(r) for r in await self.stores.db.fetch("wf_runs_full", [nodes[n]["id"] for n in sub])}
+        order = [n for n in _check_graph([Node(name=k, handler="", depends_on=tuple(
+            u for u in nodes[k]["depends_on"] if u in sub)) for k in sub])]
+        now = datetime.now(_UTC)
+        rows, reqs = [], []
+        for name in order:
+            o = old[nodes[name]["id"]]
+            outside_ok = all(nodes[u]["status"] == "SUCCEEDED" for u in nodes[name]["depends_on"] if u not in sub)
+            inside = any(u in sub for u in nodes[name]["depends_on"])
+            pending = outside_ok and not inside
+            rows.append((o["handler"], o["queue"], o["priority"], o["payload"], now, o["max_retries"],
+                         o["timeout_s"], None, o["trace_id"], "PENDING" if pending else "BLOCKED", wid,
+                         None, None, pending))
+            reqs.append(Submit(handler=o["handler"]))
+        pool = self.stores.db.pool
+        assert pool is not None
+        async with pool.acquire() as conn:
+            async with conn.transaction():
+                await self.stores.db.execute("wf_supersede", [nodes[n]["id"] for n in sub], self.actor, conn=conn)
+                ids, created, cols, _ = await self._insert(reqs, rows, conn)
+                new = dict(zip(order, ids))
+                e_run, e_dep = [], []
+                for name in order:
+                    for u in nodes[name]["depends_on"]:
+                        e_run.append(new[name])
+                        e_dep.append(new.get(u, nodes[u]["id"]))
+                await self.stores.db.execute("wf_add_nodes", wid, list(new.values()), list(new), e_run, e_dep,
+                                             conn=conn)
+        roots = [i for i in created if cols[9][i] == "PENDING"]
+        await self._enqueue(roots, ids, cols)
+        await self.stores.db.execute("clear_outbox", [ids[i] for i in roots])
+        return {"recomputed": sorted(sub)}
+
+
+def _uuid(v: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(v, uuid.UUID):
+        return v
+    try:
+        return uuid.UUID(str(v))
+    except ValueError:
+        raise InvalidInput(f"{v!r} is not a workflow id (a UUID)", field="workflow_id") from None

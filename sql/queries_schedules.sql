@@ -1,0 +1,89 @@
+-- Named queries for recurring schedules and the trigger service.
+
+-- name: schedule_insert
+-- Returns no row when the name is taken (nothing is written).
+INSERT INTO schedules (name, handler, payload, args_json, queue, priority, cron, interval_s, timezone,
+                       next_fire_time, due_at, spread_s, catchup, catchup_window_s, allow_overlap)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $10, $11, $12, $13, $14)
+ON CONFLICT (name) DO NOTHING
+RETURNING id;
+
+-- name: schedule_set_offset
+UPDATE schedules SET offset_ms = $2, due_at = next_fire_time + make_interval(secs => $2 / 1000.0)
+WHERE id = $1;
+
+-- name: schedule_get
+SELECT s.*, (SELECT r.status FROM runs r WHERE r.id = s.last_run_id) AS last_status
+FROM schedules s WHERE name = $1;
+
+-- name: schedule_list
+SELECT id, name, handler, cron, interval_s, timezone, next_fire_time, spread_s, offset_ms, catchup,
+       allow_overlap, paused, last_fire_time, fires, skipped
+FROM schedules ORDER BY name LIMIT $1;
+
+-- name: schedule_pause
+UPDATE schedules SET paused = $2, updated_at = now() WHERE name = $1 RETURNING id;
+
+-- name: schedule_delete
+DELETE FROM schedules WHERE name = $1 RETURNING id;
+
+-- name: schedule_runs
+SELECT id, status, fire_time, run_at, started_at, finished_at, attempt
+FROM runs WHERE schedule_id = $1 ORDER BY fire_time DESC LIMIT $2;
+
+-- name: trigger_due
+-- The fires due by $1 (the trigger's clock + lookahead), oldest first, locked so a second
+-- leader skips them instead of waiting. Reads work proportional to $2, never to the number
+-- of schedules (partial index schedules_due). Handler defaults come from its declaration.
+SELECT s.id, s.handler, s.payload, COALESCE(s.queue, d.queue) AS queue,
+       COALESCE(s.priority, d.priority) AS priority, d.max_retries, d.timeout_s,
+       s.cron, s.interval_s, s.timezone, s.next_fire_time, s.offset_ms, s.catchup, s.catchup_window_s,
+       s.allow_overlap, s.last_run_id,
+       (s.last_run_id IS NOT NULL AND NOT s.allow_overlap AND EXISTS (
+           SELECT 1 FROM runs r WHERE r.id = s.last_run_id
+           AND r.status IN ('PENDING', 'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED'))) AS busy
+FROM schedules s LEFT JOIN job_definitions d ON d.name = s.handler
+WHERE NOT s.paused AND s.due_at <= $1
+ORDER BY s.due_at
+LIMIT $2
+FOR UPDATE OF s SKIP LOCKED;
+
+-- name: trigger_advance
+-- After the fires of a batch: next fire, last fire, counters. Guarded by the next_fire_time
+-- the trigger read, so a slow leader never moves a schedule backwards.
+UPDATE schedules s SET
+    next_fire_time = u.next_fire_time,
+    due_at = u.next_fire_time + make_interval(secs => s.offset_ms / 1000.0),
+    last_fire_time = COALESCE(u.last_fire_time, s.last_fire_time),
+    last_run_id = COALESCE(u.last_run_id, s.last_run_id),
+    fires = s.fires + u.fired,
+    skipped = s.skipped + u.skipped,
+    updated_at = now()
+FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::timestamptz[], $5::bigint[],
+            $6::integer[], $7::integer[])
+     AS u(id, seen_next, next_fire_time, last_fire_time, last_run_id, fired, skipped)
+WHERE s.id = u.id AND s.next_fire_time = u.seen_next;
+
+-- name: trigger_skip_events
+-- A fire not made because the previous run of its schedule is still active (or coalesced).
+INSERT INTO events (run_id, queue, type, actor, reason, data, at)
+SELECT NULL, q, t, 'trigger', r, d, now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS x(q, t, r, d);
+
+-- name: lease_acquire
+-- Take or renew the lease: succeeds when free, expired, or already ours. The token grows
+-- on every change of holder.
+INSERT INTO trigger_leases AS l (name, holder, token, expires_at)
+VALUES ($1, $2, 1, $3 + make_interval(secs => $4))
+ON CONFLICT (name) DO UPDATE SET
+    holder = excluded.holder,
+    token = CASE WHEN l.holder = excluded.holder THEN l.token ELSE l.token + 1 END,
+    expires_at = excluded.expires_at
+WHERE l.holder = excluded.holder OR l.expires_at < $3
+RETURNING token;
+
+-- name: lease_release
+DELETE FROM trigger_leases WHERE name = $1 AND holder = $2;
+
+-- name: lease_holder
+SELECT holder, token, expires_at FROM trigger_leases WHERE name = $1;

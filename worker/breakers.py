@@ -1,0 +1,103 @@
+"""Circuit breakers per declared dependency, shared by every worker through Redis.
+
+A worker asks before starting a run whose handler `depends_on_service`; while the
+breaker is open the run waits in RETRY_WAIT (not counted as a failure) instead of
+failing. Outcomes are batched: one Lua call per service every `flush_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from scheduler.keys import breaker_keys
+from scheduler.stores import Stores
+
+from . import metrics
+
+log = logging.getLogger("fencepost.worker.breakers")
+
+__all__ = ["Breakers", "BreakerPolicy"]
+
+_CODE = {"closed": 0, "half_open": 1, "probe": 1, "open": 2}
+
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    threshold: float = 0.5
+    """Failure rate over the window that opens the breaker."""
+    min_calls: int = 20
+    window_ms: int = 30_000
+    cooldown_ms: int = 30_000
+    """How long it stays open before one half-open probe is let through."""
+    probe_ms: int = 60_000
+
+
+class Breakers:
+    def __init__(self, stores: Stores, policy: BreakerPolicy | None = None, *, cache_s: float = 0.2,
+                 flush_s: float = 0.1) -> None:
+        self.stores = stores
+        self.policy = policy or BreakerPolicy()
+        self.cache_s, self.flush_s = cache_s, flush_s
+        self._seen: dict[str, tuple[str, float, float]] = {}  # service -> (mode, opened_until ms, checked at)
+        self._counts: dict[str, list[int]] = {}  # service -> [successes, failures]
+        self._probes: dict[str, str] = {}
+
+    def _keys(self, service: str) -> list[str]:
+        return breaker_keys(self.stores.settings.prefix, service)
+
+    async def check(self, service: str) -> tuple[bool, float | None, bool]:
+        """(may start, seconds to wait if not, is the half-open probe)."""
+        now = time.time()
+        seen = self._seen.get(service)
+        if seen is not None and now - seen[2] < self.cache_s:
+            mode, until, _ = seen
+            if mode == "closed":
+                return True, None, False
+            if mode == "open" and now * 1000 < until:
+                return False, until / 1000 - now, False
+        mode, until = await self.stores.scripts.run("breaker_check", self._keys(service)[:2],
+                                                    [int(now * 1000), self.policy.probe_ms])
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        until = float(until)
+        self._remember(service, mode, until)
+        if mode == "open":
+            return False, max(until / 1000 - now, 0.05), False
+        return True, None, mode == "probe"
+
+    def record(self, service: str, ok: bool, probe: bool) -> None:
+        if probe:
+            self._probes[service] = "ok" if ok else "fail"
+        c = self._counts.setdefault(service, [0, 0])
+        c[0 if ok else 1] += 1
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_s)
+            try:
+                await self.flush()
+            except Exception as exc:  # noqa: BLE001 - counts are retried on the next flush
+                log.warning("breaker flush failed: %s", exc)
+
+    async def flush(self) -> None:
+        counts, self._counts = self._counts, {}
+        probes, self._probes = self._probes, {}
+        p = self.policy
+        for service in set(counts) | set(probes):
+            ok, bad = counts.get(service, [0, 0])
+            mode, until = await self.stores.scripts.run(
+                "breaker_record", self._keys(service),
+                [int(time.time() * 1000), ok, bad, probes.get(service, ""), p.threshold, p.min_calls, p.window_ms,
+                 p.cooldown_ms])
+            mode = mode.decode() if isinstance(mode, bytes) else mode
+            previous = self._seen.get(service, ("closed", 0, 0))[0]
+            self._remember(service, mode, float(until))
+            if mode != previous:
+                log.warning("breaker %s: %s -> %s", service, previous, mode,
+                            extra={"event": "breaker_" + mode})
+
+    def _remember(self, service: str, mode: str, until: float) -> None:
+        self._seen[service] = (mode, until, time.time())
+        metrics.BREAKER.labels(service).set(_CODE.get(mode, 0))

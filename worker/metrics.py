@@ -1,0 +1,45 @@
+"""Worker metrics (one module per component; labels are bounded: queue, handler, model,
+status, attempt band, service — never a run id). Jobs of the process model are measured
+here in the parent, so the child processes need no multiprocess registry."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_DURATION = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+
+CLAIMED = Counter("fencepost_claimed_total", "Runs claimed", ["queue"])
+DISPATCH_LATENCY = Histogram("fencepost_dispatch_latency_seconds",
+                             "Claim to handler start (checkpoint read, pool wait)", ["queue"], buckets=_LATENCY)
+FINISHED = Counter("fencepost_runs_finished_total", "Attempt outcomes by the state they led to",
+                   ["queue", "handler", "status"])
+ATTEMPTS_PER_SUCCESS = Histogram("fencepost_attempts_per_completed_run", "Attempts a run needed to succeed",
+                                 ["handler"], buckets=(1, 2, 3, 4, 5, 7, 10, 20))
+DURATION = Histogram("fencepost_run_duration_seconds", "Handler duration", ["handler", "attempt"],
+                     buckets=_DURATION)
+ERRORS = Counter("fencepost_errors_total", "Handler errors by class of error", ["handler", "kind"])
+RENEWALS = Counter("fencepost_lease_renewals_total", "Leases renewed", ["queue"])
+LEASES_LOST = Counter("fencepost_leases_lost_total", "Leases found lost at renewal (run abandoned)", ["queue"])
+LEASE_EXPIRIES = Counter("fencepost_lease_expiries_total", "Expired leases reaped (worker crash, partition, GC)",
+                         ["queue"])
+STALE = Counter("fencepost_stale_token_rejections_total",
+                "Finishes and checkpoints refused for a stale fencing token (duplicate-effect guard)", ["queue", "what"])
+HEARTBEAT = Histogram("fencepost_heartbeat_seconds", "Lease renewal round trip", ["queue"], buckets=_LATENCY)
+RUNNING = Gauge("fencepost_worker_running", "Runs executing in this worker", ["queue"])
+CONCURRENCY = Gauge("fencepost_worker_concurrency", "Configured concurrency of this worker")
+UTILIZATION = Gauge("fencepost_worker_utilization", "Busy slots / concurrency")
+POOL_BUSY = Gauge("fencepost_pool_busy", "Busy threads or processes", ["pool"])
+POOL_SIZE = Gauge("fencepost_pool_size", "Threads or processes in the pool", ["pool"])
+LEAKED = Gauge("fencepost_leaked_slots", "Thread slots held by jobs given up after a timeout or forced stop")
+POOL_REBUILDS = Counter("fencepost_process_pool_rebuilds_total", "Child processes replaced (timeout, crash, kill)")
+LOOP_LAG = Histogram("fencepost_event_loop_lag_seconds", "Delay of a call_soon callback on the worker loop",
+                     buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5))
+CHECKPOINTS = Counter("fencepost_checkpoints_total", "Checkpoints committed", ["handler"])
+CHECKPOINT_AGE = Gauge("fencepost_checkpoint_age_seconds",
+                       "Oldest time since the last checkpoint among running checkpointed runs")
+FORCED = Counter("fencepost_forced_stops_total", "Stops escalated after the grace period", ["handler", "model"])
+BREAKER = Gauge("fencepost_breaker_state", "Circuit breaker state as seen by this worker: 0 closed, 1 half-open, 2 open",
+                ["service"])
+DEFERRED = Counter("fencepost_breaker_deferred_total", "Runs held in RETRY_WAIT by an open breaker", ["service"])
+THROTTLED = Counter("fencepost_rate_limited_total", "Rate-limit signals that throttled a queue", ["queue"])
