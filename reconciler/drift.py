@@ -101,26 +101,17 @@ class DriftRepair:
         ids = sorted(set(ids))
         if not ids:
             return []
-        keys = self.stores.keys(queue)
-        pipe = self.stores.redis.pipeline(transaction=False)
-        for rid in ids:
-            k = keys.run(rid)
-            pipe.exists(k)
-            pipe.hmget(k, *_FIELDS)
-            pipe.hstrlen(k, "payload")
-            pipe.zscore(keys.due, rid)
-            pipe.zscore(keys.delayed, rid)
-            pipe.zscore(keys.active, rid)
-        raw = await pipe.execute()
+        raw = await self.stores.scripts.run("repair_inspect", self.stores.keys(queue), ids)
         grace = self.grace_s if grace_s is None else grace_s
-        rows = {r["id"]: dict(r) for r in await self.stores.db.fetch("drift_runs", ids, float(grace))}
+        rows = {r["id"]: dict(r) for r in await self.stores.db.fetch("drift_runs_brief", ids, float(grace))}
         out: list[Drift] = []
         for i, rid in enumerate(ids):
-            exists, fields, plen, in_due, in_delayed, in_active = raw[6 * i: 6 * i + 6]
-            h = {name: _s(v) for name, v in zip(_FIELDS, fields)} if exists else None
-            if h is not None:
-                h["payload_len"] = plen
-            members = [n for n, m in (("due", in_due), ("delayed", in_delayed), ("active", in_active)) if m is not None]
+            f = raw[16 * i: 16 * i + 16]
+            h: dict[str, Any] | None = None
+            if f[0]:
+                h = {name: (v.decode(errors="replace") if v else None) for name, v in zip(_FIELDS, f[1:12])}
+                h["payload_len"] = f[12]
+            members = [n for n, m in zip(("due", "delayed", "active"), f[13:16]) if m]
             d = self._classify(queue, rid, h, members, rows.get(rid), rebuild)
             if d is not None:
                 out.append(d)
@@ -189,7 +180,7 @@ class DriftRepair:
         cands = [d for d in cands if d.run_id not in pending]
         if not cands:
             return []
-        fresh = {r["id"]: r for r in await self.stores.db.fetch("drift_runs", [d.run_id for d in cands], 0.0)}
+        fresh = {r["id"]: r for r in await self.stores.db.fetch("drift_runs_brief", [d.run_id for d in cands], 0.0)}
         return [d for d in cands if d.run_id in fresh and fresh[d.run_id]["version"] < int(d.seen_version)]
 
     async def tick(self, queue: str, *, repair: bool = True) -> list[Drift]:

@@ -196,16 +196,38 @@ async def ls(settings: Settings, queue: str | None, status_: str | None, handler
         _table(rows, ["id", "handler", "queue", "status", "attempt", "created_at", "finished_at", "last_error_class"])
 
 
+def _since(value: str) -> datetime:
+    import re
+    from datetime import timedelta, timezone
+
+    m = re.fullmatch(r"(\d+)([smhd])", value.strip())
+    if not m:
+        raise click.BadParameter(f"--since must look like 30s, 10m, 2h or 1d, not {value!r}")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
+    return datetime.now(timezone.utc) - timedelta(**{unit: int(m.group(1))})
+
+
 @cli.command()
-@click.argument("run_id", type=int)
+@click.argument("run_id", type=int, required=False)
+@click.option("--since", help="Fleet history since 30s / 10m / 2h / 1d ago (without RUN_ID).")
+@click.option("--type", "type_", help="Only events of this type (lease_expired, stop_escalated, ...).")
+@click.option("--queue")
+@click.option("--limit", type=int, default=100, show_default=True)
 @command
-async def events(settings: Settings, run_id: int) -> None:
-    """The append-only history of one run."""
+async def events(settings: Settings, run_id: int | None, since: str | None, type_: str | None, queue: str | None,
+                 limit: int) -> None:
+    """The append-only history of one run, or of the fleet (--since/--type)."""
     from .client import Client
 
     async with Client(settings=settings) as client:
-        _table(await client.events(run_id), ["at", "type", "from_status", "to_status", "attempt", "worker_id",
-                                             "actor", "reason", "error_class"])
+        if run_id is not None:
+            _table(await client.events(run_id), ["at", "type", "from_status", "to_status", "attempt", "worker_id",
+                                                 "actor", "reason", "error_class"])
+            return
+        start = _since(since or "1h")
+        rows = await client.stores.db.fetch("events_since", start, type_, queue, limit)
+        _table([dict(r) for r in rows], ["at", "run_id", "handler", "type", "to_status", "attempt", "worker_id",
+                                         "actor", "reason", "error_class"])
 
 
 @cli.command()

@@ -20,6 +20,7 @@ from .keys import valid_queue_name
 from .models import JobSpec, Outcome, Submit, decode_result, encode_payload
 from .registry import Handler, Registry
 from .states import RESTING, Status
+from .tracing import new_traceparent, traceparent_var, valid_traceparent
 from .stores import Stores
 from .workflows import WorkflowMixin
 
@@ -230,8 +231,12 @@ class Client(ControlMixin, WorkflowMixin):
             raise InvalidInput(f"arguments cannot be encoded: {exc}", field="args") from exc
         if len(payload) > self.settings.max_payload_bytes:
             raise PayloadTooLarge(len(payload), self.settings.max_payload_bytes)
+        trace = req.trace or traceparent_var.get() or new_traceparent()
+        if req.trace is not None and not valid_traceparent(req.trace):
+            raise InvalidInput(f"trace must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>), not {req.trace!r}",
+                               field="trace")
         return (spec.name, queue, priority, payload, run_at, retries, timeout, req.idempotency_key,
-                req.trace, Status.PENDING.value, None, None, None, outbox)
+                trace, Status.PENDING.value, None, None, None, outbox)
 
     # -- read ----------------------------------------------------------------------------------
     async def get(self, run_id: int) -> dict[str, Any]:

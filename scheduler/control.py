@@ -57,6 +57,22 @@ class ControlMixin:
         """A dead-lettered run (FAILED / TIMED_OUT / CANCELLED) -> PENDING, keeping its checkpoint."""
         return await self._command("retry", run_id, reason, expected_version)
 
+    async def resolve(self: "Client", run_id: int, *, as_: str, reason: str = "",
+                      expected_version: int | None = None) -> str:
+        """Close a review-queue run: `as_` is 'succeeded' or 'failed' (or 'retry' to run it again)."""
+        if as_ not in ("succeeded", "failed", "retry"):
+            raise InvalidInput(f"resolve --as must be succeeded, failed or retry, not {as_!r}", field="as")
+        run = await self.get(run_id)
+        if run["status"] != "FAILED" or run.get("reason") != "review":
+            raise InvalidInput(f"run {run_id} is not in the review queue (it is {run['status']}, "
+                               f"reason {run.get('reason')})", field="run_id")
+        if as_ == "retry":
+            return await self.retry(run_id, reason=reason, expected_version=expected_version)
+        return await self._command("resolve", run_id, reason, expected_version, [as_], run=run)
+
+    async def review_queue(self: "Client", *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.stores.db.fetch("review_queue", queue, limit)]
+
     # -- queues --------------------------------------------------------------------------------
     async def pause_queue(self: "Client", queue: str, *, reason: str = "") -> None:
         """Nothing new is dispatched from the queue; running runs carry on."""

@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-_FIELDS = ("event", "run_id", "attempt", "worker_id", "queue")
+_FIELDS = ("event", "run_id", "attempt", "worker_id", "queue", "trace_id")
 
 
 class JsonFormatter(logging.Formatter):

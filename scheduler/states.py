@@ -68,6 +68,9 @@ TRANSITIONS: dict[tuple[Status | None, Status], frozenset[str]] = {
     (S.STOPPED, S.PENDING): frozenset({"resumed", "restarted"}),
     (S.STOPPED, S.CANCELLED): frozenset({"cancelled"}),
     (S.FAILED, S.PENDING): frozenset({"retried", "restarted"}),
+    # the review queue: an operator reconciled a non-idempotent side effect by hand
+    (S.FAILED, S.SUCCEEDED): frozenset({"resolved"}),
+    (S.FAILED, S.FAILED): frozenset({"resolved"}),
     (S.TIMED_OUT, S.PENDING): frozenset({"retried", "restarted"}),
     (S.CANCELLED, S.PENDING): frozenset({"retried", "restarted"}),
 }

@@ -67,7 +67,8 @@ ORDER BY id DESC LIMIT $4;
 
 -- name: dead_letter
 SELECT id, handler, queue, status, attempt, finished_at, last_error_class, last_error, reason
-FROM runs WHERE status IN ('FAILED', 'TIMED_OUT') AND ($1::text IS NULL OR queue = $1)
+FROM runs WHERE status IN ('FAILED', 'TIMED_OUT') AND reason IS DISTINCT FROM 'review'
+  AND ($1::text IS NULL OR queue = $1)
 ORDER BY finished_at DESC LIMIT $2;
 
 -- name: run_events

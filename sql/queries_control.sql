@@ -77,3 +77,16 @@ INSERT INTO events (queue, type, actor, reason, at) VALUES ($1, $2, $3, $4, now(
 
 -- name: queue_exists
 SELECT name, paused FROM queues WHERE name = $1;
+
+-- name: review_queue
+SELECT id, handler, queue, attempt, finished_at, last_error_class, last_error
+FROM runs WHERE status = 'FAILED' AND reason = 'review' AND ($1::text IS NULL OR queue = $1)
+ORDER BY finished_at DESC LIMIT $2;
+
+-- name: events_since
+-- The fleet's history: `fencepost events --since 10m --type lease_expired`.
+SELECT e.id, e.run_id, e.queue, e.type, e.from_status, e.to_status, e.attempt, e.worker_id, e.actor, e.reason,
+       e.error_class, e.at, r.handler, r.workflow_id, r.trace_id
+FROM events e LEFT JOIN runs r ON r.id = e.run_id
+WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR COALESCE(r.queue, e.queue) = $3)
+ORDER BY e.at DESC, e.id DESC LIMIT $4;

@@ -21,6 +21,11 @@ SELECT id, queue, handler, status, priority, payload, run_at, attempt, max_retri
        updated_at < now() - make_interval(secs => $2::double precision) AS settled
 FROM runs WHERE id = ANY($1::bigint[]);
 
+-- name: drift_runs_brief
+-- What drift detection compares (drift_runs without the payload).
+SELECT id, queue, status, version, updated_at < now() - make_interval(secs => $2::double precision) AS settled
+FROM runs WHERE id = ANY($1::bigint[]);
+
 -- name: drift_interrupt_lost
 -- Runs PostgreSQL has as leased whose Redis state is gone: the attempt is closed as
 -- interrupted; RUNNING goes back to PENDING (at least once), STOPPING becomes STOPPED

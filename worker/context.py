@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
+from scheduler.tracing import trace_id
 from typing import Any, Awaitable, Callable
 
 __all__ = ["Context", "SyncContext", "Interrupt", "LeaseLost"]
@@ -56,7 +58,8 @@ class Context:
         if self._log is None:
             self._log = logging.LoggerAdapter(logging.getLogger(f"fencepost.job.{self.handler}"),
                                               {"run_id": self.run_id, "attempt": self.attempt,
-                                               "worker_id": self.worker_id, "event": "job_log"})
+                                               "worker_id": self.worker_id, "event": "job_log",
+                                               "trace_id": trace_id(self.trace)})
         return self._log
 
     def op_key(self, item: Any) -> str:

@@ -9,6 +9,7 @@ process: in a child process that is killed at its timeout or replaced if it cras
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ import msgspec
 from scheduler.errors import InvalidInput
 from scheduler.models import Claimed, decode_payload, encode_result
 from scheduler.registry import Registry
+from scheduler.tracing import traceparent_var
 
 from .checkpoints import Checkpoints
 from .classify import OUTCOME_OF_KIND, classify
@@ -80,6 +82,8 @@ class Executors:
                 return Outcome("ok", await self.procs.run(job.handler, job.payload, ctx, timeout,
                                                           self.checkpoints.write_encoded))
             args, kwargs = decode_payload(job.payload)
+            if ctx.trace:  # runs submitted from this job continue its trace
+                traceparent_var.set(ctx.trace)
             if model == "async":  # its timeout is enforced by the worker's watchdog (no timer per job)
                 return Outcome("ok", encode_result(await handler.fn(ctx, *args, **kwargs)))
             return await self._run_thread(handler.fn, ctx, args, kwargs, timeout)
@@ -105,7 +109,8 @@ class Executors:
     async def _run_thread(self, fn: Any, ctx: Context, args: list[Any], kwargs: dict[str, Any], timeout: float) -> Outcome:
         loop = asyncio.get_running_loop()
         self.threads_busy += 1
-        fut = loop.run_in_executor(self._threads, lambda: fn(ctx, *args, **kwargs))
+        call = contextvars.copy_context().run  # the thread sees the run's trace context too
+        fut = loop.run_in_executor(self._threads, lambda: call(fn, ctx, *args, **kwargs))
         fut.add_done_callback(self._thread_done)
         try:
             result = await asyncio.wait_for(asyncio.shield(fut), timeout)

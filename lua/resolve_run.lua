@@ -1,0 +1,20 @@
+-- resolve_run.lua: an operator reconciled a run from the review queue (a non-idempotent
+-- side effect that may or may not have happened) and records what really happened:
+-- FAILED -> SUCCEEDED, or FAILED -> FAILED (reason resolved_failed, out of the queue).
+-- (Retrying it instead is retry_run.lua.)
+-- KEYS: the queue keys (includes/common.lua)
+-- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args),
+--   ARGV[6] 'succeeded' or 'failed'
+-- Returns: the new state
+-- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> resolve
+-- @include common
+local now, id, key, st, who = control_args('resolve')
+if st ~= 'FAILED' then refuse(id, st, 'resolve') end
+redis.call('PERSIST', key)
+if ARGV[6] == 'succeeded' then
+  transition(id, key, st, 'SUCCEEDED', 'resolved', now, who)
+  return 'SUCCEEDED'
+end
+who[3], who[4] = 'reason', 'resolved_failed: ' .. ARGV[4]
+transition(id, key, st, 'FAILED', 'resolved', now, who)
+return 'FAILED'

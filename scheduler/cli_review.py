@@ -1,0 +1,40 @@
+"""`fencepost review`: runs whose non-idempotent side effect failed wait here for an operator."""
+
+from __future__ import annotations
+
+import click
+
+from .config import Settings
+
+
+def register(cli: click.Group) -> None:
+    from .cli import _table, command
+    from .cli_control import _actor
+
+    @cli.group()
+    def review() -> None:
+        """The review queue: reconcile side effects by hand, then resolve."""
+
+    @review.command("ls")
+    @click.option("--queue")
+    @click.option("--limit", type=int, default=50, show_default=True)
+    @command
+    async def review_ls(settings: Settings, queue: str | None, limit: int) -> None:
+        from .client import Client
+
+        async with Client(settings=settings) as client:
+            _table(await client.review_queue(queue=queue, limit=limit),
+                   ["id", "handler", "queue", "attempt", "finished_at", "last_error_class", "last_error"])
+
+    @review.command("resolve")
+    @click.argument("run_id", type=int)
+    @click.option("--as", "as_", type=click.Choice(["succeeded", "failed", "retry"]), required=True,
+                  help="What really happened (or run it again).")
+    @click.option("--reason", default="")
+    @command
+    async def review_resolve(settings: Settings, run_id: int, as_: str, reason: str) -> None:
+        from .client import Client
+
+        async with Client(settings=settings, actor=_actor()) as client:
+            state = await client.resolve(run_id, as_=as_, reason=reason)
+        click.echo(f"run {run_id}: {state}")

@@ -1,0 +1,84 @@
+"""`fencepost workflow show / retry`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .config import Settings
+
+__all__ = ["register", "draw"]
+
+_MARK = {"SUCCEEDED": "✔", "FAILED": "✘", "TIMED_OUT": "✘", "CANCELLED": "⊘", "RUNNING": "▶", "STOPPING": "▶",
+         "PENDING": "◌", "RETRY_WAIT": "↻", "BLOCKED": "·", "PAUSED": "‖", "STOPPED": "■"}
+_COLOUR = {"SUCCEEDED": "green", "FAILED": "red", "TIMED_OUT": "red", "CANCELLED": "yellow", "RUNNING": "cyan",
+           "STOPPING": "cyan", "RETRY_WAIT": "magenta"}
+
+
+def draw(wf: dict[str, Any], *, colour: bool = False) -> list[str]:
+    """The graph as text: one band per depth, each node with its state and upstreams."""
+    from .workflows import layers
+
+    nodes = wf["nodes"]
+    counts: dict[str, int] = {}
+    for n in nodes:
+        counts[n["status"]] = counts.get(n["status"], 0) + 1
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    out = [f"workflow {wf['id']}" + (f" ({wf['name']})" if wf.get("name") else "") + f": {len(nodes)} nodes, {summary}"]
+    width = max((len(n["name"]) for n in nodes), default=4)
+    for depth, band in enumerate(layers(nodes)):
+        shown = band if len(band) <= 40 else band[:20] + [None] + band[-5:]  # type: ignore[list-item]
+        for i, n in enumerate(shown):
+            lead = f"{depth:>3} ┃ " if i == 0 else "    ┃ "
+            if n is None:
+                out.append(f"{lead}… {len(band) - 25} more at this depth")
+                continue
+            st = n["status"]
+            label = f"{_MARK.get(st, '?')} {st:<10}"
+            if colour and st in _COLOUR:
+                label = click.style(label, fg=_COLOUR[st])
+            ups = n["depends_on"]
+            arrow = "" if not ups else "  ◀ " + (", ".join(ups) if len(ups) <= 6 else f"{', '.join(ups[:6])} +{len(ups) - 6}")
+            why = f" ({n['reason']})" if n.get("reason") and st in ("CANCELLED", "FAILED") else ""
+            out.append(f"{lead}{n['name']:<{width}}  {label} run {n['id']}{why}{arrow}")
+    return out
+
+
+def register(cli: click.Group) -> None:
+    from .cli import command
+
+    @cli.group()
+    def workflow() -> None:
+        """DAG workflows."""
+
+    @workflow.command("show")
+    @click.argument("workflow_id")
+    @command
+    async def show(settings: Settings, workflow_id: str) -> None:
+        """Draw the graph with the state of every node."""
+        import sys
+
+        from .client import Client
+
+        async with Client(settings=settings) as client:
+            wf = await client.workflow(workflow_id)
+        for line in draw(wf, colour=sys.stdout.isatty()):
+            click.echo(line)
+
+    @workflow.command("retry")
+    @click.argument("workflow_id")
+    @click.option("--recompute", multiple=True, help="Re-run this node and all its descendants (repeatable).")
+    @click.option("--reason", default="")
+    @command
+    async def retry(settings: Settings, workflow_id: str, recompute: tuple[str, ...], reason: str) -> None:
+        """Re-run failed/stopped/cancelled nodes and their descendants; succeeded nodes are kept."""
+        from .client import Client
+
+        async with Client(settings=settings, actor="cli") as client:
+            done = await client.retry_workflow(workflow_id, recompute=recompute, reason=reason)
+        if not any(done.values()):
+            click.echo("nothing to retry")
+        for k, v in done.items():
+            if v:
+                click.echo(f"{k}: {', '.join(v)}")
