@@ -43,3 +43,5 @@ BREAKER = Gauge("fencepost_breaker_state", "Circuit breaker state as seen by thi
                 ["service"])
 DEFERRED = Counter("fencepost_breaker_deferred_total", "Runs held in RETRY_WAIT by an open breaker", ["service"])
 THROTTLED = Counter("fencepost_rate_limited_total", "Rate-limit signals that throttled a queue", ["queue"])
+HANDLER_INFO = Gauge("fencepost_handler_info", "1 per registered handler; join on handler for its owner (alert routing)",
+                     ["handler", "queue", "owner", "model"])

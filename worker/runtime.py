@@ -103,6 +103,8 @@ class Worker:
             client.stores = self.stores
             await client.register(self.registry)
         await self.executors.start()
+        for h in self.registry.handlers.values():
+            metrics.HANDLER_INFO.labels(h.spec.name, h.spec.queue, h.spec.owner or "unowned", h.spec.model).set(1)
         s = self.settings
         for q in self.opts.queues:  # the retry budget is per queue, shared by its workers
             await self.stores.redis.hset(self.stores.keys(q).config, mapping={
