@@ -15,6 +15,7 @@ import msgspec
 
 from .config import Settings
 from .control import ControlMixin
+from .db import Database
 from .errors import InvalidInput, PayloadTooLarge, UnknownHandler, UnknownRun, WaitTimeout
 from .keys import valid_queue_name
 from .models import JobSpec, Outcome, Submit, decode_result, encode_payload
@@ -89,9 +90,7 @@ class Client(ControlMixin, WorkflowMixin):
         specs = registry.specs() if isinstance(registry, Registry) else list(registry)
         if isinstance(registry, Registry):
             self.registry = registry
-        cols = [[getattr(s, f) for s in specs] for f in
-                ("name", "model", "queue", "priority", "timeout_s", "max_retries", "version", "resumable", "owner")]
-        await self.stores.db.execute("upsert_definitions", *cols, [json.dumps(s.options()) for s in specs])
+        await store_definitions(self.stores.db, specs)
         self._defs.update({s.name: s for s in specs})
 
     async def _load_definitions(self, names: set[str]) -> None:

@@ -17,17 +17,18 @@ from dataclasses import dataclass, field
 from math import inf
 from typing import Any
 
+from scheduler.client import store_definitions
 from scheduler.config import Settings
 from scheduler.errors import NotStamped, StoreUnavailable
 from scheduler.models import Claimed
 from scheduler.registry import Registry
 from scheduler.stores import Stores
 
-from .acks import Acknowledger
-from .context import Context, SyncContext
 from . import metrics
+from .acks import Acknowledger
 from .breakers import Breakers
 from .checkpoints import Checkpoints
+from .context import Context, SyncContext
 from .executors import Executors, Outcome
 
 log = logging.getLogger("fencepost.worker")
@@ -97,11 +98,8 @@ class Worker:
     async def run(self) -> None:
         await self.stores.connect(database=bool(self.registry.handlers))
         await self.stores.check_redis()
-        if self.registry.handlers:
-            from scheduler.client import Client  # register our handlers so producers can validate
-            client = Client(settings=self.settings)
-            client.stores = self.stores
-            await client.register(self.registry)
+        if self.registry.handlers:  # declare our handlers so producers can validate submits
+            await store_definitions(self.stores.db, self.registry.specs())
         await self.executors.start()
         for h in self.registry.handlers.values():
             metrics.HANDLER_INFO.labels(h.spec.name, h.spec.queue, h.spec.owner or "unowned", h.spec.model).set(1)
