@@ -60,6 +60,13 @@ def _spec(row: Any) -> JobSpec:
     return msgspec.convert({**data, **options}, JobSpec)
 
 
+async def store_definitions(db: Database, specs: list[JobSpec]) -> None:
+    """Upsert handler declarations (workers do it at start, so producers can validate)."""
+    cols = [[getattr(s, f) for s in specs] for f in
+            ("name", "model", "queue", "priority", "timeout_s", "max_retries", "version", "resumable", "owner")]
+    await db.execute("upsert_definitions", *cols, [json.dumps(s.options()) for s in specs])
+
+
 class Client(ControlMixin, WorkflowMixin):
     """Async client. A submit returns only after PostgreSQL committed the run."""
 
