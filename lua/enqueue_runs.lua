@@ -6,7 +6,8 @@
 --   timeout_ms, attempt, version, fire_time (ms or ''), trace ('' if none), gen
 -- state is PENDING, BLOCKED, RETRY_WAIT or PAUSED (the last two only from a rebuild).
 -- Returns: the number of runs created. A run whose hash already exists is left alone,
--- so enqueueing twice never duplicates or rewinds a run.
+-- so enqueueing twice never duplicates or rewinds a run, except a BLOCKED copy older
+-- than the given version (a workflow node PostgreSQL released since it was copied).
 -- No event is written: the submit event is committed to PostgreSQL with the run.
 -- @include common
 local now = tonumber(ARGV[1])
@@ -14,7 +15,12 @@ local created = 0
 for i = 2, #ARGV, 13 do
   local id, state, run_at, priority = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local key = run_key(id)
-  if redis.call('EXISTS', key) == 0 then
+  local held = redis.call('HMGET', key, 'state', 'version')
+  if held[1] == 'BLOCKED' and state ~= 'BLOCKED' and tonumber(held[2]) < tonumber(ARGV[i + 9]) then
+    redis.call('DEL', key)
+    held[1] = false
+  end
+  if not held[1] then
     redis.call('HSET', key, 'state', state, 'run_at', run_at, 'priority', priority, 'handler', ARGV[i + 4],
                'payload', ARGV[i + 5], 'max_retries', ARGV[i + 6], 'timeout_ms', ARGV[i + 7],
                'attempt', ARGV[i + 8], 'version', ARGV[i + 9], 'gen', ARGV[i + 12])

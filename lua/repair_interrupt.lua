@@ -16,6 +16,7 @@ for i = 2, #ARGV, 2 do
   local f = redis.call('HMGET', key, 'state', 'version', 'attempt', 'token', 'worker', 'priority')
   if f[2] == ARGV[i + 1] and (f[1] == 'RUNNING' or f[1] == 'STOPPING') then
     redis.call('ZREM', K_ACTIVE, id)
+    redis.call('HDEL', key, 'token')  -- the old token no longer vouches for anything (checkpoints check it)
     local ev = {'attempt', f[3] or '', 'token', f[4] or '', 'worker', f[5] or '', 'outcome', 'interrupted',
                 'reason', 'redis_lost'}
     if f[1] == 'STOPPING' then

@@ -19,6 +19,7 @@ for i = 2, #ARGV, 4 do
   local v = redis.call('HGET', key, 'version')
   if v and v == seen and tonumber(v) <= tonumber(pg_version) then
     redis.call('HSET', key, 'state', status, 'version', pg_version)
+    redis.call('HDEL', key, 'token')  -- no lease survives: a pre-failover token cannot checkpoint
     redis.call('ZREM', K_DUE, id)
     redis.call('ZREM', K_DELAYED, id)
     redis.call('ZREM', K_ACTIVE, id)

@@ -1,6 +1,7 @@
 -- resolve_run.lua: an operator reconciled a run from the review queue (a non-idempotent
 -- side effect that may or may not have happened) and records what really happened:
--- FAILED -> SUCCEEDED, or FAILED -> FAILED (reason resolved_failed, out of the queue).
+-- FAILED -> SUCCEEDED, or FAILED -> FAILED (with the operator's reason, or resolved_failed;
+-- either way the run's reason is no longer 'review', so it leaves the queue).
 -- (Retrying it instead is retry_run.lua.)
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args),
@@ -15,6 +16,6 @@ if ARGV[6] == 'succeeded' then
   transition(id, key, st, 'SUCCEEDED', 'resolved', now, who)
   return 'SUCCEEDED'
 end
-who[3], who[4] = 'reason', 'resolved_failed: ' .. ARGV[4]
+if ARGV[4] == '' then who[4] = 'resolved_failed' end  -- the run's reason leaves 'review'
 transition(id, key, st, 'FAILED', 'resolved', now, who)
 return 'FAILED'

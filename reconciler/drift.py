@@ -51,6 +51,8 @@ DONE = frozenset({s.value for s in TERMINAL})
 KNOWN = frozenset(s.value for s in Status)
 _FIELDS = ("state", "version", "run_at", "priority", "lease_until", "attempt", "token", "handler",
            "error_class", "error", "reason")
+INSPECT_BATCH = 1000
+"""Runs read per repair_inspect call (about a millisecond inside Redis)."""
 STREAM_SCAN_LIMIT = 200_000
 """Above this many unrecorded stream entries the `unrecorded` check waits for the recorder."""
 
@@ -87,7 +89,7 @@ class DriftRepair:
     cursor step over each Redis sorted set and the run hashes); `full_pass` walks
     everything once (the `fencepost reconcile` commands)."""
 
-    def __init__(self, stores: Stores, *, page: int = 1000, recent: int = 200, grace_s: float = 5.0) -> None:
+    def __init__(self, stores: Stores, *, page: int = 500, recent: int = 200, grace_s: float = 5.0) -> None:
         self.stores = stores
         self.page = page
         self.recent = recent
@@ -101,7 +103,9 @@ class DriftRepair:
         ids = sorted(set(ids))
         if not ids:
             return []
-        raw = await self.stores.scripts.run("repair_inspect", self.stores.keys(queue), ids)
+        raw: list[Any] = []
+        for i in range(0, len(ids), INSPECT_BATCH):  # bounded time inside Redis per call
+            raw += await self.stores.scripts.run("repair_inspect", self.stores.keys(queue), ids[i:i + INSPECT_BATCH])
         grace = self.grace_s if grace_s is None else grace_s
         rows = {r["id"]: dict(r) for r in await self.stores.db.fetch("drift_runs_brief", ids, float(grace))}
         out: list[Drift] = []
@@ -222,7 +226,7 @@ class DriftRepair:
                     break
         cur = 0
         while True:
-            cur, ids = await self._scan_hashes(queue, cur)
+            cur, ids = await self._scan_hashes(queue, cur, 20_000)
             found += await self._finish(queue, await self.examine(queue, ids, grace_s=grace_s), repair)
             if cur == 0:
                 break
@@ -234,10 +238,12 @@ class DriftRepair:
                 unique.append(d)
         return unique
 
-    async def _scan_hashes(self, queue: str, cursor: int) -> tuple[int, list[int]]:
+    async def _scan_hashes(self, queue: str, cursor: int, count: int | None = None) -> tuple[int, list[int]]:
+        """One SCAN step over the queue's run hashes (SCAN walks the whole keyspace: a shared
+        Redis with many other keys makes a full pass slower, never a tick longer)."""
         base = self.stores.keys(queue).base
         pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in base) + "run:*"
-        cursor, names = await self.stores.redis.scan(cursor, match=pattern, count=self.page)
+        cursor, names = await self.stores.redis.scan(cursor, match=pattern, count=count or self.page)
         ids = []
         for n in names:
             tail = n[len(base) + 4:]

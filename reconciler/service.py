@@ -20,7 +20,7 @@ from scheduler.stores import Stores
 
 from .drift import DriftRepair
 from .outbox import OutboxRelay
-from .rebuild import ensure_stamped
+from .rebuild import ensure_stamped, untrusted_queues
 from .recorder import Recorder
 
 log = logging.getLogger("fencepost.reconciler")
@@ -52,8 +52,12 @@ class Reconciler:
         for q in queues:
             await self._step("reap", lambda q=q: self.stores.scripts.run("reap_expired", self.stores.keys(q), [now, 1000]))
         await self._step("outbox", self._relay)
+        # A queue another reconciler is rebuilding is left to that rebuild.
+        untrusted = await self._step("stamps", lambda: untrusted_queues(self.stores))
+        untrusted = set(queues if untrusted is None else untrusted)
         for q in queues:
-            await self._step("drift", lambda q=q: self.drift.tick(q))
+            if q not in untrusted:
+                await self._step("drift", lambda q=q: self.drift.tick(q))
 
     async def _relay(self) -> None:
         if not self.outbox.listening():

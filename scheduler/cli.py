@@ -22,10 +22,9 @@ __all__ = ["main"]
 def _run(coro: Awaitable[Any]) -> Any:
     try:
         import uvloop
-
-        return uvloop.run(coro)  # type: ignore[arg-type]
     except ImportError:
         return asyncio.run(coro)  # type: ignore[arg-type]
+    return uvloop.run(coro)  # type: ignore[arg-type]
 
 
 def command(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
@@ -51,12 +50,16 @@ def command(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
 @click.option("--prefix", envvar="FENCEPOST_PREFIX", help="Redis key prefix (env FENCEPOST_PREFIX).")
 @click.option("--log-format", type=click.Choice(["auto", "json", "text"]), default="auto", envvar="FENCEPOST_LOG_FORMAT")
 @click.option("-v", "--verbose", is_flag=True)
+@click.option("--api", "api_url", envvar="FENCEPOST_API_URL",
+              help="Talk to this Fencepost API instead of Redis/PostgreSQL (env FENCEPOST_API_URL).")
+@click.option("--token", "api_token", envvar="FENCEPOST_API_TOKEN", help="API token for --api (env FENCEPOST_API_TOKEN).")
 @click.pass_context
 def cli(ctx: click.Context, redis_url: str | None, database_url: str | None, prefix: str | None,
-        log_format: str, verbose: bool) -> None:
+        log_format: str, verbose: bool, api_url: str | None, api_token: str | None) -> None:
     """Fencepost: jobs that are never lost and never run twice by our own accident."""
     setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
     ctx.obj = Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=prefix)
+    ctx.meta["fencepost.api"] = (api_url, api_token)  # read by scheduler.apiclient.from_context
 
 
 # -- database ------------------------------------------------------------------------------------
@@ -120,8 +123,17 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
     """Submit one run of HANDLER; prints its run id."""
     from .client import Client
 
+    from .apiclient import from_context
+
     args = _json_arg(args_json, "--args", list)
     kwargs = _json_arg(kwargs_json, "--kwargs", dict)
+    api = from_context()
+    if api is not None:
+        if wait_s is not None:
+            raise click.UsageError("--wait is not available with --api; use `fencepost status RUN_ID`")
+        click.echo(api.submit(handler, args, kwargs, queue=queue, priority=priority, delay=delay, timeout=timeout,
+                              max_retries=max_retries, idempotency_key=idempotency_key))
+        return
     async with Client(settings=settings, actor="cli") as client:
         run_id = await client.submit(handler, *args, kwargs=kwargs, queue=queue, priority=priority, delay=delay,
                                      timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key)
@@ -155,9 +167,29 @@ def _table(rows: list[dict[str, Any]], cols: list[str]) -> None:
 @command
 async def status(settings: Settings, run_id: int) -> None:
     """Show one run: state, attempts, last error."""
+    from .apiclient import from_context
     from .client import Client
     from .models import decode_result
 
+    api = from_context()
+    if api is not None:
+        run = api.get(run_id)
+        for k in ("id", "handler", "queue", "status", "priority", "attempt", "max_retries", "token", "lease_owner",
+                  "run_at", "created_at", "started_at", "finished_at", "last_error_class", "reason", "idempotency_key"):
+            if run.get(k) is not None:
+                click.echo(f"{k:17} {_fmt(run[k])}")
+        if run.get("result") is not None:
+            click.echo(f"{'result':17} {json.dumps(run['result'], default=str)}")
+        if run.get("last_error"):
+            click.echo(f"{'last_error':17} {run['last_error'].splitlines()[0][:200]}")
+        ckpt = api.checkpoint(run_id)
+        if ckpt is not None:
+            click.echo(f"{'checkpoint':17} version {ckpt['version']}, processed {ckpt['processed']}, "
+                       f"schema v{ckpt['schema_version']}, written {_fmt(ckpt['updated_at'])} by attempt {ckpt['attempt']}")
+        click.echo("")
+        _table(api.attempts(run_id), ["attempt", "worker_id", "token", "started_at", "finished_at", "outcome",
+                                      "error_class"])
+        return
     async with Client(settings=settings) as client:
         run = await client.get(run_id)
         for k in ("id", "handler", "queue", "status", "priority", "attempt", "max_retries", "token", "lease_owner",
@@ -188,8 +220,14 @@ async def status(settings: Settings, run_id: int) -> None:
 @command
 async def ls(settings: Settings, queue: str | None, status_: str | None, handler: str | None, limit: int) -> None:
     """List runs, newest first."""
+    from .apiclient import from_context
     from .client import Client
 
+    api = from_context()
+    if api is not None:
+        _table(api.list_runs(queue=queue, status=status_.upper() if status_ else None, handler=handler, limit=limit),
+               ["id", "handler", "queue", "status", "attempt", "created_at", "finished_at", "last_error_class"])
+        return
     async with Client(settings=settings) as client:
         rows = await client.list_runs(queue=queue, status=status_.upper() if status_ else None, handler=handler,
                                       limit=limit)
@@ -217,8 +255,19 @@ def _since(value: str) -> datetime:
 async def events(settings: Settings, run_id: int | None, since: str | None, type_: str | None, queue: str | None,
                  limit: int) -> None:
     """The append-only history of one run, or of the fleet (--since/--type)."""
+    from .apiclient import from_context
     from .client import Client
 
+    api = from_context()
+    if api is not None:
+        if run_id is not None:
+            _table(api.events(run_id), ["at", "type", "from_status", "to_status", "attempt", "worker_id", "actor",
+                                        "reason", "error_class"])
+        else:
+            _table(api.fleet_events(_since(since or "1h"), type_, queue, limit),
+                   ["at", "run_id", "handler", "type", "to_status", "attempt", "worker_id", "actor", "reason",
+                    "error_class"])
+        return
     async with Client(settings=settings) as client:
         if run_id is not None:
             _table(await client.events(run_id), ["at", "type", "from_status", "to_status", "attempt", "worker_id",
@@ -236,8 +285,14 @@ async def events(settings: Settings, run_id: int | None, since: str | None, type
 @command
 async def dlq(settings: Settings, queue: str | None, limit: int) -> None:
     """Dead-letter view: runs that FAILED or TIMED_OUT for good."""
+    from .apiclient import from_context
     from .client import Client
 
+    api = from_context()
+    if api is not None:
+        _table(api.dead_letter(queue=queue, limit=limit),
+               ["id", "handler", "queue", "status", "attempt", "finished_at", "reason", "last_error_class", "last_error"])
+        return
     async with Client(settings=settings) as client:
         _table(await client.dead_letter(queue=queue, limit=limit),
                ["id", "handler", "queue", "status", "attempt", "finished_at", "reason", "last_error_class", "last_error"])

@@ -47,6 +47,8 @@ def _make(verb: str) -> click.Command:
 
         if (run_id is None) == (queue is None):
             raise click.UsageError(f"give a RUN_ID, or --queue (with --status/--handler) for a bulk {verb}")
+        if await _via_api(verb, run_id, reason, queue, status_, handler, yes, expected_version):
+            return
         async with Client(settings=settings, actor=_actor()) as client:
             if run_id is not None:
                 state = await getattr(client, verb)(run_id, reason=reason, expected_version=expected_version)
@@ -67,6 +69,34 @@ def _make(verb: str) -> click.Command:
     return click.command(verb, help=_HELP[verb])(run_command)
 
 
+async def _via_api(verb: str, run_id: int | None, reason: str, queue: str | None, status_: str | None,
+                   handler: str | None, yes: bool, expected_version: int | None) -> bool:
+    """With --api: the same command through the HTTP API (the bulk confirm is the match count)."""
+    from .apiclient import from_context
+
+    api = from_context()
+    if api is None:
+        return False
+    if run_id is not None:
+        click.echo(f"run {run_id}: {api.command(verb, run_id, reason=reason, expected_version=expected_version)}")
+        return True
+    assert queue is not None
+    status = status_.upper() if status_ else None
+    try:
+        out = api.bulk(verb, queue=queue, status=status, handler=handler, confirm=0, reason=reason)
+    except BulkNotConfirmed as exc:
+        if not yes:
+            click.echo(f"{exc.matched} runs in queue {queue!r} match; nothing changed.")
+            click.echo(f"Re-run with --yes to {verb} them (the API acts on at most {exc.limit}).")
+            sys.exit(1)
+        out = api.bulk(verb, queue=queue, status=status, handler=handler, confirm=exc.matched, reason=reason)
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(out["results"].items())) or "none changed"
+    click.echo(f"{out['matched']} matched, {out['acted']} acted on: {summary}")
+    for rid, why in list(out["refused"].items())[:20]:
+        click.echo(f"  run {rid}: {why}")
+    return True
+
+
 def register(cli: click.Group) -> None:
     from .cli import command
 
@@ -82,8 +112,13 @@ def register(cli: click.Group) -> None:
     @click.option("--reason", default="")
     @command
     async def queue_pause(settings: Settings, name: str, reason: str) -> None:
+        from .apiclient import from_context
         from .client import Client
 
+        if (api := from_context()) is not None:
+            api.pause_queue(name, reason=reason)
+            click.echo(f"queue {name}: paused")
+            return
         async with Client(settings=settings, actor=_actor()) as client:
             await client.pause_queue(name, reason=reason)
         click.echo(f"queue {name}: paused")
@@ -93,8 +128,13 @@ def register(cli: click.Group) -> None:
     @click.option("--reason", default="")
     @command
     async def queue_resume(settings: Settings, name: str, reason: str) -> None:
+        from .apiclient import from_context
         from .client import Client
 
+        if (api := from_context()) is not None:
+            api.resume_queue(name, reason=reason)
+            click.echo(f"queue {name}: resumed")
+            return
         async with Client(settings=settings, actor=_actor()) as client:
             await client.resume_queue(name, reason=reason)
         click.echo(f"queue {name}: resumed")

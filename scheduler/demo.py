@@ -99,13 +99,10 @@ def run_demo(base_dir: str, jobs: int, settings: Settings | None) -> int:
     base = settings or Settings.from_env()
     demo_settings = Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=base.prefix,
                                       backoff_base_ms=200, lease_ms=10_000)
-    try:
-        try:
-            import uvloop
+    from .cli import _run
 
-            return uvloop.run(_demo(demo_settings, jobs))
-        except ImportError:
-            return asyncio.run(_demo(demo_settings, jobs))
+    try:
+        return _run(_demo(demo_settings, jobs))
     finally:
         if servers is not None:
             servers.stop()

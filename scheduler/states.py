@@ -73,6 +73,7 @@ TRANSITIONS: dict[tuple[Status | None, Status], frozenset[str]] = {
     (S.FAILED, S.FAILED): frozenset({"resolved"}),
     (S.TIMED_OUT, S.PENDING): frozenset({"retried", "restarted"}),
     (S.CANCELLED, S.PENDING): frozenset({"retried", "restarted"}),
+    (S.CANCELLED, S.BLOCKED): frozenset({"retried"}),  # workflow retry of an upstream_failed node
 }
 
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.CANCELLED})

@@ -9,7 +9,7 @@ ON CONFLICT (name) DO NOTHING
 RETURNING id;
 
 -- name: schedule_set_offset
-UPDATE schedules SET offset_ms = $2, due_at = next_fire_time + make_interval(secs => $2 / 1000.0)
+UPDATE schedules SET offset_ms = $2::integer, due_at = next_fire_time + make_interval(secs => $2::integer / 1000.0)
 WHERE id = $1;
 
 -- name: schedule_get
@@ -74,12 +74,12 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS x(q, t, r, d);
 -- Take or renew the lease: succeeds when free, expired, or already ours. The token grows
 -- on every change of holder.
 INSERT INTO trigger_leases AS l (name, holder, token, expires_at)
-VALUES ($1, $2, 1, $3 + make_interval(secs => $4))
+VALUES ($1, $2, 1, $3::timestamptz + make_interval(secs => $4::double precision))
 ON CONFLICT (name) DO UPDATE SET
     holder = excluded.holder,
     token = CASE WHEN l.holder = excluded.holder THEN l.token ELSE l.token + 1 END,
     expires_at = excluded.expires_at
-WHERE l.holder = excluded.holder OR l.expires_at < $3
+WHERE l.holder = excluded.holder OR l.expires_at < $3::timestamptz
 RETURNING token;
 
 -- name: lease_release
@@ -87,3 +87,36 @@ DELETE FROM trigger_leases WHERE name = $1 AND holder = $2;
 
 -- name: lease_holder
 SELECT holder, token, expires_at FROM trigger_leases WHERE name = $1;
+
+-- name: loadtest_schedule_ids
+SELECT nextval(pg_get_serial_sequence('schedules', 'id')) FROM generate_series(1, $1);
+
+-- name: loadtest_insert_schedules
+-- Bulk schedules for `fencepost loadtest spike` ($1 ids, $7 offsets computed by spread_offset_ms).
+INSERT INTO schedules (id, name, handler, payload, queue, cron, timezone, next_fire_time, spread_s, offset_ms, due_at)
+SELECT i, $2::text || '-' || i, 'loadtest.noop', $3::bytea, $2::text, $4::text, 'UTC', $5::timestamptz,
+       $6::double precision, o, $5::timestamptz + make_interval(secs => o / 1000.0)
+FROM unnest($1::bigint[], $7::integer[]) AS t(i, o);
+
+-- name: loadtest_delete_schedules
+DELETE FROM schedules WHERE queue = $1;
+
+-- name: loadtest_status_counts
+SELECT status, count(*) AS n FROM runs WHERE queue = $1 GROUP BY status;
+
+-- name: loadtest_relation_size
+SELECT sum(pg_total_relation_size(t::regclass))::bigint FROM unnest($1::text[]) AS t;
+
+-- name: loadtest_report
+-- Start lag is measured from the logical fire time (schedules) or the submit time (bursts),
+-- and from run_at (when the run was due: the fire time plus the schedule's spread offset).
+SELECT count(*) AS runs, min(created_at) AS c0, max(created_at) AS c1,
+       count(*) FILTER (WHERE status = 'SUCCEEDED') AS ok,
+       max(finished_at) AS last_done,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
+           (ORDER BY extract(epoch FROM started_at - COALESCE(fire_time, run_at))) AS lag,
+       max(extract(epoch FROM started_at - COALESCE(fire_time, run_at))) AS lag_max,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
+           (ORDER BY extract(epoch FROM started_at - run_at)) AS lag_due,
+       max(extract(epoch FROM started_at - run_at)) AS lag_due_max
+FROM runs WHERE queue = $1;

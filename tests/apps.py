@@ -106,3 +106,79 @@ async def effects(ctx, seconds: float = 60) -> None:
 @registry.job("t.compensate", queue="tq")
 async def compensate(ctx, cancelled_run: int) -> int:
     return cancelled_run
+
+
+# -- error classes, circuit breakers, retry budgets, tracing (tests/test_errors.py, issue 6) ------
+from scheduler.errors import InvalidJobInput, PolicyViolation, RateLimited, SideEffectFailed, Transient  # noqa: E402
+
+DEPENDENCY: dict = {"up": False, "calls": []}
+"""A fake downstream service for in-process workers only: tests flip `up` to simulate an
+outage and its recovery; `calls` lists the run ids that reached the handler."""
+
+
+@registry.job("t.err.transient", queue="tq", max_retries=2, owner="team-errors")
+async def err_transient(ctx) -> None:
+    raise Transient(f"dependency timed out (attempt {ctx.attempt})")
+
+
+@registry.job("t.err.rate_limited", queue="tq", max_retries=3, owner="team-errors")
+async def err_rate_limited(ctx, retry_after: float) -> int:
+    if ctx.attempt == 1:
+        raise RateLimited("429 Too Many Requests", retry_after=retry_after)
+    return ctx.attempt
+
+
+@registry.job("t.err.invalid", queue="tq", max_retries=5, owner="team-errors")
+async def err_invalid(ctx) -> None:
+    raise InvalidJobInput("amount must be positive")
+
+
+@registry.job("t.err.side_effect", queue="tq", max_retries=5, side_effects=True, owner="team-errors")
+async def err_side_effect(ctx) -> int:
+    """The charge may or may not have gone out on attempt 1; later attempts succeed."""
+    if ctx.attempt == 1:
+        raise SideEffectFailed("charge sent, connection reset before the reply")
+    return ctx.attempt
+
+
+@registry.job("t.err.policy", queue="tq", max_retries=5, owner="team-errors")
+async def err_policy(ctx) -> None:
+    raise PolicyViolation("token lacks scope payments:write")
+
+
+@registry.job("t.err.unknown", queue="tq", max_retries=1, owner="team-errors")
+async def err_unknown(ctx) -> None:
+    raise ZeroDivisionError("an exception nobody classified")
+
+
+@registry.job("t.err.mapped", queue="tq", max_retries=5, owner="team-errors",
+              errors={KeyError: "invalid_input", TimeoutError: "transient"})
+async def err_mapped(ctx, key: str) -> None:
+    return {}[key]  # KeyError: mapped to invalid_input by errors=
+
+
+@registry.job("t.err.proc_rate_limited", queue="tq", model="process", max_retries=3, timeout=30, owner="team-errors")
+def err_proc_rate_limited(ctx, retry_after: float) -> int:
+    if ctx.attempt == 1:
+        raise RateLimited("429 from a process job", retry_after=retry_after)
+    return ctx.attempt
+
+
+@registry.job("t.err.dependency", queue="tq", max_retries=8, depends_on_service="payments-api", owner="team-errors")
+async def err_dependency(ctx) -> int:
+    DEPENDENCY["calls"].append(ctx.run_id)
+    if not DEPENDENCY["up"]:
+        raise Transient("payments-api: 503 Service Unavailable")
+    return ctx.attempt
+
+
+@registry.job("t.err.trace", queue="tq", owner="team-errors")
+async def err_trace(ctx, redis_url: str, database_url: str, prefix: str) -> dict:
+    """Submits a child run from inside the job: it must carry this run's trace."""
+    from scheduler.client import Client
+    from scheduler.config import Settings
+
+    async with Client(settings=Settings(redis_url=redis_url, database_url=database_url, prefix=prefix)) as c:
+        child = await c.submit("t.noop")
+    ctx.log.info("submitted child run %s", child)
+    return {"trace": ctx.trace, "child": child}

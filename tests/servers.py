@@ -147,3 +147,33 @@ class TcpProxy:
             self._server.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
+
+
+class SentinelServer(RedisServer):
+    """A redis-server in Sentinel mode monitoring `primary` as `service` (quorum 1)."""
+
+    def __init__(self, primary: RedisServer, service: str = "mymaster") -> None:
+        super().__init__()
+        self.primary, self.service = primary, service
+
+    async def start(self, timeout: float = 10.0) -> "SentinelServer":
+        conf = os.path.join(self.dir, "sentinel.conf")
+        with open(conf, "w") as f:
+            f.write(f"bind {HOST}\nport {self.port}\ndir {self.dir}\n"
+                    f"sentinel monitor {self.service} {HOST} {self.primary.port} 1\n"
+                    f"sentinel down-after-milliseconds {self.service} 1000\n")
+        self.proc = subprocess.Popen(["redis-server", conf, "--sentinel"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        r = self.client()
+        try:
+            while True:
+                try:
+                    await r.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+                    return self
+                except (OSError, aioredis.ConnectionError, aioredis.ResponseError):
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"sentinel on port {self.port} did not start") from None
+                    await asyncio.sleep(0.02)
+        finally:
+            await r.aclose()

@@ -110,7 +110,7 @@ async def snapshot(stores: Stores) -> dict[str, Any]:
     for z in (k.due, k.delayed, k.active):
         pipe.zrange(z, 0, -1, withscores=True)
     out = await pipe.execute()
-    keys = sorted([x async for x in stores.redis.scan_iter(match=k.base + "run:*")])
+    keys = sorted([x async for x in stores.redis.scan_iter(match=k.base + "run:*", count=20_000)])
     hashes = [await stores.redis.hgetall(x) for x in keys]
     return {"sets": out, "hashes": list(zip(keys, hashes))}
 

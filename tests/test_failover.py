@@ -107,9 +107,16 @@ async def max_token(stores: Stores, db_url: str) -> int:
 
 
 async def assert_stale(stores: Stores, held: list[tuple[int, int]]) -> None:
+    """A worker holding a pre-failure token can neither finish, renew nor checkpoint."""
+    from worker.checkpoints import Checkpoints
+    from worker.context import Context, LeaseLost
+
     keys = stores.keys(HELD)
+    checkpoints = Checkpoints(stores, registry)
     for rid, tok in held:
         now = int(time.time() * 1000)
+        with pytest.raises(LeaseLost):
+            await checkpoints.write(Context(rid, 1, tok, HELD, "t.noop"), {"done": 1}, 1)
         out = await stores.scripts.run("finish_runs", keys, [now, 3, rid, tok, "ok", b"\x90", "", 0])
         assert out == [b"STALE"], (rid, out)
         assert await stores.scripts.run("renew_leases", keys, [now, 1000, rid, tok]) == [0]
@@ -282,3 +289,31 @@ async def test_postgres_connections_terminated_mid_load(drill: Any, settings: Se
     load, _ = await drill(settings.redis_url, terminate)
     assert load.errors, "no submit failed while PostgreSQL connections were being terminated"
     assert all(isinstance(e, DatabaseUnavailable) for e in load.errors), {type(e).__name__ for e in load.errors}
+
+
+async def test_sentinel_and_cluster_settings(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sentinel: the stores find the primary through a real Sentinel; Cluster: the client type."""
+    from redis.asyncio.cluster import RedisCluster
+
+    from tests.servers import SentinelServer
+
+    primary = await RedisServer().start()
+    sentinel = await SentinelServer(primary, "fp").start()
+    try:
+        monkeypatch.setenv("FENCEPOST_REDIS_SENTINELS", f"127.0.0.1:{sentinel.port}")
+        monkeypatch.setenv("FENCEPOST_REDIS_SERVICE", "fp")
+        s = Settings.from_env(database_url=settings.database_url, prefix=settings.prefix)
+        assert s.redis_sentinels == f"127.0.0.1:{sentinel.port}" and s.redis_service == "fp"
+        client = await Client(settings=s).connect()
+        try:
+            await client.register(registry)
+            rid = await client.submit("t.noop")
+            assert await primary.client().exists(client.stores.keys(Q).run(rid))
+        finally:
+            await client.close()
+        monkeypatch.delenv("FENCEPOST_REDIS_SENTINELS")
+        monkeypatch.setenv("FENCEPOST_REDIS_CLUSTER", "1")
+        assert isinstance(Stores(Settings.from_env()).redis, RedisCluster)
+    finally:
+        sentinel.cleanup()
+        primary.cleanup()

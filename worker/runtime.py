@@ -58,7 +58,7 @@ def _band(attempt: int) -> str:
 
 
 class _Running:
-    __slots__ = ("job", "ctx", "task", "deadline", "timed_out", "stop_seen", "forced")
+    __slots__ = ("job", "ctx", "task", "deadline", "timed_out", "stop_seen", "forced", "finishing")
 
     def __init__(self, job: Claimed, ctx: Context, deadline: float) -> None:
         self.job, self.ctx = job, ctx
@@ -67,6 +67,8 @@ class _Running:
         self.timed_out = False
         self.stop_seen: float | None = None
         self.forced = False
+        self.finishing = False
+        """Its outcome is on its way to Redis: a renewal racing the finish is not a lost lease."""
 
 
 class Worker:
@@ -279,6 +281,7 @@ class Worker:
             metrics.FORCED.labels(job.handler, model).inc()
         if self.running.get(job.id) is not entry:
             return
+        entry.finishing = True
         state = await self.acks.add(job.queue, job.id, job.token, job.attempt, outcome.kind, outcome.data,
                                     outcome.error_class, outcome.retry_after)
         if state == "STALE":
@@ -370,7 +373,8 @@ class Worker:
             await asyncio.sleep(period)
             by_queue: dict[str, list[_Running]] = {}
             for entry in list(self.running.values()):
-                by_queue.setdefault(entry.job.queue, []).append(entry)
+                if not entry.finishing:
+                    by_queue.setdefault(entry.job.queue, []).append(entry)
             for queue, entries in by_queue.items():
                 args: list[Any] = [int(time.time() * 1000), self.lease_ms]
                 for e in entries:

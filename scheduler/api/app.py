@@ -1,0 +1,109 @@
+"""The ASGI application: stateless (every replica talks to the same Redis and PostgreSQL),
+one shared connection pool per process, the dashboard's static files under /ui/."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..client import Client
+from ..config import Settings
+from .auth import RateLimiter, Tokens
+from .problems import ApiError, problem_response
+from .routes import ROUTES, wrap
+
+__all__ = ["ApiConfig", "Api", "create_app", "STATIC_DIR"]
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+class ApiConfig(msgspec.Struct, kw_only=True):
+    """Limits of the API (environment: FENCEPOST_API_<FIELD>)."""
+
+    max_body_bytes: int = 1024 * 1024
+    max_batch: int = 1000
+    rate_limit: int = 1200
+    """Requests per token per window (0: off)."""
+    rate_window_s: int = 60
+    bulk_cap: int = 1000
+    """A bulk action refuses to act when more runs than this match."""
+    token_cache_s: float = 5.0
+    """How long a token lookup is cached (a revoke reaches other replicas within this time)."""
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> "ApiConfig":
+        env: dict[str, Any] = {}
+        for f in cls.__struct_fields__:
+            raw = os.environ.get(f"FENCEPOST_API_{f.upper()}")
+            if raw is not None:
+                env[f] = raw
+        env.update({k: v for k, v in overrides.items() if v is not None})
+        return msgspec.convert(env, cls, strict=False)
+
+
+class Api:
+    """What every request shares: one Client (connection pools), the token store, the limiter."""
+
+    def __init__(self, settings: Settings, config: ApiConfig) -> None:
+        self.settings, self.config = settings, config
+        self.client = Client(settings=settings, actor="api")
+        self.tokens = Tokens(self.client.stores.db, cache_s=config.token_cache_s)
+        self.limiter = RateLimiter(self.client.stores.redis, settings.prefix, limit=config.rate_limit,
+                                   window_s=config.rate_window_s)
+
+    async def start(self) -> None:
+        await self.client.connect()
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class _NotFound(ApiError):
+    status, slug, title = 404, "not-found", "No such endpoint"
+
+
+class _MethodNotAllowed(ApiError):
+    status, slug, title = 405, "method-not-allowed", "Method not allowed"
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    err: ApiError = (_MethodNotAllowed if exc.status_code == 405 else _NotFound if exc.status_code == 404
+                     else ApiError)(str(exc.detail))
+    if not isinstance(err, (_NotFound, _MethodNotAllowed)):
+        err.status = exc.status_code  # type: ignore[misc]
+    return problem_response(err, request.url.path, headers=dict(exc.headers or {}))
+
+
+def create_app(settings: Settings | None = None, config: ApiConfig | None = None) -> Starlette:
+    """The API as an ASGI app. Its lifespan opens the stores; for tests without a server, use
+    `async with app.router.lifespan_context(app): ...`."""
+    api = Api(settings or Settings.from_env(), config or ApiConfig.from_env())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await api.start()
+        try:
+            yield
+        finally:
+            await api.close()
+
+    async def home(request: Request) -> Response:
+        return RedirectResponse("/ui/")
+
+    routes: list[Any] = [Route(r.path, wrap(r), methods=[r.method]) for r in ROUTES]
+    routes += [Route("/", home, methods=["GET"]),
+               Mount("/ui", app=StaticFiles(directory=STATIC_DIR, html=True), name="ui")]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app.state.api = api
+    return app

@@ -1,0 +1,638 @@
+"""The API's endpoints, declared once in ROUTES: Starlette routing and the OpenAPI document
+(scheduler/api/openapi.py) are both built from this table, so they cannot disagree.
+
+Every endpoint runs the same steps (`_wrap`): authenticate the bearer token (401), check the
+role (403), count the request against the token's rate limit (429), read the body within the
+size limit (413) and decode it into its msgspec Struct (400 / 422), then act with a Client whose
+actor is `token:<id>@<source address>`, so every control action names its token in the history.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Awaitable, Callable
+
+import asyncpg
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..client import Client
+from ..errors import InvalidInput, UnknownRun
+from ..models import Submit, decode_result
+from ..schedules import Schedules
+from ..states import Status
+from ..workflows import Node
+from . import schemas as S
+from .auth import Principal, create_token
+from .metrics import LATENCY, REFUSED, REQUESTS
+from .problems import BadRequest, BulkTooLarge, Forbidden, TooLarge, problem_response
+
+__all__ = ["ROUTES", "RouteSpec", "Ctx"]
+
+_UTC = timezone.utc
+_enc = msgspec.json.Encoder()
+_BIGINT = 2**63 - 1
+READ = ("operator", "admin")
+ANY = ("producer", "operator", "admin")
+
+
+@dataclass
+class RouteSpec:
+    method: str
+    path: str
+    fn: Callable[["Ctx"], Awaitable[Any]]
+    summary: str
+    roles: tuple[str, ...] = ANY
+    body: type | None = None
+    response: Any = None
+    status: int = 200
+    params: list[tuple[str, str, Any, str]] = field(default_factory=list)
+    """Query parameters: (name, json type, default, description)."""
+    tag: str = "runs"
+    auth: bool = True
+
+
+class Ctx:
+    """One request: the caller, a Client acting as the caller, the decoded body."""
+
+    def __init__(self, request: Request, principal: Principal | None, client: Client, body: Any) -> None:
+        self.request, self.principal, self.client, self.body = request, principal, client, body
+
+    @property
+    def p(self) -> Principal:
+        assert self.principal is not None
+        return self.principal
+
+    @property
+    def api(self) -> Any:
+        return self.request.app.state.api
+
+    # -- path and query parameters ------------------------------------------------------------
+    def run_id(self) -> int:
+        raw = self.request.path_params["run_id"]
+        if not raw.isdigit() or not 0 < int(raw) <= _BIGINT:
+            raise InvalidInput(f"run id must be a positive integer, not {raw!r}", field="run_id")
+        return int(raw)
+
+    def path(self, name: str) -> str:
+        return self.request.path_params[name]
+
+    def q(self, name: str, default: str | None = None) -> str | None:
+        v = self.request.query_params.get(name)
+        return default if v in (None, "") else v
+
+    def q_int(self, name: str, default: int, lo: int, hi: int) -> int:
+        raw = self.request.query_params.get(name)
+        if raw in (None, ""):
+            return default
+        try:
+            v = int(raw)
+        except ValueError:
+            raise InvalidInput(f"{name} must be an integer, not {raw!r}", field=name) from None
+        if not lo <= v <= hi:
+            raise InvalidInput(f"{name} must be between {lo} and {hi}, not {v}", field=name)
+        return v
+
+    def q_time(self, name: str) -> datetime | None:
+        raw = self.q(name)
+        if raw is None:
+            return None
+        try:
+            t = datetime.fromisoformat(raw)
+        except ValueError:
+            raise InvalidInput(f"{name} must be an ISO 8601 time, not {raw!r}", field=name) from None
+        return t if t.tzinfo else t.replace(tzinfo=_UTC)
+
+    def q_status(self) -> str | None:
+        s = self.q("status")
+        if s is None:
+            return None
+        s = s.upper()
+        if s not in Status.__members__:
+            raise InvalidInput(f"unknown status {s!r}; one of {', '.join(Status)}", field="status")
+        return s
+
+    def q_queue(self) -> str | None:
+        """An optional queue filter; a scoped token may only name one of its queues."""
+        q = self.q("queue")
+        if q is not None:
+            self.p.require_queue(q)
+        return q
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(_enc.encode(obj), status_code=status, media_type="application/json")
+
+
+def _row(row: Any, typ: type) -> Any:
+    d = {k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in dict(row).items()}
+    return msgspec.convert(d, typ)
+
+
+async def _run_for(ctx: Ctx, run_id: int, *, act: bool = False) -> dict[str, Any]:
+    """The run, if the caller may see it (and, with act, command it)."""
+    run = await ctx.client.get(run_id)
+    p = ctx.p
+    if p.role == "producer":
+        if act:
+            p.require(*READ)
+        row = await ctx.client.stores.db.fetchrow("api_submitted_by", run_id)
+        actor = (row["actor"] if row else None) or ""
+        if actor != p.owner and not actor.startswith(p.owner + "@"):
+            raise Forbidden(f"run {run_id} was not submitted with this token (a producer reads only its own runs)",
+                            run_id=run_id)
+    p.require_queue(run["queue"])
+    return run
+
+
+async def _live(ctx: Ctx, run: dict[str, Any]) -> dict[str, Any]:
+    """Overlay the hot state Redis holds when it is newer than what PostgreSQL recorded."""
+    out = dict(run)
+    out["recorded_status"] = run["status"]
+    key = ctx.client.stores.keys(run["queue"]).run(run["id"])
+    state, attempt, version, token, worker = await ctx.client.stores.redis.hmget(
+        key, "state", "attempt", "version", "token", "worker")
+    if state is not None and version is not None and int(version) > int(run["version"]):
+        out["status"] = state.decode()
+        out["version"] = int(version)
+        if attempt is not None:
+            out["attempt"] = int(attempt)
+        if token:
+            out["token"] = int(token)
+        if worker:
+            out["lease_owner"] = worker.decode()
+    out["result"] = decode_result(run.get("result"))
+    return out
+
+
+async def _queue_of(client: Client, handler: str, queue: str | None) -> str:
+    if queue is not None:
+        return queue
+    await client._load_definitions({handler})  # noqa: SLF001 - raises UnknownHandler (422)
+    return client._defs[handler].queue  # noqa: SLF001
+
+
+def _submit(req: S.SubmitRequest, key: str | None) -> Submit:
+    return Submit(handler=req.handler, args=tuple(req.args), kwargs=dict(req.kwargs), queue=req.queue,
+                  priority=req.priority, run_at=req.run_at, delay=req.delay, timeout=req.timeout,
+                  max_retries=req.max_retries, idempotency_key=req.idempotency_key or key, trace=req.trace)
+
+
+def _idem_header(ctx: Ctx) -> str | None:
+    key = ctx.request.headers.get("idempotency-key")
+    if key is not None and not 1 <= len(key) <= 200:
+        raise InvalidInput("Idempotency-Key must be 1-200 characters", field="Idempotency-Key")
+    return key
+
+
+# -- health ------------------------------------------------------------------------------------
+async def health(ctx: Ctx) -> Any:
+    return S.Health(status="ok")
+
+
+async def ready(ctx: Ctx) -> Any:
+    redis_ok, pg_ok = "ok", "ok"
+    try:
+        await ctx.client.stores.redis.ping()
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        redis_ok = f"unreachable: {type(exc).__name__}"
+    try:
+        pool = ctx.client.stores.db.pool
+        assert pool is not None
+        await pool.fetchval("SELECT 1")
+    except Exception as exc:  # noqa: BLE001
+        pg_ok = f"unreachable: {type(exc).__name__}"
+    ok = redis_ok == "ok" and pg_ok == "ok"
+    return _json(S.Readiness(status="ready" if ok else "not ready", redis=redis_ok, postgres=pg_ok),
+                 200 if ok else 503)
+
+
+async def metrics(ctx: Ctx) -> Any:
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+async def openapi_doc(ctx: Ctx) -> Any:
+    from .openapi import document
+
+    return Response(document(), media_type="application/json")
+
+
+async def me(ctx: Ctx) -> Any:
+    p = ctx.p
+    return S.Me(id=p.id, role=p.role, queues=list(p.queues), name=p.name, actor=p.actor)
+
+
+# -- submit and read ---------------------------------------------------------------------------
+async def submit(ctx: Ctx) -> Any:
+    req: S.SubmitRequest = ctx.body
+    queue = await _queue_of(ctx.client, req.handler, req.queue)
+    ctx.p.require_queue(queue)
+    run_id = (await ctx.client.submit_many([_submit(req, _idem_header(ctx))]))[0]
+    return _json(S.Submitted(id=run_id, queue=queue), 201)
+
+
+async def submit_batch(ctx: Ctx) -> Any:
+    batch: S.SubmitBatch = ctx.body
+    limit = ctx.api.config.max_batch
+    if len(batch.runs) > limit:
+        raise TooLarge(f"a batch may hold at most {limit} runs, not {len(batch.runs)}", limit=limit,
+                       size=len(batch.runs), field="runs")
+    if not batch.runs:
+        raise InvalidInput("a batch needs at least one run", field="runs")
+    for r in batch.runs:
+        ctx.p.require_queue(await _queue_of(ctx.client, r.handler, r.queue))
+    key = _idem_header(ctx)
+    reqs = [_submit(r, f"{key}:{i}" if key else None) for i, r in enumerate(batch.runs)]
+    return _json(S.SubmittedBatch(ids=await ctx.client.submit_many(reqs)), 201)
+
+
+async def list_runs(ctx: Ctx) -> Any:
+    p = ctx.p
+    rows = await ctx.client.stores.db.fetch(
+        "api_list_runs", ctx.q_queue(), ctx.q_status(), ctx.q("handler"), ctx.q_time("since"), ctx.q_time("until"),
+        ctx.q_int("limit", 50, 1, 1000), p.scope, p.owner if p.role == "producer" else None,
+        ctx.q_int("before", _BIGINT, 1, _BIGINT))
+    return [_row(r, S.RunSummary) for r in rows]
+
+
+async def get_run(ctx: Ctx) -> Any:
+    run = await _run_for(ctx, ctx.run_id())
+    return _row(await _live(ctx, run), S.Run)
+
+
+async def run_attempts(ctx: Ctx) -> Any:
+    run_id = ctx.run_id()
+    await _run_for(ctx, run_id)
+    return [_row(r, S.Attempt) for r in await ctx.client.attempts(run_id)]
+
+
+async def run_events(ctx: Ctx) -> Any:
+    run_id = ctx.run_id()
+    await _run_for(ctx, run_id)
+    return [_row({**r, "run_id": run_id}, S.Event) for r in await ctx.client.events(run_id)]
+
+
+async def run_checkpoint(ctx: Ctx) -> Any:
+    run_id = ctx.run_id()
+    await _run_for(ctx, run_id)
+    row = await ctx.client.stores.db.fetchrow("get_checkpoint", run_id)
+    if row is None or row["state"] is None:
+        return _json(None)
+    d = dict(row)
+    d["state"] = decode_result(d["state"])
+    return _row(d, S.Checkpoint)
+
+
+async def fleet_events(ctx: Ctx) -> Any:
+    since = ctx.q_time("since") or datetime.now(_UTC) - timedelta(hours=1)
+    rows = await ctx.client.stores.db.fetch("events_since", since, ctx.q("type"), ctx.q_queue(),
+                                            ctx.q_int("limit", 100, 1, 1000))
+    p = ctx.p
+    return [_row(r, S.Event) for r in rows if not p.queues or (r["queue"] in p.queues)]
+
+
+# -- commands ----------------------------------------------------------------------------------
+def _command(verb: str) -> Callable[[Ctx], Awaitable[Any]]:
+    async def run_command(ctx: Ctx) -> Any:
+        run_id = ctx.run_id()
+        await _run_for(ctx, run_id, act=True)
+        body: S.CommandRequest = ctx.body or S.CommandRequest()
+        state = await getattr(ctx.client, verb)(run_id, reason=body.reason, expected_version=body.expected_version)
+        return S.CommandResult(id=run_id, command=verb, state=state)
+
+    run_command.__name__ = f"{verb}_run"
+    return run_command
+
+
+async def resolve(ctx: Ctx) -> Any:
+    run_id = ctx.run_id()
+    await _run_for(ctx, run_id, act=True)
+    body: S.ResolveRequest = ctx.body
+    state = await ctx.client.resolve(run_id, as_=body.as_, reason=body.reason, expected_version=body.expected_version)
+    return S.CommandResult(id=run_id, command="resolve", state=state)
+
+
+def _queue_command(paused: bool) -> Callable[[Ctx], Awaitable[Any]]:
+    async def queue_command(ctx: Ctx) -> Any:
+        name = ctx.path("queue")
+        ctx.p.require_queue(name)
+        body: S.QueueCommand = ctx.body or S.QueueCommand()
+        if paused:
+            await ctx.client.pause_queue(name, reason=body.reason)
+        else:
+            await ctx.client.resume_queue(name, reason=body.reason)
+        return S.QueueResult(queue=name, paused=paused)
+
+    return queue_command
+
+
+async def bulk(ctx: Ctx) -> Any:
+    name = ctx.path("queue")
+    ctx.p.require_queue(name)
+    body: S.BulkRequest = ctx.body
+    cap = ctx.api.config.bulk_cap
+    matched = (await ctx.client.stores.db.fetchrow("count_matching", name, body.status, body.handler))[0]
+    if matched > cap:
+        raise BulkTooLarge(f"{matched} runs match; the server acts on at most {cap} at once. Narrow the selection "
+                           "(status, handler); nothing changed", matched=matched, limit=cap, field="confirm")
+    from ..errors import BulkNotConfirmed
+
+    if body.confirm != matched:
+        exc = BulkNotConfirmed(matched, cap)
+        exc.args = (f"{matched} runs match, confirm was {body.confirm}; nothing changed. Send confirm={matched} to "
+                    f"{body.command} them",)
+        exc.confirm = body.confirm  # type: ignore[attr-defined]
+        raise exc
+    out = await ctx.client.bulk(body.command, queue=name, status=body.status, handler=body.handler, limit=cap,
+                                confirm=True, reason=body.reason)
+    return S.BulkResult(matched=out["matched"], acted=out["acted"], results=out["results"],
+                        refused={str(k): v for k, v in out["refused"].items()})
+
+
+async def list_queues(ctx: Ctx) -> Any:
+    p = ctx.p
+    window = ctx.q_int("window", 300, 10, 86400)
+    rows = await ctx.client.stores.db.fetch("api_queue_figures", float(window), p.scope)
+    r = ctx.client.stores.redis
+    now = time.time()
+    out = []
+    for row in rows:
+        k = ctx.client.stores.keys(row["queue"])
+        pipe = r.pipeline(transaction=False)
+        pipe.zcard(k.due)
+        pipe.zcard(k.delayed)
+        pipe.zcard(k.active)
+        pipe.zrange(k.due, 0, 0)
+        due, delayed, active, first = await pipe.execute()
+        age = 0.0
+        if first:
+            run_at = await r.hget(k.run(first[0].decode()), "run_at")
+            if run_at:
+                age = max(0.0, now - int(run_at) / 1000)
+        out.append(S.QueueStats(queue=row["queue"], paused=row["paused"], due=due, delayed=delayed, active=active,
+                                oldest_due_age_s=round(age, 3), finished_last_window=row["finished"],
+                                throughput_per_min=round(row["finished"] * 60 / window, 3),
+                                schedule_lag_s=None if row["lag_s"] is None else round(float(row["lag_s"]), 3),
+                                window_s=window))
+    return out
+
+
+async def dead_letter(ctx: Ctx) -> Any:
+    rows = await ctx.client.dead_letter(queue=ctx.q_queue(), limit=ctx.q_int("limit", 50, 1, 1000))
+    return [_row(r, S.RunSummary) for r in rows if ctx.p.in_scope(r["queue"])]
+
+
+async def review(ctx: Ctx) -> Any:
+    rows = await ctx.client.review_queue(queue=ctx.q_queue(), limit=ctx.q_int("limit", 50, 1, 1000))
+    return [_row({**r, "status": "FAILED", "reason": "review"}, S.RunSummary) for r in rows
+            if ctx.p.in_scope(r["queue"])]
+
+
+# -- schedules ---------------------------------------------------------------------------------
+async def list_schedules(ctx: Ctx) -> Any:
+    return [_row(r, S.Schedule) for r in await Schedules(ctx.client).list(limit=ctx.q_int("limit", 100, 1, 1000))]
+
+
+async def add_schedule(ctx: Ctx) -> Any:
+    return _json(_row(await Schedules(ctx.client).add(ctx.body), S.Schedule), 201)
+
+
+async def get_schedule(ctx: Ctx) -> Any:
+    return _row(await Schedules(ctx.client).get(ctx.path("name")), S.Schedule)
+
+
+async def delete_schedule(ctx: Ctx) -> Any:
+    await Schedules(ctx.client).remove(ctx.path("name"))
+    return Response(status_code=204)
+
+
+def _schedule_paused(paused: bool) -> Callable[[Ctx], Awaitable[Any]]:
+    async def set_paused(ctx: Ctx) -> Any:
+        return _row(await Schedules(ctx.client).set_paused(ctx.path("name"), paused), S.Schedule)
+
+    return set_paused
+
+
+async def next_fires(ctx: Ctx) -> Any:
+    name = ctx.path("name")
+    fires = await Schedules(ctx.client).upcoming(name, ctx.q_int("n", 5, 1, 100))
+    return S.NextFires(name=name, fires=list(fires))
+
+
+# -- workflows ---------------------------------------------------------------------------------
+async def submit_workflow(ctx: Ctx) -> Any:
+    body: S.WorkflowSubmit = ctx.body
+    for n in body.nodes:
+        ctx.p.require_queue(await _queue_of(ctx.client, n.handler, n.queue))
+    wid = await ctx.client.submit_workflow(body.nodes, name=body.name)
+    return _json(S.WorkflowSubmitted(id=wid), 201)
+
+
+async def list_workflows(ctx: Ctx) -> Any:
+    rows = await ctx.client.stores.db.fetch("api_list_workflows", ctx.q_int("limit", 50, 1, 1000))
+    return [_row(r, S.WorkflowSummary) for r in rows]
+
+
+async def get_workflow(ctx: Ctx) -> Any:
+    return _row(await ctx.client.workflow(ctx.path("workflow_id")), S.Workflow)
+
+
+async def retry_workflow(ctx: Ctx) -> Any:
+    wf = await ctx.client.workflow(ctx.path("workflow_id"))
+    for n in wf["nodes"]:
+        ctx.p.require_queue(n["queue"])
+    body: S.WorkflowRetry = ctx.body or S.WorkflowRetry()
+    done = await ctx.client.retry_workflow(wf["id"], recompute=body.recompute, reason=body.reason)
+    return S.WorkflowRetried(id=wf["id"], done=done)
+
+
+# -- tokens ------------------------------------------------------------------------------------
+async def list_tokens(ctx: Ctx) -> Any:
+    return [_row(r, S.Token) for r in await ctx.client.stores.db.fetch("api_token_list")]
+
+
+async def add_token(ctx: Ctx) -> Any:
+    body: S.TokenCreate = ctx.body
+    row, secret = await create_token(ctx.client.stores.db, body.role, list(body.queues), body.name, ctx.p.actor)
+    return _json(_row({**row, "secret": secret}, S.TokenCreated), 201)
+
+
+async def revoke_token(ctx: Ctx) -> Any:
+    raw = ctx.path("token_id")
+    if not raw.isdigit() or not 0 < int(raw) <= _BIGINT:
+        raise InvalidInput(f"token id must be a positive integer, not {raw!r}", field="token_id")
+    row = await ctx.client.stores.db.fetchrow("api_token_revoke", int(raw))
+    if row is None:
+        from .problems import NotFound
+
+        raise NotFound(f"no token with id {raw}", token_id=int(raw))
+    ctx.api.tokens.forget()
+    return _row(row, S.Token)
+
+
+# -- the table ---------------------------------------------------------------------------------
+_LIMIT = ("limit", "integer", 50, "At most this many rows (1-1000)")
+_QUEUE = ("queue", "string", None, "Only this queue")
+_RUN = "/v1/runs/{run_id}"
+
+ROUTES: list[RouteSpec] = [
+    RouteSpec("GET", "/healthz", health, "Liveness: the process answers", response=S.Health, tag="health", auth=False),
+    RouteSpec("GET", "/readyz", ready, "Readiness: Redis and PostgreSQL reachable (503 otherwise)",
+              response=S.Readiness, tag="health", auth=False),
+    RouteSpec("GET", "/metrics", metrics, "Prometheus metrics of this API process", response="text", tag="health",
+              auth=False),
+    RouteSpec("GET", "/openapi.json", openapi_doc, "This document", response="object", tag="health", auth=False),
+    RouteSpec("GET", "/v1/me", me, "The calling token", response=S.Me, tag="tokens"),
+    RouteSpec("POST", "/v1/runs", submit, "Submit one run (Idempotency-Key header or body field)",
+              roles=("producer", "admin"), body=S.SubmitRequest, response=S.Submitted, status=201),
+    RouteSpec("POST", "/v1/runs/batch", submit_batch, "Submit a batch atomically (Idempotency-Key: <key>:<index>)",
+              roles=("producer", "admin"), body=S.SubmitBatch, response=S.SubmittedBatch, status=201),
+    RouteSpec("GET", "/v1/runs", list_runs, "List runs, newest first (producers see their own)",
+              response=list[S.RunSummary],
+              params=[_QUEUE, ("status", "string", None, "Only this state"), ("handler", "string", None, "Only this handler"),
+                      ("since", "string", None, "Created at or after (ISO 8601)"),
+                      ("until", "string", None, "Created before (ISO 8601)"), _LIMIT,
+                      ("before", "integer", None, "Only ids below this (paging)")]),
+    RouteSpec("GET", _RUN, get_run, "One run (live state from Redis when newer)", response=S.Run),
+    RouteSpec("GET", _RUN + "/attempts", run_attempts, "The run's attempts", response=list[S.Attempt]),
+    RouteSpec("GET", _RUN + "/events", run_events, "The run's event history", response=list[S.Event]),
+    RouteSpec("GET", _RUN + "/checkpoint", run_checkpoint, "The run's latest checkpoint (null: none)",
+              response=S.Checkpoint | None),
+    *[RouteSpec("POST", f"{_RUN}/{verb}", _command(verb), f"{verb.capitalize()} the run", roles=READ,
+                body=S.CommandRequest, response=S.CommandResult, tag="commands") for verb in
+      ("pause", "stop", "cancel", "resume", "restart", "retry")],
+    RouteSpec("POST", _RUN + "/resolve", resolve, "Close a review-queue run (succeeded / failed / retry)", roles=READ,
+              body=S.ResolveRequest, response=S.CommandResult, tag="commands"),
+    RouteSpec("GET", "/v1/events", fleet_events, "Fleet history", roles=READ, response=list[S.Event],
+              params=[("since", "string", None, "ISO 8601 (default: an hour ago)"),
+                      ("type", "string", None, "Only this event type"), _QUEUE, _LIMIT]),
+    RouteSpec("GET", "/v1/queues", list_queues, "Queues: depth, oldest age, schedule lag, throughput", roles=READ,
+              response=list[S.QueueStats], params=[("window", "integer", 300, "Seconds of history for rates")],
+              tag="queues"),
+    RouteSpec("POST", "/v1/queues/{queue}/pause", _queue_command(True), "Pause a queue (nothing new is dispatched)",
+              roles=READ, body=S.QueueCommand, response=S.QueueResult, tag="queues"),
+    RouteSpec("POST", "/v1/queues/{queue}/resume", _queue_command(False), "Resume a queue", roles=READ,
+              body=S.QueueCommand, response=S.QueueResult, tag="queues"),
+    RouteSpec("POST", "/v1/queues/{queue}/bulk", bulk,
+              "Command every matching run of a queue; confirm must equal the number that match", roles=("admin",),
+              body=S.BulkRequest, response=S.BulkResult, tag="queues"),
+    RouteSpec("GET", "/v1/dead-letter", dead_letter, "Dead-letter view (FAILED / TIMED_OUT)", roles=READ,
+              response=list[S.RunSummary], params=[_QUEUE, _LIMIT], tag="queues"),
+    RouteSpec("GET", "/v1/review", review, "Review queue (side effects to reconcile)", roles=READ,
+              response=list[S.RunSummary], params=[_QUEUE, _LIMIT], tag="queues"),
+    RouteSpec("GET", "/v1/schedules", list_schedules, "List schedules", roles=READ, response=list[S.Schedule],
+              params=[("limit", "integer", 100, "At most this many")], tag="schedules"),
+    RouteSpec("POST", "/v1/schedules", add_schedule, "Add a schedule", roles=("admin",), body=S.ScheduleSpec,
+              response=S.Schedule, status=201, tag="schedules"),
+    RouteSpec("GET", "/v1/schedules/{name}", get_schedule, "One schedule", roles=READ, response=S.Schedule,
+              tag="schedules"),
+    RouteSpec("DELETE", "/v1/schedules/{name}", delete_schedule, "Remove a schedule", roles=("admin",),
+              response=None, status=204, tag="schedules"),
+    RouteSpec("POST", "/v1/schedules/{name}/pause", _schedule_paused(True), "Pause a schedule", roles=("admin",),
+              response=S.Schedule, tag="schedules"),
+    RouteSpec("POST", "/v1/schedules/{name}/resume", _schedule_paused(False), "Resume a schedule", roles=("admin",),
+              response=S.Schedule, tag="schedules"),
+    RouteSpec("GET", "/v1/schedules/{name}/next", next_fires, "The next fire times", roles=READ,
+              response=S.NextFires, params=[("n", "integer", 5, "How many (1-100)")], tag="schedules"),
+    RouteSpec("POST", "/v1/workflows", submit_workflow, "Submit a workflow (DAG) atomically",
+              roles=("producer", "admin"), body=S.WorkflowSubmit, response=S.WorkflowSubmitted, status=201,
+              tag="workflows"),
+    RouteSpec("GET", "/v1/workflows", list_workflows, "Recent workflows", roles=READ,
+              response=list[S.WorkflowSummary], params=[_LIMIT], tag="workflows"),
+    RouteSpec("GET", "/v1/workflows/{workflow_id}", get_workflow, "A workflow and its nodes", roles=READ,
+              response=S.Workflow, tag="workflows"),
+    RouteSpec("POST", "/v1/workflows/{workflow_id}/retry", retry_workflow, "Re-run what did not succeed",
+              roles=READ, body=S.WorkflowRetry, response=S.WorkflowRetried, tag="workflows"),
+    RouteSpec("GET", "/v1/tokens", list_tokens, "List API tokens (never their secrets)", roles=("admin",),
+              response=list[S.Token], tag="tokens"),
+    RouteSpec("POST", "/v1/tokens", add_token, "Create a token; the secret is shown once", roles=("admin",),
+              body=S.TokenCreate, response=S.TokenCreated, status=201, tag="tokens"),
+    RouteSpec("DELETE", "/v1/tokens/{token_id}", revoke_token, "Revoke a token", roles=("admin",),
+              response=S.Token, tag="tokens"),
+]
+
+OPTIONAL_BODY = {S.CommandRequest, S.QueueCommand, S.WorkflowRetry}
+"""Bodies that may be left out entirely (all their fields have defaults)."""
+
+
+# -- the common steps --------------------------------------------------------------------------
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the request body is {declared} bytes, the limit is {limit}", size=int(declared),
+                       limit=limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"the request body exceeds the limit of {limit} bytes", limit=limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode(raw: bytes, typ: type) -> Any:
+    if not raw.strip():
+        if typ in OPTIONAL_BODY:
+            return None
+        raise BadRequest("a JSON body is required")
+    try:
+        return msgspec.json.decode(raw, type=typ)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        path = msg.rpartition(" - at `")[2].rstrip("`") if " - at `" in msg else None
+        fld = path.removeprefix("$.").split(".")[0].split("[")[0] if path and path.startswith("$.") else None
+        unknown = re.search(r"unknown field `([^`]*)`", msg)
+        if unknown and (fld is None or path == "$"):
+            fld = unknown.group(1)
+        raise InvalidInput(f"invalid body: {msg}", field=fld) from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+
+
+def _addr(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def wrap(spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        api = request.app.state.api
+        started = time.perf_counter()
+        principal: Principal | None = None
+        try:
+            if spec.auth:
+                principal = await api.tokens.authenticate(request.headers.get("authorization"), _addr(request))
+                await api.limiter.hit(principal.id)
+                principal.require(*spec.roles)
+            body = None
+            if spec.body is not None:
+                body = _decode(await _read_body(request, api.config.max_body_bytes), spec.body)
+            client = copy.copy(api.client)
+            client.actor = principal.actor if principal else "api"
+            out = await spec.fn(Ctx(request, principal, client, body))
+            resp = out if isinstance(out, Response) else _json(out, spec.status)
+        except (asyncpg.DataError, OverflowError) as exc:  # NUL bytes, values PostgreSQL cannot hold
+            resp = problem_response(InvalidInput(f"a value cannot be stored: {exc}"), request.url.path)
+        except Exception as exc:  # noqa: BLE001 - every failure is a problem+json answer
+            resp = problem_response(exc, request.url.path)
+            if resp.status_code >= 500 and resp.status_code not in (503, 504):
+                import logging
+
+                logging.getLogger("fencepost.api").exception("unhandled error on %s %s", spec.method, spec.path,
+                                                             extra={"event": "api_error"})
+            elif resp.status_code in (401, 403, 413, 429):
+                REFUSED.labels(str(resp.status_code)).inc()
+        REQUESTS.labels(spec.path, spec.method, f"{resp.status_code // 100}xx").inc()
+        LATENCY.labels(spec.path).observe(time.perf_counter() - started)
+        return resp
+
+    endpoint.__name__ = spec.fn.__name__
+    return endpoint

@@ -1,0 +1,327 @@
+"""msgspec Structs of the HTTP API: request and response bodies (the OpenAPI document is
+generated from these, scheduler/api/openapi.py)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from ..schedules import ScheduleSpec
+from ..workflows import Node
+
+__all__ = [
+    "SubmitRequest", "SubmitBatch", "Submitted", "SubmittedBatch", "Run", "RunSummary", "Attempt", "Event",
+    "Checkpoint", "CommandRequest", "CommandResult", "ResolveRequest", "QueueCommand", "QueueResult",
+    "QueueStats", "BulkRequest", "BulkResult", "Schedule", "ScheduleSpec", "NextFires", "WorkflowSubmit",
+    "WorkflowSubmitted", "Workflow", "WorkflowNode", "WorkflowSummary", "WorkflowRetry", "WorkflowRetried",
+    "TokenCreate", "TokenCreated", "Token", "Me", "Problem", "Health", "Readiness", "Node", "Role", "Verb",
+]
+
+Role = Literal["producer", "operator", "admin"]
+Verb = Literal["pause", "stop", "cancel", "resume", "restart", "retry"]
+Status = Literal["BLOCKED", "PENDING", "RUNNING", "RETRY_WAIT", "PAUSED", "STOPPING", "STOPPED", "SUCCEEDED",
+                 "FAILED", "TIMED_OUT", "CANCELLED"]
+QueueName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$", description="1-64 of letters, digits, '_', '-', '.'")]
+Reason = Annotated[str, Meta(max_length=1000, description="Recorded in the run's history with the token that acted")]
+
+
+class SubmitRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One run to submit. Unset options fall back to the handler's declared defaults."""
+
+    handler: Annotated[str, Meta(min_length=1, max_length=200)]
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    queue: QueueName | None = None
+    priority: Annotated[int, Meta(ge=0, le=255)] | None = None
+    run_at: datetime | None = None
+    """RFC 3339 with a timezone offset."""
+    delay: Annotated[float, Meta(ge=0, le=10 * 365 * 86400)] | None = None
+    timeout: Annotated[float, Meta(gt=0, le=30 * 86400)] | None = None
+    max_retries: Annotated[int, Meta(ge=0, le=10_000)] | None = None
+    idempotency_key: Annotated[str, Meta(min_length=1, max_length=200)] | None = None
+    trace: Annotated[str, Meta(max_length=55)] | None = None
+    """W3C traceparent of the producer."""
+
+
+class SubmitBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    runs: list[SubmitRequest]
+
+
+class Submitted(msgspec.Struct, kw_only=True):
+    id: int
+    queue: str
+
+
+class SubmittedBatch(msgspec.Struct, kw_only=True):
+    ids: list[int]
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    id: int
+    handler: str
+    queue: str
+    status: str
+    attempt: int
+    priority: int = 0
+    version: int | None = None
+    run_at: datetime | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_error_class: str | None = None
+    last_error: str | None = None
+    reason: str | None = None
+    workflow_id: uuid.UUID | None = None
+    schedule_id: int | None = None
+
+
+class Run(RunSummary, kw_only=True):
+    """A run as PostgreSQL records it, with the live state Redis holds when it is newer."""
+
+    max_retries: int = 0
+    timeout_s: float = 0.0
+    token: int | None = None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    idempotency_key: str | None = None
+    trace_id: str | None = None
+    fire_time: datetime | None = None
+    result: Any = None
+    pause_requested: bool = False
+    stop_requested: bool = False
+    cancel_requested: bool = False
+    forced: bool = False
+    needs_compensation: bool = False
+    recorded_status: str | None = None
+    """The state PostgreSQL has recorded (status is the live one; they differ for the recorder's lag)."""
+
+
+class Attempt(msgspec.Struct, kw_only=True):
+    attempt: int
+    token: int
+    worker_id: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    outcome: str | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+
+
+class Event(msgspec.Struct, kw_only=True):
+    id: int
+    type: str
+    at: datetime
+    run_id: int | None = None
+    queue: str | None = None
+    from_status: str | None = None
+    to_status: str | None = None
+    version: int | None = None
+    attempt: int | None = None
+    token: int | None = None
+    worker_id: str | None = None
+    actor: str | None = None
+    reason: str | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    trace_id: str | None = None
+    handler: str | None = None
+    recorded_at: datetime | None = None
+
+
+class Checkpoint(msgspec.Struct, kw_only=True):
+    run_id: int
+    gen: int
+    attempt: int
+    version: int
+    schema_version: int
+    processed: int | None = None
+    updated_at: datetime | None = None
+    state: Any = None
+
+
+class CommandRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    reason: Reason = ""
+    expected_version: Annotated[int, Meta(ge=0, le=2**62)] | None = None
+    """Act only if the run is still at this version (compare-and-set)."""
+
+
+class CommandResult(msgspec.Struct, kw_only=True):
+    id: int
+    command: str
+    state: str
+    """PAUSED, PENDING, CANCELLED..., or REQUESTED / STOPPING while the worker lets go."""
+
+
+class ResolveRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    as_: Literal["succeeded", "failed", "retry"] = msgspec.field(name="as")
+    reason: Reason = ""
+    expected_version: Annotated[int, Meta(ge=0, le=2**62)] | None = None
+
+
+class QueueCommand(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    reason: Reason = ""
+
+
+class QueueResult(msgspec.Struct, kw_only=True):
+    queue: str
+    paused: bool
+
+
+class QueueStats(msgspec.Struct, kw_only=True):
+    queue: str
+    paused: bool
+    due: int
+    delayed: int
+    active: int
+    oldest_due_age_s: float
+    finished_last_window: int
+    throughput_per_min: float
+    schedule_lag_s: float | None
+    window_s: int
+
+
+class BulkRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    command: Verb
+    confirm: Annotated[int, Meta(ge=0, le=2**31)]
+    """Must equal the number of runs that match (the server answers 428 with the count otherwise)."""
+    status: Status | None = None
+    handler: Annotated[str, Meta(max_length=200)] | None = None
+    reason: Reason = ""
+
+
+class BulkResult(msgspec.Struct, kw_only=True):
+    matched: int
+    acted: int
+    results: dict[str, int]
+    refused: dict[str, str]
+
+
+class Schedule(msgspec.Struct, kw_only=True):
+    id: int
+    name: str
+    handler: str
+    timezone: str
+    next_fire_time: datetime
+    cron: str | None = None
+    interval_s: float | None = None
+    queue: str | None = None
+    priority: int | None = None
+    spread_s: float = 0.0
+    offset_ms: int = 0
+    catchup: bool = False
+    allow_overlap: bool = False
+    paused: bool = False
+    last_fire_time: datetime | None = None
+    last_run_id: int | None = None
+    last_status: str | None = None
+    fires: int = 0
+    skipped: int = 0
+
+
+class NextFires(msgspec.Struct, kw_only=True):
+    name: str
+    fires: list[datetime]
+
+
+class WorkflowSubmit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    nodes: Annotated[list[Node], Meta(min_length=1)]
+    name: Annotated[str, Meta(max_length=200)] | None = None
+
+
+class WorkflowSubmitted(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+
+
+class WorkflowNode(msgspec.Struct, kw_only=True):
+    name: str
+    id: int
+    status: str
+    handler: str
+    queue: str
+    attempt: int
+    depends_on: list[str]
+    reason: str | None = None
+    version: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_error_class: str | None = None
+
+
+class Workflow(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+    name: str | None
+    created_at: datetime
+    nodes: list[WorkflowNode]
+
+
+class WorkflowSummary(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+    name: str | None
+    created_at: datetime
+    nodes: int
+
+
+class WorkflowRetry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    recompute: list[Annotated[str, Meta(max_length=200)]] = []
+    reason: Reason = ""
+
+
+class WorkflowRetried(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+    done: dict[str, list[str]]
+
+
+class TokenCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    role: Role
+    queues: list[QueueName] = []
+    name: Annotated[str, Meta(max_length=200)] | None = None
+
+
+class Token(msgspec.Struct, kw_only=True):
+    id: int
+    role: str
+    queues: list[str]
+    name: str | None = None
+    created_by: str | None = None
+    created_at: datetime | None = None
+    revoked_at: datetime | None = None
+    last_used_at: datetime | None = None
+
+
+class TokenCreated(Token, kw_only=True):
+    secret: str
+    """Shown once: only its sha256 is stored."""
+
+
+class Me(msgspec.Struct, kw_only=True):
+    id: int
+    role: str
+    queues: list[str]
+    name: str | None = None
+    actor: str
+
+
+class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """RFC 9457 problem details; the typed error's fields are added as extension members
+    (run_id, current, requested, field, reason, offer, matched, limit, ...)."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    error: str | None = None
+
+
+class Health(msgspec.Struct, kw_only=True):
+    status: str
+
+
+class Readiness(msgspec.Struct, kw_only=True):
+    status: str
+    redis: str
+    postgres: str

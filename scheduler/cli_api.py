@@ -1,0 +1,33 @@
+"""`fencepost api`: serve the HTTP API and the operator dashboard (uvicorn)."""
+
+from __future__ import annotations
+
+import click
+
+from .config import Settings
+
+__all__ = ["register"]
+
+
+def register(cli: click.Group) -> None:
+    from .cli import command
+
+    @cli.command("api")
+    @click.option("--host", default="127.0.0.1", show_default=True, envvar="FENCEPOST_API_HOST")
+    @click.option("--port", type=int, default=8080, show_default=True, envvar="FENCEPOST_API_PORT")
+    @click.option("--forwarded-allow-ips", default=None, envvar="FENCEPOST_API_FORWARDED_ALLOW_IPS",
+                  help="Trust X-Forwarded-For from these proxies (the source address recorded in history).")
+    @command
+    async def api(settings: Settings, host: str, port: int, forwarded_allow_ips: str | None) -> None:
+        """Serve the HTTP API (/v1, /openapi.json, /metrics) and the dashboard (/ui/). Stateless:
+        run as many replicas as you like behind a load balancer."""
+        import uvicorn
+
+        from .api import ApiConfig, create_app
+
+        app = create_app(settings, ApiConfig.from_env())
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                proxy_headers=forwarded_allow_ips is not None,
+                                forwarded_allow_ips=forwarded_allow_ips, server_header=False)
+        click.echo(f"fencepost api listening on http://{host}:{port} (dashboard: /ui/)", err=True)
+        await uvicorn.Server(config).serve()
