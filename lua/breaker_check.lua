@@ -14,4 +14,4 @@ if redis.call('SET', KEYS[2], now, 'NX', 'PX', probe_ms) then
   redis.call('HSET', KEYS[1], 'mode', 'half_open')
   return {'probe', 0}
 end
-return {'open', now + probe_ms}
+return {'open', now + math.min(probe_ms, 5000)}  -- a probe is out: look again soon

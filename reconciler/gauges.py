@@ -81,8 +81,13 @@ class Gauges:
         rows = await pool.fetch(
             "SELECT queue, (reason = 'review') AS review, count(*) AS n FROM runs "
             "WHERE status IN ('FAILED', 'TIMED_OUT') GROUP BY 1, 2")
-        for r in rows:
-            (REVIEW if r["review"] else DEAD).labels(r["queue"]).set(r["n"])
+        seen = {(r["queue"], bool(r["review"])): r["n"] for r in rows}
+        for gauge, review in ((DEAD, False), (REVIEW, True)):  # series that emptied go back to 0
+            for (q,) in list(gauge._metrics):
+                if (q, review) not in seen:
+                    gauge.labels(q).set(0)
+        for (q, review), n in seen.items():
+            (REVIEW if review else DEAD).labels(q).set(n)
         stuck = await pool.fetch(
             "SELECT id, queue, status FROM runs WHERE "
             "(status = 'RUNNING' AND started_at < now() - make_interval(secs => $1)) OR "

@@ -124,8 +124,12 @@ class Recorder:
                 log.warning("recorder replay failed: %s", exc)
                 self._groups.clear()  # Redis may have lost the stream and its group (restart, failover)
                 await asyncio.sleep(1)
+        replay = False
         while not stop.is_set():
             try:
+                if replay:  # a failed batch stays pending to us: retry it until recorded, not after claim_idle_ms
+                    replay = await self.run_once(pending=True) > 0
+                    continue
                 if time.monotonic() - last_adopt > self.claim_idle_ms / 2000:
                     last_adopt = time.monotonic()
                     await self.adopt_orphans()
@@ -133,11 +137,8 @@ class Recorder:
             except Exception as exc:  # noqa: BLE001 - the stream keeps the entries; retry
                 log.warning("recorder batch failed, will retry: %s", exc, extra={"event": "recorder_retry"})
                 self._groups.clear()  # Redis may have lost the stream and its group (restart, failover)
+                replay = True
                 await asyncio.sleep(0.5)
-                try:
-                    await self.run_once(pending=True)
-                except Exception:  # noqa: BLE001
-                    pass
 
     async def record(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]]) -> None:
         ev_cols: list[list[Any]] = [[] for _ in range(15)]

@@ -254,25 +254,26 @@ class Client(ControlMixin, WorkflowMixin):
     async def wait(self, run_id: int, timeout: float | None = None) -> Outcome:
         """Wait until the run is terminal, PAUSED or STOPPED; return its state and decoded result.
 
-        Polls the run's Redis hash (the hot state, no PostgreSQL load) and falls back to
-        PostgreSQL when Redis no longer holds it (recorded and expired, or not enqueued yet).
+        Polls the run's Redis hash (the hot state, ahead of PostgreSQL's projection) and
+        reads PostgreSQL only when Redis no longer holds the run (recorded and expired).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        terminal = {s.value.encode() for s in RESTING}
-        row: dict[str, Any] | None = await self.get(run_id)
-        key = self.stores.keys(row["queue"]).run(run_id)
+        resting = {s.value.encode() for s in RESTING}
+        run = await self.get(run_id)
+        key = self.stores.keys(run["queue"]).run(run_id)
         delay = 0.005
         while True:
-            if row is not None and row["status"] in RESTING:
-                return Outcome(run_id, row["status"], decode_result(row["result"]), row["last_error"],
-                               row["last_error_class"])
             state, result, error, eclass = await self.stores.redis.hmget(key, "state", "result", "error", "error_class")
-            if state in terminal:
+            if state in resting:
                 return Outcome(run_id, state.decode(), decode_result(result),
                                error.decode() if error else None, eclass.decode() if eclass else None)
-            row = await self.get(run_id) if state is None else None
+            if state is None:
+                run = await self.get(run_id)
+                if run["status"] in RESTING:
+                    return Outcome(run_id, run["status"], decode_result(run["result"]), run["last_error"],
+                                   run["last_error_class"])
             if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(run_id, state.decode() if state else (row or {}).get("status", "?"))
+                raise WaitTimeout(run_id, state.decode() if state else run["status"])
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
 

@@ -555,6 +555,7 @@ async def test_schemathesis_finds_no_server_error(settings: Settings, client: Cl
     _, secret = await create_token(client.stores.db, "admin", [], "fuzz", "test")
     app = create_app(settings, ApiConfig(token_cache_s=60, rate_limit=0, bulk_cap=5))
     failures: list[str] = []
+    calls: dict[int, int] = {}
 
     def fuzz(base_url: str) -> None:
         schema = schemathesis.openapi.from_dict(spec())
@@ -569,6 +570,7 @@ async def test_schemathesis_finds_no_server_error(settings: Settings, client: Cl
                 case.headers = {**(case.headers or {}), "Authorization": f"Bearer {secret}"}
                 resp = case.call(base_url=base_url, timeout=30)
                 where = f"{case.method} {case.formatted_path}"
+                calls[resp.status_code // 100] = calls.get(resp.status_code // 100, 0) + 1
                 if resp.status_code >= 500 and resp.status_code != 503:
                     failures.append(f"{where}: {resp.status_code} {resp.text[:300]}")
                     return
@@ -582,3 +584,4 @@ async def test_schemathesis_finds_no_server_error(settings: Settings, client: Cl
     with serve_in_thread(app) as base_url:
         await asyncio.to_thread(fuzz, base_url)
     assert not failures, "\n".join(failures[:15])
+    assert sum(calls.values()) >= 200 and calls.get(2, 0) >= 20, calls  # it really exercised the API

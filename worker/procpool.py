@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Awaitable, Callable
 
 from scheduler.models import decode_payload, decode_result, encode_result
+from scheduler.tracing import traceparent_var
 
 from .context import Context, Interrupt, LeaseLost, SyncContext
 
@@ -75,6 +76,7 @@ def _child_main(app: str, conn: Connection) -> None:
             ctx._conn = conn
             ctx.checkpoint_data = decode_result(checkpoint) if checkpoint is not None else None
             ctx.checkpoint_version, ctx._ctl = checkpoint_version, ctl
+            traceparent_var.set(ctx.trace)  # runs submitted from this job continue its trace
             result = registry[handler].fn(ctx, *args, **kwargs)
             conn.send(("ok", encode_result(result)))
         except Interrupt as exc:

@@ -260,8 +260,10 @@ class Worker:
                 outcome = Outcome("interrupted", "forced")
             if entry.timed_out and outcome.kind == "ok":  # the handler swallowed the cancellation
                 outcome = Outcome("timeout", f"exceeded its timeout of {job.timeout_ms / 1000:g}s", "Timeout")
-            if service is not None and outcome.kind in ("ok", "error", "timeout", "crash"):
-                self.breakers.record(service, outcome.kind == "ok", probe)
+            if service is not None and (probe or outcome.kind in ("ok", "error", "timeout", "crash")):
+                # the dependency answered unless the attempt failed in a way it could cause;
+                # a probe always reports, so a half-open breaker never waits out probe_ms
+                self.breakers.record(service, outcome.kind not in ("error", "timeout", "crash"), probe)
             metrics.DURATION.labels(job.handler, _band(job.attempt)).observe(time.monotonic() - started)
             await self._finish(entry, outcome, spec.model if spec is not None else "async")
         except asyncio.CancelledError:

@@ -443,7 +443,10 @@ async def list_workflows(ctx: Ctx) -> Any:
 
 
 async def get_workflow(ctx: Ctx) -> Any:
-    return _row(await ctx.client.workflow(ctx.path("workflow_id")), S.Workflow)
+    wf = await ctx.client.workflow(ctx.path("workflow_id"))
+    for n in wf["nodes"]:
+        ctx.p.require_queue(n["queue"])
+    return _row(wf, S.Workflow)
 
 
 async def retry_workflow(ctx: Ctx) -> Any:
@@ -618,6 +621,8 @@ def wrap(spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
             client = copy.copy(api.client)
             client.actor = principal.actor if principal else "api"
             out = await spec.fn(Ctx(request, principal, client, body))
+            if client._defs is not api.client._defs:  # noqa: SLF001 - keep refreshed handler declarations
+                api.client._defs = client._defs  # noqa: SLF001
             resp = out if isinstance(out, Response) else _json(out, spec.status)
         except (asyncpg.DataError, OverflowError) as exc:  # NUL bytes, values PostgreSQL cannot hold
             resp = problem_response(InvalidInput(f"a value cannot be stored: {exc}"), request.url.path)

@@ -17,7 +17,7 @@ function el(tag, attrs, ...children) {
     if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else node.setAttribute(k, v === true ? "" : v);
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -158,12 +158,12 @@ const views = {
         ["#", (a) => a.attempt], ["Worker", (a) => a.worker_id], ["Token", (a) => a.token],
         ["Started", (a) => fmtTime(a.started_at)], ["Finished", (a) => fmtTime(a.finished_at)],
         ["Outcome", (a) => a.outcome || ""], ["Error", (a) => a.error_class || ""]], attempts, "attempts-table"),
-      el("h2", {}, "Timeline"), table([
+      el("h2", {}, "Timeline"), timelineNote(events), table([
         ["At", (e) => fmtTime(e.at)], ["Event", (e) => e.type],
         ["Transition", (e) => e.from_status || e.to_status ? `${e.from_status || "·"} → ${e.to_status || "·"}` : ""],
         ["Attempt", (e) => e.attempt ?? ""], ["Worker", (e) => e.worker_id || ""], ["Actor", (e) => e.actor || ""],
         ["Reason", (e) => e.reason || (e.actor && e.actor.startsWith("token:") ? el("em", { class: "muted" }, "no reason given") : "")],
-        ["Error", (e) => e.error_class || ""]], events, "events-table")];
+        ["Error", (e) => e.error_class || ""]], events.filter((e) => e.type !== "checkpointed"), "events-table")];
   },
 
   async "dead-letter"() {
@@ -214,6 +214,11 @@ const views = {
   },
 };
 
+function timelineNote(events) {
+  const ckpts = events.filter((e) => e.type === "checkpointed");
+  return ckpts.length ? el("p", { class: "muted" }, `${ckpts.length} checkpoint events not shown (latest ${fmtTime(ckpts[ckpts.length - 1].at)}).`) : null;
+}
+
 // The DAG as SVG: one column per depth (longest path from a root), edges as lines.
 function graph(nodes) {
   const by = Object.fromEntries(nodes.map((n) => [n.name, n]));
@@ -228,7 +233,7 @@ function graph(nodes) {
   nodes.forEach((n) => d(n.name));
   const cols = {};
   nodes.forEach((n) => (cols[depth[n.name]] = cols[depth[n.name]] || []).push(n));
-  const W = 170, H = 46, pos = {};
+  const W = 200, H = 46, pos = {};
   Object.entries(cols).forEach(([c, ns]) => ns.forEach((n, i) => (pos[n.name] = [20 + c * W, 20 + i * H])));
   const width = 40 + (Object.keys(cols).length) * W, height = 40 + Math.max(...Object.values(cols).map((c) => c.length)) * H;
   const NS = "http://www.w3.org/2000/svg";
@@ -242,11 +247,11 @@ function graph(nodes) {
     STOPPED: "#fef0c7", CANCELLED: "#f2f4f7", BLOCKED: "#ffffff", PENDING: "#eef1f5" };
   const svg = s("svg", { width, height, id: "workflow-graph", role: "img" });
   nodes.forEach((n) => (n.depends_on || []).filter((u) => pos[u]).forEach((u) => svg.append(s("line", {
-    x1: pos[u][0] + 130, y1: pos[u][1] + 15, x2: pos[n.name][0], y2: pos[n.name][1] + 15, stroke: "#98a2b3" }))));
+    x1: pos[u][0] + 160, y1: pos[u][1] + 15, x2: pos[n.name][0], y2: pos[n.name][1] + 15, stroke: "#98a2b3" }))));
   nodes.forEach((n) => {
     const [x, y] = pos[n.name];
     const a = s("a", { href: `#/run/${n.id}` });
-    a.append(s("rect", { x, y, width: 130, height: 30, rx: 5, fill: colour[n.status] || "#fff", stroke: "#667085" }),
+    a.append(s("rect", { x, y, width: 160, height: 30, rx: 5, fill: colour[n.status] || "#fff", stroke: "#667085" }),
       s("text", { x: x + 6, y: y + 19 }, `${n.name} · ${n.status}`));
     svg.append(a);
   });

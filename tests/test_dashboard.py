@@ -1,0 +1,145 @@
+"""The operator dashboard in headless Chromium (Debian's /usr/bin/chromium driven by Playwright):
+log in with a token, find a running checkpointed job, pause it with a reason, see PAUSED,
+resume it and see it complete. Screenshots go to tests/artifacts/ (CI artifacts)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+
+from scheduler.api import ApiConfig, create_app
+from scheduler.api.auth import create_token
+from scheduler.client import Client
+from scheduler.config import Settings
+from scheduler.stores import Stores
+
+from tests.conftest import ROOT
+from tests.test_api import serve_in_thread
+from tests.test_control import _worker
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = os.environ.get("FENCEPOST_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = ROOT / "tests" / "artifacts"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+@contextlib.asynccontextmanager
+async def _recording(stores: Stores) -> AsyncIterator[None]:
+    """The recorder in the background, so the history the dashboard shows is in PostgreSQL."""
+    from reconciler.recorder import Recorder
+
+    rec = Recorder(stores, consumer="dashboard-test")
+
+    async def loop() -> None:
+        while True:
+            await rec.run_once(block_ms=100)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.skipif(not (shutil.which(CHROMIUM) or Path(CHROMIUM).exists()), reason="chromium is not installed")
+async def test_dashboard_pauses_and_resumes_a_running_checkpointed_job(
+        settings: Settings, client: Client, stores: Stores) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await stores.db.pool.execute(  # type: ignore[union-attr]
+        "CREATE TABLE processed_items (op_key text NOT NULL, run_id bigint NOT NULL, attempt int NOT NULL)")
+    token_row, secret = await create_token(client.stores.db, "operator", ["tq"], "dashboard-test", "test")
+    app = create_app(settings, ApiConfig(token_cache_s=1))
+    rid = await client.submit("t.items", 800, 25, settings.database_url, 0.01)
+
+    async with _recording(stores), _worker(settings):
+        with serve_in_thread(app) as base:
+            async with async_playwright() as pw:
+                browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+                try:
+                    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+                    page.set_default_timeout(30_000)
+                    await page.goto(f"{base}/")
+                    await page.fill("#token", "fp_wrong")
+                    await page.click("#login")
+                    await expect(page.locator("#login-error")).to_contain_text("unknown or revoked token")
+                    await page.fill("#token", secret)
+                    await page.click("#login")
+                    await expect(page.locator("#who")).to_contain_text("dashboard-test")
+                    await expect(page.locator("#queues-table")).to_contain_text("tq")
+                    await page.screenshot(path=str(ARTIFACTS / "dashboard-queues.png"), full_page=True)
+
+                    # find the running checkpointed job in the runs list
+                    await page.click("a[href='#/runs']")
+                    await page.fill("#runs-filter input[name=queue]", "tq")
+                    await page.select_option("#runs-filter select[name=status]", "RUNNING")
+                    await page.click("#runs-filter button[type=submit]")
+                    row = page.locator(f"#runs-table tr[data-id='{rid}']")
+                    await expect(row.locator("[data-state=RUNNING]")).to_be_visible()
+                    await row.locator(f"a[href='#/run/{rid}']").click()
+
+                    status = page.locator("#run-status [data-state]")
+                    await expect(status).to_have_attribute("data-state", "RUNNING")
+                    await expect(page.locator("#processed")).to_be_visible()  # it has checkpointed
+                    await page.click("button[data-cmd=pause]")
+                    await page.fill("#confirm-reason", "dashboard: maintenance window")
+                    await page.screenshot(path=str(ARTIFACTS / "dashboard-confirm-pause.png"), full_page=True)
+                    await page.click("#confirm-ok")
+                    await expect(page.locator("#cmd-result")).to_contain_text(f"pause run {rid}: REQUESTED")
+                    await expect(status).to_have_attribute("data-state", "PAUSED")
+                    processed_at_pause = int(await page.locator("#processed").inner_text())
+                    assert 0 < processed_at_pause < 800 and processed_at_pause % 25 == 0
+                    await expect(page.locator("#events-table")).to_contain_text("dashboard: maintenance window")
+                    await page.screenshot(path=str(ARTIFACTS / "dashboard-paused.png"), full_page=True)
+
+                    await page.click("button[data-cmd=resume]")
+                    await page.fill("#confirm-reason", "dashboard: done")
+                    await page.click("#confirm-ok")
+                    await expect(page.locator("#cmd-result")).to_contain_text(f"resume run {rid}: PENDING")
+                    await expect(status).to_have_attribute("data-state", "SUCCEEDED", timeout=60_000)
+                    await expect(page.locator("#attempts-table tbody tr")).to_have_count(2)
+                    await page.screenshot(path=str(ARTIFACTS / "dashboard-run.png"), full_page=True)
+
+                    # refusals are shown, not hidden: pausing a finished run
+                    await page.click("button[data-cmd=pause]")
+                    await page.click("#confirm-ok")
+                    await expect(page.locator("#cmd-result")).to_contain_text("refused")
+
+                    # a workflow drawn as a graph, and a schedule with its next fires
+                    from scheduler.schedules import Schedules, ScheduleSpec
+                    from scheduler.workflows import Node
+
+                    wid = await client.submit_workflow([Node(name="extract", handler="t.echo", args=(1,)),
+                                                        Node(name="load", handler="t.echo", args=(2,),
+                                                             depends_on=("extract",))], name="etl")
+                    await Schedules(client).add(ScheduleSpec(name="nightly", handler="t.noop", cron="0 3 * * *"))
+                    await page.goto(f"{base}/ui/#/workflow/{wid}")
+                    await expect(page.locator("#workflow-graph rect")).to_have_count(2)
+                    await expect(page.locator("#workflow-graph")).to_contain_text("load")
+                    await page.screenshot(path=str(ARTIFACTS / "dashboard-workflow.png"), full_page=True)
+                    await page.click("a[href='#/schedules']")
+                    await expect(page.locator("#schedules-table")).to_contain_text("nightly")
+                    await expect(page.locator("#schedules-table")).to_contain_text("03:00:00Z")
+                finally:
+                    await browser.close()
+
+    # the history names the token, its address and the reason
+    events = await client.events(rid)
+    paused = [e for e in events if e["type"] in ("pause_requested", "paused")]
+    actor = f"token:{token_row['id']}@127.0.0.1"
+    assert paused and all(e["actor"] == actor for e in paused if e["type"] == "pause_requested"), paused
+    assert any(e["reason"] == "dashboard: maintenance window" for e in paused)
+    resumed = [e for e in events if e["type"] == "resumed"]
+    assert [(e["actor"], e["reason"]) for e in resumed] == [(actor, "dashboard: done")]
+    rows = await stores.db.pool.fetchval("SELECT count(DISTINCT op_key) FROM processed_items WHERE run_id = $1", rid)  # type: ignore[union-attr]
+    assert rows == 800
