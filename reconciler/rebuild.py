@@ -30,6 +30,8 @@ from scheduler.stores import Stores
 from .drift import DriftRepair
 from .metrics import REBUILD_SECONDS, REBUILDS, RESTORED
 
+__all__ = ["rebuild_queue", "untrusted_queues", "ensure_stamped"]
+
 log = logging.getLogger("fencepost.reconciler")
 
 PAGE = 2000

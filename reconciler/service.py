@@ -18,7 +18,10 @@ from scheduler.config import Settings
 from scheduler.errors import StoreUnavailable
 from scheduler.stores import Stores
 
+from worker.metrics import LEASE_EXPIRIES
+
 from .drift import DriftRepair
+from .gauges import Gauges
 from .outbox import OutboxRelay
 from .rebuild import ensure_stamped, untrusted_queues
 from .recorder import Recorder
@@ -32,6 +35,9 @@ class Reconciler:
         self.recorder = Recorder(self.stores)
         self.outbox = OutboxRelay(self.stores)
         self.drift = DriftRepair(self.stores, grace_s=drift_grace_s)
+        self.gauges = Gauges(self.stores)
+        self.gauges_every_s = 5.0
+        self._observed = 0.0
         self.tick_s = min(tick_s, 1.0)
         self.stop = asyncio.Event()
         self.rebuilt: list[tuple[float, str]] = []
@@ -50,7 +56,7 @@ class Reconciler:
         queues = await self._step("queues", self.recorder.queues) or []
         now = int(time.time() * 1000)
         for q in queues:
-            await self._step("reap", lambda q=q: self.stores.scripts.run("reap_expired", self.stores.keys(q), [now, 1000]))
+            await self._step("reap", lambda q=q: self._reap(q, now))
         await self._step("outbox", self._relay)
         # A queue another reconciler is rebuilding is left to that rebuild.
         untrusted = await self._step("stamps", lambda: untrusted_queues(self.stores))
@@ -58,6 +64,19 @@ class Reconciler:
         for q in queues:
             if q not in untrusted:
                 await self._step("drift", lambda q=q: self.drift.tick(q))
+        await self._step("gauges", lambda: self._observe(queues))
+
+    async def _reap(self, queue: str, now: int) -> None:
+        n = await self.stores.scripts.run("reap_expired", self.stores.keys(queue), [now, 1000])
+        if n:
+            LEASE_EXPIRIES.labels(queue).inc(n)
+
+    async def _observe(self, queues: list[str]) -> None:
+        """Fleet gauges and the stuck-run detector, every `gauges_every_s` (they query PostgreSQL)."""
+        if time.monotonic() - self._observed < self.gauges_every_s:
+            return
+        self._observed = time.monotonic()
+        await self.gauges.observe(queues)
 
     async def _relay(self) -> None:
         if not self.outbox.listening():

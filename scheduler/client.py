@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -16,7 +17,7 @@ import msgspec
 from .config import Settings
 from .control import ControlMixin
 from .db import Database
-from .errors import InvalidInput, PayloadTooLarge, UnknownHandler, UnknownRun, WaitTimeout
+from .errors import InvalidInput, RedisUnavailable, PayloadTooLarge, UnknownHandler, UnknownRun, WaitTimeout
 from .keys import valid_queue_name
 from .models import JobSpec, Outcome, Submit, decode_result, encode_payload
 from .registry import Handler, Registry
@@ -26,6 +27,8 @@ from .stores import Stores
 from .workflows import WorkflowMixin
 
 __all__ = ["Client", "SyncClient", "enqueue_rows"]
+
+log = logging.getLogger("fencepost.client")
 
 T = TypeVar("T")
 _UTC = timezone.utc
@@ -196,7 +199,13 @@ class Client(ControlMixin, WorkflowMixin):
                 "timeout_s": cols[6][i], "fire_time": cols[12][i], "trace_id": cols[8][i], "version": 0,
             })
         for queue, batch in by_queue.items():
-            await enqueue_rows(self.stores, queue, batch)
+            try:
+                await enqueue_rows(self.stores, queue, batch)
+            except RedisUnavailable as exc:
+                # PostgreSQL committed these runs, so the submit stands (failing it would invite a
+                # duplicate resubmit); the reconciler's drift repair enqueues them when Redis is back.
+                log.warning("submitted %d runs to %s but Redis refused them for now (%s); the reconciler "
+                            "will enqueue them", len(batch), queue, exc, extra={"event": "enqueue_deferred"})
 
     async def _stamp_new_queues(self, new_queues: dict[str, int]) -> None:
         """A queue this submit created has no history to lose, so its creator may stamp it."""

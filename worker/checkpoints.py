@@ -32,8 +32,8 @@ class Checkpoints:
     async def write_encoded(self, ctx: Context, raw: bytes, processed: int | None) -> int:
         """`write` for a state already encoded (a process-model child sends it encoded)."""
         key = self.stores.keys(ctx.queue).run(ctx.run_id)
-        token, ctl = await self.stores.redis.hmget(key, "token", "ctl")
-        if token is None or int(token) != ctx.token:
+        state, token, ctl = await self.stores.redis.hmget(key, "state", "token", "ctl")
+        if token is None or int(token) != ctx.token or state not in (b"RUNNING", b"STOPPING"):
             self.refused += 1
             ctx._stop = True
             raise LeaseLost(f"run {ctx.run_id}: token {ctx.token} no longer owns the run")

@@ -97,8 +97,22 @@ class Worker:
         self._stopping.set()
         self._slot_freed.set()
 
+    async def _connect(self) -> None:
+        """A worker started while Redis or PostgreSQL is down waits for them (with backoff)."""
+        delay = 0.2
+        while True:
+            try:
+                await self.stores.connect(database=bool(self.registry.handlers))
+                return
+            except StoreUnavailable as exc:
+                if self._stopping.is_set():
+                    raise
+                log.warning("waiting for the stores: %s", exc, extra={"event": "worker_waiting"})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
     async def run(self) -> None:
-        await self.stores.connect(database=bool(self.registry.handlers))
+        await self._connect()
         await self.stores.check_redis()
         if self.registry.handlers:  # declare our handlers so producers can validate submits
             await store_definitions(self.stores.db, self.registry.specs())
