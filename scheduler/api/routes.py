@@ -23,11 +23,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..client import Client
-from ..errors import InvalidInput, UnknownRun
+from ..errors import InvalidInput
 from ..models import Submit, decode_result
 from ..schedules import Schedules
 from ..states import Status
-from ..workflows import Node
 from . import schemas as S
 from .auth import Principal, create_token
 from .metrics import LATENCY, REFUSED, REQUESTS
@@ -606,6 +605,8 @@ def _addr(request: Request) -> str:
 
 
 def wrap(spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
+    label = re.sub(r"{(\w+)_id}", r"{\1}", spec.path)  # the route template: bounded, never an id itself
+
     async def endpoint(request: Request) -> Response:
         api = request.app.state.api
         started = time.perf_counter()
@@ -635,8 +636,8 @@ def wrap(spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
                                                              extra={"event": "api_error"})
             elif resp.status_code in (401, 403, 413, 429):
                 REFUSED.labels(str(resp.status_code)).inc()
-        REQUESTS.labels(spec.path, spec.method, f"{resp.status_code // 100}xx").inc()
-        LATENCY.labels(spec.path).observe(time.perf_counter() - started)
+        REQUESTS.labels(label, spec.method, f"{resp.status_code // 100}xx").inc()
+        LATENCY.labels(label).observe(time.perf_counter() - started)
         return resp
 
     endpoint.__name__ = spec.fn.__name__
