@@ -174,42 +174,34 @@ async def status(settings: Settings, run_id: int) -> None:
     api = from_context()
     if api is not None:
         run = api.get(run_id)
-        for k in ("id", "handler", "queue", "status", "priority", "attempt", "max_retries", "token", "lease_owner",
-                  "run_at", "created_at", "started_at", "finished_at", "last_error_class", "reason", "idempotency_key"):
-            if run.get(k) is not None:
-                click.echo(f"{k:17} {_fmt(run[k])}")
-        if run.get("result") is not None:
-            click.echo(f"{'result':17} {json.dumps(run['result'], default=str)}")
-        if run.get("last_error"):
-            click.echo(f"{'last_error':17} {run['last_error'].splitlines()[0][:200]}")
-        ckpt = api.checkpoint(run_id)
-        if ckpt is not None:
-            click.echo(f"{'checkpoint':17} version {ckpt['version']}, processed {ckpt['processed']}, "
-                       f"schema v{ckpt['schema_version']}, written {_fmt(ckpt['updated_at'])} by attempt {ckpt['attempt']}")
-        click.echo("")
-        _table(api.attempts(run_id), ["attempt", "worker_id", "token", "started_at", "finished_at", "outcome",
-                                      "error_class"])
-        return
-    async with Client(settings=settings) as client:
-        run = await client.get(run_id)
-        for k in ("id", "handler", "queue", "status", "priority", "attempt", "max_retries", "token", "lease_owner",
-                  "run_at", "created_at", "started_at", "finished_at", "last_error_class", "reason", "idempotency_key"):
-            if run.get(k) is not None:
-                click.echo(f"{k:17} {_fmt(run[k])}")
-        if run.get("result") is not None:
-            click.echo(f"{'result':17} {json.dumps(decode_result(run['result']), default=str)}")
-        if run.get("last_error"):
-            click.echo(f"{'last_error':17} {run['last_error'].splitlines()[0][:200]}")
-        for flag in ("pause_requested", "stop_requested", "cancel_requested", "forced", "needs_compensation"):
-            if run.get(flag):
-                click.echo(f"{flag:17} yes")
-        ckpt = await client.stores.db.fetchrow("get_checkpoint", run_id)
-        if ckpt is not None and ckpt["state"] is not None:
-            click.echo(f"{'checkpoint':17} version {ckpt['version']}, processed {ckpt['processed']}, "
-                       f"schema v{ckpt['schema_version']}, written {_fmt(ckpt['updated_at'])} by attempt {ckpt['attempt']}")
-        click.echo("")
-        _table(await client.attempts(run_id), ["attempt", "worker_id", "token", "started_at", "finished_at",
-                                               "outcome", "error_class"])
+        result, ckpt, attempts = run.get("result"), api.checkpoint(run_id), api.attempts(run_id)
+    else:
+        async with Client(settings=settings) as client:
+            run = await client.get(run_id)
+            result = decode_result(run["result"]) if run.get("result") is not None else None
+            row = await client.stores.db.fetchrow("get_checkpoint", run_id)
+            ckpt = dict(row) if row is not None and row["state"] is not None else None
+            attempts = await client.attempts(run_id)
+    _print_run(run, result, ckpt, attempts)
+
+
+def _print_run(run: dict[str, Any], result: Any, ckpt: dict[str, Any] | None, attempts: list[dict[str, Any]]) -> None:
+    for k in ("id", "handler", "queue", "status", "priority", "attempt", "max_retries", "token", "lease_owner",
+              "run_at", "created_at", "started_at", "finished_at", "last_error_class", "reason", "idempotency_key"):
+        if run.get(k) is not None:
+            click.echo(f"{k:17} {_fmt(run[k])}")
+    if result is not None:
+        click.echo(f"{'result':17} {json.dumps(result, default=str)}")
+    if run.get("last_error"):
+        click.echo(f"{'last_error':17} {run['last_error'].splitlines()[0][:200]}")
+    for flag in ("pause_requested", "stop_requested", "cancel_requested", "forced", "needs_compensation"):
+        if run.get(flag):
+            click.echo(f"{flag:17} yes")
+    if ckpt is not None:
+        click.echo(f"{'checkpoint':17} version {ckpt['version']}, processed {ckpt['processed']}, "
+                   f"schema v{ckpt['schema_version']}, written {_fmt(ckpt['updated_at'])} by attempt {ckpt['attempt']}")
+    click.echo("")
+    _table(attempts, ["attempt", "worker_id", "token", "started_at", "finished_at", "outcome", "error_class"])
 
 
 @cli.command("ls")

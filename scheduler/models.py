@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["Submit", "JobSpec", "Claimed", "RunView", "Outcome", "encode_payload", "decode_payload",
+__all__ = ["Submit", "JobSpec", "Claimed", "Outcome", "encode_payload", "decode_payload",
            "encode_result", "decode_result", "Model"]
 
 Model = Literal["async", "thread", "process"]
@@ -74,25 +74,6 @@ class Claimed(msgspec.Struct, frozen=True):
     fire_time: int | None
     trace: str | None
     gen: int = 0
-
-
-class RunView(msgspec.Struct, kw_only=True):
-    id: int
-    handler: str
-    queue: str
-    status: str
-    attempt: int
-    priority: int = 0
-    run_at: datetime | None = None
-    created_at: datetime | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    last_error_class: str | None = None
-    last_error: str | None = None
-    reason: str | None = None
-    token: int | None = None
-    lease_owner: str | None = None
-    idempotency_key: str | None = None
 
 
 class Outcome(msgspec.Struct, frozen=True):

@@ -177,3 +177,110 @@ class SentinelServer(RedisServer):
                     await asyncio.sleep(0.02)
         finally:
             await r.aclose()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    import random
+
+    while True:
+        port = random.randint(20000, 40000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind((HOST, p))
+            return port
+        except OSError:
+            continue
+
+
+class RedisClusterServers:
+    """A real Redis Cluster on loopback: `masters` primaries with `replicas` replicas each,
+    created with `redis-cli --cluster create`; every node is a RedisServer stopped by pid."""
+
+    def __init__(self, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> None:
+        self.nodes: list[RedisServer] = []
+        for _ in range(masters * (1 + replicas)):
+            node = RedisServer(_cluster_port())
+            node.extra = ("--cluster-enabled", "yes", "--cluster-config-file", os.path.join(node.dir, "nodes.conf"),
+                          "--cluster-node-timeout", str(node_timeout_ms),
+                          # a down primary stops only its own slots (and queues), not the whole cluster
+                          "--cluster-require-full-coverage", "no")
+            self.nodes.append(node)
+        self.replicas = replicas
+
+    @property
+    def url(self) -> str:
+        """A seed URL for FENCEPOST_REDIS_URL (with FENCEPOST_REDIS_CLUSTER=1)."""
+        return self.nodes[0].url
+
+    def by_port(self, port: int) -> RedisServer:
+        return next(n for n in self.nodes if n.port == port)
+
+    async def start(self, timeout: float = 30.0) -> "RedisClusterServers":
+        try:
+            await asyncio.gather(*(n.start() for n in self.nodes))
+            out = subprocess.run(["redis-cli", "--cluster", "create", *(f"{HOST}:{n.port}" for n in self.nodes),
+                                  "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                                 capture_output=True, text=True, timeout=timeout)
+            if out.returncode != 0:
+                raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+            await self.wait_ok(timeout)
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    async def wait_ok(self, timeout: float = 30.0) -> None:
+        """Until every live node reports cluster_state:ok and every slot has a live primary."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ok = True
+            for n in self.nodes:
+                if n.proc is None or n.proc.poll() is not None:
+                    continue
+                r = n.client()
+                try:
+                    info = await r.execute_command("CLUSTER", "INFO")
+                    text = info.decode() if isinstance(info, bytes) else str(info)
+                    ok = ok and "cluster_state:ok" in text and "cluster_slots_ok:16384" in text
+                except (OSError, aioredis.RedisError):
+                    ok = False
+                finally:
+                    await r.aclose()
+            if ok:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis cluster did not become healthy")
+            await asyncio.sleep(0.1)
+
+    async def primaries(self) -> dict[int, tuple[int, int]]:
+        """{port: (first slot, last slot)} of each live primary, as the cluster sees it now."""
+        for n in self.nodes:
+            if n.proc is None or n.proc.poll() is not None:
+                continue
+            r = n.client()
+            try:
+                slots = await r.execute_command("CLUSTER", "SLOTS")
+            except (OSError, aioredis.RedisError):
+                continue
+            finally:
+                await r.aclose()
+            return {int(s[2][1]): (int(s[0]), int(s[1])) for s in slots}
+        raise RuntimeError("no live cluster node")
+
+    async def owner(self, key: str) -> int:
+        """Port of the primary that owns `key`'s slot."""
+        r = self.nodes[0].client()
+        try:
+            slot = int(await r.execute_command("CLUSTER", "KEYSLOT", key))
+        finally:
+            await r.aclose()
+        for port, (lo, hi) in (await self.primaries()).items():
+            if lo <= slot <= hi:
+                return port
+        raise RuntimeError(f"no primary owns slot {slot}")
+
+    def cleanup(self) -> None:
+        for n in self.nodes:
+            n.cleanup()
