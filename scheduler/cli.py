@@ -10,7 +10,9 @@ import sys
 from datetime import datetime
 from typing import Any, Awaitable, Callable
 
+import asyncpg
 import click
+from redis.exceptions import RedisError
 
 from .config import Settings
 from .errors import FencepostError
@@ -37,6 +39,12 @@ def command(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
             return _run(fn(settings, *args, **kwargs))
         except FencepostError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except (asyncpg.PostgresError, RedisError) as exc:  # a store refused the request: say so, briefly
+            kind = "postgresql" if isinstance(exc, asyncpg.PostgresError) else "redis"
+            hint = "; run `fencepost db upgrade`" if isinstance(exc, (asyncpg.UndefinedColumnError,
+                                                                       asyncpg.UndefinedTableError)) else ""
+            click.echo(f"error: {kind}: {exc}{hint}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             sys.exit(130)
