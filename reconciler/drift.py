@@ -243,7 +243,16 @@ class DriftRepair:
         Redis with many other keys makes a full pass slower, never a tick longer)."""
         base = self.stores.keys(queue).base
         pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in base) + "run:*"
-        cursor, names = await self.stores.redis.scan(cursor, match=pattern, count=count or self.page)
+        if self.stores.settings.redis_cluster:
+            # Redis Cluster: every run hash of the queue is in the queue's hash slot, so SCAN only
+            # the primary that owns it (a plain SCAN on the cluster client fans out to every
+            # primary and has no single cursor). The reply is ({node: cursor}, names).
+            node = self.stores.redis.get_node_from_key(base)  # type: ignore[attr-defined]
+            cursors, names = await self.stores.redis.scan(cursor, match=pattern, count=count or self.page,
+                                                          target_nodes=node)  # type: ignore[call-arg]
+            cursor = int(next(iter(cursors.values()))) if isinstance(cursors, dict) else int(cursors)
+        else:
+            cursor, names = await self.stores.redis.scan(cursor, match=pattern, count=count or self.page)
         ids = []
         for n in names:
             tail = n[len(base) + 4:]

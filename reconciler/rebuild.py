@@ -139,14 +139,28 @@ async def untrusted_queues(stores: Stores) -> list[str]:
     queues = await stores.db.fetch("queue_epochs")
     if not queues:
         return []
-    server = (await stores.redis.info("server"))["run_id"]
+    servers: dict[str, str] = {}  # queue -> run_id of the server its stamp must name
+    if stores.settings.redis_cluster:
+        # Redis Cluster: stamp_queue.lua recorded the run_id of the primary owning the queue's
+        # slot, so compare each queue with that node's run_id (a plain INFO reaches one arbitrary
+        # node). A promoted replica has its own run_id, so its queues read as untrusted.
+        by_node: dict[str, str] = {}
+        for q in queues:
+            node = stores.redis.get_node_from_key(stores.keys(q["name"]).epoch)  # type: ignore[attr-defined]
+            if node.name not in by_node:
+                by_node[node.name] = (await stores.redis.info("server", target_nodes=node))["run_id"]  # type: ignore[call-arg]
+            servers[q["name"]] = by_node[node.name]
+    else:
+        server = (await stores.redis.info("server"))["run_id"]
+        servers = {q["name"]: server for q in queues}
     pipe = stores.redis.pipeline(transaction=False)
     for q in queues:
         pipe.hmget(stores.keys(q["name"]).epoch, "epoch", "server")
     stamps = await pipe.execute()
     out = []
     for q, (epoch, stamped_on) in zip(queues, stamps):
-        if epoch is None or int(epoch) < q["epoch"] or stamped_on is None or stamped_on.decode() != server:
+        if (epoch is None or int(epoch) < q["epoch"] or stamped_on is None
+                or stamped_on.decode() != servers[q["name"]]):
             out.append(q["name"])
     return out
 

@@ -82,8 +82,19 @@ class Recorder:
             return 0
         streams = await self._ensure_groups(queues)
         start = "0" if pending else ">"
-        reply = await self.stores.redis.xreadgroup(GROUP, self.consumer, {s: start for s in streams},
-                                                   count=self.batch, block=None if pending else block_ms)
+        if self.stores.settings.redis_cluster:
+            # Redis Cluster: each queue's stream is in its own hash slot, so one XREADGROUP over
+            # several streams fails with CROSSSLOT. Read each stream on its own, concurrently and
+            # without BLOCK (a blocked read of one idle stream would delay the busy ones), and
+            # poll: sleep up to block_ms when every stream was empty.
+            replies = await asyncio.gather(*(self.stores.redis.xreadgroup(GROUP, self.consumer, {s: start},
+                                                                          count=self.batch) for s in streams))
+            reply = [item for r in replies for item in (r or [])]
+            if not pending and not any(items for _, items in reply):
+                await asyncio.sleep(min(block_ms, 50) / 1000)
+        else:
+            reply = await self.stores.redis.xreadgroup(GROUP, self.consumer, {s: start for s in streams},
+                                                       count=self.batch, block=None if pending else block_ms)
         entries: list[tuple[str, bytes, dict[bytes, bytes]]] = []
         for stream, items in reply or []:
             s = stream.decode() if isinstance(stream, bytes) else stream

@@ -281,6 +281,25 @@ class RedisClusterServers:
                 return port
         raise RuntimeError(f"no primary owns slot {slot}")
 
+    async def kill_primary(self, port: int, timeout: float = 30.0) -> int:
+        """SIGKILL the primary on `port` (by pid) and wait until the cluster promoted a replica
+        in its place (automatic failover after the node timeout); returns the new primary's port."""
+        slots = (await self.primaries())[port]
+        self.by_port(port).kill()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                now = await self.primaries()
+            except RuntimeError:
+                now = {}
+            new = [p for p, rng in now.items() if rng == slots and p != port]
+            if new:
+                await self.wait_ok(max(1.0, deadline - time.monotonic()))
+                return new[0]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no replica was promoted in place of {port}")
+            await asyncio.sleep(0.1)
+
     def cleanup(self) -> None:
         for n in self.nodes:
             n.cleanup()

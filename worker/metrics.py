@@ -45,3 +45,28 @@ DEFERRED = Counter("fencepost_breaker_deferred_total", "Runs held in RETRY_WAIT 
 THROTTLED = Counter("fencepost_rate_limited_total", "Rate-limit signals that throttled a queue", ["queue"])
 HANDLER_INFO = Gauge("fencepost_handler_info", "1 per registered handler; join on handler for its owner (alert routing)",
                      ["handler", "queue", "owner", "model"])
+
+
+class Cached:
+    """Labelled children looked up once per label set, and counters summed locally and
+    flushed once a second: `labels()` per job cost more than a no-op job itself."""
+
+    def __init__(self) -> None:
+        self._children: dict[tuple[object, tuple[str, ...]], object] = {}
+        self._counts: dict[tuple[object, tuple[str, ...]], float] = {}
+
+    def child(self, metric, *labels: str):  # type: ignore[no-untyped-def]
+        key = (metric, labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
+    def count(self, metric, *labels: str, n: float = 1) -> None:  # type: ignore[no-untyped-def]
+        key = (metric, labels)
+        self._counts[key] = self._counts.get(key, 0) + n
+
+    def flush(self) -> None:
+        counts, self._counts = self._counts, {}
+        for (metric, labels), n in counts.items():
+            self.child(metric, *labels).inc(n)

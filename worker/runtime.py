@@ -86,6 +86,7 @@ class Worker:
                                    checkpoints=self.checkpoints)
         self.acks = Acknowledger(self.stores)
         self.breakers = Breakers(self.stores)
+        self.m = metrics.Cached()
         self.running: dict[int, _Running] = {}
         self.lost = 0
         self.claimed = 0
@@ -143,6 +144,7 @@ class Worker:
                 t.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             await self.acks.drain()
+            self.m.flush()
             await self.executors.close()
             await self.stores.close()
             log.info("worker %s stopped", self.id, extra={"event": "worker_stopped", "worker_id": self.id})
@@ -212,18 +214,36 @@ class Worker:
             entry.task = asyncio.create_task(self._execute(entry))
         self.claimed += count
         if count:
-            metrics.CLAIMED.labels(queue).inc(count)
+            self.m.count(metrics.CLAIMED, queue, n=count)
         return count
 
     async def _wait_for_work(self) -> None:
         wake = [self.stores.keys(q).wake for q in self.opts.queues]
         try:
-            waiter = asyncio.ensure_future(self.stores.redis.blpop(wake, timeout=self.opts.idle_wait_s))
+            if self.settings.redis_cluster:
+                # Redis Cluster: the wake keys of different queues live in different hash slots
+                # (usually on different nodes), so one multi-key BLPOP fails with CROSSSLOT. Block
+                # on each queue's wake key separately (each BLPOP goes to the node owning that
+                # queue's slot) and wake up at the first that returns; the others are cancelled.
+                waiters = {asyncio.ensure_future(self.stores.redis.blpop([k], timeout=self.opts.idle_wait_s))
+                           for k in wake}
+            else:
+                waiters = {asyncio.ensure_future(self.stores.redis.blpop(wake, timeout=self.opts.idle_wait_s))}
             stop = asyncio.ensure_future(self._stopping.wait())
-            await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({*waiters, stop}, return_when=asyncio.FIRST_COMPLETED)
             stop.cancel()
-            if not waiter.done():
-                waiter.cancel()
+            failed: BaseException | None = None
+            woke = False
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.cancel()
+                elif not waiter.cancelled():
+                    if waiter.exception() is None:  # retrieved here, not logged as an unhandled task error
+                        woke = True
+                    else:
+                        failed = waiter.exception()
+            if failed is not None and not woke and not self._stopping.is_set():
+                raise failed  # Redis unreachable (a failover): back off below instead of spinning
         except Exception as exc:  # noqa: BLE001 - idle wait is best effort
             log.debug("idle wait failed: %s", exc)
             await asyncio.sleep(self.opts.idle_wait_s)
@@ -255,7 +275,7 @@ class Worker:
                         return
                 if job.attempt > 1:
                     await self.checkpoints.load(entry.ctx)
-                metrics.DISPATCH_LATENCY.labels(job.queue).observe(time.monotonic() - started)
+                self.m.child(metrics.DISPATCH_LATENCY, job.queue).observe(time.monotonic() - started)
                 started = time.monotonic()
                 outcome = await self.executors.run(job, entry.ctx)
             except asyncio.CancelledError:
@@ -278,7 +298,7 @@ class Worker:
                 # the dependency answered unless the attempt failed in a way it could cause;
                 # a probe always reports, so a half-open breaker never waits out probe_ms
                 self.breakers.record(service, outcome.kind not in ("error", "timeout", "crash"), probe)
-            metrics.DURATION.labels(job.handler, _band(job.attempt)).observe(time.monotonic() - started)
+            self.m.child(metrics.DURATION, job.handler, _band(job.attempt)).observe(time.monotonic() - started)
             await self._finish(entry, outcome, spec.model if spec is not None else "async")
         except asyncio.CancelledError:
             pass
@@ -303,9 +323,9 @@ class Worker:
         if state == "STALE":
             metrics.STALE.labels(job.queue, "finish").inc()
             return
-        metrics.FINISHED.labels(job.queue, job.handler, state).inc()
+        self.m.count(metrics.FINISHED, job.queue, job.handler, state)
         if state == "SUCCEEDED":
-            metrics.ATTEMPTS_PER_SUCCESS.labels(job.handler).observe(job.attempt)
+            self.m.child(metrics.ATTEMPTS_PER_SUCCESS, job.handler).observe(job.attempt)
 
     async def _throttle(self, queue: str, retry_after: float) -> None:
         """A dependency said slow down: cap every worker's claims on this queue while it lasts."""
@@ -328,6 +348,7 @@ class Worker:
             loop.call_soon(fut.set_result, None)
             await fut
             metrics.LOOP_LAG.observe(loop.time() - t0)
+            self.m.flush()
             per_queue = dict.fromkeys(self.opts.queues, 0)
             for e in self.running.values():
                 per_queue[e.job.queue] = per_queue.get(e.job.queue, 0) + 1

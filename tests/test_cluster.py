@@ -1,0 +1,251 @@
+"""Redis Cluster (issue 8): the core scenarios on a real 3-master cluster (+1 replica each)
+started here on loopback ports with `redis-cli --cluster create`, with real worker and
+reconciler processes started with FENCEPOST_REDIS_CLUSTER=1:
+
+- queues spread across hash slots owned by different primaries, and each queue's epoch
+  stamp names the run_id of the primary that owns its slot (INFO inside the Lua script);
+- submit, claim, fencing (a stale finish is refused), retries to the dead letter;
+- pause and resume of a running checkpointed job, every item processed exactly once;
+- failover of one primary (SIGKILL, its replica promoted by the cluster itself) under load:
+  the reconciler rebuilds that primary's queues, no acknowledged submit is lost, no run
+  completed in PostgreSQL runs again, a pre-failover token is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from scheduler.client import Client
+from scheduler.config import Settings
+from scheduler.stores import Stores
+
+from tests.apps import registry
+from tests.conftest import spawn, wait_until
+from tests.servers import RedisClusterServers
+from tests.test_failover import Load, assert_guarantees, count_status
+
+pytestmark = pytest.mark.slow
+
+Q = "tq"  # the tests.apps handlers' queue (slot 10795)
+SPREAD = ("tq", "held", "a", "c", "q2", "q4")  # slots 10795, 3823, 15495, 7365, 11641, 3519
+SPAN = 2 ** 40
+
+
+@pytest_asyncio.fixture(scope="module")
+async def cluster() -> AsyncIterator[RedisClusterServers]:
+    c = await RedisClusterServers(masters=3, replicas=1).start()
+    try:
+        yield c
+    finally:
+        c.cleanup()  # every node stopped by its pid
+
+
+@pytest_asyncio.fixture
+async def cs(settings: Settings, cluster: RedisClusterServers) -> Settings:
+    """The test's settings pointed at the cluster (a seed node's URL plus redis_cluster)."""
+    return Settings(redis_url=cluster.url, redis_cluster=True, database_url=settings.database_url,
+                    prefix=settings.prefix, backoff_base_ms=50, backoff_cap_ms=500)
+
+
+@pytest_asyncio.fixture
+async def cclient(cs: Settings) -> AsyncIterator[Client]:
+    c = await Client(settings=cs).connect()
+    await c.register(registry)
+    yield c
+    await c.close()
+
+
+def start(cs: Settings, tmp_path: Path, name: str, *args: str) -> subprocess.Popen[bytes]:
+    return spawn(cs, *args, log=tmp_path / f"{name}.log", FENCEPOST_REDIS_CLUSTER="1")
+
+
+def stop(*procs: subprocess.Popen[bytes] | None) -> None:
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.kill()
+        if p is not None:
+            p.wait(10)
+
+
+def worker(cs: Settings, tmp_path: Path, *queues: str, name: str = "worker") -> subprocess.Popen[bytes]:
+    qs = [a for q in queues for a in ("--queue", q)]
+    return start(cs, tmp_path, name, "worker", "--app", "tests.apps:registry", *qs, "--concurrency", "20",
+                 "--processes", "1")
+
+
+async def statuses(db_url: str, ids: list[int]) -> dict[int, str]:
+    conn = await asyncpg.connect(db_url)
+    try:
+        return dict(await conn.fetch("SELECT id, status FROM runs WHERE id = ANY($1)", ids))
+    finally:
+        await conn.close()
+
+
+async def run_id_of(cluster: RedisClusterServers, port: int) -> str:
+    r = cluster.by_port(port).client()  # a plain connection to that one node
+    try:
+        return (await r.info("server"))["run_id"]
+    finally:
+        await r.aclose()
+
+
+async def test_queues_spread_over_primaries_and_each_stamp_names_its_slot_owner(
+        cluster: RedisClusterServers, cclient: Client, cs: Settings) -> None:
+    for q in SPREAD:
+        await cclient.submit("t.noop", queue=q)
+    owners = {q: await cluster.owner(f"{cs.prefix}:{{{q}}}:due") for q in SPREAD}
+    assert len(set(owners.values())) >= 2, owners  # (all three with these names)
+    r = cclient.stores.redis
+    for q in SPREAD:
+        stamp = await r.hgetall(cclient.stores.keys(q).epoch)
+        # stamp_queue.lua ran INFO on the node owning the queue's slot: its run_id, no other
+        assert stamp[b"server"].decode() == await run_id_of(cluster, owners[q]), q
+    # SCAN on the cluster client walks every primary: the prefix's keys live on several nodes
+    found = [k async for k in r.scan_iter(match=f"{cs.prefix}:*", count=1000)]
+    tags = {k.decode().split("{")[1].split("}")[0] for k in found if b"{" in k}  # (+ the untagged queue set)
+    assert tags >= set(SPREAD)
+
+
+async def test_submit_claim_fencing_and_retries(cluster: RedisClusterServers, cclient: Client, cs: Settings,
+                                                tmp_path: Path) -> None:
+    stores = cclient.stores
+    # claim in this process, then a second claim after the lease expired: the old token is stale
+    rid = await cclient.submit("t.noop", queue="held")
+    keys = stores.keys("held")
+    now = int(time.time() * 1000)
+    first = await stores.scripts.run("claim_due", keys, [now, 1, "w-old", 50, 0])
+    assert int(first[0]) == rid
+    assert await stores.scripts.run("reap_expired", keys, [now + 1000, 100]) == 1
+    second = await stores.scripts.run("claim_due", keys, [now + 1000, 1, "w-new", 30_000, 0])
+    old_tok, new_tok = int(first[1]), int(second[1])
+    assert new_tok > old_tok
+    stale = await stores.scripts.run("finish_runs", keys, [now + 1001, 3, rid, old_tok, "ok", b"\x90", "", 0])
+    assert stale == [b"STALE"]
+    ok = await stores.scripts.run("finish_runs", keys, [now + 1002, 3, rid, new_tok, "ok", b"\x90", "", 0])
+    assert ok != [b"STALE"]
+
+    # real processes: one worker serving queues on three primaries (one BLPOP per queue)
+    ok_ids = [await cclient.submit("t.noop", queue=q) for q in ("tq", "a", "q4")]
+    fail_id = await cclient.submit("t.fail", queue="c")
+    rec = start(cs, tmp_path, "reconciler", "reconciler")
+    w = worker(cs, tmp_path, "tq", "a", "q4", "c")
+    try:
+        async def settled() -> bool:
+            st = await statuses(cs.database_url, [*ok_ids, fail_id])
+            return all(st.get(i) == "SUCCEEDED" for i in ok_ids) and st.get(fail_id) == "FAILED"
+
+        await wait_until(settled, timeout=40, what="runs on three primaries to settle", interval=0.1)
+        late = await cclient.submit("t.noop", queue="a")  # an idle worker wakes from its per-queue BLPOP
+        assert (await cclient.wait(late, timeout=20)).status == "SUCCEEDED"
+        assert w.poll() is None and rec.poll() is None
+    finally:
+        stop(w, rec)
+    attempts = await cclient.attempts(fail_id)
+    assert len(attempts) == 4 and all(a["outcome"] == "error" for a in attempts), attempts
+    tokens = [a["token"] for a in attempts]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 4
+
+
+async def test_pause_and_resume_a_running_checkpointed_job(cluster: RedisClusterServers, cclient: Client,
+                                                           cs: Settings, tmp_path: Path) -> None:
+    conn = await asyncpg.connect(cs.database_url)
+    await conn.execute("CREATE TABLE processed_items (op_key text NOT NULL, run_id bigint NOT NULL, "
+                       "attempt int NOT NULL)")
+
+    async def rows() -> int:
+        return await conn.fetchval("SELECT count(*) FROM processed_items")
+
+    n, every = 1500, 50
+    rec = start(cs, tmp_path, "reconciler", "reconciler")
+    w = worker(cs, tmp_path, "q2")
+    try:
+        rid = await cclient.submit("t.items", n, every, cs.database_url, 0.002, queue="q2")
+        await wait_until(lambda: rows(), timeout=30, what="first items")
+        assert await cclient.pause(rid, reason="cluster test") == "REQUESTED"
+
+        async def paused() -> bool:
+            return (await cclient.stores.redis.hget(cclient.stores.keys("q2").run(rid), "state")) == b"PAUSED"
+
+        await wait_until(paused, timeout=30, what="the run to pause at a checkpoint")
+        at_pause = await rows()
+        assert 0 < at_pause < n and at_pause % every == 0
+        assert await cclient.resume(rid, reason="go on") == "PENDING"
+        out = await cclient.wait(rid, timeout=60)
+        assert (out.status, out.result) == ("SUCCEEDED", n)
+    finally:
+        stop(w, rec)
+    dupes = await conn.fetchval("SELECT count(*) FROM (SELECT op_key FROM processed_items GROUP BY op_key "
+                                "HAVING count(*) > 1) d")
+    total = await rows()
+    await conn.close()
+    assert (total, dupes) == (n, 0), "an item was processed twice (or never)"
+
+
+async def test_failover_of_one_primary_under_load(cluster: RedisClusterServers, cclient: Client, cs: Settings,
+                                                  tmp_path: Path) -> None:
+    stores = cclient.stores
+    victim = await cluster.owner(f"{cs.prefix}:{{{Q}}}:due")
+    # a queue on the same primary whose lease this process holds across the failover
+    owners = {q: await cluster.owner(f"{cs.prefix}:{{{q}}}:due")
+              for q in ("held", "q4", "b", "c", "a", "q2", "q3", "c1", "c2", "c3")}
+    held_q = next(q for q, port in owners.items() if port == victim)
+    other_q = next(q for q, port in owners.items() if port != victim)
+    await cclient.submit("t.noop", queue=other_q)
+    rec = start(cs, tmp_path, "reconciler", "reconciler")
+    w = worker(cs, tmp_path, Q, other_q)
+    load = Load(cclient).start()
+    try:
+        async def some_done() -> bool:
+            return await count_status(cs.database_url, load.acked, ("SUCCEEDED",)) >= 40
+
+        await wait_until(some_done, timeout=30, what="runs completed before the failover")
+        # a lease held by "a worker" across the failover
+        rid = await cclient.submit("t.noop", queue=held_q)
+        raw = await stores.scripts.run("claim_due", stores.keys(held_q),
+                                       [int(time.time() * 1000), 1, "w-held", 120_000, 0])
+        held = [(int(raw[0]), int(raw[1]))]
+        assert held[0][0] == rid
+        conn = await asyncpg.connect(cs.database_url)
+        epoch_before = await conn.fetchval("SELECT epoch FROM queues WHERE name = $1", Q)
+        pre_max = epoch_before * SPAN + int(await stores.redis.get(stores.keys(Q).token) or 0)
+        failed_at = time.time()
+        promoted = await cluster.kill_primary(victim)  # SIGKILL by pid; the cluster promotes its replica
+        assert promoted != victim and victim not in await cluster.primaries()
+        await load.grows(80, timeout=40)  # submits and claims work again, by themselves
+
+        async def rebuilt() -> bool:
+            return (await conn.fetchval("SELECT epoch FROM queues WHERE name = $1", Q)) > epoch_before
+
+        await wait_until(rebuilt, timeout=20, what="the reconciler to rebuild the failed-over queue")
+    finally:
+        await load.finish()
+
+    async def all_done() -> bool:
+        return await count_status(cs.database_url, load.acked, ("SUCCEEDED",)) == len(load.acked)
+
+    try:
+        await wait_until(all_done, timeout=60, what="every acknowledged run succeeded", interval=0.1)
+        assert w.poll() is None and rec.poll() is None, "a worker or the reconciler died"
+    except AssertionError as exc:
+        tail = (tmp_path / "worker.log").read_text(errors="replace")[-3000:]
+        raise AssertionError(f"{exc}\n{tail}") from None
+    finally:
+        stop(w, rec)
+    assert "queue_rebuilt" in (tmp_path / "reconciler.log").read_text()
+    await conn.close()
+    # the pre-failover token is refused on the promoted replica
+    keys = stores.keys(held_q)
+    for hid, tok in held:
+        out = await stores.scripts.run("finish_runs", keys, [int(time.time() * 1000), 3, hid, tok, "ok",
+                                                             b"\x90", "", 0])
+        assert out == [b"STALE"], (hid, out)
+        assert await stores.scripts.run("renew_leases", keys, [int(time.time() * 1000), 1000, hid, tok]) == [0]
+    await assert_guarantees(cs.database_url, load, failed_at, pre_max)
