@@ -39,7 +39,7 @@ CREATE TABLE runs (
     attempt           integer NOT NULL DEFAULT 0 CHECK (attempt >= 0),
     max_retries       integer NOT NULL CHECK (max_retries >= 0),
     timeout_s         double precision NOT NULL CHECK (timeout_s > 0),
-    idempotency_key   text UNIQUE,
+    idempotency_key   text,
     lease_owner       text,
     lease_expires_at  timestamptz,
     token             bigint,
@@ -65,7 +65,6 @@ CREATE TABLE runs (
     needs_compensation boolean NOT NULL DEFAULT false,
     -- true until the run reached Redis, for submits made inside a producer's transaction
     outbox            boolean NOT NULL DEFAULT false,
-    UNIQUE (schedule_id, fire_time),
     -- columns that go with states
     CONSTRAINT leased_iff_active CHECK ((status IN ('RUNNING', 'STOPPING')) = (lease_owner IS NOT NULL)),
     CONSTRAINT active_has_token CHECK (status NOT IN ('RUNNING', 'STOPPING') OR (token IS NOT NULL AND started_at IS NOT NULL)),
@@ -75,6 +74,10 @@ CREATE TABLE runs (
     CONSTRAINT fire_time_with_schedule CHECK ((schedule_id IS NULL) = (fire_time IS NULL))
 );
 
+-- Partial unique indexes: most runs have neither key, and a NULL in a full unique index
+-- still costs an index insertion per submit. ON CONFLICT DO NOTHING honours both.
+CREATE UNIQUE INDEX runs_idempotency_key ON runs (idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE UNIQUE INDEX runs_schedule_fire ON runs (schedule_id, fire_time) WHERE schedule_id IS NOT NULL;
 CREATE INDEX runs_active ON runs (queue, id) WHERE status IN ('PENDING', 'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED');
 CREATE INDEX runs_outbox ON runs (queue, id) WHERE outbox;
 CREATE INDEX runs_dead ON runs (finished_at DESC) WHERE status IN ('FAILED', 'TIMED_OUT');

@@ -205,7 +205,8 @@ class RedisClusterServers:
             node.extra = ("--cluster-enabled", "yes", "--cluster-config-file", os.path.join(node.dir, "nodes.conf"),
                           "--cluster-node-timeout", str(node_timeout_ms),
                           # a down primary stops only its own slots (and queues), not the whole cluster
-                          "--cluster-require-full-coverage", "no")
+                          "--cluster-require-full-coverage", "no",
+                          "--repl-diskless-sync-delay", "0")  # replicas in sync at once, not after 5 s
             self.nodes.append(node)
         self.replicas = replicas
 
@@ -232,7 +233,8 @@ class RedisClusterServers:
         return self
 
     async def wait_ok(self, timeout: float = 30.0) -> None:
-        """Until every live node reports cluster_state:ok and every slot has a live primary."""
+        """Until every live node reports cluster_state:ok, every slot has a live primary and every
+        replica whose primary lives is in sync with it."""
         deadline = time.monotonic() + timeout
         while True:
             ok = True
@@ -244,6 +246,8 @@ class RedisClusterServers:
                     info = await r.execute_command("CLUSTER", "INFO")
                     text = info.decode() if isinstance(info, bytes) else str(info)
                     ok = ok and "cluster_state:ok" in text and "cluster_slots_ok:16384" in text
+                    repl = await r.info("replication")  # a replica can take over only once in sync
+                    ok = ok and (repl.get("role") != "slave" or repl.get("master_link_status") == "up")
                 except (OSError, aioredis.RedisError):
                     ok = False
                 finally:
