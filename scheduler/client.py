@@ -149,18 +149,23 @@ class Client(ControlMixin, WorkflowMixin):
     """Large batches are split so chunk k reaches Redis while chunk k+1 is being committed."""
 
     async def _submit_pipelined(self, requests: Sequence[Submit], rows: list[tuple[Any, ...]]) -> list[int]:
-        ids: list[int] = []
-        enqueues: list[asyncio.Task[None]] = []
-        try:
-            for i in range(0, len(requests), self.chunk):
-                part = slice(i, i + self.chunk)
+        """Chunks go through PostgreSQL then Redis, `self.parallel` at a time, so a chunk's
+        enqueue overlaps the next chunk's commit. (A store failing mid-batch leaves the chunks
+        committed so far: resubmitting with idempotency keys completes the batch exactly once.)"""
+        gate = asyncio.Semaphore(self.parallel)
+
+        async def one(part: slice) -> list[int]:
+            async with gate:
                 part_ids, created, cols, new_queues = await self._insert(requests[part], rows[part], None)
                 await self._stamp_new_queues(new_queues)
-                enqueues.append(asyncio.create_task(self._enqueue(created, part_ids, cols)))
-                ids += part_ids
-        finally:
-            await asyncio.gather(*enqueues)
-        return ids
+            await self._enqueue(created, part_ids, cols)
+            return part_ids
+
+        parts = await asyncio.gather(*(one(slice(i, i + self.chunk)) for i in range(0, len(requests), self.chunk)))
+        return [run_id for part in parts for run_id in part]
+
+    parallel = 2
+    """Chunks in flight to PostgreSQL at once."""
 
     async def _insert(self, requests: Sequence[Submit], rows_in: Sequence[tuple[Any, ...]],
                       connection: asyncpg.Connection | None
