@@ -188,9 +188,14 @@ def register(cli: click.Group) -> None:
                   help="Leader lease; a standby takes over this long after the leader dies.")
     @click.option("--lookahead", "lookahead_s", type=float, default=0.5, show_default=True,
                   help="Create runs this early (they wait in Redis until due).")
+    @click.option("--metrics-port", type=int, default=0, envvar="FENCEPOST_METRICS_PORT",
+                  help="Serve Prometheus /metrics on this port (0: off).")
     @command
-    async def trigger(settings: Settings, tick_s: float, batch: int, lease_s: float, lookahead_s: float) -> None:
+    async def trigger(settings: Settings, tick_s: float, batch: int, lease_s: float, lookahead_s: float,
+                      metrics_port: int) -> None:
         """Run the trigger service: schedules -> runs (one leader; duplicates impossible)."""
+        from .cli import serve_metrics
         from .trigger import serve
 
+        serve_metrics(metrics_port)
         await serve(settings, tick_s=tick_s, batch=batch, lease_s=lease_s, lookahead_s=lookahead_s)

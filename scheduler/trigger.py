@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
+from prometheus_client import Counter, Gauge
+
 from .client import enqueue_rows
 from .db import query
 from .schedules import fires_between, next_fire_after
@@ -140,6 +142,10 @@ def plan_fires(s: Any, now: datetime, lookahead: timedelta, max_catchup: int
     return [latest], nxt(latest), (None if count is None else count - 1)
 
 
+FIRES = Counter("fencepost_trigger_fires_total", "Schedule fires handled by the trigger, by outcome", ["outcome"])
+LEADER = Gauge("fencepost_trigger_leader", "1 while this trigger process holds the leader lease")
+
+
 class Trigger:
     def __init__(self, stores: Stores, *, clock: Clock | None = None, holder: str | None = None,
                  lease_s: float = 10.0, batch: int = 1000, lookahead_s: float = 0.5, tick_s: float = 0.25,
@@ -185,6 +191,11 @@ class Trigger:
             if r.schedules < self.batch:
                 break
         self.total += out
+        for kind, n in (("created", out.created), ("duplicate", out.duplicates), ("skipped", out.skipped),
+                        ("coalesced", out.coalesced)):
+            if n:
+                FIRES.labels(kind).inc(n)
+        LEADER.set(1 if self.lease_token is not None or not self.use_lease else 0)
         return out
 
     async def fire_batch(self) -> TickResult:
