@@ -137,5 +137,6 @@ def explain(h: ScaleHint) -> list[str]:
         f"in flight       L      = mu x W = {h.required_per_s:.3f} x {h.mean_run_s:.3f} = {h.in_flight:.2f} runs"
         "  (Little's law)",
         f"replicas        N      = ceil(L / (concurrency x utilisation)) = ceil({h.in_flight:.2f} / "
-        f"({h.concurrency} x {h.utilisation:g})) = ceil({h.exact_replicas:.3f}) -> {h.replicas}",
+        f"({h.concurrency} x {h.utilisation:g})) = ceil({h.exact_replicas:.3f}) -> {h.replicas}"
+        + ("  (the minimum)" if h.replicas > math.ceil(h.exact_replicas - 1e-9) else ""),
     ]
