@@ -22,6 +22,7 @@ from worker.metrics import LEASE_EXPIRIES
 
 from .drift import DriftRepair
 from .gauges import Gauges
+from .scalehint import ScaleHints
 from .outbox import OutboxRelay
 from .rebuild import ensure_stamped, untrusted_queues
 from .recorder import Recorder
@@ -36,6 +37,7 @@ class Reconciler:
         self.outbox = OutboxRelay(self.stores)
         self.drift = DriftRepair(self.stores, grace_s=drift_grace_s)
         self.gauges = Gauges(self.stores)
+        self.scale_hints = ScaleHints(self.stores)
         self.gauges_every_s = 5.0
         self._observed = 0.0
         self.tick_s = min(tick_s, 1.0)
@@ -65,6 +67,7 @@ class Reconciler:
             if q not in untrusted:
                 await self._step("drift", lambda q=q: self.drift.tick(q))
         await self._step("gauges", lambda: self._observe(queues))
+        await self._step("scale_hint", lambda: self.scale_hints.observe(queues))
 
     async def _reap(self, queue: str, now: int) -> None:
         n = await self.stores.scripts.run("reap_expired", self.stores.keys(queue), [now, 1000])

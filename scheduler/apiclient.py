@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import BulkNotConfirmed, FencepostError, StoreUnavailable
 
-__all__ = ["ApiClient", "ApiProblem", "from_context"]
+__all__ = ["ApiClient", "ApiProblem", "from_context", "require_store"]
 
 
 class ApiProblem(FencepostError):
@@ -32,7 +32,7 @@ def _parse_times(row: Any) -> Any:
     if isinstance(row, dict):
         out = {}
         for k, v in row.items():
-            if isinstance(v, str) and k.endswith(("_at", "run_at")) or k == "at":
+            if isinstance(v, str) and k.endswith(("_at", "run_at", "_time")) or k == "at":
                 try:
                     v = datetime.fromisoformat(v) if isinstance(v, str) else v
                 except ValueError:
@@ -117,6 +117,63 @@ class ApiClient:
     def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         return self.request("GET", "/v1/review", query={"queue": queue, "limit": limit})
 
+    def wait(self, run_id: int, timeout: float | None = None) -> dict[str, Any]:
+        """Poll the run until it rests (terminal, PAUSED or STOPPED), as Client.wait does; the API's
+        run carries the outcome from Redis before PostgreSQL records it. WaitTimeout past `timeout`."""
+        import time
+
+        from .errors import WaitTimeout
+        from .states import RESTING
+
+        resting = {s.value for s in RESTING}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            run = self.get(run_id)
+            if run["status"] in resting:
+                return run
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(run_id, run["status"])
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+
+    # -- schedules -----------------------------------------------------------------------------
+    @staticmethod
+    def _name(name: str) -> str:
+        return urllib.parse.quote(name, safe="")
+
+    def add_schedule(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", "/v1/schedules", {k: v for k, v in spec.items() if v is not None})
+
+    def schedules(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/schedules", query={"limit": limit})
+
+    def schedule(self, name: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/schedules/{self._name(name)}")
+
+    def schedule_runs(self, name: str, limit: int = 10) -> list[dict[str, Any]]:
+        return self.request("GET", f"/v1/schedules/{self._name(name)}/runs", query={"limit": limit})
+
+    def set_schedule_paused(self, name: str, paused: bool) -> dict[str, Any]:
+        return self.request("POST", f"/v1/schedules/{self._name(name)}/{'pause' if paused else 'resume'}")
+
+    def remove_schedule(self, name: str) -> None:
+        self.request("DELETE", f"/v1/schedules/{self._name(name)}")
+
+    def next_fires(self, name: str, n: int) -> tuple[list[datetime], str]:
+        """The schedule's next n fire times and its timezone."""
+        out = self.request("GET", f"/v1/schedules/{self._name(name)}/next", query={"n": n})
+        return [datetime.fromisoformat(t) for t in out["fires"]], out.get("timezone") or "UTC"
+
+    # -- workflows -----------------------------------------------------------------------------
+    def workflow(self, workflow_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/workflows/{self._name(workflow_id)}")
+
+    def retry_workflow(self, workflow_id: str, *, recompute: list[str] | tuple[str, ...] = (),
+                       reason: str = "") -> dict[str, list[str]]:
+        return self.request("POST", f"/v1/workflows/{self._name(workflow_id)}/retry",
+                            {"recompute": list(recompute), "reason": reason})["done"]
+
     # -- operator ------------------------------------------------------------------------------
     def command(self, verb: str, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         body: dict[str, Any] = {"reason": reason}
@@ -138,6 +195,19 @@ class ApiClient:
         body = {"command": verb, "status": status, "handler": handler, "confirm": confirm, "reason": reason}
         return self.request("POST", f"/v1/queues/{urllib.parse.quote(queue, safe='')}/bulk",
                             {k: v for k, v in body.items() if v is not None})
+
+
+def require_store(command: str) -> None:
+    """Store-side admin tools have no API mode: with --api (or FENCEPOST_API_URL) they stop with
+    one line on stderr and exit code 1 instead of silently using the store settings."""
+    if from_context() is not None:
+        import sys
+
+        import click
+
+        click.echo(f"error: `fencepost {command}` needs direct Redis/PostgreSQL access and has no --api mode; "
+                   "run it without --api / FENCEPOST_API_URL where the stores are reachable", err=True)
+        sys.exit(1)
 
 
 def from_context() -> ApiClient | None:

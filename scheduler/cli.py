@@ -80,7 +80,10 @@ def db() -> None:
 @command
 async def db_upgrade(settings: Settings) -> None:
     """Apply pending migrations (idempotent; safe from many replicas at once)."""
+    from .apiclient import require_store
     from .db import Database
+
+    require_store("db upgrade")
 
     database = await Database(settings.database_url, max_size=1).connect()
     try:
@@ -137,10 +140,12 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
     kwargs = _json_arg(kwargs_json, "--kwargs", dict)
     api = from_context()
     if api is not None:
+        run_id = api.submit(handler, args, kwargs, queue=queue, priority=priority, delay=delay, timeout=timeout,
+                            max_retries=max_retries, idempotency_key=idempotency_key)
+        click.echo(run_id)
         if wait_s is not None:
-            raise click.UsageError("--wait is not available with --api; use `fencepost status RUN_ID`")
-        click.echo(api.submit(handler, args, kwargs, queue=queue, priority=priority, delay=delay, timeout=timeout,
-                              max_retries=max_retries, idempotency_key=idempotency_key))
+            run = api.wait(run_id, timeout=wait_s)
+            _print_outcome(run["status"], run.get("result"), run.get("last_error"))
         return
     async with Client(settings=settings, actor="cli") as client:
         run_id = await client.submit(handler, *args, kwargs=kwargs, queue=queue, priority=priority, delay=delay,
@@ -148,7 +153,11 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
         click.echo(run_id)
         if wait_s is not None:
             out = await client.wait(run_id, timeout=wait_s)
-            click.echo(json.dumps({"status": out.status, "result": out.result, "error": out.error}, default=str))
+            _print_outcome(out.status, out.result, out.error)
+
+
+def _print_outcome(status: str, result: Any, error: str | None) -> None:
+    click.echo(json.dumps({"status": status, "result": result, "error": error}, default=str))
 
 
 def _fmt(v: Any) -> str:
@@ -314,6 +323,9 @@ async def worker(settings: Settings, app: str, queues: tuple[str, ...], concurre
     """Run a worker."""
     import os
 
+    from .apiclient import require_store
+
+    require_store("worker")
     serve_metrics(metrics_port)
     from worker.runtime import Worker, WorkerOptions
 
@@ -332,6 +344,9 @@ async def worker(settings: Settings, app: str, queues: tuple[str, ...], concurre
 @command
 async def reconciler(settings: Settings, metrics_port: int) -> None:
     """Run the recorder (Redis Streams -> PostgreSQL), stamps/rebuilds, reaper and outbox relay."""
+    from .apiclient import require_store
+
+    require_store("reconciler")
     serve_metrics(metrics_port)
     from reconciler.service import Reconciler
 
@@ -345,7 +360,10 @@ async def reconciler(settings: Settings, metrics_port: int) -> None:
 @click.pass_context
 def demo(ctx: click.Context, base_dir: str, jobs: int) -> None:
     """Set up and run the example jobs end to end (embedded servers if none configured)."""
+    from .apiclient import require_store
     from .demo import run_demo
+
+    require_store("demo")
 
     try:
         sys.exit(run_demo(base_dir, jobs, ctx.obj))

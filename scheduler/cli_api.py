@@ -24,6 +24,9 @@ def register(cli: click.Group) -> None:
         import uvicorn
 
         from .api import ApiConfig, create_app
+        from .apiclient import require_store
+
+        require_store("api")
 
         app = create_app(settings, ApiConfig.from_env())
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,

@@ -49,7 +49,10 @@ def register(cli: click.Group) -> None:
     async def spike_cmd(settings: Settings, schedules: int, workers: int, spread_s: float, concurrency: int,
                         lookahead_s: float, batch: int, timeout_s: float, log_dir: str | None, as_json: bool) -> None:
         """SCHEDULES schedules all firing in the same minute (cron spike)."""
+        from .apiclient import require_store
         from .loadtest import format_report, spike
+
+        require_store("loadtest spike")
 
         rep = await spike(settings, schedules=schedules, workers=workers, spread_s=spread_s, concurrency=concurrency,
                           lookahead_s=lookahead_s, batch=batch, timeout_s=timeout_s, progress=_progress(as_json),
@@ -69,7 +72,10 @@ def register(cli: click.Group) -> None:
     async def burst_cmd(settings: Settings, jobs: int, workers: int, concurrency: int, timeout_s: float,
                         log_dir: str | None, as_json: bool) -> None:
         """JOBS one-shot runs submitted at once."""
+        from .apiclient import require_store
         from .loadtest import burst, format_report
+
+        require_store("loadtest burst")
 
         rep = await burst(settings, jobs=jobs, workers=workers, concurrency=concurrency, timeout_s=timeout_s,
                           progress=_progress(as_json), log_dir=log_dir)

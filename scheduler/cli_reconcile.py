@@ -31,8 +31,10 @@ def register(cli: click.Group) -> None:
         from reconciler.drift import DriftRepair
         from reconciler.rebuild import ensure_stamped, untrusted_queues
 
+        from .apiclient import require_store
         from .stores import Stores
 
+        require_store("reconcile")
         if mode is None:
             raise click.UsageError("give --check or --repair")
         stores = await Stores(settings, db_pool_size=2).connect()

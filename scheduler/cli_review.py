@@ -20,11 +20,15 @@ def register(cli: click.Group) -> None:
     @click.option("--limit", type=int, default=50, show_default=True)
     @command
     async def review_ls(settings: Settings, queue: str | None, limit: int) -> None:
+        from .apiclient import from_context
         from .client import Client
 
+        cols = ["id", "handler", "queue", "attempt", "finished_at", "last_error_class", "last_error"]
+        if (api := from_context()) is not None:
+            _table(api.review_queue(queue=queue, limit=limit), cols)
+            return
         async with Client(settings=settings) as client:
-            _table(await client.review_queue(queue=queue, limit=limit),
-                   ["id", "handler", "queue", "attempt", "finished_at", "last_error_class", "last_error"])
+            _table(await client.review_queue(queue=queue, limit=limit), cols)
 
     @review.command("resolve")
     @click.argument("run_id", type=int)
@@ -33,8 +37,12 @@ def register(cli: click.Group) -> None:
     @click.option("--reason", default="")
     @command
     async def review_resolve(settings: Settings, run_id: int, as_: str, reason: str) -> None:
+        from .apiclient import from_context
         from .client import Client
 
-        async with Client(settings=settings, actor=_actor()) as client:
-            state = await client.resolve(run_id, as_=as_, reason=reason)
+        if (api := from_context()) is not None:
+            state = api.resolve(run_id, as_=as_, reason=reason)
+        else:
+            async with Client(settings=settings, actor=_actor()) as client:
+                state = await client.resolve(run_id, as_=as_, reason=reason)
         click.echo(f"run {run_id}: {state}")

@@ -35,7 +35,10 @@ def register(cli: click.Group) -> None:
         """Recommend the worker replica count for a queue from its arrival rate, run time and target lag."""
         import asyncpg
 
+        from .apiclient import require_store
         from .errors import InvalidInput
+
+        require_store("scale-hint")
         from .scaling import explain, scale_hint as hint
 
         conn = await asyncpg.connect(settings.database_url)

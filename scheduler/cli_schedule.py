@@ -25,8 +25,41 @@ def _fmt_t(t: datetime | None, tz: str | None = None) -> str:
     return t.isoformat(timespec="seconds")
 
 
+def _print_added(s: dict[str, Any]) -> None:
+    click.echo(f"schedule {s['name']} (id {s['id']}): next fire {_fmt_t(s['next_fire_time'], s['timezone'])}"
+               + (f", offset {s['offset_ms'] / 1000:.3f}s" if s["offset_ms"] else ""))
+
+
+def _print_list(rows: list[dict[str, Any]]) -> None:
+    from .cli import _table
+
+    for r in rows:
+        r["every"] = r["cron"] or f"{r['interval_s']:g}s"
+        r["state"] = "paused" if r["paused"] else "active"
+    _table(rows, ["id", "name", "handler", "every", "timezone", "next_fire_time", "state", "fires", "skipped"])
+
+
+def _print_show(s: dict[str, Any], upcoming: Any, runs: list[dict[str, Any]]) -> None:
+    from .cli import _table
+
+    for k in ("id", "name", "handler", "args_json", "queue", "priority", "cron", "interval_s", "timezone",
+              "spread_s", "offset_ms", "catchup", "catchup_window_s", "allow_overlap", "paused",
+              "last_fire_time", "last_run_id", "last_status", "fires", "skipped", "created_at"):
+        v = s.get(k)
+        if k == "args_json" and v is not None and not isinstance(v, str):  # decoded over the API
+            v = json.dumps(v, ensure_ascii=False)
+        if v is not None:
+            click.echo(f"{k:17} {v}")
+    click.echo("next fires:")
+    for t in upcoming:
+        click.echo(f"  {_fmt_t(t, s['timezone'])}   ({_fmt_t(t.astimezone(_UTC))})")
+    click.echo("")
+    _table(runs, ["id", "status", "fire_time", "run_at", "started_at", "finished_at", "attempt"])
+
+
 def register(cli: click.Group) -> None:
-    from .cli import _json_arg, _table, command
+    from .apiclient import from_context
+    from .cli import _json_arg, command
 
     @cli.group()
     def schedule() -> None:
@@ -61,10 +94,14 @@ def register(cli: click.Group) -> None:
                             kwargs=_json_arg(kwargs_json, "--kwargs", dict), cron=cron, interval_s=interval_s,
                             timezone=tz, queue=queue, priority=priority, spread_s=spread_s, exact=exact,
                             catchup=catchup, catchup_window_s=catchup_window_s, allow_overlap=allow_overlap)
+        if (api := from_context()) is not None:
+            import msgspec
+
+            _print_added(api.add_schedule(msgspec.to_builtins(spec)))
+            return
         async with Client(settings=settings, actor="cli") as client:
             s = await Schedules(client).add(spec)
-        click.echo(f"schedule {s['name']} (id {s['id']}): next fire {_fmt_t(s['next_fire_time'], s['timezone'])}"
-                   + (f", offset {s['offset_ms'] / 1000:.3f}s" if s["offset_ms"] else ""))
+        _print_added(s)
 
     @schedule.command("ls")
     @click.option("--limit", type=int, default=100, show_default=True)
@@ -74,12 +111,12 @@ def register(cli: click.Group) -> None:
         from .client import Client
         from .schedules import Schedules
 
+        if (api := from_context()) is not None:
+            _print_list(api.schedules(limit=limit))
+            return
         async with Client(settings=settings) as client:
             rows = await Schedules(client).list(limit=limit)
-        for r in rows:
-            r["every"] = r["cron"] or f"{r['interval_s']:g}s"
-            r["state"] = "paused" if r["paused"] else "active"
-        _table(rows, ["id", "name", "handler", "every", "timezone", "next_fire_time", "state", "fires", "skipped"])
+        _print_list(rows)
 
     @schedule.command("show")
     @click.argument("name")
@@ -89,22 +126,16 @@ def register(cli: click.Group) -> None:
         from .client import Client
         from .schedules import Schedules
 
+        if (api := from_context()) is not None:
+            s = api.schedule(name)
+            _print_show(s, api.next_fires(name, 5)[0], api.schedule_runs(name, 10))
+            return
         async with Client(settings=settings) as client:
             store = Schedules(client)
             s = await store.get(name)
             upcoming = await store.upcoming(name, 5)
             runs = await store.runs(name, 10)
-        for k in ("id", "name", "handler", "args_json", "queue", "priority", "cron", "interval_s", "timezone",
-                  "spread_s", "offset_ms", "catchup", "catchup_window_s", "allow_overlap", "paused",
-                  "last_fire_time", "last_run_id", "last_status", "fires", "skipped", "created_at"):
-            v = s.get(k)
-            if v is not None:
-                click.echo(f"{k:17} {json.dumps(v) if k == 'args_json' and not isinstance(v, str) else v}")
-        click.echo("next fires:")
-        for t in upcoming:
-            click.echo(f"  {_fmt_t(t, s['timezone'])}   ({_fmt_t(t.astimezone(_UTC))})")
-        click.echo("")
-        _table(runs, ["id", "status", "fire_time", "run_at", "started_at", "finished_at", "attempt"])
+        _print_show(s, upcoming, runs)
 
     @schedule.command("pause")
     @click.argument("name")
@@ -114,8 +145,11 @@ def register(cli: click.Group) -> None:
         from .client import Client
         from .schedules import Schedules
 
-        async with Client(settings=settings) as client:
-            await Schedules(client).set_paused(name, True)
+        if (api := from_context()) is not None:
+            api.set_schedule_paused(name, True)
+        else:
+            async with Client(settings=settings) as client:
+                await Schedules(client).set_paused(name, True)
         click.echo(f"schedule {name}: paused")
 
     @schedule.command("resume")
@@ -126,8 +160,11 @@ def register(cli: click.Group) -> None:
         from .client import Client
         from .schedules import Schedules
 
-        async with Client(settings=settings) as client:
-            await Schedules(client).set_paused(name, False)
+        if (api := from_context()) is not None:
+            api.set_schedule_paused(name, False)
+        else:
+            async with Client(settings=settings) as client:
+                await Schedules(client).set_paused(name, False)
         click.echo(f"schedule {name}: resumed")
 
     @schedule.command("rm")
@@ -138,8 +175,11 @@ def register(cli: click.Group) -> None:
         from .client import Client
         from .schedules import Schedules
 
-        async with Client(settings=settings) as client:
-            await Schedules(client).remove(name)
+        if (api := from_context()) is not None:
+            api.remove_schedule(name)
+        else:
+            async with Client(settings=settings) as client:
+                await Schedules(client).remove(name)
         click.echo(f"schedule {name}: removed")
 
     @schedule.command("next")
@@ -160,6 +200,8 @@ def register(cli: click.Group) -> None:
                 times = next_fires(datetime.now(_UTC), n, cron=None if interval_s else name_or_cron,
                                    interval_s=interval_s, tz=tz)
                 zone_name = tz
+            elif (api := from_context()) is not None:
+                times, zone_name = api.next_fires(name_or_cron, n)
             else:
                 times, zone_name = _upcoming(settings, name_or_cron, n)
         except FencepostError as exc:
@@ -194,8 +236,10 @@ def register(cli: click.Group) -> None:
     async def trigger(settings: Settings, tick_s: float, batch: int, lease_s: float, lookahead_s: float,
                       metrics_port: int) -> None:
         """Run the trigger service: schedules -> runs (one leader; duplicates impossible)."""
+        from .apiclient import require_store
         from .cli import serve_metrics
         from .trigger import serve
 
+        require_store("trigger")
         serve_metrics(metrics_port)
         await serve(settings, tick_s=tick_s, batch=batch, lease_s=lease_s, lookahead_s=lookahead_s)

@@ -59,10 +59,14 @@ def register(cli: click.Group) -> None:
         """Draw the graph with the state of every node."""
         import sys
 
+        from .apiclient import from_context
         from .client import Client
 
-        async with Client(settings=settings) as client:
-            wf = await client.workflow(workflow_id)
+        if (api := from_context()) is not None:
+            wf = api.workflow(workflow_id)
+        else:
+            async with Client(settings=settings) as client:
+                wf = await client.workflow(workflow_id)
         for line in draw(wf, colour=sys.stdout.isatty()):
             click.echo(line)
 
@@ -73,10 +77,14 @@ def register(cli: click.Group) -> None:
     @command
     async def retry(settings: Settings, workflow_id: str, recompute: tuple[str, ...], reason: str) -> None:
         """Re-run failed/stopped/cancelled nodes and their descendants; succeeded nodes are kept."""
+        from .apiclient import from_context
         from .client import Client
 
-        async with Client(settings=settings, actor="cli") as client:
-            done = await client.retry_workflow(workflow_id, recompute=recompute, reason=reason)
+        if (api := from_context()) is not None:
+            done = api.retry_workflow(workflow_id, recompute=recompute, reason=reason)
+        else:
+            async with Client(settings=settings, actor="cli") as client:
+                done = await client.retry_workflow(workflow_id, recompute=recompute, reason=reason)
         if not any(done.values()):
             click.echo("nothing to retry")
         for k, v in done.items():

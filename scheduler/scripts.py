@@ -12,7 +12,8 @@ from typing import Any, Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError, TimeoutError as RedisTimeoutError
+from redis.exceptions import ClusterDownError, ClusterError, ResponseError, TryAgainError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .errors import NotStamped, RedisUnavailable, decode_lua_error
 from .keys import Keys
@@ -21,6 +22,8 @@ from .states import edges
 
 __all__ = ["Scripts", "render", "SCRIPT_NAMES"]
 
+# replies that mean "this node cannot serve now" (failover in progress), not a script error
+_UNAVAILABLE = ("CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN", "READONLY", "NOREPLICAS")
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
 SCRIPT_NAMES = tuple(sorted(p.stem for p in resource_dir("lua").glob("*.lua")))
 """Every lua/<verb>_<object>.lua is a script (includes live in lua/includes/)."""
@@ -56,8 +59,10 @@ class Scripts:
             return await self._scripts[name](keys=key_list, args=args)
         except ResponseError as exc:
             msg = str(exc)
+            if isinstance(exc, (ClusterDownError, TryAgainError)) or msg.startswith(_UNAVAILABLE):
+                raise RedisUnavailable(f"redis unavailable: {msg}") from exc
             if msg.startswith("UNSTAMPED"):
                 raise NotStamped(keys.queue if isinstance(keys, Keys) else "?") from None
             raise decode_lua_error(msg) from None
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except (RedisConnectionError, RedisTimeoutError, ClusterError, OSError) as exc:
             raise RedisUnavailable(f"redis unreachable: {exc}") from exc

@@ -28,7 +28,7 @@ UPDATE schedules SET paused = $2, updated_at = now() WHERE name = $1 RETURNING i
 DELETE FROM schedules WHERE name = $1 RETURNING id;
 
 -- name: schedule_runs
-SELECT id, status, fire_time, run_at, started_at, finished_at, attempt
+SELECT id, queue, status, fire_time, run_at, started_at, finished_at, attempt
 FROM runs WHERE schedule_id = $1 ORDER BY fire_time DESC LIMIT $2;
 
 -- name: trigger_due

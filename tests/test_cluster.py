@@ -63,8 +63,21 @@ async def cclient(cs: Settings) -> AsyncIterator[Client]:
     await c.close()
 
 
+_STARTED: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_processes() -> Any:
+    """Every worker / reconciler a test started is killed when it ends, whatever happened."""
+    yield
+    stop(*_STARTED)
+    _STARTED.clear()
+
+
 def start(cs: Settings, tmp_path: Path, name: str, *args: str) -> subprocess.Popen[bytes]:
-    return spawn(cs, *args, log=tmp_path / f"{name}.log", FENCEPOST_REDIS_CLUSTER="1")
+    p = spawn(cs, *args, log=tmp_path / f"{name}.log", FENCEPOST_REDIS_CLUSTER="1")
+    _STARTED.append(p)
+    return p
 
 
 def stop(*procs: subprocess.Popen[bytes] | None) -> None:

@@ -26,7 +26,7 @@ from ..client import Client
 from ..errors import InvalidInput
 from ..models import Submit, decode_result
 from ..schedules import Schedules
-from ..states import Status
+from ..states import RESTING, Status
 from . import schemas as S
 from .auth import Principal, create_token
 from .metrics import LATENCY, REFUSED, REQUESTS
@@ -156,8 +156,9 @@ async def _live(ctx: Ctx, run: dict[str, Any]) -> dict[str, Any]:
     out = dict(run)
     out["recorded_status"] = run["status"]
     key = ctx.client.stores.keys(run["queue"]).run(run["id"])
-    state, attempt, version, token, worker = await ctx.client.stores.redis.hmget(
-        key, "state", "attempt", "version", "token", "worker")
+    state, attempt, version, token, worker, result, error, eclass = await ctx.client.stores.redis.hmget(
+        key, "state", "attempt", "version", "token", "worker", "result", "error", "error_class")
+    out["result"] = decode_result(run.get("result"))
     if state is not None and version is not None and int(version) > int(run["version"]):
         out["status"] = state.decode()
         out["version"] = int(version)
@@ -167,7 +168,13 @@ async def _live(ctx: Ctx, run: dict[str, Any]) -> dict[str, Any]:
             out["token"] = int(token)
         if worker:
             out["lease_owner"] = worker.decode()
-    out["result"] = decode_result(run.get("result"))
+        if out["status"] in RESTING:  # its outcome too, as Client.wait reads it (`submit --wait` over the API)
+            if result is not None:
+                out["result"] = decode_result(result)
+            if error:
+                out["last_error"] = error.decode()
+            if eclass:
+                out["last_error_class"] = eclass.decode()
     return out
 
 
@@ -397,16 +404,27 @@ async def review(ctx: Ctx) -> Any:
 
 
 # -- schedules ---------------------------------------------------------------------------------
+def _schedule(row: dict[str, Any]) -> Any:
+    if isinstance(row.get("args_json"), str):  # jsonb as PostgreSQL gives it: the arguments as an object
+        row = {**row, "args_json": msgspec.json.decode(row["args_json"])}
+    return _row(row, S.Schedule)
+
+
 async def list_schedules(ctx: Ctx) -> Any:
-    return [_row(r, S.Schedule) for r in await Schedules(ctx.client).list(limit=ctx.q_int("limit", 100, 1, 1000))]
+    return [_schedule(r) for r in await Schedules(ctx.client).list(limit=ctx.q_int("limit", 100, 1, 1000))]
 
 
 async def add_schedule(ctx: Ctx) -> Any:
-    return _json(_row(await Schedules(ctx.client).add(ctx.body), S.Schedule), 201)
+    return _json(_schedule(await Schedules(ctx.client).add(ctx.body)), 201)
 
 
 async def get_schedule(ctx: Ctx) -> Any:
-    return _row(await Schedules(ctx.client).get(ctx.path("name")), S.Schedule)
+    return _schedule(await Schedules(ctx.client).get(ctx.path("name")))
+
+
+async def schedule_runs(ctx: Ctx) -> Any:
+    rows = await Schedules(ctx.client).runs(ctx.path("name"), ctx.q_int("limit", 10, 1, 1000))
+    return [_row(r, S.ScheduleRun) for r in rows if ctx.p.in_scope(r["queue"])]
 
 
 async def delete_schedule(ctx: Ctx) -> Any:
@@ -416,15 +434,17 @@ async def delete_schedule(ctx: Ctx) -> Any:
 
 def _schedule_paused(paused: bool) -> Callable[[Ctx], Awaitable[Any]]:
     async def set_paused(ctx: Ctx) -> Any:
-        return _row(await Schedules(ctx.client).set_paused(ctx.path("name"), paused), S.Schedule)
+        return _schedule(await Schedules(ctx.client).set_paused(ctx.path("name"), paused))
 
     return set_paused
 
 
 async def next_fires(ctx: Ctx) -> Any:
     name = ctx.path("name")
-    fires = await Schedules(ctx.client).upcoming(name, ctx.q_int("n", 5, 1, 100))
-    return S.NextFires(name=name, fires=list(fires))
+    store = Schedules(ctx.client)
+    tz = (await store.get(name))["timezone"]
+    fires = await store.upcoming(name, ctx.q_int("n", 5, 1, 100))
+    return S.NextFires(name=name, fires=list(fires), timezone=tz)
 
 
 # -- workflows ---------------------------------------------------------------------------------
@@ -545,6 +565,9 @@ ROUTES: list[RouteSpec] = [
               response=S.Schedule, tag="schedules"),
     RouteSpec("GET", "/v1/schedules/{name}/next", next_fires, "The next fire times", roles=READ,
               response=S.NextFires, params=[("n", "integer", 5, "How many (1-100)")], tag="schedules"),
+    RouteSpec("GET", "/v1/schedules/{name}/runs", schedule_runs, "The schedule's latest runs, newest fire first",
+              roles=READ, response=list[S.ScheduleRun], params=[("limit", "integer", 10, "At most this many (1-1000)")],
+              tag="schedules"),
     RouteSpec("POST", "/v1/workflows", submit_workflow, "Submit a workflow (DAG) atomically",
               roles=("producer", "admin"), body=S.WorkflowSubmit, response=S.WorkflowSubmitted, status=201,
               tag="workflows"),

@@ -16,7 +16,7 @@ from ..workflows import Node
 __all__ = [
     "SubmitRequest", "SubmitBatch", "Submitted", "SubmittedBatch", "Run", "RunSummary", "Attempt", "Event",
     "Checkpoint", "CommandRequest", "CommandResult", "ResolveRequest", "QueueCommand", "QueueResult",
-    "QueueStats", "BulkRequest", "BulkResult", "Schedule", "ScheduleSpec", "NextFires", "WorkflowSubmit",
+    "QueueStats", "BulkRequest", "BulkResult", "Schedule", "ScheduleRun", "ScheduleSpec", "NextFires", "WorkflowSubmit",
     "WorkflowSubmitted", "Workflow", "WorkflowNode", "WorkflowSummary", "WorkflowRetry", "WorkflowRetried",
     "TokenCreate", "TokenCreated", "Token", "Me", "Problem", "Health", "Readiness", "Node", "Role", "Verb",
 ]
@@ -220,11 +220,29 @@ class Schedule(msgspec.Struct, kw_only=True):
     last_status: str | None = None
     fires: int = 0
     skipped: int = 0
+    args_json: Any = None
+    """The arguments as given: {"args": [...], "kwargs": {...}} (one schedule only, not in listings)."""
+    catchup_window_s: float | None = None
+    created_at: datetime | None = None
+
+
+class ScheduleRun(msgspec.Struct, kw_only=True):
+    """A run a schedule fired."""
+
+    id: int
+    status: str
+    attempt: int
+    fire_time: datetime | None = None
+    run_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
 
 
 class NextFires(msgspec.Struct, kw_only=True):
     name: str
     fires: list[datetime]
+    timezone: str | None = None
+    """The schedule's timezone (cron lines are read in it)."""
 
 
 class WorkflowSubmit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
