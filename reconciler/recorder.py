@@ -291,10 +291,10 @@ class Recorder:
                 ts = int(f[b"ts"])
                 due = f.get(b"due")
                 if due:
-                    m.child(gauges.SCHEDULE_LAG, queue).observe(max(0, ts - int(due)) / 1000)
+                    m.observe(gauges.SCHEDULE_LAG, max(0, ts - int(due)) / 1000, queue)
                 expired = self._expired_at.pop(int(f[b"run"]), None)
                 if expired is not None:
-                    m.child(gauges.RECOVERY, queue).observe(max(0, ts - expired) / 1000)
+                    m.observe(gauges.RECOVERY, max(0, ts - expired) / 1000, queue)
             elif typ == b"lease_expired" and f[b"to"] == b"PENDING":
                 if len(self._expired_at) > 100_000:
                     self._expired_at.clear()
@@ -305,6 +305,7 @@ class Recorder:
             action = gauges.CONTROL_TYPES.get(name)
             if action is not None:
                 m.child(gauges.CONTROL, action).inc(n)
+        m.flush()
         gauges.RECORDER_LAG.set(self.last_lag_s)
 
     async def _acknowledge(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], runs: list[list[Any]]) -> None:

@@ -4,6 +4,8 @@ here in the parent, so the child processes need no multiprocess registry."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -48,12 +50,15 @@ HANDLER_INFO = Gauge("fencepost_handler_info", "1 per registered handler; join o
 
 
 class Cached:
-    """Labelled children looked up once per label set, and counters summed locally and
-    flushed once a second: `labels()` per job cost more than a no-op job itself."""
+    """Labelled children looked up once per label set; counters summed and histogram
+    observations bucketed locally, then flushed once a second. `labels()` and `observe()`
+    per job cost more than a no-op job itself (profiled: ~12 us of a ~35 us job)."""
 
     def __init__(self) -> None:
         self._children: dict[tuple[object, tuple[str, ...]], object] = {}
         self._counts: dict[tuple[object, tuple[str, ...]], float] = {}
+        self._hist: dict[tuple[object, tuple[str, ...]], list[float]] = {}
+        self._bounds: dict[tuple[object, tuple[str, ...]], list[float]] = {}
 
     def child(self, metric, *labels: str):  # type: ignore[no-untyped-def]
         key = (metric, labels)
@@ -66,7 +71,24 @@ class Cached:
         key = (metric, labels)
         self._counts[key] = self._counts.get(key, 0) + n
 
+    def observe(self, metric, value: float, *labels: str) -> None:  # type: ignore[no-untyped-def]
+        """A histogram observation, kept as [sum, count per bucket...] until the next flush."""
+        key = (metric, labels)
+        h = self._hist.get(key)
+        if h is None:
+            bounds = self._bounds[key] = self.child(metric, *labels)._upper_bounds
+            h = self._hist[key] = [0.0] * (len(bounds) + 1)
+        h[0] += value
+        h[1 + bisect_left(self._bounds[key], value)] += 1
+
     def flush(self) -> None:
         counts, self._counts = self._counts, {}
         for (metric, labels), n in counts.items():
             self.child(metric, *labels).inc(n)
+        hists, self._hist = self._hist, {}
+        for (metric, labels), h in hists.items():
+            c = self.child(metric, *labels)  # the client's own buckets: one increment per bucket per flush
+            c._sum.inc(h[0])
+            for i, n in enumerate(h[1:]):
+                if n:
+                    c._buckets[i].inc(n)

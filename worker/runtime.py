@@ -275,7 +275,7 @@ class Worker:
                         return
                 if job.attempt > 1:
                     await self.checkpoints.load(entry.ctx)
-                self.m.child(metrics.DISPATCH_LATENCY, job.queue).observe(time.monotonic() - started)
+                self.m.observe(metrics.DISPATCH_LATENCY, time.monotonic() - started, job.queue)
                 started = time.monotonic()
                 outcome = await self.executors.run(job, entry.ctx)
             except asyncio.CancelledError:
@@ -298,7 +298,7 @@ class Worker:
                 # the dependency answered unless the attempt failed in a way it could cause;
                 # a probe always reports, so a half-open breaker never waits out probe_ms
                 self.breakers.record(service, outcome.kind not in ("error", "timeout", "crash"), probe)
-            self.m.child(metrics.DURATION, job.handler, _band(job.attempt)).observe(time.monotonic() - started)
+            self.m.observe(metrics.DURATION, time.monotonic() - started, job.handler, _band(job.attempt))
             await self._finish(entry, outcome, spec.model if spec is not None else "async")
         except asyncio.CancelledError:
             pass
@@ -325,7 +325,7 @@ class Worker:
             return
         self.m.count(metrics.FINISHED, job.queue, job.handler, state)
         if state == "SUCCEEDED":
-            self.m.child(metrics.ATTEMPTS_PER_SUCCESS, job.handler).observe(job.attempt)
+            self.m.observe(metrics.ATTEMPTS_PER_SUCCESS, job.attempt, job.handler)
 
     async def _throttle(self, queue: str, retry_after: float) -> None:
         """A dependency said slow down: cap every worker's claims on this queue while it lasts."""
