@@ -26,6 +26,8 @@ BUDGET_EXHAUSTED = Gauge("fencepost_retry_budget_exhausted", "Retries delayed by
                          ["queue"])
 STALE_FINISH = Gauge("fencepost_stale_finishes", "Finishes refused for a stale token (counter in Redis)", ["queue"])
 RECORDER_LAG = Gauge("fencepost_recorder_lag_seconds", "Age of the newest transition the recorder committed when it did")
+POISON = Counter("fencepost_recorder_poison_total",
+                 "Transitions PostgreSQL refused even alone, kept in the <prefix>:recorder:poison stream")
 RECORDED = Counter("fencepost_recorded_events_total", "Transitions written to PostgreSQL by the recorder", ["type"])
 CONTROL = Counter("fencepost_control_actions_total", "Operator commands and forced stops, from the history", ["action"])
 SCHEDULE_LAG = Histogram("fencepost_schedule_lag_seconds", "Claim time minus run_at (due time)", ["queue"],

@@ -59,6 +59,8 @@ class Recorder:
         self.recorded = 0
         self._expired_at: dict[int, int] = {}
         self._metrics = Cached()
+        self.poison_key = f"{stores.settings.prefix}:recorder:poison"
+        """Entries PostgreSQL refused even alone (a bug or corrupt data): kept for an operator."""
         self.last_lag_s = 0.0
 
     async def _ensure_groups(self, queues: list[str]) -> list[str]:
@@ -155,6 +157,34 @@ class Recorder:
                 await asyncio.sleep(0.5)
 
     async def record(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]]) -> None:
+        """Record a batch; a batch PostgreSQL refuses (not a connection problem: a constraint,
+        bad data) is split in halves until the entry at fault is isolated, so one poison entry
+        never stalls the history of everything behind it."""
+        try:
+            await self._record(entries)
+        except (asyncpg.IntegrityConstraintViolationError, asyncpg.DataError) as exc:
+            if len(entries) > 1:
+                mid = len(entries) // 2
+                await self.record(entries[:mid])
+                await self.record(entries[mid:])
+            else:
+                await self._quarantine(entries[0], exc)
+
+    async def _quarantine(self, entry: tuple[str, bytes, dict[bytes, bytes]], exc: Exception) -> None:
+        """Keep an unrecordable entry where an operator can see it (never drop history), then
+        acknowledge it so the stream moves on."""
+        stream, entry_id, fields = entry
+        log.error("transition %s of %s cannot be recorded (%s); kept in %s", entry_id, stream, exc,
+                  self.poison_key, extra={"event": "recorder_poison", "run_id": int(fields.get(b"run", b"0") or 0)})
+        await self.stores.redis.xadd(self.poison_key, {**fields, b"stream": stream, b"entry": entry_id,
+                                                       b"error": str(exc)[:500]})
+        gauges.POISON.inc()
+        pipe = self.stores.redis.pipeline(transaction=False)
+        pipe.xack(stream, GROUP, entry_id)
+        pipe.xdel(stream, entry_id)
+        await pipe.execute()
+
+    async def _record(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]]) -> None:
         ev_cols: list[list[Any]] = [[] for _ in range(15)]
         for stream, entry_id, f in entries:
             g = f.get
