@@ -334,3 +334,19 @@ async def test_lease_expiry_after_the_last_attempt_fails_the_run(q: Queue) -> No
 async def test_keys_share_one_hash_slot() -> None:
     k = Keys("p", "q1")
     assert all(key.startswith("p:{q1}:") for key in k.script_keys()) and k.run(5) == "p:{q1}:run:5"
+
+
+async def test_two_reapers_at_once_reap_each_expired_lease_once(stores: Stores) -> None:
+    import asyncio
+
+    q = await Queue(stores, "reapq").setup()
+    await q.enqueue(T0, *(dict(id=str(i), max_retries=3) for i in range(1, 201)))
+    assert len(await q.claim(T0, n=200, lease_ms=1000)) == 200
+    await q.events()
+    later = T0 + 5_000
+    counts = await asyncio.gather(*(q.run("reap_expired", later, 60) for _ in range(8)))
+    counts += [await q.reap(later), await q.reap(later)]
+    assert sum(counts) == 200, counts
+    expired = [e for e in await q.events() if e["type"] == "lease_expired"]
+    assert sorted(int(e["run"]) for e in expired) == list(range(1, 201)), "each run reaped exactly once"
+    assert await stores.redis.zcard(q.keys.active) == 0 and await stores.redis.zcard(q.keys.due) == 200
