@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from .errors import DatabaseUnavailable
+from .errors import DatabaseUnavailable, FencepostError
 from .resources import resource_dir
 
 __all__ = ["Database", "query", "migrations", "upgrade"]
@@ -57,7 +57,8 @@ async def upgrade(conn: asyncpg.Connection) -> list[str]:
             checksum = hashlib.sha256(sql.encode()).hexdigest()
             if version in done:
                 if done[version] != checksum:
-                    raise RuntimeError(f"migration {name} changed after it was applied (checksum differs)")
+                    raise MigrationError(f"migration {name} changed after it was applied (checksum differs); "
+                                         "this database was made by another version of Fencepost")
                 continue
             async with conn.transaction():
                 await conn.execute(sql)
@@ -75,6 +76,10 @@ _UNAVAILABLE = (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError
                 asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.InternalClientError)
 """Connection lost, server shutting down or restarting (pg_terminate_backend, failover); the
 last one is asyncpg's protocol state left behind by a connection killed mid-statement."""
+
+
+class MigrationError(FencepostError):
+    """The database's recorded migrations do not match the ones this version ships."""
 
 
 class Database:
