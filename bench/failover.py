@@ -38,9 +38,10 @@ sys.path.insert(0, str(ROOT))
 
 from scheduler.client import Client  # noqa: E402
 from scheduler.config import Settings  # noqa: E402
-from scheduler.db import upgrade  # noqa: E402
 from scheduler.models import Submit  # noqa: E402
 from scheduler.registry import Registry  # noqa: E402
+
+from bench.throughput import fresh_database  # noqa: E402
 
 QUEUE = "failover"
 registry = Registry()
@@ -60,18 +61,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-async def _fresh_database(admin_url: str, name: str) -> str:
-    admin = await asyncpg.connect(admin_url)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    url = admin_url.rsplit("/", 1)[0] + "/" + name
-    conn = await asyncpg.connect(url)
-    await upgrade(conn)
-    await conn.close()
-    return url
 
 
 def _spawn(settings: Settings, log: Path, exec_url: str, *args: str) -> subprocess.Popen[bytes]:
@@ -110,7 +99,7 @@ async def run(pending: int, done: int, admin_url: str, concurrency: int) -> dict
     procs: list[subprocess.Popen[bytes]] = []
     try:
         redis_url, exec_url = f"redis://127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/1"
-        db_url = await _fresh_database(admin_url, "fencepost_bench_failover")
+        db_url = await fresh_database(admin_url, "fencepost_bench_failover")
         settings = Settings(redis_url=redis_url, database_url=db_url, prefix="fpb")
         r = aioredis.Redis.from_url(redis_url)
         await _until(lambda: r.ping(), 10, "redis-server to start", 0.02)
