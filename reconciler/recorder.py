@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import asyncpg
+import msgspec
 from redis.exceptions import ResponseError
 
 from scheduler.db import query
@@ -33,6 +34,7 @@ from . import workflows
 log = logging.getLogger("fencepost.recorder")
 
 GROUP = "recorder"
+_json = msgspec.json.Encoder()
 _UTC = timezone.utc
 _TERMINAL = {s.value for s in TERMINAL}
 
@@ -162,7 +164,8 @@ class Recorder:
         never stalls the history of everything behind it."""
         try:
             await self._record(entries)
-        except (asyncpg.IntegrityConstraintViolationError, asyncpg.DataError) as exc:
+        except (asyncpg.IntegrityConstraintViolationError, asyncpg.DataError,
+                ValueError, KeyError, UnicodeDecodeError) as exc:  # refused by PostgreSQL, or malformed
             if len(entries) > 1:
                 mid = len(entries) // 2
                 await self.record(entries[:mid])
@@ -185,36 +188,22 @@ class Recorder:
         await pipe.execute()
 
     async def _record(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]]) -> None:
-        ev_cols: list[list[Any]] = [[] for _ in range(15)]
+        rows = []
         for stream, entry_id, f in entries:
             g = f.get
-            ev_cols[0].append(int(f[b"run"]))
-            ev_cols[1].append(f[b"type"].decode())
-            ev_cols[2].append(f[b"from"].decode())
-            ev_cols[3].append(f[b"to"].decode())
-            ev_cols[4].append(int(f[b"v"]))
-            a = g(b"attempt")
-            ev_cols[5].append(int(a) if a else None)
-            t = g(b"token")
-            ev_cols[6].append(int(t) if t else None)
-            w = g(b"worker")
-            ev_cols[7].append(w.decode() if w else None)
-            r = g(b"reason") or g(b"outcome")
-            ev_cols[8].append(r.decode() if r else None)
-            ec = g(b"error_class")
-            ev_cols[9].append(ec.decode() if ec else None)
-            em = g(b"error")
-            ev_cols[10].append(em.decode(errors="replace") if em else None)
-            ev_cols[11].append(_ts(f[b"ts"]))
-            ev_cols[12].append(stream)
-            ev_cols[13].append(stream_id_int(entry_id))
-            actor = g(b"actor")
-            ev_cols[14].append(actor.decode() if actor else None)
+            a, t, w, r = g(b"attempt"), g(b"token"), g(b"worker"), g(b"reason") or g(b"outcome")
+            ec, em, actor = g(b"error_class"), g(b"error"), g(b"actor")
+            rows.append((int(f[b"run"]), f[b"type"].decode(), f[b"from"].decode(), f[b"to"].decode(), int(f[b"v"]),
+                         int(a) if a else None, int(t) if t else None, w.decode() if w else None,
+                         r.decode() if r else None, ec.decode() if ec else None,
+                         em.decode(errors="replace") if em else None, int(f[b"ts"]), stream,
+                         stream_id_int(entry_id), actor.decode() if actor else None))
+        events_json = _json.encode(rows).decode()
         pool = self.stores.db.pool
         assert pool is not None
         async with pool.acquire() as conn:
             async with conn.transaction():
-                fresh = await conn.fetch(query("insert_events"), *ev_cols)
+                fresh = await conn.fetch(query("insert_events_json"), events_json)
                 new = {(r["stream"], r["stream_id"]) for r in fresh}
                 runs, attempts = self._fold(entries, new if len(new) != len(entries) else None)
                 if runs:

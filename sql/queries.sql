@@ -183,3 +183,16 @@ SELECT id, version FROM r;
 
 -- name: ensure_queues
 INSERT INTO queues (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING;
+
+-- name: insert_events_json
+-- The recorder's events, as one jsonb array of arrays (decoded once by PostgreSQL instead
+-- of 15 typed arrays encoded element by element in Python). Positions: run, type, from,
+-- to, version, attempt, token, worker, reason, error class, error, ts (ms), stream,
+-- stream id, actor.
+INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, worker_id,
+                    reason, error_class, error_message, at, stream, stream_id, actor)
+SELECT (e->>0)::bigint, e->>1, e->>2, e->>3, (e->>4)::bigint, (e->>5)::integer, (e->>6)::bigint, e->>7,
+       e->>8, e->>9, e->>10, to_timestamp((e->>11)::bigint / 1000.0), e->>12, (e->>13)::bigint, e->>14
+FROM jsonb_array_elements($1::jsonb) AS e
+ON CONFLICT (stream, stream_id) WHERE stream_id IS NOT NULL DO NOTHING
+RETURNING stream, stream_id;

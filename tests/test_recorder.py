@@ -24,6 +24,9 @@ async def test_a_poison_entry_is_quarantined_and_the_rest_recorded(client: Clien
     # a state the runs table's CHECK refuses (a bug or corrupt data in the stream)
     await stores.redis.xadd(keys.events, {"run": bad, "type": "paused", "from": "PENDING", "to": "BOGUS",
                                           "v": 1, "ts": now})
+    await stores.redis.xadd(keys.events, {"run": bad, "type": "claimed", "from": "PENDING", "to": "RUNNING",
+                                          "v": 2, "ts": now, "attempt": 1, "token": 7, "worker": "w",
+                                          "lease": "not-a-number"})  # malformed: fails before PostgreSQL
     await stores.redis.xadd(keys.events, paused(good[2]))
     await record_all(stores)
 
@@ -31,7 +34,7 @@ async def test_a_poison_entry_is_quarantined_and_the_rest_recorded(client: Clien
     assert [statuses[g] for g in good] == ["PAUSED"] * 3, "entries around the poison one are recorded"
     assert statuses[bad] == "PENDING", "the refused transition changed nothing"
     poison = await stores.redis.xrange(f"{stores.settings.prefix}:recorder:poison")
-    assert [int(f[b"run"]) for _, f in poison] == [bad] and b"BOGUS" in poison[0][1][b"to"]
+    assert [int(f[b"run"]) for _, f in poison] == [bad, bad] and b"BOGUS" in poison[0][1][b"to"]
     assert await stores.redis.xlen(keys.events) == 0, "the stream moved on"
     n = await stores.db.pool.fetchval("SELECT count(*) FROM events WHERE run_id = ANY($1)", good)  # type: ignore[union-attr]
     assert n == 6, "each good run: submitted + paused, once"
