@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from redis.crc import key_slot  # noqa: E402
 
-from bench.throughput import fresh_database  # noqa: E402
+from bench.throughput import drain_and_record, fresh_database  # noqa: E402
 from scheduler.client import Client  # noqa: E402
 from scheduler.config import Settings  # noqa: E402
 from scheduler.models import Submit  # noqa: E402
@@ -84,27 +84,7 @@ async def run_once(jobs: int, workers: int, redis_url: str, cluster: bool, admin
     procs += [spawn(settings, "worker", "--app", "bench.app:registry", *qargs, "--concurrency", str(concurrency))
               for _ in range(workers)]
     try:
-        await asyncio.sleep(3)  # let the processes import and connect (not timed)
-        t1 = time.perf_counter()
-        for k in keys:
-            await redis.delete(k.paused)
-            await redis.rpush(k.wake, *([1] * workers))
-        while True:
-            pipe = redis.pipeline(transaction=False)
-            for k in keys:
-                pipe.zcard(k.due)
-                pipe.zcard(k.active)
-                pipe.zcard(k.delayed)
-            if sum(await pipe.execute()) == 0:
-                break
-            await asyncio.sleep(0.005)
-        drain_s = time.perf_counter() - t1
-        t2 = time.perf_counter()
-        pool = client.stores.db.pool
-        assert pool is not None
-        while await pool.fetchval("SELECT count(*) FROM runs WHERE status <> 'SUCCEEDED'") > 0:
-            await asyncio.sleep(0.02)
-        lag_s = time.perf_counter() - t2
+        drain_s, lag_s = await drain_and_record(client, keys, workers)
     finally:
         for p in procs:
             p.terminate()

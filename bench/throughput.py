@@ -57,6 +57,33 @@ def spawn(settings: Settings, *args: str) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+async def drain_and_record(client: Client, queue_keys: list, workers: int) -> tuple[float, float]:
+    """Unpause the queues the (already started) workers wait on; return (seconds until Redis
+    holds no due, delayed or active run, then seconds until PostgreSQL has every run SUCCEEDED)."""
+    redis = client.stores.redis
+    await asyncio.sleep(3)  # let the processes import and connect (not timed)
+    t1 = time.perf_counter()
+    for k in queue_keys:
+        await redis.delete(k.paused)
+        await redis.rpush(k.wake, *([1] * workers))
+    while True:
+        pipe = redis.pipeline(transaction=False)
+        for k in queue_keys:
+            pipe.zcard(k.due)
+            pipe.zcard(k.active)
+            pipe.zcard(k.delayed)
+        if sum(await pipe.execute()) == 0:
+            break
+        await asyncio.sleep(0.005)
+    drain_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    pool = client.stores.db.pool
+    assert pool is not None
+    while await pool.fetchval("SELECT count(*) FROM runs WHERE status <> 'SUCCEEDED'") > 0:
+        await asyncio.sleep(0.02)
+    return drain_s, time.perf_counter() - t2
+
+
 async def run_fencepost(jobs: int, workers: int, redis_url: str, admin_url: str, concurrency: int) -> dict:
     db_url = await fresh_database(admin_url, "fencepost_bench")
     settings = Settings(redis_url=redis_url, database_url=db_url, prefix=f"bench{os.getpid()}")
@@ -76,24 +103,8 @@ async def run_fencepost(jobs: int, workers: int, redis_url: str, admin_url: str,
     procs += [spawn(settings, "worker", "--app", "bench.app:registry", "--queue", QUEUE,
                     "--concurrency", str(concurrency)) for _ in range(workers)]
     try:
-        await asyncio.sleep(3)  # let the processes import and connect (not timed)
-        t1 = time.perf_counter()
-        await redis.delete(keys.paused)
-        await redis.rpush(keys.wake, *([1] * workers))
-        while True:
-            pipe = redis.pipeline(transaction=False)
-            pipe.zcard(keys.due)
-            pipe.zcard(keys.active)
-            pipe.zcard(keys.delayed)
-            if sum(await pipe.execute()) == 0:
-                break
-            await asyncio.sleep(0.005)
-        drain_s = time.perf_counter() - t1
-        t2 = time.perf_counter()
+        drain_s, lag_s = await drain_and_record(client, [keys], workers)
         pool = client.stores.db.pool
-        while await pool.fetchval("SELECT count(*) FROM runs WHERE status <> 'SUCCEEDED'") > 0:
-            await asyncio.sleep(0.02)
-        lag_s = time.perf_counter() - t2
         events = await pool.fetchval("SELECT count(*) FROM events")
     finally:
         for p in procs:
