@@ -125,3 +125,30 @@ async def record_all(stores: Stores, timeout: float = 30.0) -> None:
         if await rec.run_once(block_ms=50) == 0 and await rec.run_once(block_ms=50) == 0:
             return
     raise AssertionError("recorder did not drain the streams in time")
+
+
+def log_tail(path: Path | None, n: int = 30) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+async def run_state(stores: Stores, run_id: int, queue: str = "tq") -> str | None:
+    """The run's state in Redis (the hot copy, ahead of PostgreSQL's projection)."""
+    raw = await stores.redis.hget(stores.keys(queue).run(run_id), "state")
+    return raw.decode() if raw else None
+
+
+async def wait_state(stores: Stores, run_id: int, states: set[str], timeout: float = 30.0, what: str = "",
+                     log: Path | None = None) -> str:
+    """Wait until the run is in one of `states`; on timeout say where it is and show the log."""
+    async def check() -> str | None:
+        s = await run_state(stores, run_id)
+        return s if s in states else None
+
+    try:
+        return await wait_until(check, timeout=timeout, what=what or f"run {run_id} to reach {sorted(states)}")
+    except AssertionError as exc:
+        h = await stores.redis.hgetall(stores.keys("tq").run(run_id))
+        h.pop(b"payload", None)
+        raise AssertionError(f"{exc}; run hash is {h}\n--- log ---\n{log_tail(log)}") from None

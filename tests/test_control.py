@@ -26,7 +26,7 @@ from worker.context import Context, LeaseLost
 from worker.runtime import Worker, WorkerOptions
 
 from tests.apps import registry
-from tests.conftest import ROOT, record_all, spawn, wait_until, worker_env
+from tests.conftest import log_tail, run_state, wait_state, ROOT, record_all, spawn, wait_until, worker_env
 
 pytestmark = pytest.mark.slow
 
@@ -48,29 +48,10 @@ def _kill(*procs: subprocess.Popen[bytes] | None) -> None:
                 pass
 
 
-def _tail(path: Path | None, n: int = 30) -> str:
-    if path is None or not path.exists():
-        return "(no log)"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
-async def _state(stores: Stores, run_id: int) -> str | None:
-    raw = await stores.redis.hget(stores.keys("tq").run(run_id), "state")
-    return raw.decode() if raw else None
 
 
-async def _wait_state(stores: Stores, run_id: int, states: set[str], timeout: float = 30.0, what: str = "",
-                      log: Path | None = None) -> str:
-    async def check() -> str | None:
-        s = await _state(stores, run_id)
-        return s if s in states else None
-
-    try:
-        return await wait_until(check, timeout=timeout, what=what or f"run {run_id} to reach {sorted(states)}")
-    except AssertionError as exc:
-        h = await stores.redis.hgetall(stores.keys("tq").run(run_id))
-        h.pop(b"payload", None)
-        raise AssertionError(f"{exc}; run hash is {h}\n--- log ---\n{_tail(log)}") from None
 
 
 async def _val(stores: Stores, sql: str, *args: Any) -> Any:
@@ -124,14 +105,14 @@ async def _spawn_worker(settings: Settings, log: Path) -> subprocess.Popen[bytes
 
     async def started() -> bool:
         if p.poll() is not None:
-            raise AssertionError(f"worker {log.name} exited with {p.returncode}\n{_tail(log, 12)}")
+            raise AssertionError(f"worker {log.name} exited with {p.returncode}\n{log_tail(log, 12)}")
         return await _worker_started(log)
 
     try:
         await wait_until(started, timeout=40, what=f"worker {log.name} to start", interval=0.05)
     except AssertionError as exc:
         _kill(p)
-        raise AssertionError(f"{exc}\n{_tail(log)}") from None
+        raise AssertionError(f"{exc}\n{log_tail(log)}") from None
     return p
 
 
@@ -186,7 +167,7 @@ async def test_pause_then_resume_on_another_worker_process_processes_every_item_
     try:
         a = await _spawn_worker(settings, la)
         rid = await client.submit("t.items", N_ITEMS, EVERY, settings.database_url, 0.0001)
-        await _wait_state(stores, rid, {"RUNNING"}, 30, "worker A to claim the run", la)
+        await wait_state(stores, rid, {"RUNNING"}, 30, "worker A to claim the run", la)
         worker_a = (await stores.redis.hget(keys.run(rid), "worker")).decode()
         assert f":{a.pid}:" in worker_a
         await wait_until(lambda: _rows(stores, rid), timeout=30, what="first items")
@@ -196,7 +177,7 @@ async def test_pause_then_resume_on_another_worker_process_processes_every_item_
 
         await wait_until(midway, timeout=60, what="1200 items processed")
         assert await client.pause(rid, reason="maintenance window") == "REQUESTED"
-        await _wait_state(stores, rid, {"PAUSED"}, 30, "the run to pause at its next checkpoint", la)
+        await wait_state(stores, rid, {"PAUSED"}, 30, "the run to pause at its next checkpoint", la)
 
         # the slot is free, the worker lives on, nothing will dispatch the run
         assert await stores.redis.zcard(keys.active) == 0
@@ -217,7 +198,7 @@ async def test_pause_then_resume_on_another_worker_process_processes_every_item_
         b = await _spawn_worker(settings, lb)
         assert await client.resume(rid, reason="window over") == "PENDING"
         out = await client.wait(rid, timeout=90)
-        assert (out.status, out.result) == ("SUCCEEDED", N_ITEMS), _tail(lb)
+        assert (out.status, out.result) == ("SUCCEEDED", N_ITEMS), log_tail(lb)
     finally:
         _kill(a, b)
 
@@ -260,7 +241,7 @@ async def test_sigkilled_worker_resumes_from_the_last_checkpoint_on_another_proc
     try:
         a = await _spawn_worker(settings, la)
         rid = await client.submit("t.items", N_ITEMS, EVERY, settings.database_url, 0.0003)
-        await _wait_state(stores, rid, {"RUNNING"}, 30, "worker A to claim the run", la)
+        await wait_state(stores, rid, {"RUNNING"}, 30, "worker A to claim the run", la)
 
         async def past_a_checkpoint() -> bool:
             # well past a checkpoint, and in the middle of the next chunk
@@ -272,7 +253,7 @@ async def test_sigkilled_worker_resumes_from_the_last_checkpoint_on_another_proc
         a.wait(10)
         b = await _spawn_worker(settings, lb)
         out = await client.wait(rid, timeout=90)
-        assert (out.status, out.result) == ("SUCCEEDED", N_ITEMS), _tail(lb)
+        assert (out.status, out.result) == ("SUCCEEDED", N_ITEMS), log_tail(lb)
     finally:
         _kill(a, b)
 
@@ -310,13 +291,13 @@ async def test_stop_of_a_non_cooperative_process_job_escalates_kills_it_and_is_f
         procs = w.executors.procs
         assert procs is not None
         rid = await client.submit("t.stubborn")
-        await _wait_state(stores, rid, {"RUNNING"}, 20)
+        await wait_state(stores, rid, {"RUNNING"}, 20)
         (child,) = list(procs._children)  # noqa: SLF001 - one child: the one running the job
         assert child.proc.is_alive()
         t0 = time.monotonic()
         assert await client.stop(rid, reason="taking too long") == "STOPPING"
-        assert await _state(stores, rid) == "STOPPING"
-        await _wait_state(stores, rid, {"STOPPED"}, 15, "the forced stop")
+        assert await run_state(stores, rid) == "STOPPING"
+        await wait_state(stores, rid, {"STOPPED"}, 15, "the forced stop")
         took = time.monotonic() - t0
         assert not child.proc.is_alive() and child.proc.exitcode == -9, "the job's process was not killed"
         assert procs.rebuilds == 1
@@ -343,10 +324,10 @@ async def test_cooperative_stop_checkpoints_then_resume_continues_exactly_once(
     n, every = 2000, 100
     async with _worker(settings):
         rid = await client.submit("t.items", n, every, settings.database_url, 0.0002)
-        await _wait_state(stores, rid, {"RUNNING"}, 20)
+        await wait_state(stores, rid, {"RUNNING"}, 20)
         await wait_until(lambda: _has_checkpoint(stores, rid), timeout=20, what="a checkpoint")
         assert await client.stop(rid, reason="deploy") == "STOPPING"
-        await _wait_state(stores, rid, {"STOPPED"}, 20)
+        await wait_state(stores, rid, {"STOPPED"}, 20)
         ck = await _checkpoint(stores, rid)
         assert await _rows(stores, rid) == ck["state"]["next"] == ck["processed"]
         assert await client.resume(rid, reason="deployed") == "PENDING"
@@ -384,12 +365,12 @@ async def test_cancel_pending_paused_and_running_runs_with_compensation_where_de
         fx = await client.submit("t.effects", 60)
         items = await client.submit("t.items", 1_000_000, 50, settings.database_url, 0.001)
         for rid in (fx, items):
-            await _wait_state(stores, rid, {"RUNNING"}, 20)
+            await wait_state(stores, rid, {"RUNNING"}, 20)
             await wait_until(lambda rid=rid: _has_checkpoint(stores, rid), timeout=20, what="a checkpoint")
         assert await client.cancel(fx, reason="wrong customer") == "STOPPING"
         assert await client.cancel(items, reason="wrong customer") == "STOPPING"
         for rid in (fx, items):
-            await _wait_state(stores, rid, {"CANCELLED"}, 15)
+            await wait_state(stores, rid, {"CANCELLED"}, 15)
         assert await stores.redis.zcard(stores.keys("tq").active) == 0
 
         await record_all(stores)
@@ -397,7 +378,7 @@ async def test_cancel_pending_paused_and_running_runs_with_compensation_where_de
         assert [r["idempotency_key"] for r in comp] == [f"compensate:{fx}"], \
             "compensation only for the t.effects run that had started"
         (cid,) = [r["id"] for r in comp]
-        assert await _state(stores, cid) is None, "the compensation goes through the outbox relay"
+        assert await run_state(stores, cid) is None, "the compensation goes through the outbox relay"
         from reconciler.outbox import OutboxRelay
 
         assert await OutboxRelay(stores).relay() == 1
@@ -437,7 +418,7 @@ async def test_two_concurrent_resumes_exactly_one_wins(client: Client, settings:
             losses = [r for r in res if isinstance(r, IllegalTransition)]
             assert len(wins) == 1 and len(losses) == 1, res
             assert losses[0].current == "PENDING" and "already PENDING" in str(losses[0])
-            assert await _state(stores, rid) == "PENDING"
+            assert await run_state(stores, rid) == "PENDING"
             assert await stores.redis.zcard(stores.keys("tq").due) == 1, "the run is enqueued once"
     finally:
         await other.close()
@@ -469,13 +450,13 @@ async def test_pause_racing_completion_the_completion_stands(client: Client, set
             assert isinstance(res[0], IllegalTransition) and res[0].current == "SUCCEEDED", res
             assert "already SUCCEEDED" in str(res[0])
             refused += 1
-        assert await _state(stores, rid) == "SUCCEEDED"
+        assert await run_state(stores, rid) == "SUCCEEDED"
         assert await stores.redis.hget(keys.run(rid), "ctl") is None
     assert requested + refused == 30
     # a real worker: a pause request on a job that never checkpoints does not undo its completion
     async with _worker(settings):
         rid = await client.submit("t.sleep", 0.6)
-        await _wait_state(stores, rid, {"RUNNING"}, 20)
+        await wait_state(stores, rid, {"RUNNING"}, 20)
         assert await client.pause(rid, reason="too late") == "REQUESTED"
         out = await client.wait(rid, timeout=20)
         assert (out.status, out.result) == ("SUCCEEDED", 1)
@@ -499,7 +480,7 @@ async def test_cancel_racing_a_claim_never_both_claims_and_cancels(client: Clien
         cancel_res, raw = await asyncio.gather(client.cancel(rid, reason="race"), claim())
         claimed = [int(raw[j]) for j in range(0, len(raw), 10)]
         assert claimed in ([], [rid]), claimed
-        state = await _state(stores, rid)
+        state = await run_state(stores, rid)
         if claimed:
             assert cancel_res == "STOPPING", "a claimed run was reported CANCELLED at once"
             assert state == "STOPPING" and (await stores.redis.hget(keys.run(rid), "ctl")) == b"cancel"
@@ -511,7 +492,7 @@ async def test_cancel_racing_a_claim_never_both_claims_and_cancels(client: Clien
         else:
             assert cancel_res == "CANCELLED" and state == "CANCELLED"
             outcomes["cancel first"] = outcomes.get("cancel first", 0) + 1
-        assert await _state(stores, rid) == "CANCELLED"
+        assert await run_state(stores, rid) == "CANCELLED"
         assert await stores.redis.zcard(keys.due) == 0 and await stores.redis.zcard(keys.active) == 0
     assert sum(outcomes.values()) == 50, outcomes
     await record_all(stores)
@@ -531,7 +512,7 @@ async def test_commands_compare_and_set_on_the_expected_version(client: Client, 
         await client.pause(rid, expected_version=v0)
     assert isinstance(ei.value, IllegalTransition)
     assert ei.value.current == "PENDING" and ei.value.version == v1 + 1
-    assert await _state(stores, rid) == "PENDING", "a refused command changed the run"
+    assert await run_state(stores, rid) == "PENDING", "a refused command changed the run"
     assert int(await stores.redis.hget(keys.run(rid), "version")) == v1 + 1
     with pytest.raises(IllegalTransition) as ei2:
         await client.resume(rid)
@@ -548,10 +529,10 @@ async def test_resume_refused_on_incompatible_checkpoint_schema_and_restart_star
     n, every = 2000, 200
     async with _worker(settings):
         rid = await client.submit("t.items", n, every, settings.database_url, 0.0005)
-        await _wait_state(stores, rid, {"RUNNING"}, 20)
+        await wait_state(stores, rid, {"RUNNING"}, 20)
         await wait_until(lambda: _has_checkpoint(stores, rid), timeout=20, what="a checkpoint")
         assert await client.pause(rid) == "REQUESTED"
-        await _wait_state(stores, rid, {"PAUSED"}, 20)
+        await wait_state(stores, rid, {"PAUSED"}, 20)
         ckpt = await _checkpoint(stores, rid)
         assert ckpt is not None and ckpt["schema_version"] == 1 and 0 < ckpt["state"]["next"] < n
         first = await _rows(stores, rid)
@@ -564,7 +545,7 @@ async def test_resume_refused_on_incompatible_checkpoint_schema_and_restart_star
         msg = str(ei.value)
         assert "schema version 1" in msg and "version 2" in msg and "restart" in msg.lower(), msg
         assert ei.value.offer == "restart" and ei.value.run_id == rid
-        assert await _state(stores, rid) == "PAUSED", "a refused resume changed the run"
+        assert await run_state(stores, rid) == "PAUSED", "a refused resume changed the run"
 
         assert await client.restart(rid, reason="new schema") == "PENDING"
         out = await client.wait(rid, timeout=60)
@@ -653,7 +634,7 @@ async def _cli(settings: Settings, *args: str) -> tuple[int, str]:
 async def _redis_states(stores: Stores, ids: list[int]) -> dict[str, int]:
     out: dict[str, int] = {}
     for rid in ids:
-        s = await _state(stores, rid)
+        s = await run_state(stores, rid)
         out[s] = out.get(s, 0) + 1
     return out
 
@@ -669,7 +650,7 @@ async def test_bulk_cancel_needs_confirmation_and_respects_the_limit(client: Cli
     res = await client.bulk("cancel", queue="tq", status="PENDING", limit=3, confirm=True, reason="cleanup")
     assert (res["matched"], res["acted"], res["results"], res["refused"]) == (7, 3, {"CANCELLED": 3}, {})
     assert await _redis_states(stores, ids) == {"PENDING": 4, "CANCELLED": 3}
-    assert [await _state(stores, r) for r in ids[:3]] == ["CANCELLED"] * 3  # in id order
+    assert [await run_state(stores, r) for r in ids[:3]] == ["CANCELLED"] * 3  # in id order
     await record_all(stores)
 
     code, out = await _cli(settings, "cancel", "--queue", "tq", "--status", "PENDING")
@@ -721,10 +702,10 @@ async def test_thread_handler_pauses_at_a_checkpoint_and_resumes_from_it(client:
     n, every = 2000, 100
     async with _worker(settings):
         rid = await client.submit("t.items_sync", n, every, 0.001)
-        await _wait_state(stores, rid, {"RUNNING"}, 20)
+        await wait_state(stores, rid, {"RUNNING"}, 20)
         await wait_until(lambda: _has_checkpoint(stores, rid), timeout=20, what="a checkpoint")
         assert await client.pause(rid, reason="thread pause") == "REQUESTED"
-        await _wait_state(stores, rid, {"PAUSED"}, 20)
+        await wait_state(stores, rid, {"PAUSED"}, 20)
         ck = await _checkpoint(stores, rid)
         k = ck["state"]["next"]
         assert 0 < k < n and k % every == 0 and ck["processed"] == k

@@ -23,7 +23,7 @@ from scheduler.stores import Stores
 from worker.runtime import Worker, WorkerOptions
 
 from tests.apps import registry
-from tests.conftest import record_all, spawn, wait_until
+from tests.conftest import log_tail, run_state, wait_state, record_all, spawn, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -44,10 +44,6 @@ def _kill(*procs: subprocess.Popen[bytes]) -> None:
             pass
 
 
-def _tail(path: Path, n: int = 25) -> str:
-    if not path.exists():
-        return "(no log)"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
 async def _exited(proc: subprocess.Popen[bytes], timeout: float, what: str, log: Path | None = None) -> int:
@@ -57,7 +53,7 @@ async def _exited(proc: subprocess.Popen[bytes], timeout: float, what: str, log:
     try:
         await wait_until(done, timeout=timeout, what=what, interval=0.05)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n--- log ---\n{_tail(log) if log else ''}") from None
+        raise AssertionError(f"{exc}\n--- log ---\n{log_tail(log) if log else ''}") from None
     return proc.returncode
 
 
@@ -68,22 +64,8 @@ async def _submit_many(client: Client, handler: str, n: int, batch: int = 1000) 
     return ids
 
 
-async def _state(stores: Stores, run_id: int) -> str | None:
-    raw = await stores.redis.hget(stores.keys("tq").run(run_id), "state")
-    return raw.decode() if raw else None
 
 
-async def _wait_state(stores: Stores, run_id: int, states: set[str], timeout: float, what: str = "",
-                      log: Path | None = None) -> str:
-    async def check() -> str | None:
-        s = await _state(stores, run_id)
-        return s if s in states else None
-
-    try:
-        return await wait_until(check, timeout=timeout, what=what or f"run {run_id} to reach {sorted(states)}")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; state is {await _state(stores, run_id)}\n--- log ---\n"
-                             f"{_tail(log) if log else ''}") from None
 
 
 async def _fetch(stores: Stores, sql: str, *args: Any) -> list[Any]:
@@ -173,13 +155,13 @@ async def test_eight_worker_processes_claim_each_run_exactly_once(client: Client
         try:
             await wait_until(all_started, timeout=40, what="8 workers to start", interval=0.1)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\n" + "\n".join(f"--- {log.name}\n{_tail(log, 5)}" for log in logs)) from None
+            raise AssertionError(f"{exc}\n" + "\n".join(f"--- {log.name}\n{log_tail(log, 5)}" for log in logs)) from None
         t0 = time.monotonic()
         await stores.redis.delete(keys.paused)
         await stores.redis.rpush(keys.wake, 1)
         for p, log in zip(procs, logs):
             code = await _exited(p, 40, "burst workers to drain the queue and exit", log)
-            assert code == 0, f"worker exited with {code}\n{_tail(log)}"
+            assert code == 0, f"worker exited with {code}\n{log_tail(log)}"
         drain_s = time.monotonic() - t0
     finally:
         _kill(*procs)
@@ -212,13 +194,13 @@ async def test_sigkilled_worker_run_is_reclaimed_after_its_lease_expires(client:
     w1 = spawn(settings, *WORKER, "--processes", "1", log=log1, FENCEPOST_LEASE_MS="1500")
     w2: subprocess.Popen[bytes] | None = None
     try:
-        await _wait_state(stores, run_id, {"RUNNING"}, 30, "the first worker to claim the run", log1)
+        await wait_state(stores, run_id, {"RUNNING"}, 30, "the first worker to claim the run", log1)
         w1_id = (await stores.redis.hget(stores.keys("tq").run(run_id), "worker")).decode()
         os.kill(w1.pid, signal.SIGKILL)
         assert await _exited(w1, 10, "the SIGKILLed worker to die") == -signal.SIGKILL
-        assert await _state(stores, run_id) == "RUNNING", "nobody may touch the run before its lease expires"
+        assert await run_state(stores, run_id) == "RUNNING", "nobody may touch the run before its lease expires"
         w2 = spawn(settings, *WORKER, "--processes", "1", log=log2, FENCEPOST_LEASE_MS="1500")
-        await _wait_state(stores, run_id, {"SUCCEEDED", "FAILED"}, 30, "the second worker to finish the run", log2)
+        await wait_state(stores, run_id, {"SUCCEEDED", "FAILED"}, 30, "the second worker to finish the run", log2)
     finally:
         _kill(w1, *([w2] if w2 else []))
     await record_all(stores)
@@ -329,7 +311,7 @@ async def _kill_recorder_mid_batch(settings: Settings, stores: Stores, total: in
             await wait_until(blocked_mid_batch, timeout=40, what="the recorder to block inside its second batch",
                              interval=0.05)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{_tail(log)}") from None
+            raise AssertionError(f"{exc}\n{log_tail(log)}") from None
         os.kill(rec.pid, signal.SIGKILL)
         assert await _exited(rec, 10, "the SIGKILLed reconciler to die") == -signal.SIGKILL
         # its server-side session would otherwise sit on the gate (and its uncommitted rows) until released
@@ -377,7 +359,7 @@ async def test_sigkilled_reconciler_restarted_with_same_id_records_everything_on
         try:
             await wait_until(drained, timeout=40, what="the restarted recorder to record everything", interval=0.1)
         except AssertionError as exc:
-            raise AssertionError(f"{exc} (pending at kill: {pending})\n{_tail(log2)}") from None
+            raise AssertionError(f"{exc} (pending at kill: {pending})\n{log_tail(log2)}") from None
     finally:
         _kill(rec)
     await _assert_history_equals(stores, expected, ids)
@@ -418,18 +400,18 @@ async def test_hung_process_job_is_killed_at_its_timeout_while_others_keep_runni
                     settings=settings, app=APP)
     task = asyncio.create_task(worker.run())
     try:
-        await _wait_state(stores, hang, {"RUNNING"}, 30, "the worker to claim the hanging run")
+        await wait_state(stores, hang, {"RUNNING"}, 30, "the worker to claim the hanging run")
         pool = worker.executors.procs
         assert pool is not None
         children = list(pool._children)
         assert len(children) == 2
 
         async def all_finished() -> bool:
-            states = [await _state(stores, rid) for rid in [hang, *others]]
+            states = [await run_state(stores, rid) for rid in [hang, *others]]
             return all(st in ("SUCCEEDED", "FAILED", "TIMED_OUT") for st in states)
 
         await wait_until(all_finished, timeout=30, what="every run to finish")
-        assert await _state(stores, hang) == "TIMED_OUT"
+        assert await run_state(stores, hang) == "TIMED_OUT"
         exits = sorted((c.proc.exitcode for c in children), key=str)
         assert exits == [-signal.SIGKILL, None], f"exactly the hung child must be killed, got exit codes {exits}"
         assert pool.rebuilds == 1 and len(pool._children) == 2, "the killed child must be replaced"
@@ -483,16 +465,16 @@ async def test_sigterm_releases_a_run_longer_than_the_grace_period(client: Clien
     w1 = spawn(settings, *WORKER, "--processes", "1", "--grace", "1", log=log1)
     w2: subprocess.Popen[bytes] | None = None
     try:
-        await _wait_state(stores, run_id, {"RUNNING"}, 30, "the worker to claim the run", log1)
+        await wait_state(stores, run_id, {"RUNNING"}, 30, "the worker to claim the run", log1)
         t0 = time.monotonic()
         w1.send_signal(signal.SIGTERM)
         code = await _exited(w1, 10, "the worker to exit after SIGTERM with --grace 1", log1)
         took = time.monotonic() - t0
-        assert code == 0, _tail(log1)
+        assert code == 0, log_tail(log1)
         assert 0.9 <= took < 10, f"exited {took:.1f}s after SIGTERM"
-        assert await _state(stores, run_id) == "PENDING", "the unfinished run must be released"
+        assert await run_state(stores, run_id) == "PENDING", "the unfinished run must be released"
         w2 = spawn(settings, *WORKER, "--processes", "1", log=log2)
-        await _wait_state(stores, run_id, {"SUCCEEDED", "FAILED"}, 30, "a second worker to complete it", log2)
+        await wait_state(stores, run_id, {"SUCCEEDED", "FAILED"}, 30, "a second worker to complete it", log2)
     finally:
         _kill(w1, *([w2] if w2 else []))
     await record_all(stores)
@@ -510,15 +492,15 @@ async def test_sigterm_lets_a_job_shorter_than_the_grace_period_finish(client: C
     log = tmp_path / "w.log"
     w = spawn(settings, *WORKER, "--processes", "1", "--grace", "20", log=log)
     try:
-        await _wait_state(stores, run_id, {"RUNNING"}, 30, "the worker to claim the run", log)
+        await wait_state(stores, run_id, {"RUNNING"}, 30, "the worker to claim the run", log)
         t0 = time.monotonic()
         w.send_signal(signal.SIGTERM)
         code = await _exited(w, 15, "the worker to exit once its job finished", log)
         took = time.monotonic() - t0
     finally:
         _kill(w)
-    assert code == 0, _tail(log)
-    assert await _state(stores, run_id) == "SUCCEEDED", "the job must finish before the worker exits"
+    assert code == 0, log_tail(log)
+    assert await run_state(stores, run_id) == "SUCCEEDED", "the job must finish before the worker exits"
     assert took < 15, f"the worker waited {took:.1f}s: longer than its job"
     await record_all(stores)
     run = await client.get(run_id)
@@ -533,11 +515,11 @@ async def test_thread_job_past_its_timeout_is_timed_out_and_its_thread_counted_a
     task = asyncio.create_task(worker.run())
     try:
         run_id = await client.submit("t.block", 5)
-        await _wait_state(stores, run_id, {"RUNNING"}, 15, "the worker to claim the run")
+        await wait_state(stores, run_id, {"RUNNING"}, 15, "the worker to claim the run")
         t0 = time.monotonic()
-        await _wait_state(stores, run_id, {"TIMED_OUT", "SUCCEEDED", "FAILED"}, 10, "the run to time out")
+        await wait_state(stores, run_id, {"TIMED_OUT", "SUCCEEDED", "FAILED"}, 10, "the run to time out")
         took = time.monotonic() - t0
-        assert await _state(stores, run_id) == "TIMED_OUT"
+        assert await run_state(stores, run_id) == "TIMED_OUT"
         assert 0.5 <= took < 3, f"timed out after {took:.1f}s; its timeout is 1s"
         assert worker.executors.leaked_threads == 1, "the stuck thread must be counted as leaked"
         assert worker._free() == 3, "a leaked thread holds a slot"
@@ -547,7 +529,7 @@ async def test_thread_job_past_its_timeout_is_timed_out_and_its_thread_counted_a
 
         await wait_until(returned, timeout=10, what="the leaked thread to return")
         assert time.monotonic() - t0 >= 3, "the thread returned before its 5s sleep ended"
-        assert await _state(stores, run_id) == "TIMED_OUT", "the late result must not be recorded"
+        assert await run_state(stores, run_id) == "TIMED_OUT", "the late result must not be recorded"
         assert int(await stores.redis.hget(stores.keys("tq").stats, "stale_finish") or 0) == 0
     finally:
         worker.request_stop()
