@@ -142,30 +142,25 @@ def register(cli: click.Group) -> None:
     @command
     async def pause(settings: Settings, name: str) -> None:
         """Stop firing (next_fire_time is kept; resume coalesces or backfills what was missed)."""
-        from .client import Client
-        from .schedules import Schedules
-
-        if (api := from_context()) is not None:
-            api.set_schedule_paused(name, True)
-        else:
-            async with Client(settings=settings) as client:
-                await Schedules(client).set_paused(name, True)
-        click.echo(f"schedule {name}: paused")
+        await _set_paused(settings, name, True)
 
     @schedule.command("resume")
     @click.argument("name")
     @command
     async def resume(settings: Settings, name: str) -> None:
         """Fire again."""
+        await _set_paused(settings, name, False)
+
+    async def _set_paused(settings: Settings, name: str, paused: bool) -> None:
         from .client import Client
         from .schedules import Schedules
 
         if (api := from_context()) is not None:
-            api.set_schedule_paused(name, False)
+            api.set_schedule_paused(name, paused)
         else:
             async with Client(settings=settings) as client:
-                await Schedules(client).set_paused(name, False)
-        click.echo(f"schedule {name}: resumed")
+                await Schedules(client).set_paused(name, paused)
+        click.echo(f"schedule {name}: {'paused' if paused else 'resumed'}")
 
     @schedule.command("rm")
     @click.argument("name")
