@@ -41,8 +41,8 @@ def _ms(dt: datetime) -> int:
 async def enqueue_rows(stores: Stores, queue: str, rows: Iterable[Any]) -> int:
     """Make committed runs claimable: one Lua call for a batch (submit, outbox relay, repair).
 
-    Each row needs the columns of `active_runs_page` (id, handler, status, priority, payload,
-    run_at, attempt, max_retries, timeout_s, fire_time, trace_id, version).
+    Each row needs id, handler, status, priority, payload, run_at, attempt, max_retries,
+    timeout_s, fire_time, trace_id, version (and gen, default 0): the reconciler's `drift_runs`.
     """
     args: list[Any] = [int(time.time() * 1000)]
     for r in rows:

@@ -80,15 +80,6 @@ FROM events WHERE run_id = $1 ORDER BY at, id;
 SELECT attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message
 FROM attempts WHERE run_id = $1 ORDER BY attempt;
 
--- name: insert_events
-INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, worker_id,
-                    reason, error_class, error_message, at, stream, stream_id, actor)
-SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::integer[],
-                     $7::bigint[], $8::text[], $9::text[], $10::text[], $11::text[], $12::timestamptz[],
-                     $13::text[], $14::bigint[], $15::text[])
-ON CONFLICT (stream, stream_id) WHERE stream_id IS NOT NULL DO NOTHING
-RETURNING stream, stream_id;
-
 -- name: apply_runs
 -- The run projection: one row per run per batch (the recorder folds events first);
 -- guarded by version so a replayed or reordered batch never moves a run backwards.
@@ -141,14 +132,6 @@ UPDATE queues SET epoch = epoch + 1 WHERE name = $1 RETURNING epoch;
 -- name: queue_epochs
 SELECT name, epoch, paused FROM queues ORDER BY name;
 
--- name: active_runs_page
--- Runs Redis must hold, streamed in keyset pages for a rebuild or drift check.
-SELECT id, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
-       fire_time, trace_id, version, token, lease_owner, gen
-FROM runs
-WHERE queue = $1 AND id > $2 AND status IN ('PENDING', 'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED')
-ORDER BY id LIMIT $3;
-
 -- name: outbox_runs
 SELECT id, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
        fire_time, trace_id, version, token, lease_owner, gen
@@ -159,30 +142,6 @@ SELECT DISTINCT queue FROM runs WHERE outbox;
 
 -- name: clear_outbox
 UPDATE runs SET outbox = false WHERE id = ANY($1::bigint[]) AND outbox;
-
--- name: still_waiting
-SELECT id FROM runs WHERE id = ANY($1::bigint[]) AND status IN ('PENDING', 'RETRY_WAIT', 'PAUSED', 'BLOCKED');
-
--- name: interrupt_lost_runs
--- Runs PostgreSQL has as leased whose lease state Redis lost: the attempt is closed as
--- interrupted and the run goes back to PENDING (at least once), in one statement.
-WITH r AS (
-    UPDATE runs SET status = 'PENDING', lease_owner = NULL, lease_expires_at = NULL,
-                    version = version + 1, reason = 'redis_lost', updated_at = now()
-    WHERE id = ANY($1::bigint[]) AND status = 'RUNNING'
-    RETURNING id, attempt, version, token
-), a AS (
-    UPDATE attempts SET finished_at = now(), outcome = 'interrupted',
-                        error_message = 'lease state lost with the Redis dataset'
-    WHERE (run_id, attempt) IN (SELECT id, attempt FROM r) AND finished_at IS NULL
-), e AS (
-    INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, actor, reason, at)
-    SELECT id, 'lease_expired', 'RUNNING', 'PENDING', version, attempt, token, 'reconciler', 'redis_lost', now() FROM r
-)
-SELECT id, version FROM r;
-
--- name: ensure_queues
-INSERT INTO queues (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING;
 
 -- name: insert_events_json
 -- The recorder's events, as one jsonb array of arrays (decoded once by PostgreSQL instead

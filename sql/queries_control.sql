@@ -33,10 +33,6 @@ RETURNING gen, state, schema_version, version, processed, updated_at;
 SELECT run_id, gen, token, attempt, version, schema_version, state, processed, updated_at
 FROM checkpoints WHERE run_id = $1;
 
--- name: definition
-SELECT name, model, queue, priority, timeout_s, max_retries, version, resumable, owner, options
-FROM job_definitions WHERE name = $1;
-
 -- name: pause_queue
 WITH q AS (
     UPDATE queues SET paused = $2 WHERE name = $1 RETURNING name

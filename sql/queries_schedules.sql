@@ -85,9 +85,6 @@ RETURNING token;
 -- name: lease_release
 DELETE FROM trigger_leases WHERE name = $1 AND holder = $2;
 
--- name: lease_holder
-SELECT holder, token, expires_at FROM trigger_leases WHERE name = $1;
-
 -- name: loadtest_schedule_ids
 SELECT nextval(pg_get_serial_sequence('schedules', 'id')) FROM generate_series(1, $1);
 
