@@ -16,7 +16,7 @@ local started = tonumber(redis.call('HGET', key, 'attempt') or '0') > 0
 -- the compensate field is written only by a cancel that is accepted: a refused one changes nothing
 local function remember() if compensate ~= '' and started then redis.call('HSET', key, 'compensate', compensate) end end
 if st == 'PENDING' or st == 'PAUSED' or st == 'RETRY_WAIT' or st == 'BLOCKED' or st == 'STOPPED' then
-  redis.call('ZREM', K_DUE, id)
+  unqueue(id, key)
   redis.call('ZREM', K_DELAYED, id)
   if compensate ~= '' and started then
     who[#who + 1] = 'compensate'; who[#who + 1] = compensate

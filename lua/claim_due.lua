@@ -1,5 +1,9 @@
--- claim_due.lua: claim up to N due runs of one queue for one worker, in priority order,
--- FIFO within a priority, issuing each a fencing token.
+-- claim_due.lua: claim up to N due runs of one queue for one worker, issuing each a
+-- fencing token. Order: weighted fair between tenants, then priority with aging, FIFO
+-- within a priority (includes/common.lua, "Dispatch order"). Concurrency limits: at most
+-- config 'max_running' runs of the queue leased at once, and at most a key's limit of the
+-- runs sharing a concurrency key; a run whose key is full is held aside (not claimed, not
+-- rescanned) until a lease of that key ends.
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV[1] now (ms)
 -- ARGV[2] max runs to claim
@@ -24,47 +28,118 @@ local _, _, budget_window = budget_config()
 -- a rate-limited dependency throttles the queue: at most this many claims per call while it lasts
 local throttle = redis.call('GET', BASE .. 'throttle')
 if throttle then want = math.min(want, tonumber(throttle)) end
+local max_running = redis.call('HGET', BASE .. 'config', 'max_running')
+if max_running then
+  want = math.min(want, tonumber(max_running) - redis.call('ZCARD', K_ACTIVE))
+  if want <= 0 then return {} end
+end
 
 local ready = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[5]))
 for _, id in ipairs(ready) do
   local key = run_key(id)
-  local f = redis.call('HMGET', key, 'state', 'priority')
+  local f = redis.call('HMGET', key, 'state', 'priority', 'tenant')
   redis.call('ZREM', K_DELAYED, id)
   if f[1] == 'RETRY_WAIT' then
     transition(id, key, 'RETRY_WAIT', 'PENDING', 'due', now)
-    redis.call('ZADD', K_DUE, due_score(f[2]), id)
+    make_due(id, f[2], f[3], now)
   elseif f[1] == 'PENDING' then
-    redis.call('ZADD', K_DUE, due_score(f[2]), id)
+    make_due(id, f[2], f[3], now)
   end
+end
+-- runs put into K_DUE by an older version (or a repair) still need their tenant entry
+if not activated[''] and redis.call('EXISTS', K_DUE) == 1 then activate('') end
+
+local weights = {}
+-- Pop up to n runs in fair order: {id, score, id, score, ...}.
+local function pop_fair(n)
+  local top = redis.call('ZRANGE', K_TENANTS, 0, 1, 'WITHSCORES')
+  if #top == 2 then  -- one tenant: its own order, nothing to share
+    local popped = redis.call('ZPOPMIN', tenant_due(top[1]), n)
+    if redis.call('EXISTS', tenant_due(top[1])) == 0 then redis.call('ZREM', K_TENANTS, top[1]) end
+    return popped
+  end
+  local out = {}
+  while #out < 2 * n and #top >= 2 do
+    local t, v = top[1], tonumber(top[2])
+    local w = weights[t]
+    if not w then
+      w = tonumber(redis.call('HGET', K_WEIGHTS, t) or '1')
+      weights[t] = w
+    end
+    local k = n - #out / 2
+    -- serve the smallest tenant until it passes the next one (a run per 1 / weight)
+    if #top >= 4 then k = math.min(k, math.floor((tonumber(top[4]) - v) * w) + 1) end
+    local z = tenant_due(t)
+    local popped = redis.call('ZPOPMIN', z, k)
+    for i = 1, #popped do out[#out + 1] = popped[i] end
+    local got = #popped / 2
+    if got < k or redis.call('EXISTS', z) == 0 then
+      redis.call('ZREM', K_TENANTS, t)
+    else
+      redis.call('ZADD', K_TENANTS, v + got / w, t)
+    end
+    redis.call('HSET', K_FAIR, 'v', string.format('%.6f', v + got / w))
+    top = redis.call('ZRANGE', K_TENANTS, 0, 1, 'WITHSCORES')
+  end
+  return out
 end
 
-local popped = redis.call('ZPOPMIN', K_DUE, want)
-local count = #popped / 2
-if count == 0 then return {} end
-local last = redis.call('INCRBY', K_TOKEN, count)
-local first = tonumber(epoch) * TOKEN_SPAN + last - count
+local limits_cache = {}
+-- Whether a run of this key may take a lease now; drops members of the key's set that
+-- are no longer leased (derived state repairs itself at the limit).
+local function slot_free(ckey, climit)
+  local limit = limits_cache[ckey]
+  if not limit then
+    limit = tonumber(redis.call('HGET', BASE .. 'limits', ckey) or climit or '0')
+    limits_cache[ckey] = limit
+  end
+  if limit <= 0 then return true end
+  local set = ck_key(ckey)
+  if redis.call('SCARD', set) < limit then return true end
+  for _, m in ipairs(redis.call('SMEMBERS', set)) do
+    local st = redis.call('HGET', run_key(m), 'state')
+    if st ~= 'RUNNING' and st ~= 'STOPPING' then redis.call('SREM', set, m) end
+  end
+  return redis.call('SCARD', set) < limit
+end
+
+local token_base = nil
 local lease = now + lease_ms
 local out = {}
-local firsts = 0
-for i = 1, count do
-  local id = popped[2 * i - 1]
-  local key = run_key(id)
-  local f = redis.call('HMGET', key, 'state', 'attempt', 'handler', 'payload', 'timeout_ms',
-                       'max_retries', 'fire_time', 'trace', 'gen', 'run_at')
-  if f[1] == 'PENDING' then
-    local attempt = (tonumber(f[2]) or 0) + 1
-    if attempt == 1 then firsts = firsts + 1 end
-    local token = string.format('%.0f', first + i)
-    redis.call('HSET', key, 'attempt', attempt, 'token', token, 'worker', worker, 'lease_until', lease)
-    transition(id, key, 'PENDING', 'RUNNING', 'claimed', now,
-               {'attempt', attempt, 'token', token, 'worker', worker, 'lease', lease, 'due', f[10] or now})
-    redis.call('ZADD', K_ACTIVE, lease, id)
-    local n = #out
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, token, attempt, f[3], f[4]
-    out[n + 6], out[n + 7], out[n + 8], out[n + 9], out[n + 10] = f[5], f[6], f[7] or '', f[8] or '', f[9] or '0'
+local firsts, claimed, rounds = 0, 0, 0
+while claimed < want and rounds < 4 do
+  rounds = rounds + 1
+  local popped = pop_fair(want - claimed)
+  local count = #popped / 2
+  if count == 0 then break end
+  for i = 1, count do
+    local id = popped[2 * i - 1]
+    local key = run_key(id)
+    local f = redis.call('HMGET', key, 'state', 'attempt', 'handler', 'payload', 'timeout_ms',
+                         'max_retries', 'fire_time', 'trace', 'gen', 'run_at', 'ckey', 'climit')
+    if f[1] == 'PENDING' then
+      if f[11] and not slot_free(f[11], f[12]) then
+        redis.call('ZADD', held_key(f[11]), popped[2 * i], id)
+      else
+        if f[11] then redis.call('SADD', ck_key(f[11]), id) end
+        if not token_base then token_base = tonumber(epoch) * TOKEN_SPAN + redis.call('INCRBY', K_TOKEN, want) - want end
+        claimed = claimed + 1
+        local attempt = (tonumber(f[2]) or 0) + 1
+        if attempt == 1 then firsts = firsts + 1 end
+        local token = string.format('%.0f', token_base + claimed)
+        redis.call('HSET', key, 'attempt', attempt, 'token', token, 'worker', worker, 'lease_until', lease)
+        transition(id, key, 'PENDING', 'RUNNING', 'claimed', now,
+                   {'attempt', attempt, 'token', token, 'worker', worker, 'lease', lease, 'due', f[10] or now})
+        redis.call('ZADD', K_ACTIVE, lease, id)
+        local n = #out
+        out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, token, attempt, f[3], f[4]
+        out[n + 6], out[n + 7], out[n + 8], out[n + 9], out[n + 10] = f[5], f[6], f[7] or '', f[8] or '', f[9] or '0'
+      end
+    end
+    -- any other state: a leftover member of a run that moved on; dropping it is the repair
   end
-  -- any other state: a leftover member of a run that moved on; dropping it is the repair
 end
+if token_base and claimed < want then redis.call('DECRBY', K_TOKEN, want - claimed) end  -- tokens stay dense
 budget_count('a', now, budget_window, firsts)
-if redis.call('ZCARD', K_DUE) > 0 then nudge() end
+if redis.call('EXISTS', K_TENANTS) == 1 then nudge() end
 return out

@@ -2,8 +2,9 @@
 -- outbox relay, reconciler repair and rebuild).
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV[1]  now (ms)
--- then 13 per run: id, state, run_at (ms), priority, handler, payload, max_retries,
---   timeout_ms, attempt, version, fire_time (ms or ''), trace ('' if none), gen
+-- then 16 per run: id, state, run_at (ms), priority, handler, payload, max_retries,
+--   timeout_ms, attempt, version, fire_time (ms or ''), trace ('' if none), gen,
+--   tenant ('' = none), ckey (concurrency key, '' = none), climit (the key's default limit)
 -- state is PENDING, BLOCKED, RETRY_WAIT or PAUSED (the last two only from a rebuild).
 -- Returns: the number of runs created. A run whose hash already exists is left alone,
 -- so enqueueing twice never duplicates or rewinds a run, except a BLOCKED copy older
@@ -12,7 +13,7 @@
 -- @include common
 local now = tonumber(ARGV[1])
 local created = 0
-for i = 2, #ARGV, 13 do
+for i = 2, #ARGV, 16 do
   local id, state, run_at, priority = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local key = run_key(id)
   local held = redis.call('HMGET', key, 'state', 'version')
@@ -26,10 +27,12 @@ for i = 2, #ARGV, 13 do
                'attempt', ARGV[i + 8], 'version', ARGV[i + 9], 'gen', ARGV[i + 12])
     if ARGV[i + 10] ~= '' then redis.call('HSET', key, 'fire_time', ARGV[i + 10]) end
     if ARGV[i + 11] ~= '' then redis.call('HSET', key, 'trace', ARGV[i + 11]) end
+    if ARGV[i + 13] ~= '' then redis.call('HSET', key, 'tenant', ARGV[i + 13]) end
+    if ARGV[i + 14] ~= '' then redis.call('HSET', key, 'ckey', ARGV[i + 14], 'climit', ARGV[i + 15]) end
     if state == 'RETRY_WAIT' or (state == 'PENDING' and run_at > now) then
       redis.call('ZADD', K_DELAYED, run_at, id)
     elseif state == 'PENDING' then
-      redis.call('ZADD', K_DUE, due_score(priority), id)
+      make_due(id, priority, ARGV[i + 13], now)
     end
     created = created + 1
   end

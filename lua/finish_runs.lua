@@ -25,13 +25,14 @@ local out = {}
 for i = 3, #ARGV, 6 do
   local id, token, outcome, data, eclass, delay = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
   local key = run_key(id)
-  local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'max_retries', 'worker', 'ctl', 'compensate', 'priority')
+  local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'max_retries', 'worker', 'ctl', 'compensate', 'priority', 'tenant', 'ckey')
   local st = f[1]
   if (st ~= 'RUNNING' and st ~= 'STOPPING') or f[2] ~= token then
     redis.call('HINCRBY', K_STATS, 'stale_finish', 1)
     out[#out + 1] = 'STALE'
   else
     redis.call('ZREM', K_ACTIVE, id)
+    lease_done(id, key, f[10] or false)
     local base = {'attempt', f[3], 'token', token, 'worker', f[5]}
     if outcome == 'interrupted' then
       local ctl = f[6]
@@ -53,7 +54,7 @@ for i = 3, #ARGV, 6 do
       else
         base[#base + 1] = 'outcome'; base[#base + 1] = 'released'
         transition(id, key, st, 'PENDING', 'released', now, base)
-        redis.call('ZADD', K_DUE, due_score(f[8]), id)
+        make_due(id, f[8], f[9], now)
         nudge()
         out[#out + 1] = 'PENDING'
       end

@@ -9,7 +9,7 @@
 local now, id, key, st, who = control_args('pause')
 who[#who + 1] = 'ctl'; who[#who + 1] = 'pause'
 if st == 'PENDING' or st == 'RETRY_WAIT' then
-  redis.call('ZREM', K_DUE, id)
+  unqueue(id, key)
   redis.call('ZREM', K_DELAYED, id)
   transition(id, key, st, 'PAUSED', 'paused', now, who)
   return 'PAUSED'

@@ -12,9 +12,10 @@ local reaped = 0
 for _, id in ipairs(ids) do
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'lease_until', 'attempt', 'token', 'worker', 'max_retries', 'priority',
-                       'ctl', 'compensate')
+                       'ctl', 'compensate', 'tenant', 'ckey')
   redis.call('ZREM', K_ACTIVE, id)
   if (f[1] == 'RUNNING' or f[1] == 'STOPPING') and tonumber(f[2]) <= now then
+    lease_done(id, key, f[11] or false)
     local ev = {'attempt', f[3], 'token', f[4], 'worker', f[5], 'outcome', 'interrupted'}
     redis.call('HDEL', key, 'ctl')
     if f[1] == 'STOPPING' and f[8] == 'cancel' then
@@ -28,7 +29,7 @@ for _, id in ipairs(ids) do
       local fails = redis.call('HINCRBY', key, 'fails', 1)
       if fails <= tonumber(f[6]) then
         transition(id, key, 'RUNNING', 'PENDING', 'lease_expired', now, ev)
-        redis.call('ZADD', K_DUE, due_score(f[7]), id)
+        make_due(id, f[7], f[10], now)
         nudge()
       else
         ev[#ev + 1] = 'reason'; ev[#ev + 1] = 'retries_exhausted'

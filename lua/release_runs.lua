@@ -9,12 +9,13 @@ local released = 0
 for i = 2, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local key = run_key(id)
-  local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'worker', 'priority')
+  local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'worker', 'priority', 'tenant', 'ckey')
   if f[1] == 'RUNNING' and f[2] == token then
     redis.call('ZREM', K_ACTIVE, id)
+    lease_done(id, key, f[7] or false)
     transition(id, key, 'RUNNING', 'PENDING', 'released', now,
                {'attempt', f[3], 'token', token, 'worker', f[4], 'outcome', 'released'})
-    redis.call('ZADD', K_DUE, due_score(f[5]), id)
+    make_due(id, f[5], f[6], now)
     released = released + 1
   end
 end

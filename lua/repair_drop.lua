@@ -20,10 +20,11 @@ for i = 1, #ARGV, 3 do
     go = redis.call('EXISTS', key) == 1 and (redis.call('HGET', key, 'version') or '') == version
   end
   if go then
+    unqueue(id, key)
+    if redis.call('ZREM', K_ACTIVE, id) == 1 then lease_done(id, key) end
     redis.call('DEL', key)
     redis.call('ZREM', K_DUE, id)
     redis.call('ZREM', K_DELAYED, id)
-    redis.call('ZREM', K_ACTIVE, id)
     out[#out + 1] = id
   end
 end

@@ -18,7 +18,7 @@ for i = 1, #ARGV do
   out[n + 1] = exists
   for j = 1, 11 do out[n + 1 + j] = f[j] or '' end
   out[n + 13] = redis.call('HSTRLEN', key, 'payload')
-  out[n + 14] = redis.call('ZSCORE', K_DUE, id) and '1' or ''
+  out[n + 14] = queued(id, key) and '1' or ''
   out[n + 15] = redis.call('ZSCORE', K_DELAYED, id) and '1' or ''
   out[n + 16] = redis.call('ZSCORE', K_ACTIVE, id) and '1' or ''
   n = n + 16

@@ -13,9 +13,10 @@ local out = {}
 for i = 2, #ARGV, 2 do
   local id = ARGV[i]
   local key = run_key(id)
-  local f = redis.call('HMGET', key, 'state', 'version', 'attempt', 'token', 'worker', 'priority')
+  local f = redis.call('HMGET', key, 'state', 'version', 'attempt', 'token', 'worker', 'priority', 'tenant', 'ckey')
   if f[2] == ARGV[i + 1] and (f[1] == 'RUNNING' or f[1] == 'STOPPING') then
     redis.call('ZREM', K_ACTIVE, id)
+    lease_done(id, key, f[8] or false)
     redis.call('HDEL', key, 'token')  -- the old token no longer vouches for anything (checkpoints check it)
     local ev = {'attempt', f[3] or '', 'token', f[4] or '', 'worker', f[5] or '', 'outcome', 'interrupted',
                 'reason', 'redis_lost'}
@@ -23,7 +24,7 @@ for i = 2, #ARGV, 2 do
       transition(id, key, 'STOPPING', 'STOPPED', 'lease_expired', now, ev)
     else
       transition(id, key, 'RUNNING', 'PENDING', 'lease_expired', now, ev)
-      redis.call('ZADD', K_DUE, due_score(f[6] or 0), id)
+      make_due(id, f[6], f[7], now)
       nudge()
     end
     out[#out + 1] = id

@@ -11,10 +11,10 @@ local now = tonumber(ARGV[1])
 local out = {}
 for i = 2, #ARGV, 2 do
   local id = ARGV[i]
-  local f = redis.call('HMGET', run_key(id), 'state', 'version', 'run_at', 'priority', 'lease_until')
+  local f = redis.call('HMGET', run_key(id), 'state', 'version', 'run_at', 'priority', 'lease_until', 'tenant', 'ckey')
   if f[2] == ARGV[i + 1] then
     local st = f[1]
-    local in_due = redis.call('ZSCORE', K_DUE, id)
+    local in_due = queued(id, run_key(id))
     local in_delayed = redis.call('ZSCORE', K_DELAYED, id)
     local fixed = false
     if st == 'PENDING' and not in_due and not in_delayed then
@@ -22,7 +22,7 @@ for i = 2, #ARGV, 2 do
       if run_at > now then
         redis.call('ZADD', K_DELAYED, run_at, id)
       else
-        redis.call('ZADD', K_DUE, due_score(f[4] or 0), id)
+        make_due(id, f[4], f[6], now)
         nudge()
       end
       fixed = true
@@ -31,6 +31,7 @@ for i = 2, #ARGV, 2 do
       fixed = true
     elseif (st == 'RUNNING' or st == 'STOPPING') and not redis.call('ZSCORE', K_ACTIVE, id) then
       redis.call('ZADD', K_ACTIVE, tonumber(f[5]) or now, id)
+      if f[7] then redis.call('SADD', ck_key(f[7]), id) end
       fixed = true
     end
     if fixed then out[#out + 1] = id end

@@ -20,9 +20,9 @@ for i = 2, #ARGV, 4 do
   if v and v == seen and tonumber(v) <= tonumber(pg_version) then
     redis.call('HSET', key, 'state', status, 'version', pg_version)
     redis.call('HDEL', key, 'token')  -- no lease survives: a pre-failover token cannot checkpoint
-    redis.call('ZREM', K_DUE, id)
+    unqueue(id, key)
     redis.call('ZREM', K_DELAYED, id)
-    redis.call('ZREM', K_ACTIVE, id)
+    if redis.call('ZREM', K_ACTIVE, id) == 1 then lease_done(id, key) end
     redis.call('PEXPIRE', key, ttl)
     out[#out + 1] = id
   end

@@ -13,9 +13,9 @@ if st == 'PAUSED' or st == 'STOPPED' or st == 'FAILED' or st == 'TIMED_OUT' or s
   redis.call('HSET', key, 'fails', 0, 'crashes', 0)
   local gen = redis.call('HINCRBY', key, 'gen', 1)
   who[#who + 1] = 'gen'; who[#who + 1] = gen
-  local prio = redis.call('HGET', key, 'priority')
+  local f = redis.call('HMGET', key, 'priority', 'tenant')
   transition(id, key, st, 'PENDING', 'restarted', now, who)
-  redis.call('ZADD', K_DUE, due_score(prio), id)
+  make_due(id, f[1], f[2], now)
   nudge()
   return 'PENDING'
 end

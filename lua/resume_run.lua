@@ -10,9 +10,9 @@
 local now, id, key, st, who = control_args('resume')
 if st == 'PAUSED' or st == 'STOPPED' then
   redis.call('HDEL', key, 'ctl')
-  local prio = redis.call('HGET', key, 'priority')
+  local f = redis.call('HMGET', key, 'priority', 'tenant')
   transition(id, key, st, 'PENDING', 'resumed', now, who)
-  redis.call('ZADD', K_DUE, due_score(prio), id)
+  make_due(id, f[1], f[2], now)
   nudge()
   return 'PENDING'
 end

@@ -10,9 +10,9 @@ if st == 'FAILED' or st == 'TIMED_OUT' or st == 'CANCELLED' then
   redis.call('PERSIST', key)
   redis.call('HDEL', key, 'ctl', 'compensate', 'result')
   redis.call('HSET', key, 'fails', 0, 'crashes', 0)
-  local prio = redis.call('HGET', key, 'priority')
+  local f = redis.call('HMGET', key, 'priority', 'tenant')
   transition(id, key, st, 'PENDING', 'retried', now, who)
-  redis.call('ZADD', K_DUE, due_score(prio), id)
+  make_due(id, f[1], f[2], now)
   nudge()
   return 'PENDING'
 end

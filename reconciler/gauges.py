@@ -15,7 +15,8 @@ from scheduler.stores import Stores
 
 log = logging.getLogger("fencepost.reconciler")
 
-DEPTH = Gauge("fencepost_queue_depth", "Runs waiting in Redis by queue, priority band and kind (due/delayed/active)",
+DEPTH = Gauge("fencepost_queue_depth", "Runs waiting by queue, priority band and kind (due/delayed/active; "
+              "band 'all' from Redis, bands high/normal/low of due runs from PostgreSQL)",
               ["queue", "band", "kind"])
 OLDEST = Gauge("fencepost_queue_oldest_pending_seconds", "Age of the oldest due run (now - run_at)", ["queue"])
 DEAD = Gauge("fencepost_dead_letter_runs", "Runs in the dead-letter view (FAILED / TIMED_OUT, not review)", ["queue"])
@@ -39,7 +40,8 @@ CONTROL_TYPES = {"pause_requested": "pause", "paused": "pause", "stop_requested"
                  "cancel_requested": "cancel", "resumed": "resume", "restarted": "restart", "retried": "retry",
                  "stop_escalated": "forced", "resolved": "resolve"}
 BANDS = (("high", 200, 255), ("normal", 100, 199), ("low", 0, 99))
-_SPAN = 2 ** 40
+MAX_TENANTS = 200
+"""Tenants (with due runs) per queue read for the depth and oldest-run gauges."""
 
 
 class Gauges:
@@ -54,32 +56,46 @@ class Gauges:
         now = time.time()
         for q in queues:
             k = self.stores.keys(q)
+            # due runs live in one sorted set per tenant (lua/includes/common.lua, "Dispatch order")
+            tenants = [t.decode() for t in await r.zrange(k.base + "tenants", 0, MAX_TENANTS - 1)]
+            sets = [k.due if t == "" else f"{k.base}due:t:{t}" for t in tenants] or [k.due]
             pipe = r.pipeline(transaction=False)
-            for _, lo, hi in BANDS:  # due score = (255 - priority) * 2^40 + seq
-                pipe.zcount(k.due, (255 - hi) * _SPAN, (256 - lo) * _SPAN - 1)
+            for z in sets:
+                pipe.zcard(z)
+                pipe.zrange(z, 0, 0)
             pipe.zcard(k.delayed)
             pipe.zcard(k.active)
-            pipe.zrange(k.due, 0, 0)
             pipe.hmget(k.stats, "budget_exhausted", "stale_finish")
-            *bands, delayed, active, first, stats = await pipe.execute()
-            for (name, _, _), n in zip(BANDS, bands):
-                DEPTH.labels(q, name, "due").set(n)
+            *per_set, delayed, active, stats = await pipe.execute()
+            DEPTH.labels(q, "all", "due").set(sum(per_set[0::2]))
             DEPTH.labels(q, "all", "delayed").set(delayed)
             DEPTH.labels(q, "all", "active").set(active)
+            heads = [h[0].decode() for h in per_set[1::2] if h]
             age = 0.0
-            if first:
-                run_at = await r.hget(k.run(first[0].decode()), "run_at")
-                if run_at:
-                    age = max(0.0, now - int(run_at) / 1000)
+            if heads:
+                pipe = r.pipeline(transaction=False)
+                for h in heads:
+                    pipe.hget(k.run(h), "run_at")
+                times = [int(t) for t in await pipe.execute() if t]
+                if times:
+                    age = max(0.0, now - min(times) / 1000)
             OLDEST.labels(q).set(age)
             BUDGET_EXHAUSTED.labels(q).set(int(stats[0] or 0))
             STALE_FINISH.labels(q).set(int(stats[1] or 0))
-        await self._from_postgres(now)
+        await self._from_postgres(now, queues)
 
-    async def _from_postgres(self, now: float) -> None:
+    async def _from_postgres(self, now: float, queues: list[str]) -> None:
         pool = self.stores.db.pool
         if pool is None:
             return
+        # depth by priority band (the starvation signal): Redis scores mix priority with
+        # enqueue time, so the bands are counted from the record (PENDING and due)
+        bands = {(r["queue"], r["band"]): r["n"] for r in await pool.fetch(
+            "SELECT queue, CASE WHEN priority >= 200 THEN 'high' WHEN priority >= 100 THEN 'normal' ELSE 'low' END "
+            "AS band, count(*) AS n FROM runs WHERE status = 'PENDING' AND run_at <= now() GROUP BY 1, 2")}
+        for q in queues:
+            for name, _, _ in BANDS:
+                DEPTH.labels(q, name, "due").set(bands.get((q, name), 0))
         rows = await pool.fetch(
             "SELECT queue, (reason = 'review') AS review, count(*) AS n FROM runs "
             "WHERE status IN ('FAILED', 'TIMED_OUT') GROUP BY 1, 2")

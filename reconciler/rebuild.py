@@ -25,6 +25,7 @@ import logging
 import time
 from typing import Any
 
+from scheduler import fairness
 from scheduler.stores import Stores
 
 from .drift import DriftRepair
@@ -75,6 +76,7 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
         if paused:
             await r.set(keys.paused, 1)
         await r.sadd(stores.queues_key, queue)
+        await fairness.apply(stores, queue)  # weights and limits, before claims may start
         await stores.scripts.run("stamp_queue", keys, [epoch, 1])
         stamped_at = time.monotonic()
 

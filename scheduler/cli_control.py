@@ -105,7 +105,8 @@ def register(cli: click.Group) -> None:
 
     @cli.group()
     def queue() -> None:
-        """Pause or resume a whole queue (nothing new is dispatched while paused)."""
+        """A whole queue: pause / resume (nothing new is dispatched while paused); dispatch
+        settings: tenant weights, concurrency limits, priority aging."""
 
     @queue.command("pause")
     @click.argument("name")

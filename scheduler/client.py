@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import time
 from collections import defaultdict
@@ -42,17 +43,50 @@ async def enqueue_rows(stores: Stores, queue: str, rows: Iterable[Any]) -> int:
     """Make committed runs claimable: one Lua call for a batch (submit, outbox relay, repair).
 
     Each row needs id, handler, status, priority, payload, run_at, attempt, max_retries,
-    timeout_s, fire_time, trace_id, version (and gen, default 0): the reconciler's `drift_runs`.
+    timeout_s, fire_time, trace_id, version (and gen, tenant, concurrency_key, concurrency_limit,
+    absent = none): the reconciler's `drift_runs`.
     """
     args: list[Any] = [int(time.time() * 1000)]
     for r in rows:
         ft = r["fire_time"]
         args += (r["id"], r["status"], _ms(r["run_at"]), r["priority"], r["handler"], r["payload"],
                  r["max_retries"], int(r["timeout_s"] * 1000), r["attempt"], r["version"],
-                 _ms(ft) if ft is not None else "", r["trace_id"] or "", r.get("gen") or 0)
+                 _ms(ft) if ft is not None else "", r["trace_id"] or "", r.get("gen") or 0,
+                 r.get("tenant") or "", r.get("concurrency_key") or "", r.get("concurrency_limit") or "")
     if len(args) == 1:
         return 0
     return await stores.scripts.run("enqueue_runs", stores.keys(queue), args)
+
+
+_LABEL_RE = re.compile(r"^[^\s{}]{1,128}$")
+
+
+def _concurrency(spec: JobSpec, req: Submit) -> tuple[str | None, int | None]:
+    """The run's concurrency key and limit: the submit's own, else `handler:<argument value>`
+    with the handler's declared limit."""
+    key = req.concurrency_key
+    if key is None and spec.concurrency_key is not None:
+        name, pos = spec.concurrency_key, spec.concurrency_arg
+        if name in req.kwargs:
+            value = req.kwargs[name]
+        elif pos is not None and pos < len(req.args):
+            value = req.args[pos]
+        else:
+            raise InvalidInput(f"{spec.name} limits concurrency by its argument {name!r}, which this submit "
+                               "does not give", field="kwargs")
+        key = f"{spec.name}:{value}"
+    limit = req.concurrency_limit if req.concurrency_limit is not None else spec.concurrency_limit
+    if key is None:
+        if req.concurrency_limit is not None:
+            raise InvalidInput("concurrency_limit needs a concurrency_key", field="concurrency_limit")
+        return None, None
+    if not _LABEL_RE.match(key):
+        raise InvalidInput(f"concurrency key {key!r} must be 1-128 characters without spaces or braces",
+                           field="concurrency_key")
+    if limit is None or limit < 1:
+        raise InvalidInput(f"concurrency key {key!r} needs a positive concurrency_limit, not {limit!r}",
+                           field="concurrency_limit")
+    return key, limit
 
 
 def _spec(row: Any) -> JobSpec:
@@ -115,12 +149,14 @@ class Client(ControlMixin, WorkflowMixin):
     async def submit(self, handler: str | Handler, *args: Any, kwargs: dict[str, Any] | None = None,
                      queue: str | None = None, priority: int | None = None, run_at: datetime | None = None,
                      delay: float | None = None, timeout: float | None = None, max_retries: int | None = None,
-                     idempotency_key: str | None = None, trace: str | None = None,
+                     idempotency_key: str | None = None, trace: str | None = None, tenant: str | None = None,
+                     concurrency_key: str | None = None, concurrency_limit: int | None = None,
                      connection: asyncpg.Connection | None = None) -> int:
         name = handler.name if isinstance(handler, Handler) else handler
         req = Submit(handler=name, args=args, kwargs=kwargs or {}, queue=queue, priority=priority, run_at=run_at,
                      delay=delay, timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key,
-                     trace=trace)
+                     trace=trace, tenant=tenant, concurrency_key=concurrency_key,
+                     concurrency_limit=concurrency_limit)
         return (await self.submit_many([req], connection=connection))[0]
 
     async def submit_many(self, requests: Sequence[Submit], *, connection: asyncpg.Connection | None = None) -> list[int]:
@@ -202,6 +238,7 @@ class Client(ControlMixin, WorkflowMixin):
                 "id": ids[i], "handler": cols[0][i], "status": cols[9][i], "priority": cols[2][i],
                 "payload": cols[3][i], "run_at": cols[4][i], "attempt": 0, "max_retries": cols[5][i],
                 "timeout_s": cols[6][i], "fire_time": cols[12][i], "trace_id": cols[8][i], "version": 0,
+                "tenant": cols[14][i], "concurrency_key": cols[15][i], "concurrency_limit": cols[16][i],
             })
         for queue, batch in by_queue.items():
             try:
@@ -255,8 +292,12 @@ class Client(ControlMixin, WorkflowMixin):
         if req.trace is not None and not valid_traceparent(req.trace):
             raise InvalidInput(f"trace must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>), not {req.trace!r}",
                                field="trace")
+        tenant = req.tenant or ""
+        if tenant and not _LABEL_RE.match(tenant):
+            raise InvalidInput(f"tenant {tenant!r} must be 1-128 characters without spaces or braces", field="tenant")
+        ckey, climit = _concurrency(spec, req)
         return (spec.name, queue, priority, payload, run_at, retries, timeout, req.idempotency_key,
-                trace, Status.PENDING.value, None, None, None, outbox)
+                trace, Status.PENDING.value, None, None, None, outbox, tenant, ckey, climit)
 
     # -- read ----------------------------------------------------------------------------------
     async def get(self, run_id: int) -> dict[str, Any]:

@@ -44,11 +44,11 @@ class Keys:
         self.queue = queue
         self.base = f"{prefix}:{{{queue}}}:"
         b = self.base
-        self.due = b + "due"          # ZSET run id -> priority band * 2^40 + FIFO sequence
+        self.due = b + "due"          # ZSET run id -> clock + priority head start (default tenant)
         self.delayed = b + "delayed"  # ZSET run id -> run_at (ms): delayed and RETRY_WAIT runs
         self.active = b + "active"    # ZSET run id -> lease expiry (ms): RUNNING and STOPPING runs
         self.events = b + "events"    # STREAM of transitions, read by the recorder group
-        self.seq = b + "seq"          # counter for FIFO order within a priority
+        self.seq = b + "seq"          # the queue clock: FIFO order and priority aging
         self.token = b + "token"      # counter, low 40 bits of fencing tokens in this epoch
         self.epoch = b + "epoch"      # epoch stamp written by the reconciler (or queue creator)
         self.paused = b + "paused"    # exists while the whole queue is paused
@@ -56,7 +56,8 @@ class Keys:
         self.stats = b + "stats"      # HASH of counters (stale_finish, budget_exhausted, ...)
         self.config = b + "config"    # HASH budget_ratio / budget_floor / budget_window_ms (retry budget)
         self.throttle = b + "throttle"  # max claims per call while a dependency rate-limits (PX = retry_after)
-        # also, built by Lua from `base`: budget:a:<bucket> / budget:r:<bucket> counters
+        # also, built by Lua from `base`: budget:a:<bucket> / budget:r:<bucket> counters;
+        # due:t:<tenant>, tenants, fair, weights, limits, ck:<key>, held:<key> (docs/scale.md)
 
     def run(self, run_id: int | str) -> str:
         return f"{self.base}run:{run_id}"

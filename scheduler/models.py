@@ -28,6 +28,12 @@ class Submit(msgspec.Struct, kw_only=True, frozen=True):
     idempotency_key: str | None = None
     trace: str | None = None
     """W3C traceparent of the producer, carried into the handler's context."""
+    tenant: str | None = None
+    """Who the run is for: a queue's tenants share dispatch by weight (fencepost queue weight)."""
+    concurrency_key: str | None = None
+    """Runs sharing a key are limited to `concurrency_limit` leased at once; by default the
+    handler's declared key (`handler:<argument value>`) and limit."""
+    concurrency_limit: int | None = None
 
 
 class JobSpec(msgspec.Struct, kw_only=True, frozen=True):
@@ -54,10 +60,18 @@ class JobSpec(msgspec.Struct, kw_only=True, frozen=True):
     """The handler can migrate older checkpoint schema versions to `version`."""
     service: str | None = None
     """The downstream dependency whose circuit breaker gates this handler's runs."""
+    concurrency_key: str | None = None
+    """Name of the argument whose value keys the concurrency limit (e.g. 'customer')."""
+    concurrency_arg: int | None = None
+    """Its position among the positional arguments (after ctx), for submits that pass it so."""
+    concurrency_limit: int | None = None
+    """At most this many runs per key value leased at once."""
 
     def options(self) -> dict[str, object]:
         return {"stop_grace_s": self.stop_grace_s, "side_effects": self.side_effects,
-                "compensate": self.compensate, "migrates": self.migrates, "service": self.service}
+                "compensate": self.compensate, "migrates": self.migrates, "service": self.service,
+                "concurrency_key": self.concurrency_key, "concurrency_arg": self.concurrency_arg,
+                "concurrency_limit": self.concurrency_limit}
 
 
 class Claimed(msgspec.Struct, frozen=True):

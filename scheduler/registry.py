@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Callable
 
 from .errors import InvalidInput
@@ -46,21 +47,32 @@ class Registry:
             side_effects: bool = False, compensate: str | None = None,
             migrate: Callable[[int, Any], Any] | None = None,
             resume_check: Callable[..., str | None] | None = None, errors: dict[type, str] | None = None,
-            depends_on_service: str | None = None) -> Callable[[Callable[..., Any]], Handler]:
+            depends_on_service: str | None = None, concurrency_key: str | None = None,
+            concurrency_limit: int | None = None) -> Callable[[Callable[..., Any]], Handler]:
         """Declare a handler. `depends_on_service` puts its runs behind that dependency's
-        shared circuit breaker; `errors` maps the handler's own exception types to kinds."""
+        shared circuit breaker; `errors` maps the handler's own exception types to kinds;
+        `concurrency_key="customer", concurrency_limit=5` lets at most 5 runs per value of the
+        `customer` argument hold a lease at once (enforced by the claim script)."""
         from worker.classify import validate_mapping
 
         mapping = validate_mapping(errors or {})
         if model not in ("async", "thread", "process"):
             raise InvalidInput(f"model must be async, thread or process, not {model!r}", field="model")
 
+        if (concurrency_key is None) != (concurrency_limit is None):
+            raise InvalidInput("give concurrency_key and concurrency_limit together", field="concurrency_limit")
+        if concurrency_limit is not None and (not isinstance(concurrency_limit, int) or concurrency_limit < 1):
+            raise InvalidInput(f"concurrency_limit must be a positive integer, not {concurrency_limit!r}",
+                               field="concurrency_limit")
+
         def register(fn: Callable[..., Any]) -> Handler:
+            arg = _argument_position(fn, concurrency_key) if concurrency_key else None
             spec = JobSpec(name=name or f"{fn.__module__}.{fn.__qualname__}", model=model, queue=queue,
                            priority=priority, timeout_s=float(timeout), max_retries=max_retries,
                            version=version, resumable=resumable, owner=owner, stop_grace_s=stop_grace,
                            side_effects=side_effects, compensate=compensate, migrates=migrate is not None,
-                           service=depends_on_service)
+                           service=depends_on_service, concurrency_key=concurrency_key,
+                           concurrency_arg=arg, concurrency_limit=concurrency_limit)
             handler = Handler(spec, fn, migrate, resume_check, mapping)
             self.handlers[spec.name] = handler
             return handler
@@ -75,6 +87,17 @@ class Registry:
 
     def specs(self) -> list[JobSpec]:
         return [h.spec for h in self.handlers.values()]
+
+
+def _argument_position(fn: Callable[..., Any], name: str) -> int | None:
+    """Where `name` sits among the positional arguments after ctx (None: keyword-only)."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    for i, p in enumerate(params):
+        if p.name == name:
+            return i if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) else None
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    raise InvalidInput(f"concurrency_key {name!r} is not an argument of {fn.__qualname__}", field="concurrency_key")
 
 
 def load_registry(path: str) -> Registry:

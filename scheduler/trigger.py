@@ -203,7 +203,7 @@ class Trigger:
         res = TickResult()
         pool = self.stores.db.pool
         assert pool is not None
-        cols: list[list[Any]] = [[] for _ in range(14)]
+        cols: list[list[Any]] = [[] for _ in range(17)]
         owner: list[int] = []  # schedule index per insert row
         skip_ev: list[list[Any]] = [[], [], [], []]
         skipped: dict[int, int] = defaultdict(int)
@@ -250,7 +250,7 @@ class Trigger:
                     for f in fires:
                         for c, v in zip(cols, (s["handler"], queue, s["priority"], s["payload"], f + offset,
                                                s["max_retries"], s["timeout_s"], None, None,
-                                               Status.PENDING.value, None, s["id"], f, True)):
+                                               Status.PENDING.value, None, s["id"], f, True, "", None, None)):
                             c.append(v)
                         owner.append(i)
                 last_run: dict[int, int] = {}

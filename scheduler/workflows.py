@@ -271,7 +271,8 @@ class WorkflowMixin:
             pending = outside_ok and not inside
             rows.append((o["handler"], o["queue"], o["priority"], o["payload"], now, o["max_retries"],
                          o["timeout_s"], None, o["trace_id"], "PENDING" if pending else "BLOCKED", wid,
-                         None, None, pending))
+                         None, None, pending, o.get("tenant") or "", o.get("concurrency_key"),
+                         o.get("concurrency_limit")))
             reqs.append(Submit(handler=o["handler"]))
         pool = self.stores.db.pool
         assert pool is not None

@@ -128,7 +128,8 @@ INSERT INTO workflow_edges (run_id, depends_on)
 SELECT * FROM unnest($4::bigint[], $5::bigint[]);
 
 -- name: wf_runs_full
-SELECT id, handler, queue, priority, payload, max_retries, timeout_s, trace_id FROM runs WHERE id = ANY($1::bigint[]);
+SELECT id, handler, queue, priority, payload, max_retries, timeout_s, trace_id, tenant, concurrency_key,
+       concurrency_limit FROM runs WHERE id = ANY($1::bigint[]);
 
 -- name: wf_lock_blocked
 SELECT id FROM runs WHERE id = ANY($1::bigint[]) AND status = 'BLOCKED' ORDER BY id FOR UPDATE;

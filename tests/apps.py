@@ -182,3 +182,10 @@ async def err_trace(ctx, redis_url: str, database_url: str, prefix: str) -> dict
         child = await c.submit("t.noop")
     ctx.log.info("submitted child run %s", child)
     return {"trace": ctx.trace, "child": child}
+
+
+@registry.job("t.export", queue="tq", concurrency_key="customer", concurrency_limit=5, max_retries=5)
+async def export(ctx, customer: str, seconds: float = 0.2) -> str:
+    """At most 5 exports per customer at once (the claim script enforces it)."""
+    await asyncio.sleep(seconds)
+    return customer

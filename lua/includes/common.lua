@@ -1,11 +1,11 @@
 -- common.lua: included at the top of every queue script by scheduler/scripts.py.
 --
 -- Every queue script receives the same KEYS (scheduler/keys.py, Keys.script_keys):
---   KEYS[1] due      ZSET  claimable runs, score = (255 - priority) * 2^40 + FIFO sequence
+--   KEYS[1] due      ZSET  claimable runs of the default tenant (see "Dispatch order" below)
 --   KEYS[2] delayed  ZSET  delayed and RETRY_WAIT runs, score = run_at (ms)
 --   KEYS[3] active   ZSET  RUNNING / STOPPING runs, score = lease expiry (ms)
 --   KEYS[4] events   STREAM transitions for the recorder
---   KEYS[5] seq      counter for FIFO order
+--   KEYS[5] seq      the queue clock (~ microseconds, strictly increasing per enqueue)
 --   KEYS[6] token    counter, low 40 bits of fencing tokens in the current epoch
 --   KEYS[7] epoch    HASH stamp {epoch, server}: absent, or written on another server
 --                    (restart, promoted replica), means the dataset is not trusted
@@ -106,8 +106,91 @@ local function budget_allows(now, ratio, floor_, window)
   return retries < floor_ + ratio * firsts
 end
 
-local function due_score(priority)
-  return (255 - tonumber(priority)) * TOKEN_SPAN + redis.call('INCR', K_SEQ)
+-- Dispatch order: fair between tenants, priority with aging within a tenant.
+-- A run's tenant ('' when it has none) owns a due ZSET: K_DUE for '', BASE..'due:t:'..name
+-- otherwise. K_TENANTS holds each tenant that has due runs, scored by its virtual time;
+-- claim_due serves the smallest and advances it by 1 / weight per run (K_WEIGHTS, default
+-- 1), so backlogged tenants share dispatches in proportion to their weights whatever their
+-- backlogs. A tenant that becomes active starts at the current virtual time (K_FAIR 'v'):
+-- idling earns no credit.
+-- Within a tenant a run's score is its position on the queue clock (K_SEQ: ~ enqueue time
+-- in microseconds, strictly increasing) plus (255 - priority) * the queue's aging step
+-- (config 'priority_age_ms', default 60 s): one priority level is a head start of one step,
+-- so a run is overtaken only by runs enqueued less than (255 - priority) steps after it,
+-- and no run waits forever behind a stream of higher-priority ones.
+local K_TENANTS, K_WEIGHTS, K_FAIR = BASE .. 'tenants', BASE .. 'weights', BASE .. 'fair'
+local DEFAULT_AGE_MS = 60000
+
+local function tenant_due(tenant)
+  if not tenant or tenant == '' then return K_DUE end
+  return BASE .. 'due:t:' .. tenant
+end
+
+local clock, age_units, vnow = nil, nil, nil
+local activated = {}
+local function due_score(priority, now)
+  if not clock then
+    clock = tonumber(redis.call('GET', K_SEQ) or '0')
+    age_units = tonumber(redis.call('HGET', BASE .. 'config', 'priority_age_ms') or DEFAULT_AGE_MS) * 1000
+  end
+  clock = math.max(clock + 1, math.floor(now) * 1000)
+  redis.call('SET', K_SEQ, string.format('%.0f', clock))
+  return clock + (255 - tonumber(priority or 0)) * age_units
+end
+
+local function activate(tenant)
+  tenant = tenant or ''
+  if activated[tenant] then return end
+  if not vnow then vnow = tonumber(redis.call('HGET', K_FAIR, 'v') or '0') end
+  redis.call('ZADD', K_TENANTS, 'NX', vnow, tenant)
+  activated[tenant] = true
+end
+
+-- Put a run into its tenant's due set at a given score (a held run keeps its place).
+local function queue_at(id, tenant, score)
+  redis.call('ZADD', tenant_due(tenant), score, id)
+  activate(tenant)
+end
+
+-- Make a PENDING run claimable (callers have checked its state and moved it).
+local function make_due(id, priority, tenant, now)
+  queue_at(id, tenant, due_score(priority, now))
+end
+
+-- Concurrency keys: a run may carry `ckey` (and its default limit `climit`; an operator's
+-- override lives in BASE..'limits'). BASE..'ck:'..ckey is the SET of its leased runs; a due
+-- run whose key is full waits in BASE..'held:'..ckey (same score) until a lease ends.
+local function held_key(ckey) return BASE .. 'held:' .. ckey end
+local function ck_key(ckey) return BASE .. 'ck:' .. ckey end
+
+-- Take a run out of the due structures (cancel, pause, repair), wherever it waits.
+local function unqueue(id, key)
+  local f = redis.call('HMGET', key, 'tenant', 'ckey')
+  local z = tenant_due(f[1])
+  if redis.call('ZREM', z, id) == 1 and redis.call('ZCARD', z) == 0 then
+    redis.call('ZREM', K_TENANTS, f[1] or '')
+  end
+  if f[2] then redis.call('ZREM', held_key(f[2]), id) end
+end
+
+-- Whether a run waits in a due structure (drift inspection).
+local function queued(id, key)
+  local f = redis.call('HMGET', key, 'tenant', 'ckey')
+  if redis.call('ZSCORE', tenant_due(f[1]), id) then return true end
+  return f[2] ~= false and f[2] ~= nil and redis.call('ZSCORE', held_key(f[2]), id) ~= false
+end
+
+-- A lease ended (the run left K_ACTIVE): free its concurrency slot and give the slot to
+-- the best run held for that key.
+local function lease_done(id, key, ckey)
+  if ckey == nil then ckey = redis.call('HGET', key, 'ckey') end
+  if not ckey then return end
+  redis.call('SREM', ck_key(ckey), id)
+  local nxt = redis.call('ZPOPMIN', held_key(ckey), 1)
+  if nxt[1] then
+    queue_at(nxt[1], redis.call('HGET', run_key(nxt[1]), 'tenant'), tonumber(nxt[2]))
+    if redis.call('LLEN', K_WAKE) == 0 then redis.call('RPUSH', K_WAKE, 1) end
+  end
 end
 
 local function nudge()

@@ -45,6 +45,10 @@ class SubmitRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     idempotency_key: Annotated[str, Meta(min_length=1, max_length=200)] | None = None
     trace: Annotated[str, Meta(max_length=55)] | None = None
     """W3C traceparent of the producer."""
+    tenant: Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[^\s{}]+$")] | None = None
+    """Who the run is for: a queue's tenants share dispatch by weight."""
+    concurrency_key: Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[^\s{}]+$")] | None = None
+    concurrency_limit: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
 
 
 class SubmitBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

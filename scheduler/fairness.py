@@ -1,0 +1,135 @@
+"""A queue's dispatch settings: tenant weights, concurrency limits, priority aging.
+
+PostgreSQL's `queues` row is the record (migration 006); Redis holds the copy the claim
+script reads (`<base>weights`, `<base>limits`, `max_running` / `priority_age_ms` in
+`<base>config`). Every change writes the record first, then the copy, and a rebuild after a
+Redis failover copies them again (`apply`), so a failover never forgets a limit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import msgspec
+
+from .errors import InvalidInput, UnknownQueue
+from .stores import Stores
+
+__all__ = ["QueueSettings", "apply", "load", "set_weight", "set_limit", "set_max_running", "set_aging", "describe"]
+
+_LABEL_RE = re.compile(r"^[^\s{}]{1,128}$")
+DEFAULT_AGE_MS = 60_000
+"""One priority level is worth this much waiting (lua/includes/common.lua DEFAULT_AGE_MS)."""
+MAX_AGE_MS = 30 * 86_400_000
+"""Scores are exact doubles: the clock (~µs since 1970) plus 255 levels of this stay < 2^53."""
+
+
+class QueueSettings(msgspec.Struct, kw_only=True):
+    queue: str
+    weights: dict[str, float] = {}
+    limits: dict[str, int] = {}
+    max_running: int | None = None
+    priority_age_ms: int | None = None
+
+
+async def load(stores: Stores, queue: str) -> QueueSettings:
+    row = await stores.db.fetchrow("queue_settings", queue)
+    if row is None:
+        raise UnknownQueue(queue)
+    return QueueSettings(queue=queue, weights=_obj(row["weights"]), limits=_obj(row["limits"]),
+                         max_running=row["max_running"], priority_age_ms=row["priority_age_ms"])
+
+
+def _obj(v: Any) -> dict[str, Any]:
+    return json.loads(v) if isinstance(v, str) else dict(v or {})
+
+
+async def apply(stores: Stores, queue: str) -> QueueSettings:
+    """Copy the record into Redis in one MULTI (one slot: the queue's hash tag)."""
+    s = await load(stores, queue)
+    k = stores.keys(queue)
+    pipe = stores.redis.pipeline(transaction=True)
+    pipe.delete(k.base + "weights", k.base + "limits")
+    if s.weights:
+        pipe.hset(k.base + "weights", mapping={t: repr(float(w)) for t, w in s.weights.items()})
+    if s.limits:
+        pipe.hset(k.base + "limits", mapping={key: int(n) for key, n in s.limits.items()})
+    for field, value in (("max_running", s.max_running), ("priority_age_ms", s.priority_age_ms)):
+        if value is None:
+            pipe.hdel(k.config, field)
+        else:
+            pipe.hset(k.config, field, int(value))
+    await pipe.execute()
+    return s
+
+
+def _label(value: str, what: str) -> str:
+    if not _LABEL_RE.match(value):
+        raise InvalidInput(f"{what} {value!r} must be 1-128 characters without spaces or braces", field=what)
+    return value
+
+
+async def set_weight(stores: Stores, queue: str, tenant: str, weight: float | None) -> QueueSettings:
+    """Weight of a tenant (None: back to the default, 1). Applies to dispatch from now on."""
+    if tenant != "":
+        _label(tenant, "tenant")
+    if weight is not None and not (math.isfinite(weight) and 0.001 <= weight <= 1000):
+        raise InvalidInput(f"weight must be between 0.001 and 1000, not {weight}", field="weight")
+    await _update(stores, queue, "set_queue_weight", tenant, weight)
+    return await apply(stores, queue)
+
+
+async def set_limit(stores: Stores, queue: str, key: str, limit: int | None) -> QueueSettings:
+    """Override the limit of one concurrency key (None: back to the runs' declared limit)."""
+    _label(key, "concurrency_key")
+    if limit is not None and limit < 1:
+        raise InvalidInput(f"limit must be >= 1, not {limit}", field="limit")
+    await _update(stores, queue, "set_queue_limit", key, limit)
+    return await apply(stores, queue)
+
+
+async def set_max_running(stores: Stores, queue: str, limit: int | None) -> QueueSettings:
+    """At most this many runs of the queue leased at once, over all workers (None: no limit)."""
+    if limit is not None and limit < 1:
+        raise InvalidInput(f"max running must be >= 1, not {limit}", field="max_running")
+    await _update(stores, queue, "set_queue_max_running", limit)
+    return await apply(stores, queue)
+
+
+async def set_aging(stores: Stores, queue: str, seconds: float | None) -> QueueSettings:
+    """How much waiting one priority level is worth (None: the default, 60 s)."""
+    ms = None if seconds is None else int(round(seconds * 1000))
+    if ms is not None and not 1 <= ms <= MAX_AGE_MS:
+        raise InvalidInput(f"aging step must be between 0.001 s and {MAX_AGE_MS // 1000} s, not {seconds}",
+                           field="aging")
+    await _update(stores, queue, "set_queue_aging", ms)
+    return await apply(stores, queue)
+
+
+async def _update(stores: Stores, queue: str, name: str, *args: Any) -> None:
+    row = await stores.db.fetchrow(name, queue, *args)
+    if row is None:
+        raise UnknownQueue(queue)
+
+
+async def describe(stores: Stores, queue: str) -> dict[str, Any]:
+    """Settings plus what Redis holds now: due runs and virtual time per tenant, leased and
+    held runs per concurrency key named in the settings or by the due runs' keys."""
+    s = await load(stores, queue)
+    k = stores.keys(queue)
+    r = stores.redis
+    tenants = []
+    for name, vt in await r.zrange(k.base + "tenants", 0, 99, withscores=True):
+        t = name.decode()
+        z = k.due if t == "" else f"{k.base}due:t:{t}"
+        tenants.append({"tenant": t or "(none)", "due": await r.zcard(z), "virtual_time": round(vt, 3),
+                        "weight": s.weights.get(t, 1.0)})
+    keys = []
+    for key in sorted(s.limits):
+        keys.append({"key": key, "limit": s.limits[key], "leased": await r.scard(f"{k.base}ck:{key}"),
+                     "held": await r.zcard(f"{k.base}held:{key}")})
+    return {"settings": msgspec.to_builtins(s), "tenants": tenants, "keys": keys,
+            "leased": await r.zcard(k.active)}

@@ -1,0 +1,18 @@
+-- 006_tenants_limits: fair sharing between tenants and concurrency limits.
+-- A run may name a tenant (dispatch is weighted-fair between a queue's tenants) and a
+-- concurrency key with its default limit (at most that many runs of the key leased at
+-- once). Redis enforces both in claim_due.lua; these columns let a rebuild restore them.
+ALTER TABLE runs
+    ADD COLUMN tenant text NOT NULL DEFAULT '',
+    ADD COLUMN concurrency_key text,
+    ADD COLUMN concurrency_limit integer CHECK (concurrency_limit > 0),
+    ADD CONSTRAINT limit_with_key CHECK ((concurrency_key IS NULL) = (concurrency_limit IS NULL));
+
+-- Operator settings of a queue (fencepost queue ...), the record Redis's copies are
+-- rebuilt from: tenant weights, per-key limit overrides, a queue-wide limit on leased runs,
+-- and the priority aging step.
+ALTER TABLE queues
+    ADD COLUMN weights jsonb NOT NULL DEFAULT '{}',
+    ADD COLUMN limits jsonb NOT NULL DEFAULT '{}',
+    ADD COLUMN max_running integer CHECK (max_running > 0),
+    ADD COLUMN priority_age_ms bigint CHECK (priority_age_ms > 0);

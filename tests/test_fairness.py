@@ -1,0 +1,173 @@
+"""Fair sharing between tenants, priority aging, and concurrency limits, at the Lua level
+against real Redis (claim_due.lua, finish_runs.lua, reap_expired.lua). Time is passed
+explicitly to every script: no test sleeps.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from scheduler.stores import Stores
+
+from tests.test_fencing import T0, Queue
+
+_names = itertools.count()
+
+
+async def _queue(stores: Stores, **config: int) -> Queue:
+    q = await Queue(stores, f"fair{next(_names)}").setup()
+    if config:
+        await q.r.hset(q.keys.config, mapping=config)
+    return q
+
+
+async def _dispatch(q: Queue, now: int, n: int, batch: int) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    while len(out) < n:
+        got = await q.claim(now, min(batch, n - len(out)))
+        if not got:
+            break
+        out += got
+    return out
+
+
+def _tenant_of(run_id: str) -> str:
+    return run_id.split("0000")[0]
+
+
+@hsettings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(weights=st.lists(st.sampled_from([1, 1, 2, 3, 5]), min_size=2, max_size=5),
+       backlogs=st.lists(st.integers(150, 3000), min_size=5, max_size=5),
+       batch=st.integers(1, 40))
+async def test_backlogged_tenants_share_dispatch_by_weight(stores: Stores, weights: list[int], backlogs: list[int],
+                                                           batch: int) -> None:
+    """Over a long dispatch, each backlogged tenant's share stays within a small tolerance of
+    weight / sum(weights), whatever the backlogs (one tenant's burst gets its share, no more)
+    and whatever the claim batch size."""
+    q = await _queue(stores)
+    tenants = [f"{i + 1}" for i in range(len(weights))]
+    for t, w in zip(tenants, weights):
+        await q.r.hset(q.keys.base + "weights", t, w)
+    runs = [dict(id=f"{t}0000{j}", tenant=t) for t, n in zip(tenants, backlogs) for j in range(n)]
+    for i in range(0, len(runs), 2000):
+        await q.enqueue(T0, *runs[i:i + 2000])
+    total_w = sum(weights)
+    # dispatch while every tenant is still backlogged
+    m = int(min(n * total_w / w for n, w in zip(backlogs, weights)) * 0.9)
+    got = Counter(_tenant_of(r["id"]) for r in await _dispatch(q, T0 + 1, m, batch))
+    assert sum(got.values()) == m
+    for t, w in zip(tenants, weights):
+        expected = m * w / total_w
+        assert abs(got[t] - expected) <= 2 + max(weights), (
+            f"tenant {t} (weight {w} of {total_w}) got {got[t]} of {m} dispatches, expected ~{expected:.1f}")
+
+
+async def test_a_tenant_arriving_behind_a_burst_gets_its_share_at_once(stores: Stores) -> None:
+    """A million-run burst in miniature: B arrives after A's backlog is deep and after A has
+    been served alone for a while. B is served from its first claim on, at its share, and has
+    no credit to spend from the time it was idle."""
+    q = await _queue(stores)
+    await q.enqueue(T0, *[dict(id=f"10000{j}", tenant="1") for j in range(2000)])
+    first = await _dispatch(q, T0 + 1, 500, 50)
+    assert {_tenant_of(r["id"]) for r in first} == {"1"}
+    await q.enqueue(T0 + 2, *[dict(id=f"20000{j}", tenant="2") for j in range(300)])
+    nxt = await _dispatch(q, T0 + 3, 400, 50)
+    got = Counter(_tenant_of(r["id"]) for r in nxt)
+    assert abs(got["2"] - 200) <= 2, f"B got {got['2']} of the 400 dispatches after it arrived, not ~200"
+    assert nxt[0]["id"].startswith("2") or nxt[1]["id"].startswith("2"), "B waited behind A's backlog"
+
+
+async def test_runs_without_a_tenant_are_one_tenant_among_the_others(stores: Stores) -> None:
+    q = await _queue(stores)
+    await q.enqueue(T0, *[dict(id=f"90000{j}") for j in range(300)])
+    await q.enqueue(T0, *[dict(id=f"30000{j}", tenant="3") for j in range(300)])
+    await q.r.hset(q.keys.base + "weights", "", 3)
+    got = Counter(_tenant_of(r["id"]) for r in await _dispatch(q, T0 + 1, 200, 20))
+    assert abs(got["9"] - 150) <= 4 and abs(got["3"] - 50) <= 4, got
+
+
+async def test_priority_orders_runs_within_a_tenant(stores: Stores) -> None:
+    q = await _queue(stores)
+    await q.enqueue(T0, dict(id="1", priority=0), dict(id="2", priority=9), dict(id="3", priority=9),
+                    dict(id="4", priority=200))
+    assert [r["id"] for r in await q.claim(T0 + 1, 4)] == ["4", "2", "3", "1"]
+
+
+@hsettings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(low=st.integers(0, 200), gap=st.integers(1, 55), age_ms=st.integers(1, 20),
+       per_step=st.integers(2, 4))
+async def test_a_low_priority_run_is_not_starved_by_a_stream_of_higher_ones(
+        stores: Stores, low: int, gap: int, age_ms: int, per_step: int) -> None:
+    """Aging: runs of priority low+gap keep arriving faster than they are dispatched (strict
+    priority would starve the low one forever). With an aging step of A ms per level, no run
+    enqueued more than gap*A ms after the low one overtakes it, so its wait is bounded by
+    gap*A ms of arrivals, here per_step*gap*A claims."""
+    q = await _queue(stores, priority_age_ms=age_ms)
+    ids = itertools.count(2)
+    await q.enqueue(T0, *[dict(id=str(next(ids)), priority=low + gap) for _ in range(per_step)])
+    await q.enqueue(T0, dict(id="1", priority=low))
+    bound = per_step * gap * age_ms + 2 * per_step  # claims, one per ms
+    for step in range(1, bound + 10):
+        now = T0 + step
+        await q.enqueue(now, *[dict(id=str(next(ids)), priority=low + gap) for _ in range(per_step)])
+        [claimed] = await q.claim(now, 1)
+        if claimed["id"] == "1":
+            assert step <= bound, f"the low-priority run waited {step} claims, bound {bound}"
+            return
+    pytest.fail(f"the priority-{low} run was not claimed within {bound + 10} claims (aging step {age_ms} ms)")
+
+
+async def test_per_key_limit_holds_runs_aside_and_frees_slots_on_finish_and_reap(stores: Stores) -> None:
+    """At most the key's limit of runs leased at once; the others wait aside (not rescanned)
+    and get a slot as leases end: finish, and the reaper after a worker died."""
+    q = await _queue(stores)
+    await q.enqueue(T0, *[dict(id=f"1{j:03}", ckey="export:A", climit=5, max_retries=3) for j in range(20)])
+    await q.enqueue(T0, *[dict(id=f"2{j:03}", ckey="export:B", climit=5, max_retries=3) for j in range(5)])
+    first = await q.claim(T0 + 1, 50, lease_ms=1000)
+    per_key = Counter(r["id"][0] for r in first)
+    assert per_key == {"1": 5, "2": 5}, per_key
+    assert await q.r.zcard(q.keys.base + "held:export:A") == 15
+    assert await q.claim(T0 + 2, 50) == [], "a full key yields nothing, without claiming over its limit"
+    a = next(r for r in first if r["id"][0] == "1")
+    assert await q.finish(T0 + 3, a["id"], a["token"]) == "SUCCEEDED"
+    [nxt] = await q.claim(T0 + 4, 50)
+    assert nxt["id"][0] == "1", "the freed slot goes to a held run of the same key"
+    # the worker holding the other A leases dies: the reaper frees their slots
+    assert await q.reap(T0 + 1002) == 9  # 4 first-wave A + 5 B leases expired (the new one runs to T0+1004)
+    again = await q.claim(T0 + 1003, 50)
+    assert Counter(r["id"][0] for r in again) == {"1": 4, "2": 5}, "expired A slots and B's runs came back"
+
+
+async def test_operator_limit_overrides_the_declared_one_and_limits_the_queue(stores: Stores) -> None:
+    q = await _queue(stores)
+    await q.r.hset(q.keys.base + "limits", "k", 2)
+    await q.enqueue(T0, *[dict(id=str(i), ckey="k", climit=5) for i in range(1, 7)])
+    assert len(await q.claim(T0 + 1, 50)) == 2
+    q2 = await _queue(stores, max_running=3)
+    await q2.enqueue(T0, *[dict(id=str(i)) for i in range(1, 11)])
+    assert len(await q2.claim(T0 + 1, 50)) == 3
+    assert await q2.claim(T0 + 2, 50) == [], "max_running counts every leased run of the queue"
+
+
+async def test_a_leaked_slot_repairs_itself_at_the_limit(stores: Stores) -> None:
+    """The per-key lease set is derived state: a member whose run is no longer leased (a
+    repair elsewhere, a lost write) is dropped when the key reaches its limit."""
+    q = await _queue(stores)
+    await q.r.sadd(q.keys.base + "ck:k", "999", "998")
+    await q.enqueue(T0, *[dict(id=str(i), ckey="k", climit=2) for i in range(1, 4)])
+    assert len(await q.claim(T0 + 1, 50)) == 2
+
+
+async def test_cancel_of_a_held_run_takes_it_out_of_the_held_set(stores: Stores) -> None:
+    q = await _queue(stores)
+    await q.enqueue(T0, dict(id="1", ckey="k", climit=1), dict(id="2", ckey="k", climit=1))
+    [first] = await q.claim(T0 + 1, 10)
+    held = "2" if first["id"] == "1" else "1"
+    assert await q.run("cancel_run", T0 + 2, held, "op", "r", "", "") == "CANCELLED"
+    assert await q.r.zcard(q.keys.base + "held:k") == 0
+    assert await q.finish(T0 + 3, first["id"], first["token"]) == "SUCCEEDED"
+    assert await q.claim(T0 + 4, 10) == []

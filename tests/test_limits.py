@@ -1,0 +1,112 @@
+"""Per-key concurrency limits with real worker processes: at most 5 exports per customer
+at once over a worker with 50 slots, the other customer not starved, and the slots of a
+SIGKILLed worker given back by the reaper."""
+
+from __future__ import annotations
+
+import signal
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from scheduler.client import Client
+from scheduler.config import Settings
+from scheduler.errors import InvalidInput
+from scheduler.models import Submit
+from scheduler.stores import Stores
+
+from tests.conftest import log_tail, record_all, spawn, wait_until
+
+pytestmark = pytest.mark.slow
+
+WORKER = ("worker", "--app", "tests.apps:registry", "--queue", "tq", "--concurrency", "50")
+
+
+def _max_overlap(spans: list[tuple[datetime, datetime]]) -> int:
+    """Most intervals open at once (a finish at t frees its slot before a start at t)."""
+    edges = sorted([(s, 1) for s, _ in spans] + [(f, -1) for _, f in spans], key=lambda e: (e[0], e[1]))
+    now = peak = 0
+    for _, d in edges:
+        now += d
+        peak = max(peak, now)
+    return peak
+
+
+async def _spans(stores: Stores) -> dict[str, list[tuple[datetime, datetime]]]:
+    rows = await stores.db.pool.fetch(  # type: ignore[union-attr]
+        "SELECT r.concurrency_key, a.started_at, a.finished_at FROM attempts a JOIN runs r ON r.id = a.run_id "
+        "WHERE r.handler = 't.export' ORDER BY a.started_at")
+    out: dict[str, list[tuple[datetime, datetime]]] = {}
+    for r in rows:
+        assert r["finished_at"] is not None, "every attempt is closed once the runs are done"
+        out.setdefault(r["concurrency_key"], []).append((r["started_at"], r["finished_at"]))
+    return out
+
+
+async def _all_succeeded(client: Client, ids: list[int], timeout: float, log: Path) -> None:
+    for rid in ids:
+        try:
+            out = await client.wait(rid, timeout=timeout)
+        except Exception as exc:
+            raise AssertionError(f"run {rid}: {exc}\n--- worker log ---\n{log_tail(log)}") from None
+        assert out.status == "SUCCEEDED", (rid, out, log_tail(log))
+
+
+async def test_at_most_five_exports_per_customer_run_at_once(client: Client, settings: Settings, stores: Stores,
+                                                             tmp_path: Path) -> None:
+    a = await client.submit_many([Submit(handler="t.export", args=("A",)) for _ in range(20)])
+    b = await client.submit_many([Submit(handler="t.export", kwargs={"customer": "B"}) for _ in range(5)])
+    log = tmp_path / "worker.log"
+    w = spawn(settings, *WORKER, log=log)
+    try:
+        await _all_succeeded(client, a + b, 60, log)
+    finally:
+        w.send_signal(signal.SIGTERM)
+        w.wait(30)
+    await record_all(stores)
+    spans = await _spans(stores)
+    assert set(spans) == {"t.export:A", "t.export:B"}
+    assert _max_overlap(spans["t.export:A"]) == 5, "A ran at most 5 at once, and used its 5 slots"
+    assert _max_overlap(spans["t.export:B"]) == 5
+    sixth_a = sorted(s for s, _ in spans["t.export:A"])[5]
+    assert min(s for s, _ in spans["t.export:B"]) < sixth_a, "B, submitted after A's 20, waited behind A's backlog"
+
+
+async def test_a_sigkilled_workers_slots_come_back_through_the_reaper(client: Client, settings: Settings,
+                                                                      stores: Stores, tmp_path: Path) -> None:
+    ids = await client.submit_many([Submit(handler="t.export", args=("A", 30.0)) for _ in range(5)]
+                                   + [Submit(handler="t.export", args=("A", 0.1)) for _ in range(3)])
+    keys = stores.keys("tq")
+    log1, log2 = tmp_path / "w1.log", tmp_path / "w2.log"
+    w1 = spawn(settings, *WORKER, log=log1, FENCEPOST_LEASE_MS="1500")
+
+    async def five_leased() -> bool:
+        return await stores.redis.scard(keys.base + "ck:t.export:A") == 5
+
+    try:
+        await wait_until(five_leased, timeout=30, what="5 exports of A leased")
+        assert await stores.redis.zcard(keys.base + "held:t.export:A") == 3, "the other 3 wait for a slot"
+        w1.send_signal(signal.SIGKILL)
+        w1.wait(10)
+        w2 = spawn(settings, *WORKER, log=log2, FENCEPOST_LEASE_MS="1500")
+        try:
+            # the 30 s runs come back when their leases expire; the short ones finish first
+            await _all_succeeded(client, ids[5:], 30, log2)
+        finally:
+            w2.kill()
+            w2.wait(10)
+    finally:
+        if w1.poll() is None:
+            w1.kill()
+    assert await stores.redis.scard(keys.base + "ck:t.export:A") <= 5
+
+
+async def test_a_submit_without_the_key_argument_is_refused_and_changes_nothing(client: Client) -> None:
+    with pytest.raises(InvalidInput, match="customer"):
+        await client.submit("t.export")
+    with pytest.raises(InvalidInput, match="tenant"):
+        await client.submit("t.echo", 1, tenant="has space")
+    with pytest.raises(InvalidInput, match="concurrency_key"):
+        await client.submit("t.echo", 1, concurrency_limit=3)
+    assert await client.stores.db.pool.fetchval("SELECT count(*) FROM runs") == 0  # type: ignore[union-attr]
