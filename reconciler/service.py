@@ -1,5 +1,6 @@
 """`fencepost reconciler`: the recorder plus the maintenance loops (stamps and rebuilds,
-reaper, outbox relay, drift repair), each a small component with one job.
+reaper, outbox relay, drift repair, history partitions and run archiving), each a small
+component with one job.
 
 Every maintenance step runs once per tick (at most 1 s apart, sooner on an outbox
 notification); a step that fails (Redis or PostgreSQL unreachable) is logged and retried
@@ -16,6 +17,7 @@ from typing import Any, Awaitable, Callable
 
 from scheduler.config import Settings
 from scheduler.errors import StoreUnavailable
+from scheduler.retention import Maintenance, parse_archive_after
 from scheduler.stores import Stores
 
 from worker.metrics import LEASE_EXPIRIES
@@ -38,6 +40,8 @@ class Reconciler:
         self.drift = DriftRepair(self.stores, grace_s=drift_grace_s)
         self.gauges = Gauges(self.stores)
         self.scale_hints = ScaleHints(self.stores)
+        self.history = Maintenance(self.stores.db,
+                                   archive_after=parse_archive_after(self.stores.settings.archive_after))
         self.gauges_every_s = 5.0
         self._observed = 0.0
         self.tick_s = min(tick_s, 1.0)
@@ -68,6 +72,7 @@ class Reconciler:
                 await self._step("drift", lambda q=q: self.drift.tick(q))
         await self._step("gauges", lambda: self._observe(queues))
         await self._step("scale_hint", lambda: self.scale_hints.observe(queues))
+        await self._step("history", self.history.tick)
 
     async def _reap(self, queue: str, now: int) -> None:
         n = await self.stores.scripts.run("reap_expired", self.stores.keys(queue), [now, 1000])

@@ -32,6 +32,9 @@ class Settings(msgspec.Struct, kw_only=True):
     retry_budget_window_ms: int = 60_000
     terminal_ttl_s: int = 3_600
     """How long a finished run's hash stays in Redis after the recorder committed it."""
+    archive_after: str = "7d"
+    """Finished runs older than this leave the hot `runs` table for `runs_archive` (the
+    reconciler moves them; `30d`, `12h`, `90m`, `2w`; `0` or empty: never)."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> "Settings":

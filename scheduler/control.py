@@ -36,7 +36,7 @@ class ControlMixin:
 
     async def cancel(self: "Client", run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """Not running: CANCELLED now. Running: stopped first, then CANCELLED ('STOPPING')."""
-        run = await self.get(run_id)
+        run = await self._hot_run(run_id)
         spec = (await self._specs([run["handler"]])).get(run["handler"])
         compensate = ""
         if spec is not None and spec.side_effects:
@@ -45,7 +45,7 @@ class ControlMixin:
 
     async def resume(self: "Client", run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """PAUSED / STOPPED -> PENDING: same run, next attempt starts from the latest checkpoint."""
-        run = await self.get(run_id)
+        run = await self._hot_run(run_id)
         await self._check_resumable(run)
         return await self._command("resume", run_id, reason, expected_version, run=run)
 
@@ -62,7 +62,7 @@ class ControlMixin:
         """Close a review-queue run: `as_` is 'succeeded' or 'failed' (or 'retry' to run it again)."""
         if as_ not in ("succeeded", "failed", "retry"):
             raise InvalidInput(f"resolve --as must be succeeded, failed or retry, not {as_!r}", field="as")
-        run = await self.get(run_id)
+        run = await self._hot_run(run_id)
         if run["status"] != "FAILED" or run.get("reason") != "review":
             raise InvalidInput(f"run {run_id} is not in the review queue (it is {run['status']}, "
                                f"reason {run.get('reason')})", field="run_id")
@@ -122,6 +122,14 @@ class ControlMixin:
         return {"matched": matched, "acted": len(ids), "results": done, "refused": refused}
 
     # -- internals -----------------------------------------------------------------------------
+    async def _hot_run(self: "Client", run_id: int) -> dict[str, Any]:
+        """The run from the hot table only: an archived run (finished, moved to runs_archive) is
+        history, and re-enqueuing it would run it with no row to record into; UnknownRun."""
+        row = await self.stores.db.fetchrow("get_hot_run", run_id)
+        if row is None:
+            raise UnknownRun(run_id)
+        return dict(row)
+
     async def _specs(self: "Client", names: list[str]) -> dict[str, Any]:
         try:
             await self._load_definitions(set(names))
@@ -156,7 +164,7 @@ class ControlMixin:
 
     async def _command(self: "Client", verb: str, run_id: int, reason: str, expected_version: int | None,
                        extra: list[Any] | None = None, *, run: dict[str, Any] | None = None) -> str:
-        run = run or await self.get(run_id)
+        run = run or await self._hot_run(run_id)
         keys = self.stores.keys(run["queue"])
         args = [int(time.time() * 1000), run_id, self.actor, reason or "",
                 "" if expected_version is None else expected_version, *(extra or [])]

@@ -8,27 +8,23 @@ WITH input AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('runs', 'id')) AS id, t.*
     FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::timestamptz[],
                 $6::integer[], $7::double precision[], $8::text[], $9::text[], $10::text[],
-                $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[], $15::text[], $16::text[],
-                $17::integer[])
+                $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[])
         WITH ORDINALITY AS t(handler, queue, priority, payload, run_at, max_retries, timeout_s,
-                             idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-                             tenant, concurrency_key, concurrency_limit, ord)
+                             idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox, ord)
 ), new_queues AS (
     INSERT INTO queues (name) SELECT DISTINCT queue FROM input
     ON CONFLICT (name) DO NOTHING RETURNING name, epoch
 ), ins AS (
     INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
-                      idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-                      tenant, concurrency_key, concurrency_limit)
+                      idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox)
     SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
-           idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-           COALESCE(tenant, ''), concurrency_key, concurrency_limit
+           idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
     RETURNING id, status, trace_id
 ), ev AS (
     INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
-    SELECT id, 'submitted', status, 0, $18, trace_id, now() FROM ins
+    SELECT id, 'submitted', status, 0, $15, trace_id, now() FROM ins
 ), notify AS (
     SELECT pg_notify('fencepost_outbox', q.queue)
     FROM (SELECT DISTINCT queue FROM input WHERE outbox) q
@@ -58,7 +54,10 @@ ON CONFLICT (name) DO UPDATE SET model = excluded.model, queue = excluded.queue,
 SELECT name, model, queue, priority, timeout_s, max_retries, version, resumable, owner, options FROM job_definitions;
 
 -- name: get_run
-SELECT * FROM runs WHERE id = $1;
+-- The hot row, else the archived one (finished runs leave `runs` after FENCEPOST_ARCHIVE_AFTER).
+-- LIMIT 1 stops the Append after the first branch that has the run: a hot run never
+-- touches the archive. Operator commands read only `runs` (get_hot_run).
+(SELECT * FROM runs WHERE id = $1) UNION ALL (SELECT * FROM runs_archive WHERE id = $1) LIMIT 1;
 
 -- name: run_status
 SELECT id, status, result, last_error, last_error_class FROM runs WHERE id = ANY($1::bigint[]);
@@ -121,10 +120,31 @@ FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::integer[], $5::bigint[],
 WHERE r.id = u.id AND r.version < u.version;
 
 -- name: apply_attempts
+-- One row per attempt, one statement per batch. attempts is partitioned by started_at, so
+-- its key is (run_id, attempt, started_at), and a closing transition does not carry the
+-- attempt's start: attempts that exist are updated by (run_id, attempt), the others
+-- inserted. A close recorded before its claim (the claim in another recorder's batch)
+-- inserts the attempt started at the close; the claim then moves started_at back (LEAST).
+-- Two recorders never both insert one attempt: apply_runs, earlier in the same
+-- transaction, waits on the run's row for a concurrent batch of that run to commit, so
+-- this statement sees that batch's attempt row.
+WITH input AS (
+    SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::text[], $5::timestamptz[],
+                         $6::timestamptz[], $7::text[], $8::text[], $9::text[])
+        AS u(run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message)
+), upd AS (
+    UPDATE attempts a SET
+        started_at = LEAST(a.started_at, i.started_at),
+        finished_at = COALESCE(i.finished_at, a.finished_at),
+        outcome = COALESCE(i.outcome, a.outcome),
+        error_class = COALESCE(i.error_class, a.error_class),
+        error_message = COALESCE(i.error_message, a.error_message)
+    FROM input i WHERE a.run_id = i.run_id AND a.attempt = i.attempt
+    RETURNING a.run_id, a.attempt
+)
 INSERT INTO attempts AS a (run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message)
-SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::text[], $5::timestamptz[],
-                     $6::timestamptz[], $7::text[], $8::text[], $9::text[])
-ON CONFLICT (run_id, attempt) DO UPDATE SET
+SELECT * FROM input i WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.run_id = i.run_id AND upd.attempt = i.attempt)
+ON CONFLICT (run_id, attempt, started_at) DO UPDATE SET
     finished_at = COALESCE(excluded.finished_at, a.finished_at),
     outcome = COALESCE(excluded.outcome, a.outcome),
     error_class = COALESCE(excluded.error_class, a.error_class),
@@ -138,7 +158,7 @@ SELECT name, epoch, paused FROM queues ORDER BY name;
 
 -- name: outbox_runs
 SELECT id, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
-       fire_time, trace_id, version, token, lease_owner, gen, tenant, concurrency_key, concurrency_limit
+       fire_time, trace_id, version, token, lease_owner, gen
 FROM runs WHERE outbox AND queue = $1 ORDER BY id LIMIT $2;
 
 -- name: outbox_queues
@@ -151,11 +171,12 @@ UPDATE runs SET outbox = false WHERE id = ANY($1::bigint[]) AND outbox;
 -- The recorder's events, as one jsonb array of arrays (decoded once by PostgreSQL instead
 -- of 15 typed arrays encoded element by element in Python). Positions: run, type, from,
 -- to, version, attempt, token, worker, reason, error class, error, ts (ms), stream,
--- stream id, actor.
+-- stream id, actor. `at` is derived from the entry's ts only, so a redelivered entry hits
+-- the (stream, stream_id, at) key (events are partitioned by `at`) and is skipped.
 INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, worker_id,
                     reason, error_class, error_message, at, stream, stream_id, actor)
 SELECT (e->>0)::bigint, e->>1, e->>2, e->>3, (e->>4)::bigint, (e->>5)::integer, (e->>6)::bigint, e->>7,
        e->>8, e->>9, e->>10, to_timestamp((e->>11)::bigint / 1000.0), e->>12, (e->>13)::bigint, e->>14
 FROM jsonb_array_elements($1::jsonb) AS e
-ON CONFLICT (stream, stream_id) WHERE stream_id IS NOT NULL DO NOTHING
+ON CONFLICT (stream, stream_id, at) WHERE stream_id IS NOT NULL DO NOTHING
 RETURNING stream, stream_id;

@@ -220,6 +220,7 @@ class RunM:
     old_tokens: list[str] = field(default_factory=list)
     lease_until: int | None = None
     held: bool = False     # claimed, not yet back to PENDING
+    tenant: str = ""       # its due set: keys.due for '', else due:t:<tenant>
 
 
 def _header_list(script: str, lead: str) -> tuple[int, list[str]]:
@@ -354,15 +355,15 @@ class QueueMachine(RuleBasedStateMachine):
     # ---- rules
 
     @rule(batch=st.lists(st.tuples(st.sampled_from([0, 1, 128, 255]), st.sampled_from([0, 0, 0, 500, 4000]),
-                                   st.integers(0, 2)), min_size=1, max_size=3))
-    def submit(self, batch: list[tuple[int, int, int]]) -> None:
+                                   st.integers(0, 2), st.sampled_from(["", "", "a", "b"])), min_size=1, max_size=3))
+    def submit(self, batch: list[tuple[int, int, int, str]]) -> None:
         rows = []
-        for priority, delay, max_retries in batch:
+        for priority, delay, max_retries, tenant in batch:
             rid = str(self.next_id)
             self.next_id += 1
             run_at = self.now + delay
-            rows.append(dict(id=rid, run_at=run_at, priority=priority, max_retries=max_retries))
-            self.runs[rid] = RunM(rid, "PENDING", 1, priority, run_at if delay else 0, max_retries)
+            rows.append(dict(id=rid, run_at=run_at, priority=priority, max_retries=max_retries, tenant=tenant))
+            self.runs[rid] = RunM(rid, "PENDING", 1, priority, run_at if delay else 0, max_retries, tenant=tenant)
             self.order.append(rid)
         assert self.call("enqueue_runs", *enqueue_args(self.now, *rows)) == len(rows)
         assert self.new_events() == []
@@ -397,11 +398,13 @@ class QueueMachine(RuleBasedStateMachine):
         assert [e["run"] for e in claim_events] == [c["id"] for c in claimed]
         assert len(events) == len(due_promotions) + len(claimed)
         ids = {c["id"] for c in claimed}
-        # highest priority first
-        if claimed and len(eligible) > len(claimed):
-            lowest_taken = min(self.runs[i].priority for i in ids)
-            highest_left = max(m.priority for m in eligible if m.id not in ids)
-            assert lowest_taken >= highest_left
+        # within a tenant, highest priority first (the aging step, 60 s, is far longer than
+        # this machine's clock runs)
+        for t in {m.tenant for m in eligible}:
+            taken = [self.runs[i].priority for i in ids if self.runs[i].tenant == t]
+            left = [m.priority for m in eligible if m.id not in ids and m.tenant == t]
+            if taken and left:
+                assert min(taken) >= max(left), f"tenant {t!r}: priority {max(left)} left behind {min(taken)}"
         tokens = [int(c["token"]) for c in claimed]
         assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
         for c, ev in zip(claimed, claim_events):
@@ -528,7 +531,11 @@ class QueueMachine(RuleBasedStateMachine):
     @invariant()
     def stream_drained_and_hashes_match(self) -> None:
         assert self.new_events() == [], "an event appeared outside any operation"
-        due = set(self.r.zrange(self.keys.due, 0, -1))
+        by_tenant = {t: set(self.r.zrange(self.keys.due if t == "" else f"{self.keys.base}due:t:{t}", 0, -1))
+                     for t in ("", "a", "b")}
+        due = set().union(*by_tenant.values())
+        active_tenants = set(self.r.zrange(self.keys.base + "tenants", 0, -1))
+        assert {t for t, ids in by_tenant.items() if ids} <= active_tenants, "a tenant with due runs is not served"
         delayed = dict(self.r.zrange(self.keys.delayed, 0, -1, withscores=True))
         active = dict(self.r.zrange(self.keys.active, 0, -1, withscores=True))
         for m in self.runs.values():
@@ -537,6 +544,7 @@ class QueueMachine(RuleBasedStateMachine):
             where = (m.id in due, m.id in delayed, m.id in active)
             if m.state == "PENDING":
                 assert where in ((True, False, False), (False, True, False)), (m, where)
+                assert m.id not in due or m.id in by_tenant[m.tenant], f"run {m.id} is in another tenant's due set"
                 assert (m.id in delayed) == (m.ready_at > 0)
             elif m.state == "RETRY_WAIT":
                 assert where == (False, True, False) and delayed[m.id] == m.ready_at, (m, where)

@@ -1,0 +1,187 @@
+"""History maintenance: monthly partitions, finished runs out of the hot table, and
+retention by partition drop (never a DELETE).
+
+The SQL lives in sql/007_history_partitions.sql (functions) and sql/queries_retention.sql.
+`fencepost retention` (cli_retention.py) drops old partitions; the reconciler runs
+`Maintenance.tick` each tick, which does real work about once an hour.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import re
+import time
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Awaitable, Callable, TypeVar
+
+import asyncpg
+import msgspec
+
+from .db import Database, query
+from .errors import InvalidInput
+
+__all__ = ["parse_duration", "parse_archive_after", "month_of", "Partition", "Dropped", "ensure_partitions",
+           "archive_runs", "expired_partitions", "archive_path", "drop_partition", "Maintenance"]
+
+log = logging.getLogger("fencepost.retention")
+
+_UTC = timezone.utc
+_T = TypeVar("_T")
+_DURATION = re.compile(r"(\d+)([mhdw])")
+_UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_duration(text: str, *, what: str = "--keep") -> timedelta:
+    """`30d`, `12h`, `90m`, `2w` -> timedelta; anything else (or zero) is InvalidInput."""
+    m = _DURATION.fullmatch(text.strip())
+    if m is None or int(m.group(1)) == 0:
+        raise InvalidInput(f"{what} must be a positive duration such as 30d, 12h, 90m or 2w, not {text!r}",
+                           field=what.lstrip("-").replace("-", "_").lower())
+    return timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
+
+
+def parse_archive_after(text: str) -> timedelta | None:
+    """FENCEPOST_ARCHIVE_AFTER: a duration, or `0` / empty for never."""
+    if text.strip() in ("", "0"):
+        return None
+    return parse_duration(text, what="FENCEPOST_ARCHIVE_AFTER")
+
+
+def month_of(at: datetime) -> date:
+    """First day of `at`'s UTC month (partitions are UTC months)."""
+    at = at.astimezone(_UTC)
+    return date(at.year, at.month, 1)
+
+
+class Partition(msgspec.Struct, frozen=True):
+    """One monthly partition of events, attempts or runs_archive; `rows` when counted."""
+
+    parent: str
+    name: str
+    lower: datetime
+    upper: datetime
+    rows: int | None = None
+
+
+class Dropped(msgspec.Struct, frozen=True):
+    partition: Partition
+    rows: int
+    archive: Path | None
+
+
+async def ensure_partitions(conn: asyncpg.Connection, month: date, ahead: int = 2) -> list[str]:
+    """Create `month` and the `ahead` months after it where missing; returns what was created."""
+    return [r["created"] for r in await conn.fetch(query("ensure_partitions"), month, ahead)]
+
+
+async def archive_runs(conn: asyncpg.Connection, cutoff: datetime, batch: int = 5000) -> int:
+    """Move up to `batch` terminal runs finished before `cutoff` to runs_archive; returns how many."""
+    status = await conn.execute(query("archive_runs"), cutoff, batch)
+    return int(status.rsplit(" ", 1)[-1])  # INSERT 0 <n>
+
+
+async def expired_partitions(conn: asyncpg.Connection, cutoff: datetime, *, count: bool = False) -> list[Partition]:
+    """Monthly partitions whose whole range is older than `cutoff`, oldest first."""
+    parts = [Partition(r["parent"], r["name"], r["lower_bound"], r["upper_bound"])
+             for r in await conn.fetch(query("history_partitions")) if r["upper_bound"] <= cutoff]
+    if count:
+        parts = [msgspec.structs.replace(p, rows=await conn.fetchval(query("partition_rows"), p.name, False))
+                 for p in parts]
+    return parts
+
+
+def archive_path(archive_dir: Path, part: Partition) -> Path:
+    return archive_dir / f"{part.name}.csv.gz"
+
+
+async def drop_partition(conn: asyncpg.Connection, part: Partition, archive_dir: Path | None) -> Dropped | None:
+    """Detach and drop one partition, first copying it (client side, gzipped CSV with a
+    header) into `archive_dir` when given. One transaction: the partition is locked against
+    writes before the copy, so the archive holds exactly the rows dropped; the file is in
+    place (fsynced, renamed) before the drop commits. None if the partition is already gone."""
+    async with conn.transaction():
+        await conn.execute(query("retention_lock"))
+        await conn.execute(query("retention_lock_timeout"))
+        rows = await conn.fetchval(query("partition_rows"), part.name, True)
+        if rows is None:
+            return None
+        path = None
+        if archive_dir is not None:
+            path = archive_path(archive_dir, part)
+            copied = await _copy_out(conn, part.name, path)
+            if copied != rows:  # cannot happen under the SHARE lock; never drop what was not archived
+                raise RuntimeError(f"{part.name}: copied {copied} rows of {rows}; nothing dropped")
+        await conn.execute(query("drop_partition"), part.name)
+    return Dropped(part, rows, path)
+
+
+async def _copy_out(conn: asyncpg.Connection, table: str, path: Path) -> int:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with gzip.open(tmp, "wb") as out:
+            async def write(chunk: bytes) -> None:
+                out.write(chunk)
+
+            status = await conn.copy_from_table(table, output=write, format="csv", header=True)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return int(status.rsplit(" ", 1)[-1])  # COPY <n>
+
+
+def _utcnow() -> datetime:
+    return datetime.now(_UTC)
+
+
+class Maintenance:
+    """The reconciler's history step. Creates the partitions of this month and the next two
+    (once an hour), and moves terminal runs finished more than `archive_after` ago to
+    runs_archive, `batch` per tick: every tick while batches come back full (a backlog),
+    else once an hour. An advisory lock lets one replica do it; the others skip."""
+
+    def __init__(self, db: Database, *, archive_after: timedelta | None, every_s: float = 3600.0,
+                 batch: int = 5000, clock: Callable[[], datetime] = _utcnow) -> None:
+        self.db = db
+        self.archive_after = archive_after
+        self.every_s = every_s
+        self.batch = batch
+        self.clock = clock
+        self._partitions_due = 0.0
+        self._archive_due = 0.0
+        self.archived = 0
+
+    async def tick(self) -> None:
+        mono = time.monotonic()
+        if mono >= self._partitions_due:
+            created = await self._locked(lambda conn: ensure_partitions(conn, month_of(self.clock()), 2))
+            self._partitions_due = mono + self.every_s
+            if created:
+                log.info("history partitions created: %s", ", ".join(created), extra={"event": "partitions_created"})
+        if self.archive_after is not None and mono >= self._archive_due:
+            cutoff = self.clock() - self.archive_after
+            moved = await self._locked(lambda conn: archive_runs(conn, cutoff, self.batch)) or 0
+            self.archived += moved
+            self._archive_due = mono if moved == self.batch else mono + self.every_s
+            if moved:
+                log.info("archived %d finished runs", moved, extra={"event": "runs_archived"})
+
+    async def _locked(self, fn: Callable[[asyncpg.Connection], Awaitable[_T]]) -> _T | None:
+        """Run `fn` in a transaction holding the maintenance lock; None if another holds it."""
+        pool = self.db.pool
+        assert pool is not None
+        async with pool.acquire() as conn:
+            async with conn.transaction():
+                if not await conn.fetchval(query("retention_try_lock")):
+                    return None
+                return await fn(conn)
