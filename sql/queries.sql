@@ -8,23 +8,27 @@ WITH input AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('runs', 'id')) AS id, t.*
     FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::timestamptz[],
                 $6::integer[], $7::double precision[], $8::text[], $9::text[], $10::text[],
-                $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[])
+                $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[], $15::text[], $16::text[],
+                $17::integer[])
         WITH ORDINALITY AS t(handler, queue, priority, payload, run_at, max_retries, timeout_s,
-                             idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox, ord)
+                             idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
+                             tenant, concurrency_key, concurrency_limit, ord)
 ), new_queues AS (
     INSERT INTO queues (name) SELECT DISTINCT queue FROM input
     ON CONFLICT (name) DO NOTHING RETURNING name, epoch
 ), ins AS (
     INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
-                      idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox)
+                      idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
+                      tenant, concurrency_key, concurrency_limit)
     SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
-           idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox
+           idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
+           COALESCE(tenant, ''), concurrency_key, concurrency_limit
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
     RETURNING id, status, trace_id
 ), ev AS (
     INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
-    SELECT id, 'submitted', status, 0, $15, trace_id, now() FROM ins
+    SELECT id, 'submitted', status, 0, $18, trace_id, now() FROM ins
 ), notify AS (
     SELECT pg_notify('fencepost_outbox', q.queue)
     FROM (SELECT DISTINCT queue FROM input WHERE outbox) q
@@ -158,7 +162,7 @@ SELECT name, epoch, paused FROM queues ORDER BY name;
 
 -- name: outbox_runs
 SELECT id, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
-       fire_time, trace_id, version, token, lease_owner, gen
+       fire_time, trace_id, version, token, lease_owner, gen, tenant, concurrency_key, concurrency_limit
 FROM runs WHERE outbox AND queue = $1 ORDER BY id LIMIT $2;
 
 -- name: outbox_queues

@@ -91,3 +91,24 @@ SELECT e.id, e.run_id, e.queue, e.type, e.from_status, e.to_status, e.attempt, e
 FROM events e LEFT JOIN runs r ON r.id = e.run_id
 WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR COALESCE(r.queue, e.queue) = $3)
 ORDER BY e.at DESC, e.id DESC LIMIT $4;
+
+-- name: queue_settings
+SELECT name, weights, limits, max_running, priority_age_ms FROM queues WHERE name = $1;
+
+-- name: set_queue_weight
+-- $3 NULL removes the tenant's weight (back to 1).
+UPDATE queues SET weights = CASE WHEN $3::double precision IS NULL THEN weights - $2::text
+                                 ELSE weights || jsonb_build_object($2::text, $3::double precision) END
+WHERE name = $1 RETURNING name;
+
+-- name: set_queue_limit
+-- $3 NULL removes the override (the runs' declared limit applies again).
+UPDATE queues SET limits = CASE WHEN $3::integer IS NULL THEN limits - $2::text
+                                ELSE limits || jsonb_build_object($2::text, $3::integer) END
+WHERE name = $1 RETURNING name;
+
+-- name: set_queue_max_running
+UPDATE queues SET max_running = $2::integer WHERE name = $1 RETURNING name;
+
+-- name: set_queue_aging
+UPDATE queues SET priority_age_ms = $2::bigint WHERE name = $1 RETURNING name;
