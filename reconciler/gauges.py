@@ -11,6 +11,7 @@ import time
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from scheduler.fairness import due_summary
 from scheduler.stores import Stores
 
 log = logging.getLogger("fencepost.reconciler")
@@ -56,29 +57,15 @@ class Gauges:
         now = time.time()
         for q in queues:
             k = self.stores.keys(q)
-            # due runs live in one sorted set per tenant (lua/includes/common.lua, "Dispatch order")
-            tenants = [t.decode() for t in await r.zrange(k.base + "tenants", 0, MAX_TENANTS - 1)]
-            sets = [k.due if t == "" else f"{k.base}due:t:{t}" for t in tenants] or [k.due]
+            due, age = await due_summary(self.stores, q, now=now, max_tenants=MAX_TENANTS)
             pipe = r.pipeline(transaction=False)
-            for z in sets:
-                pipe.zcard(z)
-                pipe.zrange(z, 0, 0)
             pipe.zcard(k.delayed)
             pipe.zcard(k.active)
             pipe.hmget(k.stats, "budget_exhausted", "stale_finish")
-            *per_set, delayed, active, stats = await pipe.execute()
-            DEPTH.labels(q, "all", "due").set(sum(per_set[0::2]))
+            delayed, active, stats = await pipe.execute()
+            DEPTH.labels(q, "all", "due").set(due)
             DEPTH.labels(q, "all", "delayed").set(delayed)
             DEPTH.labels(q, "all", "active").set(active)
-            heads = [h[0].decode() for h in per_set[1::2] if h]
-            age = 0.0
-            if heads:
-                pipe = r.pipeline(transaction=False)
-                for h in heads:
-                    pipe.hget(k.run(h), "run_at")
-                times = [int(t) for t in await pipe.execute() if t]
-                if times:
-                    age = max(0.0, now - min(times) / 1000)
             OLDEST.labels(q).set(age)
             BUDGET_EXHAUSTED.labels(q).set(int(stats[0] or 0))
             STALE_FINISH.labels(q).set(int(stats[1] or 0))

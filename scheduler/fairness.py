@@ -18,7 +18,7 @@ import msgspec
 from .errors import InvalidInput, UnknownQueue
 from .stores import Stores
 
-__all__ = ["QueueSettings", "apply", "load", "set_weight", "set_limit", "set_max_running", "set_aging", "describe"]
+__all__ = ["QueueSettings", "apply", "load", "due_summary", "set_weight", "set_limit", "set_max_running", "set_aging", "describe"]
 
 _LABEL_RE = re.compile(r"^[^\s{}]{1,128}$")
 DEFAULT_AGE_MS = 60_000
@@ -113,6 +113,29 @@ async def _update(stores: Stores, queue: str, name: str, *args: Any) -> None:
     row = await stores.db.fetchrow(name, queue, *args)
     if row is None:
         raise UnknownQueue(queue)
+
+
+async def due_summary(stores: Stores, queue: str, *, now: float, max_tenants: int = 200) -> tuple[int, float]:
+    """Due runs of the queue over its tenants' due sets, and the age of the oldest tenant
+    head (now - run_at, seconds): what the depth gauges and the API's queue list show."""
+    k, r = stores.keys(queue), stores.redis
+    tenants = [t.decode() for t in await r.zrange(k.base + "tenants", 0, max_tenants - 1)]
+    sets = [k.due if t == "" else f"{k.base}due:t:{t}" for t in tenants] or [k.due]
+    pipe = r.pipeline(transaction=False)
+    for z in sets:
+        pipe.zcard(z)
+        pipe.zrange(z, 0, 0)
+    out = await pipe.execute()
+    heads = [h[0].decode() for h in out[1::2] if h]
+    age = 0.0
+    if heads:
+        pipe = r.pipeline(transaction=False)
+        for h in heads:
+            pipe.hget(k.run(h), "run_at")
+        times = [int(t) for t in await pipe.execute() if t]
+        if times:
+            age = max(0.0, now - min(times) / 1000)
+    return sum(out[0::2]), age
 
 
 async def describe(stores: Stores, queue: str) -> dict[str, Any]:

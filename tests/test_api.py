@@ -585,3 +585,35 @@ async def test_schemathesis_finds_no_server_error(settings: Settings, client: Cl
         await asyncio.to_thread(fuzz, base_url)
     assert not failures, "\n".join(failures[:15])
     assert sum(calls.values()) >= 200 and calls.get(2, 0) >= 20, calls  # it really exercised the API
+
+
+async def test_dispatch_settings_over_http(api: Api, client: Client, stores: Stores) -> None:
+    """Tenants submitted over HTTP show up in the queue's dispatch view; an admin changes a
+    weight, a key's limit and the aging step (record and Redis copy); operators only read;
+    bad changes are refused with nothing changed."""
+    await _submit(api, tenant="acme")
+    await _submit(api, tenant="acme")
+    await _submit(api)
+    view = (await api.req("GET", "/v1/queues/tq/dispatch", "op_tq")).json()
+    assert {t["tenant"]: t["due"] for t in view["tenants"]} == {"acme": 2, "(none)": 1}
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "weight", "tenant": "acme",
+                                                                        "value": 3})
+    assert r.status_code == 200, r.text
+    assert r.json()["weights"] == {"acme": 3.0}
+    assert await stores.redis.hget(stores.keys("tq").base + "weights", "acme") == b"3.0"
+    await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "limit", "key": "export:acme", "value": 2})
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "aging", "value": 5})
+    assert (r.json()["limits"], r.json()["priority_age_ms"]) == ({"export:acme": 2}, 5000)
+    assert await stores.redis.hget(stores.keys("tq").config, "priority_age_ms") == b"5000"
+    _problem(await api.req("POST", "/v1/queues/tq/dispatch", "op_tq", json={"setting": "aging", "value": 1}), 403)
+    before = (await api.req("GET", "/v1/queues/tq/dispatch", "admin")).json()
+    _problem(await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "weight", "tenant": "acme",
+                                                                            "value": 5000}), 422)
+    _problem(await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "limit", "value": 2}), 422)
+    _problem(await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "max_running",
+                                                                            "value": 2.5}), 422)
+    _problem(await api.req("POST", "/v1/queues/nope/dispatch", "admin", json={"setting": "aging", "value": 1}), 404)
+    assert (await api.req("GET", "/v1/queues/tq/dispatch", "admin")).json() == before
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "weight", "tenant": "acme",
+                                                                        "value": None})
+    assert r.json()["weights"] == {} and not await stores.redis.exists(stores.keys("tq").base + "weights")

@@ -22,8 +22,10 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import fairness
 from ..client import Client
 from ..errors import InvalidInput
+from ..fairness import due_summary
 from ..models import Submit, decode_result
 from ..schedules import Schedules
 from ..states import RESTING, Status
@@ -374,17 +376,11 @@ async def list_queues(ctx: Ctx) -> Any:
     out = []
     for row in rows:
         k = ctx.client.stores.keys(row["queue"])
+        due, age = await due_summary(ctx.client.stores, row["queue"], now=now)
         pipe = r.pipeline(transaction=False)
-        pipe.zcard(k.due)
         pipe.zcard(k.delayed)
         pipe.zcard(k.active)
-        pipe.zrange(k.due, 0, 0)
-        due, delayed, active, first = await pipe.execute()
-        age = 0.0
-        if first:
-            run_at = await r.hget(k.run(first[0].decode()), "run_at")
-            if run_at:
-                age = max(0.0, now - int(run_at) / 1000)
+        delayed, active = await pipe.execute()
         out.append(S.QueueStats(queue=row["queue"], paused=row["paused"], due=due, delayed=delayed, active=active,
                                 oldest_due_age_s=round(age, 3), finished_last_window=row["finished"],
                                 throughput_per_min=round(row["finished"] * 60 / window, 3),
@@ -507,6 +503,44 @@ _LIMIT = ("limit", "integer", 50, "At most this many rows (1-1000)")
 _QUEUE = ("queue", "string", None, "Only this queue")
 _RUN = "/v1/runs/{run_id}"
 
+async def _dispatch_view(client: Client, name: str) -> S.DispatchSettings:
+    d = await fairness.describe(client.stores, name)
+    st = d["settings"]
+    return S.DispatchSettings(queue=name, weights=st["weights"], limits=st["limits"], max_running=st["max_running"],
+                              priority_age_ms=st["priority_age_ms"], leased=d["leased"],
+                              tenants=[msgspec.convert(t, S.TenantDue) for t in d["tenants"]],
+                              keys=[msgspec.convert(k, S.KeyUse) for k in d["keys"]])
+
+
+async def get_dispatch(ctx: Ctx) -> Any:
+    name = ctx.path("queue")
+    ctx.p.require_queue(name)
+    return await _dispatch_view(ctx.client, name)
+
+
+async def set_dispatch(ctx: Ctx) -> Any:
+    name = ctx.path("queue")
+    ctx.p.require_queue(name)
+    b: S.DispatchUpdate = ctx.body
+    stores, v = ctx.client.stores, b.value
+    if b.setting in ("limit", "max_running") and v is not None and v != int(v):
+        raise InvalidInput(f"{b.setting} must be a whole number, not {v}", field="value")
+    if b.setting == "weight":
+        if b.tenant is None:
+            raise InvalidInput("a weight needs the tenant it applies to", field="tenant")
+        await fairness.set_weight(stores, name, b.tenant, v)
+    elif b.setting == "limit":
+        if b.key is None:
+            raise InvalidInput("a limit needs the concurrency key it applies to (max_running limits the queue)",
+                               field="key")
+        await fairness.set_limit(stores, name, b.key, None if v is None else int(v))
+    elif b.setting == "max_running":
+        await fairness.set_max_running(stores, name, None if v is None else int(v))
+    else:
+        await fairness.set_aging(stores, name, v)
+    return await _dispatch_view(ctx.client, name)
+
+
 ROUTES: list[RouteSpec] = [
     RouteSpec("GET", "/healthz", health, "Liveness: the process answers", response=S.Health, tag="health", auth=False),
     RouteSpec("GET", "/readyz", ready, "Readiness: Redis and PostgreSQL reachable (503 otherwise)",
@@ -545,6 +579,12 @@ ROUTES: list[RouteSpec] = [
               roles=READ, body=S.QueueCommand, response=S.QueueResult, tag="queues"),
     RouteSpec("POST", "/v1/queues/{queue}/resume", _queue_command(False), "Resume a queue", roles=READ,
               body=S.QueueCommand, response=S.QueueResult, tag="queues"),
+    RouteSpec("GET", "/v1/queues/{queue}/dispatch", get_dispatch,
+              "Dispatch settings (tenant weights, concurrency limits, aging) and tenants / keys now", roles=READ,
+              response=S.DispatchSettings, tag="queues"),
+    RouteSpec("POST", "/v1/queues/{queue}/dispatch", set_dispatch,
+              "Change one dispatch setting (value null: back to the default)", roles=("admin",),
+              body=S.DispatchUpdate, response=S.DispatchSettings, tag="queues"),
     RouteSpec("POST", "/v1/queues/{queue}/bulk", bulk,
               "Command every matching run of a queue; confirm must equal the number that match", roles=("admin",),
               body=S.BulkRequest, response=S.BulkResult, tag="queues"),

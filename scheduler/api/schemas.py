@@ -175,6 +175,46 @@ class QueueResult(msgspec.Struct, kw_only=True):
     paused: bool
 
 
+Label = Annotated[str, Meta(max_length=128, pattern=r"^[^\s{}]*$")]
+
+
+class DispatchUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One change to a queue's dispatch settings; null resets that setting to its default."""
+
+    setting: Literal["weight", "limit", "max_running", "aging"]
+    tenant: Label | None = None
+    """weight: the tenant ('' = runs without a tenant)."""
+    key: Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[^\s{}]+$")] | None = None
+    """limit: the concurrency key."""
+    value: Annotated[float, Meta(gt=0, le=1e9)] | None = None
+    """weight (0.001-1000), limit or max_running (integer >= 1), aging (seconds per priority level)."""
+
+
+class TenantDue(msgspec.Struct, kw_only=True):
+    tenant: str
+    weight: float
+    due: int
+    virtual_time: float
+
+
+class KeyUse(msgspec.Struct, kw_only=True):
+    key: str
+    limit: int
+    leased: int
+    held: int
+
+
+class DispatchSettings(msgspec.Struct, kw_only=True):
+    queue: str
+    weights: dict[str, float]
+    limits: dict[str, int]
+    max_running: int | None
+    priority_age_ms: int | None
+    leased: int
+    tenants: list[TenantDue]
+    keys: list[KeyUse]
+
+
 class QueueStats(msgspec.Struct, kw_only=True):
     queue: str
     paused: bool
