@@ -59,6 +59,7 @@ local function pop_fair(n)
     return popped
   end
   local out = {}
+  local vnext = nil
   while #out < 2 * n and #top >= 2 do
     local t, v = top[1], tonumber(top[2])
     local w = weights[t]
@@ -78,9 +79,10 @@ local function pop_fair(n)
     else
       redis.call('ZADD', K_TENANTS, v + got / w, t)
     end
-    redis.call('HSET', K_FAIR, 'v', string.format('%.6f', v + got / w))
+    vnext = v + got / w
     top = redis.call('ZRANGE', K_TENANTS, 0, 1, 'WITHSCORES')
   end
+  if vnext then redis.call('HSET', K_FAIR, 'v', string.format('%.6f', vnext)) end
   return out
 end
 
