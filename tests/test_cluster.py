@@ -147,6 +147,9 @@ async def test_submit_claim_fencing_and_retries(cluster: RedisClusterServers, cc
 
     # real processes: one worker serving queues on three primaries (one BLPOP per queue)
     ok_ids = [await cclient.submit("t.noop", queue=q) for q in ("tq", "a", "q4")]
+    # tenants' due sets and a concurrency key's lease sets live in the queue's slot too
+    ok_ids += [await cclient.submit("t.echo", 1, queue="a", tenant="acme"),
+               await cclient.submit("t.export", "A", 0.05, queue="q4", tenant="acme")]
     fail_id = await cclient.submit("t.fail", queue="c")
     rec = start(cs, tmp_path, "reconciler", "reconciler")
     w = worker(cs, tmp_path, "tq", "a", "q4", "c")
