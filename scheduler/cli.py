@@ -126,11 +126,15 @@ def _json_arg(value: str | None, what: str, kind: type) -> Any:
 @click.option("--timeout", type=float)
 @click.option("--max-retries", type=int)
 @click.option("--idempotency-key")
+@click.option("--tenant", help="Who the run is for (a queue's tenants share dispatch by weight).")
+@click.option("--concurrency-key", help="Limit runs sharing this key (default: the handler's declared key).")
+@click.option("--concurrency-limit", type=int, help="At most this many runs of the key leased at once.")
 @click.option("--wait", "wait_s", type=float, help="Wait up to this many seconds for the outcome.")
 @command
 async def submit(settings: Settings, handler: str, args_json: str | None, kwargs_json: str | None, queue: str | None,
                  priority: int | None, delay: float | None, timeout: float | None, max_retries: int | None,
-                 idempotency_key: str | None, wait_s: float | None) -> None:
+                 idempotency_key: str | None, tenant: str | None, concurrency_key: str | None,
+                 concurrency_limit: int | None, wait_s: float | None) -> None:
     """Submit one run of HANDLER; prints its run id."""
     from .client import Client
 
@@ -141,7 +145,8 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
     api = from_context()
     if api is not None:
         run_id = api.submit(handler, args, kwargs, queue=queue, priority=priority, delay=delay, timeout=timeout,
-                            max_retries=max_retries, idempotency_key=idempotency_key)
+                            max_retries=max_retries, idempotency_key=idempotency_key, tenant=tenant,
+                            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
         click.echo(run_id)
         if wait_s is not None:
             run = api.wait(run_id, timeout=wait_s)
@@ -149,7 +154,9 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
         return
     async with Client(settings=settings, actor="cli") as client:
         run_id = await client.submit(handler, *args, kwargs=kwargs, queue=queue, priority=priority, delay=delay,
-                                     timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key)
+                                     timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key,
+                                     tenant=tenant, concurrency_key=concurrency_key,
+                                     concurrency_limit=concurrency_limit)
         click.echo(run_id)
         if wait_s is not None:
             out = await client.wait(run_id, timeout=wait_s)

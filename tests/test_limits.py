@@ -110,3 +110,37 @@ async def test_a_submit_without_the_key_argument_is_refused_and_changes_nothing(
     with pytest.raises(InvalidInput, match="concurrency_key"):
         await client.submit("t.echo", 1, concurrency_limit=3)
     assert await client.stores.db.pool.fetchval("SELECT count(*) FROM runs") == 0  # type: ignore[union-attr]
+
+
+async def test_queue_settings_from_the_cli(client: Client, settings: Settings, stores: Stores) -> None:
+    """`fencepost submit --tenant`, `queue weight / limit / aging / show`: the record and the
+    Redis copy change together; a bad value is one line on stderr, exit 1, nothing changed."""
+    from tests.test_control import _cli
+
+    code, out = await _cli(settings, "submit", "t.echo", "--args", "[1]", "--tenant", "acme")
+    assert code == 0, out
+    assert await stores.db.pool.fetchval("SELECT tenant FROM runs WHERE id = $1", int(out.split()[-1])) == "acme"  # type: ignore[union-attr]
+    for args in (("weight", "tq", "acme", "3"), ("limit", "tq", "2", "--key", "t.export:A"), ("limit", "tq", "50"),
+                 ("aging", "tq", "10")):
+        code, out = await _cli(settings, "queue", *args)
+        assert code == 0, out
+    assert "acme" in out and "max running 50" in out and "aging 10 s" in out, out
+    base = stores.keys("tq").base
+    assert await stores.redis.hget(base + "weights", "acme") == b"3.0"
+    assert await stores.redis.hget(base + "limits", "t.export:A") == b"2"
+    assert await stores.redis.hmget(stores.keys("tq").config, "max_running", "priority_age_ms") == [b"50", b"10000"]
+    row = await stores.db.pool.fetchrow("SELECT weights, limits, max_running, priority_age_ms FROM queues "  # type: ignore[union-attr]
+                                        "WHERE name = 'tq'")
+    assert (row["max_running"], row["priority_age_ms"]) == (50, 10000)
+    code, out = await _cli(settings, "queue", "weight", "tq", "acme", "5000")
+    assert code == 1 and "weight must be between" in out, out
+    code, out = await _cli(settings, "queue", "limit", "nope", "3")
+    assert code == 1 and "no queue named 'nope'" in out, out
+    assert await stores.redis.hget(base + "weights", "acme") == b"3.0"
+    # a failover rebuild copies the settings back from the record
+    await stores.redis.delete(base + "weights", base + "limits", stores.keys("tq").config)
+    from reconciler.rebuild import rebuild_queue
+
+    await rebuild_queue(stores, "tq", force=True)
+    assert await stores.redis.hget(base + "weights", "acme") == b"3.0"
+    assert await stores.redis.hget(stores.keys("tq").config, "max_running") == b"50"
