@@ -28,12 +28,6 @@ local _, _, budget_window = budget_config()
 -- a rate-limited dependency throttles the queue: at most this many claims per call while it lasts
 local throttle = redis.call('GET', BASE .. 'throttle')
 if throttle then want = math.min(want, tonumber(throttle)) end
-local max_running = redis.call('HGET', BASE .. 'config', 'max_running')
-if max_running then
-  want = math.min(want, tonumber(max_running) - redis.call('ZCARD', K_ACTIVE))
-  if want <= 0 then return {} end
-end
-
 local ready = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[5]))
 for _, id in ipairs(ready) do
   local key = run_key(id)
@@ -48,6 +42,12 @@ for _, id in ipairs(ready) do
 end
 -- runs put into K_DUE by an older version (or a repair) still need their tenant entry
 if not activated[''] and redis.call('EXISTS', K_DUE) == 1 then activate('') end
+-- the queue-wide limit counts every leased run (checked after promoting delayed runs)
+local max_running = tonumber(redis.call('HGET', BASE .. 'config', 'max_running') or '')
+if max_running then
+  want = math.min(want, max_running - redis.call('ZCARD', K_ACTIVE))
+  if want <= 0 then return {} end
+end
 
 local weights = {}
 -- Pop up to n runs in fair order: {id, score, id, score, ...}.
@@ -55,7 +55,7 @@ local function pop_fair(n)
   local top = redis.call('ZRANGE', K_TENANTS, 0, 1, 'WITHSCORES')
   if #top == 2 then  -- one tenant: its own order, nothing to share
     local popped = redis.call('ZPOPMIN', tenant_due(top[1]), n)
-    if redis.call('EXISTS', tenant_due(top[1])) == 0 then redis.call('ZREM', K_TENANTS, top[1]) end
+    if redis.call('EXISTS', tenant_due(top[1])) == 0 then deactivate(top[1]) end
     return popped
   end
   local out = {}
@@ -75,25 +75,29 @@ local function pop_fair(n)
     for i = 1, #popped do out[#out + 1] = popped[i] end
     local got = #popped / 2
     if got < k or redis.call('EXISTS', z) == 0 then
-      redis.call('ZREM', K_TENANTS, t)
+      deactivate(t)
     else
       redis.call('ZADD', K_TENANTS, v + got / w, t)
     end
     vnext = v + got / w
     top = redis.call('ZRANGE', K_TENANTS, 0, 1, 'WITHSCORES')
   end
-  if vnext then redis.call('HSET', K_FAIR, 'v', string.format('%.6f', vnext)) end
+  if vnext then
+    -- newcomers start level with the furthest-behind active tenant, never ahead of it
+    local low = redis.call('ZRANGE', K_TENANTS, 0, 0, 'WITHSCORES')
+    redis.call('HSET', K_FAIR, 'v', string.format('%.6f', tonumber(low[2] or vnext)))
+  end
   return out
 end
 
-local limits_cache = {}
+local limits = {}
 -- Whether a run of this key may take a lease now; drops members of the key's set that
 -- are no longer leased (derived state repairs itself at the limit).
-local function slot_free(ckey, climit)
-  local limit = limits_cache[ckey]
+local function slot_free(ckey)
+  local limit = limits[ckey]
   if not limit then
-    limit = tonumber(redis.call('HGET', BASE .. 'limits', ckey) or climit or '0')
-    limits_cache[ckey] = limit
+    limit = key_limit(ckey)
+    limits[ckey] = limit
   end
   if limit <= 0 then return true end
   local set = ck_key(ckey)
@@ -118,10 +122,10 @@ while claimed < want and rounds < 4 do
     local id = popped[2 * i - 1]
     local key = run_key(id)
     local f = redis.call('HMGET', key, 'state', 'attempt', 'handler', 'payload', 'timeout_ms',
-                         'max_retries', 'fire_time', 'trace', 'gen', 'run_at', 'ckey', 'climit')
+                         'max_retries', 'fire_time', 'trace', 'gen', 'run_at', 'ckey')
     if f[1] == 'PENDING' then
-      if f[11] and not slot_free(f[11], f[12]) then
-        redis.call('ZADD', held_key(f[11]), popped[2 * i], id)
+      if f[11] and not slot_free(f[11]) then
+        hold(id, f[11], popped[2 * i])
       else
         if f[11] then redis.call('SADD', ck_key(f[11]), id) end
         if not token_base then token_base = tonumber(epoch) * TOKEN_SPAN + redis.call('INCRBY', K_TOKEN, want) - want end

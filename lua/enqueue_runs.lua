@@ -4,7 +4,7 @@
 -- ARGV[1]  now (ms)
 -- then 16 per run: id, state, run_at (ms), priority, handler, payload, max_retries,
 --   timeout_ms, attempt, version, fire_time (ms or ''), trace ('' if none), gen,
---   tenant ('' = none), ckey (concurrency key, '' = none), climit (the key's default limit)
+--   tenant ('' = none), ckey (concurrency key, '' = none), climit (the limit the run declares)
 -- state is PENDING, BLOCKED, RETRY_WAIT or PAUSED (the last two only from a rebuild).
 -- Returns: the number of runs created. A run whose hash already exists is left alone,
 -- so enqueueing twice never duplicates or rewinds a run, except a BLOCKED copy older
@@ -28,7 +28,10 @@ for i = 2, #ARGV, 16 do
     if ARGV[i + 10] ~= '' then redis.call('HSET', key, 'fire_time', ARGV[i + 10]) end
     if ARGV[i + 11] ~= '' then redis.call('HSET', key, 'trace', ARGV[i + 11]) end
     if ARGV[i + 13] ~= '' then redis.call('HSET', key, 'tenant', ARGV[i + 13]) end
-    if ARGV[i + 14] ~= '' then redis.call('HSET', key, 'ckey', ARGV[i + 14], 'climit', ARGV[i + 15]) end
+    if ARGV[i + 14] ~= '' then
+      redis.call('HSET', key, 'ckey', ARGV[i + 14], 'climit', ARGV[i + 15])
+      declare_limit(ARGV[i + 14], ARGV[i + 15])
+    end
     if state == 'RETRY_WAIT' or (state == 'PENDING' and run_at > now) then
       redis.call('ZADD', K_DELAYED, run_at, id)
     elseif state == 'PENDING' then

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from scheduler.client import enqueue_rows
+from scheduler.fairness import due_and_held_sets, scan_queue
 from scheduler.states import TERMINAL, Status
 from scheduler.stores import Stores
 
@@ -196,7 +197,7 @@ class DriftRepair:
         c.pg_last = page[-1] if len(page) == self.page else 0
         ids.update(page)
         ids.update(x["id"] for x in await db.fetch("drift_recent_ids", queue, self.recent))
-        for z in (keys.due, keys.delayed, keys.active):
+        for z in [*await due_and_held_sets(self.stores, queue), keys.delayed, keys.active]:
             cur, members = await r.zscan(z, c.zsets.get(z, 0), count=self.page)
             c.zsets[z] = cur
             ids.update(int(m) for m, _ in members if m.isdigit())
@@ -216,7 +217,7 @@ class DriftRepair:
                 break
             last = page[-1]
             found += await self._finish(queue, await self.examine(queue, page, grace_s=grace_s), repair)
-        for z in (keys.due, keys.delayed, keys.active):
+        for z in [*await due_and_held_sets(self.stores, queue, scan=True), keys.delayed, keys.active]:
             cur = 0
             while True:
                 cur, members = await r.zscan(z, cur, count=self.page)
@@ -242,17 +243,7 @@ class DriftRepair:
         """One SCAN step over the queue's run hashes (SCAN walks the whole keyspace: a shared
         Redis with many other keys makes a full pass slower, never a tick longer)."""
         base = self.stores.keys(queue).base
-        pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in base) + "run:*"
-        if self.stores.settings.redis_cluster:
-            # Redis Cluster: every run hash of the queue is in the queue's hash slot, so SCAN only
-            # the primary that owns it (a plain SCAN on the cluster client fans out to every
-            # primary and has no single cursor). The reply is ({node: cursor}, names).
-            node = self.stores.redis.get_node_from_key(base)  # type: ignore[attr-defined]
-            cursors, names = await self.stores.redis.scan(cursor, match=pattern, count=count or self.page,
-                                                          target_nodes=node)  # type: ignore[call-arg]
-            cursor = int(next(iter(cursors.values()))) if isinstance(cursors, dict) else int(cursors)
-        else:
-            cursor, names = await self.stores.redis.scan(cursor, match=pattern, count=count or self.page)
+        cursor, names = await scan_queue(self.stores, queue, "run:*", cursor, count or self.page)
         ids = []
         for n in names:
             tail = n[len(base) + 4:]

@@ -61,8 +61,9 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
     db, keys, r = stores.db, stores.keys(queue), stores.redis
     epoch = (await db.fetchrow("bump_epoch", queue))["epoch"]
     await r.delete(keys.token, keys.epoch)  # claims refuse from here until the stamp
+    sets = [*await fairness.due_and_held_sets(stores, queue, scan=True), keys.delayed, keys.active]
     pipe = r.pipeline(transaction=False)
-    for z in (keys.due, keys.delayed, keys.active):
+    for z in sets:
         pipe.zcard(z)
     empty = not any(await pipe.execute())
     paused = (await db.fetchrow("queue_epoch", queue))["paused"]
@@ -110,7 +111,7 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
         if empty and stamped_at is None:
             await stamp()
     if not empty:
-        for z in (keys.due, keys.delayed, keys.active):
+        for z in sets:
             cur = 0
             while True:
                 cur, members = await r.zscan(z, cur, count=page)

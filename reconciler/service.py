@@ -15,6 +15,7 @@ import signal
 import time
 from typing import Any, Awaitable, Callable
 
+from scheduler import fairness
 from scheduler.config import Settings
 from scheduler.errors import StoreUnavailable
 from scheduler.retention import Maintenance, parse_archive_after
@@ -70,6 +71,7 @@ class Reconciler:
         for q in queues:
             if q not in untrusted:
                 await self._step("drift", lambda q=q: self.drift.tick(q))
+                await self._step("refill", lambda q=q: fairness.refill_held(self.stores, q))
         await self._step("gauges", lambda: self._observe(queues))
         await self._step("scale_hint", lambda: self.scale_hints.observe(queues))
         await self._step("history", self.history.tick)

@@ -58,7 +58,7 @@ async def enqueue_rows(stores: Stores, queue: str, rows: Iterable[Any]) -> int:
     return await stores.scripts.run("enqueue_runs", stores.keys(queue), args)
 
 
-_LABEL_RE = re.compile(r"^[^\s{}]{1,128}$")
+_LABEL_RE = re.compile(r"[^\s{}]{1,128}")  # fullmatch: a trailing newline is not a new tenant
 
 
 def _concurrency(spec: JobSpec, req: Submit) -> tuple[str | None, int | None]:
@@ -76,15 +76,18 @@ def _concurrency(spec: JobSpec, req: Submit) -> tuple[str | None, int | None]:
                                "does not give", field="kwargs")
         key = f"{spec.name}:{value}"
     limit = req.concurrency_limit if req.concurrency_limit is not None else spec.concurrency_limit
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1_000_000):
+        raise InvalidInput(f"concurrency_limit must be a whole number from 1 to 1000000, not {limit!r}",
+                           field="concurrency_limit")
     if key is None:
         if req.concurrency_limit is not None:
             raise InvalidInput("concurrency_limit needs a concurrency_key", field="concurrency_limit")
         return None, None
-    if not _LABEL_RE.match(key):
+    if not isinstance(key, str) or not _LABEL_RE.fullmatch(key):
         raise InvalidInput(f"concurrency key {key!r} must be 1-128 characters without spaces or braces",
                            field="concurrency_key")
-    if limit is None or limit < 1:
-        raise InvalidInput(f"concurrency key {key!r} needs a positive concurrency_limit, not {limit!r}",
+    if limit is None:
+        raise InvalidInput(f"concurrency key {key!r} needs a concurrency_limit",
                            field="concurrency_limit")
     return key, limit
 
@@ -293,7 +296,7 @@ class Client(ControlMixin, WorkflowMixin):
             raise InvalidInput(f"trace must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>), not {req.trace!r}",
                                field="trace")
         tenant = req.tenant or ""
-        if tenant and not _LABEL_RE.match(tenant):
+        if tenant and (not isinstance(tenant, str) or not _LABEL_RE.fullmatch(tenant)):
             raise InvalidInput(f"tenant {tenant!r} must be 1-128 characters without spaces or braces", field="tenant")
         ckey, climit = _concurrency(spec, req)
         return (spec.name, queue, priority, payload, run_at, retries, timeout, req.idempotency_key,

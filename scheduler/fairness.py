@@ -13,14 +13,16 @@ import math
 import re
 from typing import Any
 
+import asyncpg
 import msgspec
 
+from .db import query
 from .errors import InvalidInput, UnknownQueue
 from .stores import Stores
 
-__all__ = ["QueueSettings", "apply", "load", "due_summary", "set_weight", "set_limit", "set_max_running", "set_aging", "describe"]
+__all__ = ["QueueSettings", "apply", "load", "due_summary", "refill_held", "due_and_held_sets", "scan_queue", "set_weight", "set_limit", "set_max_running", "set_aging", "describe"]
 
-_LABEL_RE = re.compile(r"^[^\s{}]{1,128}$")
+_LABEL_RE = re.compile(r"[^\s{}]{1,128}")  # fullmatch: no trailing newline sneaks through
 DEFAULT_AGE_MS = 60_000
 """One priority level is worth this much waiting (lua/includes/common.lua DEFAULT_AGE_MS)."""
 MAX_AGE_MS = 30 * 86_400_000
@@ -35,8 +37,8 @@ class QueueSettings(msgspec.Struct, kw_only=True):
     priority_age_ms: int | None = None
 
 
-async def load(stores: Stores, queue: str) -> QueueSettings:
-    row = await stores.db.fetchrow("queue_settings", queue)
+async def load(stores: Stores, queue: str, *, conn: asyncpg.Connection | None = None) -> QueueSettings:
+    row = await stores.db.fetchrow("queue_settings", queue, conn=conn)
     if row is None:
         raise UnknownQueue(queue)
     return QueueSettings(queue=queue, weights=_obj(row["weights"]), limits=_obj(row["limits"]),
@@ -47,11 +49,28 @@ def _obj(v: Any) -> dict[str, Any]:
     return json.loads(v) if isinstance(v, str) else dict(v or {})
 
 
-async def apply(stores: Stores, queue: str) -> QueueSettings:
-    """Copy the record into Redis in one MULTI (one slot: the queue's hash tag)."""
-    s = await load(stores, queue)
+async def apply(stores: Stores, queue: str, *, rescore_from_ms: int | None = None) -> QueueSettings:
+    """Copy the record into Redis, then give freed slots to held runs, and re-score waiting
+    runs when the aging step changed (`rescore_from_ms`: the step their scores were made with).
+
+    The queue's row stays locked (FOR UPDATE) until Redis holds the copy, so two changes
+    at once cannot leave Redis with the older one."""
+    pool = stores.db.pool
+    assert pool is not None
+    async with pool.acquire() as conn, conn.transaction():
+        if await conn.fetchrow(query("lock_queue_settings"), queue) is None:
+            raise UnknownQueue(queue)
+        s = await load(stores, queue, conn=conn)
+        await _copy(stores, queue, s)
+    await refill_held(stores, queue)
+    if rescore_from_ms is not None:
+        await _rescore(stores, queue, rescore_from_ms)
+    return s
+
+
+async def _copy(stores: Stores, queue: str, s: QueueSettings) -> None:
     k = stores.keys(queue)
-    pipe = stores.redis.pipeline(transaction=True)
+    pipe = stores.redis.pipeline(transaction=False)  # idempotent full rewrite; any client version
     pipe.delete(k.base + "weights", k.base + "limits")
     if s.weights:
         pipe.hset(k.base + "weights", mapping={t: repr(float(w)) for t, w in s.weights.items()})
@@ -63,11 +82,69 @@ async def apply(stores: Stores, queue: str) -> QueueSettings:
         else:
             pipe.hset(k.config, field, int(value))
     await pipe.execute()
-    return s
+
+
+async def refill_held(stores: Stores, queue: str, page: int = 200) -> int:
+    """Give every free concurrency slot of the queue to a held run (lua/refill_held.lua)."""
+    keys, cursor, moved = stores.keys(queue), "0", 0
+    while True:
+        cursor, n = await stores.scripts.run("refill_held", keys, [cursor, page])
+        moved += int(n)
+        cursor = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+        if cursor == "0":
+            return moved
+
+
+async def _rescore(stores: Stores, queue: str, old_ms: int, page: int = 500) -> int:
+    keys, n = stores.keys(queue), 0
+    for name in await due_and_held_sets(stores, queue, scan=True):
+        suffix, cursor = name[len(keys.base):], "0"
+        while True:
+            cursor, done = await stores.scripts.run("rescore_due", keys, [suffix, cursor, page, old_ms])
+            n += int(done)
+            cursor = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+            if cursor == "0":
+                break
+    return n
+
+
+async def due_and_held_sets(stores: Stores, queue: str, *, scan: bool = False) -> list[str]:
+    """Every sorted set a PENDING run of the queue can wait in: the default due set, the
+    tenants' due sets, and the held sets of concurrency keys. From the registries
+    (`tenants`, `heldkeys`); with `scan`, also from a SCAN of the queue's keys, which finds a
+    set its registry lost (a rebuild and full drift pass use it; ticks do not)."""
+    k, r = stores.keys(queue), stores.redis
+    names = {k.due}
+    names.update(k.due if t == b"" else f"{k.base}due:t:{t.decode()}" for t in await r.zrange(k.base + "tenants", 0, -1))
+    names.update(f"{k.base}held:{m.decode()}" for m in await r.smembers(k.base + "heldkeys"))
+    if scan:
+        for pattern in ("due:t:*", "held:*"):
+            cursor = 0
+            while True:
+                cursor, found = await scan_queue(stores, queue, pattern, cursor, 1000)
+                names.update(found)
+                if cursor == 0:
+                    break
+    return sorted(names)
+
+
+async def scan_queue(stores: Stores, queue: str, pattern: str, cursor: int, count: int) -> tuple[int, list[str]]:
+    """One SCAN step over the queue's keys matching `base + pattern` (on a cluster, on the
+    primary owning the queue's slot, where all of them live)."""
+    base = stores.keys(queue).base
+    match = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in base) + pattern
+    if stores.settings.redis_cluster:
+        node = stores.redis.get_node_from_key(base)  # type: ignore[attr-defined]
+        cursors, names = await stores.redis.scan(cursor, match=match, count=count,  # type: ignore[call-arg]
+                                                 target_nodes=node)
+        cursor = int(next(iter(cursors.values()))) if isinstance(cursors, dict) else int(cursors)
+    else:
+        cursor, names = await stores.redis.scan(cursor, match=match, count=count)
+    return int(cursor), [n.decode() if isinstance(n, bytes) else n for n in names]
 
 
 def _label(value: str, what: str) -> str:
-    if not _LABEL_RE.match(value):
+    if not isinstance(value, str) or not _LABEL_RE.fullmatch(value):
         raise InvalidInput(f"{what} {value!r} must be 1-128 characters without spaces or braces", field=what)
     return value
 
@@ -76,7 +153,8 @@ async def set_weight(stores: Stores, queue: str, tenant: str, weight: float | No
     """Weight of a tenant (None: back to the default, 1). Applies to dispatch from now on."""
     if tenant != "":
         _label(tenant, "tenant")
-    if weight is not None and not (math.isfinite(weight) and 0.001 <= weight <= 1000):
+    if weight is not None and not (isinstance(weight, (int, float)) and math.isfinite(weight)
+                                   and 0.001 <= weight <= 1000):
         raise InvalidInput(f"weight must be between 0.001 and 1000, not {weight}", field="weight")
     await _update(stores, queue, "set_queue_weight", tenant, weight)
     return await apply(stores, queue)
@@ -85,28 +163,31 @@ async def set_weight(stores: Stores, queue: str, tenant: str, weight: float | No
 async def set_limit(stores: Stores, queue: str, key: str, limit: int | None) -> QueueSettings:
     """Override the limit of one concurrency key (None: back to the runs' declared limit)."""
     _label(key, "concurrency_key")
-    if limit is not None and limit < 1:
-        raise InvalidInput(f"limit must be >= 1, not {limit}", field="limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1_000_000):
+        raise InvalidInput(f"limit must be a whole number from 1 to 1000000, not {limit!r}", field="limit")
     await _update(stores, queue, "set_queue_limit", key, limit)
     return await apply(stores, queue)
 
 
 async def set_max_running(stores: Stores, queue: str, limit: int | None) -> QueueSettings:
     """At most this many runs of the queue leased at once, over all workers (None: no limit)."""
-    if limit is not None and limit < 1:
-        raise InvalidInput(f"max running must be >= 1, not {limit}", field="max_running")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1_000_000):
+        raise InvalidInput(f"max running must be a whole number from 1 to 1000000, not {limit!r}",
+                           field="max_running")
     await _update(stores, queue, "set_queue_max_running", limit)
     return await apply(stores, queue)
 
 
 async def set_aging(stores: Stores, queue: str, seconds: float | None) -> QueueSettings:
     """How much waiting one priority level is worth (None: the default, 60 s)."""
-    ms = None if seconds is None else int(round(seconds * 1000))
-    if ms is not None and not 1 <= ms <= MAX_AGE_MS:
+    if seconds is not None and not (isinstance(seconds, (int, float)) and math.isfinite(seconds)
+                                    and 0.001 <= seconds <= MAX_AGE_MS / 1000):
         raise InvalidInput(f"aging step must be between 0.001 s and {MAX_AGE_MS // 1000} s, not {seconds}",
                            field="aging")
+    ms = None if seconds is None else int(round(seconds * 1000))
+    old = (await load(stores, queue)).priority_age_ms or DEFAULT_AGE_MS
     await _update(stores, queue, "set_queue_aging", ms)
-    return await apply(stores, queue)
+    return await apply(stores, queue, rescore_from_ms=old)
 
 
 async def _update(stores: Stores, queue: str, name: str, *args: Any) -> None:
@@ -139,8 +220,8 @@ async def due_summary(stores: Stores, queue: str, *, now: float, max_tenants: in
 
 
 async def describe(stores: Stores, queue: str) -> dict[str, Any]:
-    """Settings plus what Redis holds now: due runs and virtual time per tenant, leased and
-    held runs per concurrency key named in the settings or by the due runs' keys."""
+    """Settings plus what Redis holds now: due runs and virtual time per tenant (the first
+    100 by virtual time), and leased / held runs per key with an operator's override."""
     s = await load(stores, queue)
     k = stores.keys(queue)
     r = stores.redis

@@ -5,7 +5,7 @@
 ALTER TABLE runs
     ADD COLUMN tenant text NOT NULL DEFAULT '',
     ADD COLUMN concurrency_key text,
-    ADD COLUMN concurrency_limit integer CHECK (concurrency_limit > 0),
+    ADD COLUMN concurrency_limit integer CHECK (concurrency_limit BETWEEN 1 AND 1000000),
     ADD CONSTRAINT limit_with_key CHECK ((concurrency_key IS NULL) = (concurrency_limit IS NULL));
 
 -- Operator settings of a queue (fencepost queue ...), the record Redis's copies are
@@ -14,5 +14,6 @@ ALTER TABLE runs
 ALTER TABLE queues
     ADD COLUMN weights jsonb NOT NULL DEFAULT '{}',
     ADD COLUMN limits jsonb NOT NULL DEFAULT '{}',
-    ADD COLUMN max_running integer CHECK (max_running > 0),
-    ADD COLUMN priority_age_ms bigint CHECK (priority_age_ms > 0);
+    ADD COLUMN max_running integer CHECK (max_running BETWEEN 1 AND 1000000),
+    -- at most 30 days: the clock (~1.8e15 us) plus 255 steps must stay an exact double (< 2^53)
+    ADD COLUMN priority_age_ms bigint CHECK (priority_age_ms BETWEEN 1 AND 2592000000);

@@ -112,3 +112,7 @@ UPDATE queues SET max_running = $2::integer WHERE name = $1 RETURNING name;
 
 -- name: set_queue_aging
 UPDATE queues SET priority_age_ms = $2::bigint WHERE name = $1 RETURNING name;
+
+-- name: lock_queue_settings
+-- Held while a settings change is copied to Redis: concurrent changes reach Redis in order.
+SELECT name FROM queues WHERE name = $1 FOR UPDATE;

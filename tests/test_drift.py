@@ -223,6 +223,30 @@ async def test_a_run_completed_in_postgres_is_not_claimed_after_a_rebuild(client
     assert await state(stores, a) == "SUCCEEDED"
 
 
+async def test_a_completed_run_waiting_in_a_tenant_or_held_set_is_not_claimed_after_a_rebuild(
+        client: Client, stores: Stores) -> None:
+    """The same, for the sets fairness and limits add: a tenant's due set (whose tenant
+    entry the replica lost) and a concurrency key's held set."""
+    a = await client.submit("t.noop", tenant="acme")
+    b = await client.submit("t.noop", concurrency_key="k", concurrency_limit=1)
+    k, r = stores.keys(Q), stores.redis
+    snap = {x: await r.hgetall(k.run(x)) for x in (a, b)}
+    claimed = dict(await claim(stores, 2))
+    for rid, tok in claimed.items():
+        assert await finish(stores, rid, tok) == "SUCCEEDED"
+    await record_all(stores)
+    for x in (a, b):
+        await r.delete(k.run(x))
+        await r.hset(k.run(x), mapping=snap[x])
+    await r.zadd(k.base + "due:t:acme", {str(a): 1})
+    await r.zadd(k.base + "held:k", {str(b): 1})  # not in the heldkeys registry: found by SCAN
+    await r.delete(k.epoch, k.base + "tenants")
+    stats = await rebuild_queue(stores, Q)
+    assert stats["synced"] == 2, stats
+    assert not await r.exists(k.base + "due:t:acme") and not await r.exists(k.base + "held:k")
+    assert await claim(stores, 2) == []
+
+
 async def test_wait_until_sees_the_rebuilt_queue(stores: Stores, client: Client, settings: Settings) -> None:
     """Workers' claims refuse an unstamped queue and succeed after the reconciler's pass."""
     from scheduler.errors import NotStamped

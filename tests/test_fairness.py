@@ -171,3 +171,77 @@ async def test_cancel_of_a_held_run_takes_it_out_of_the_held_set(stores: Stores)
     assert await q.r.zcard(q.keys.base + "held:k") == 0
     assert await q.finish(T0 + 3, first["id"], first["token"]) == "SUCCEEDED"
     assert await q.claim(T0 + 4, 10) == []
+
+
+async def test_a_held_run_is_not_stranded_when_the_run_given_its_slot_is_cancelled(stores: Stores) -> None:
+    q = await _queue(stores)
+    await q.enqueue(T0, *[dict(id=str(i), ckey="k", climit=1) for i in (1, 2, 3)])
+    [first] = await q.claim(T0 + 1, 10)
+    assert first["id"] == "1"
+    assert await q.finish(T0 + 2, "1", first["token"]) == "SUCCEEDED"  # 2 gets the slot, 3 stays held
+    assert await q.run("cancel_run", T0 + 3, "2", "op", "r", "", "") == "CANCELLED"
+    assert [r["id"] for r in await q.claim(T0 + 4, 10)] == ["3"], "the cancelled run's slot went nowhere"
+
+
+async def test_a_raised_limit_releases_held_runs_at_once(stores: Stores) -> None:
+    q = await _queue(stores)
+    await q.enqueue(T0, *[dict(id=str(i), ckey="k", climit=1) for i in range(1, 6)])
+    assert len(await q.claim(T0 + 1, 10)) == 1
+    await q.r.hset(q.keys.base + "limits", "k", 5)
+    assert await q.run("refill_held", "0", 100) == ["0", 4]
+    assert len(await q.claim(T0 + 2, 10)) == 4
+
+
+async def test_a_keys_limit_is_the_smallest_its_runs_declared(stores: Stores) -> None:
+    q = await _queue(stores)
+    await q.enqueue(T0, dict(id="1", ckey="k", climit=5), *[dict(id=str(i), ckey="k", climit=1) for i in range(2, 6)])
+    assert len(await q.claim(T0 + 1, 10)) == 1
+
+
+async def test_a_tenant_is_not_stranded_by_a_repair_that_empties_and_refills_its_set(stores: Stores) -> None:
+    """One repair_sync call: A's lease end moves held H1 (tenant T) to due, H1 itself is synced
+    (T's due set empties, T leaves the tenant set), B's lease end moves held H2 to T's set:
+    T must be active again, or H2 is never claimed."""
+    q = await _queue(stores)
+    await q.enqueue(T0, dict(id="1", ckey="ka", climit=1), dict(id="2", ckey="kb", climit=1))
+    assert {r["id"] for r in await q.claim(T0 + 1, 10)} == {"1", "2"}
+    await q.enqueue(T0 + 2, dict(id="3", ckey="ka", climit=1, tenant="T"), dict(id="4", ckey="kb", climit=1, tenant="T"))
+    assert await q.claim(T0 + 3, 10) == []  # both held
+    v = {i: (await q.hash(i))["version"] for i in ("1", "2", "3")}
+    args = [60000]
+    for rid, status in (("1", "SUCCEEDED"), ("3", "CANCELLED"), ("2", "SUCCEEDED")):
+        args += [rid, v[rid], status, v[rid]]
+    assert sorted(await q.run("repair_sync", *args)) == ["1", "2", "3"]
+    assert [r["id"] for r in await q.claim(T0 + 4, 10)] == ["4"]
+
+
+async def test_a_newcomer_starts_level_with_the_furthest_behind_tenant(stores: Stores) -> None:
+    """A light tenant's large virtual step must not become everyone's start line."""
+    q = await _queue(stores)
+    await q.r.hset(q.keys.base + "weights", "c", 0.001)
+    await q.enqueue(T0, *[dict(id=f"10000{j}", tenant="1") for j in range(50)])
+    await q.enqueue(T0, *[dict(id=f"30000{j}", tenant="c") for j in range(5)])
+    await q.claim(T0 + 1, 2)
+    await q.enqueue(T0 + 2, *[dict(id=f"20000{j}", tenant="2") for j in range(5)])
+    nxt = [r["id"] for r in await q.claim(T0 + 3, 4)]
+    assert any(i.startswith("2") for i in nxt[:2]), f"B waited behind A: {nxt}"
+
+
+async def test_changing_the_aging_step_rescores_runs_already_waiting(stores: Stores) -> None:
+    q = await _queue(stores, priority_age_ms=2_592_000_000)  # 30 days per level
+    await q.enqueue(T0, dict(id="1", priority=0))
+    await q.r.hset(q.keys.config, "priority_age_ms", 60_000)
+    assert await q.run("rescore_due", "due", "0", 100, 2_592_000_000) == ["0", 1]
+    await q.enqueue(T0 + 86_400_000, dict(id="2", priority=0))  # a day later, same priority
+    assert [r["id"] for r in await q.claim(T0 + 86_400_001, 1)] == ["1"], "the older run kept a 21-year penalty"
+    with pytest.raises(Exception, match="BAD_SET"):
+        await q.run("rescore_due", "active", "0", 100, 60_000)
+
+
+async def test_a_producer_clock_far_ahead_does_not_push_the_queue_clock(stores: Stores) -> None:
+    import time
+
+    q = await _queue(stores)
+    ahead = int(time.time() * 1000) + 10 * 3_600_000
+    await q.enqueue(ahead, dict(id="1"))
+    assert int(await q.r.get(q.keys.seq)) <= (time.time() + 2) * 1_000_000

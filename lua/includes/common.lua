@@ -111,14 +111,17 @@ end
 -- otherwise. K_TENANTS holds each tenant that has due runs, scored by its virtual time;
 -- claim_due serves the smallest and advances it by 1 / weight per run (K_WEIGHTS, default
 -- 1), so backlogged tenants share dispatches in proportion to their weights whatever their
--- backlogs. A tenant that becomes active starts at the current virtual time (K_FAIR 'v'):
--- idling earns no credit.
--- Within a tenant a run's score is its position on the queue clock (K_SEQ: ~ enqueue time
--- in microseconds, strictly increasing) plus (255 - priority) * the queue's aging step
--- (config 'priority_age_ms', default 60 s): one priority level is a head start of one step,
--- so a run is overtaken only by runs enqueued less than (255 - priority) steps after it,
--- and no run waits forever behind a stream of higher-priority ones.
+-- backlogs. A tenant that becomes active starts at the current virtual time (K_FAIR 'v',
+-- the smallest virtual time of the active tenants after the last claim): idling earns no
+-- credit.
+-- Within a tenant a run's score is its position on the queue clock (K_SEQ: ~ microseconds
+-- when it became due, strictly increasing; kept in the run's `qpos`) plus
+-- (255 - priority) * the queue's aging step (config 'priority_age_ms', default 60 s): one
+-- priority level is a head start of one step, so a run is overtaken only by runs that
+-- became due less than (255 - priority) steps after it, and no run waits forever behind a
+-- stream of higher-priority ones. rescore_due.lua re-scores from `qpos` when the step changes.
 local K_TENANTS, K_WEIGHTS, K_FAIR = BASE .. 'tenants', BASE .. 'weights', BASE .. 'fair'
+local K_HELDKEYS = BASE .. 'heldkeys'
 local DEFAULT_AGE_MS = 60000
 
 local function tenant_due(tenant)
@@ -126,24 +129,40 @@ local function tenant_due(tenant)
   return BASE .. 'due:t:' .. tenant
 end
 
-local clock, age_units, vnow = nil, nil, nil
+local clock, age_units, vnow, server_ms = nil, nil, nil, nil
 local activated = {}
-local function due_score(priority, now)
+
+-- The queue clock in microseconds. A caller's clock running ahead of the Redis server's is
+-- clamped (a skewed producer must not push every later run ahead of aging).
+local function next_position(now)
   if not clock then
     clock = tonumber(redis.call('GET', K_SEQ) or '0')
-    age_units = tonumber(redis.call('HGET', BASE .. 'config', 'priority_age_ms') or DEFAULT_AGE_MS) * 1000
+    local t = redis.call('TIME')
+    server_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  clock = math.max(clock + 1, math.floor(now) * 1000)
+  clock = math.max(clock + 1, math.floor(math.min(now, server_ms + 1000)) * 1000)
   redis.call('SET', K_SEQ, string.format('%.0f', clock))
-  return clock + (255 - tonumber(priority or 0)) * age_units
+  return clock
+end
+
+local function age_of(priority)
+  if not age_units then
+    age_units = (tonumber(redis.call('HGET', BASE .. 'config', 'priority_age_ms') or '') or DEFAULT_AGE_MS) * 1000
+  end
+  return (255 - (tonumber(priority) or 0)) * age_units
 end
 
 local function activate(tenant)
   tenant = tenant or ''
   if activated[tenant] then return end
-  if not vnow then vnow = tonumber(redis.call('HGET', K_FAIR, 'v') or '0') end
+  if not vnow then vnow = tonumber(redis.call('HGET', K_FAIR, 'v') or '0') or 0 end
   redis.call('ZADD', K_TENANTS, 'NX', vnow, tenant)
   activated[tenant] = true
+end
+
+local function deactivate(tenant)
+  redis.call('ZREM', K_TENANTS, tenant or '')
+  activated[tenant or ''] = nil
 end
 
 -- Put a run into its tenant's due set at a given score (a held run keeps its place).
@@ -154,43 +173,88 @@ end
 
 -- Make a PENDING run claimable (callers have checked its state and moved it).
 local function make_due(id, priority, tenant, now)
-  queue_at(id, tenant, due_score(priority, now))
+  local pos = next_position(now)
+  redis.call('HSET', run_key(id), 'qpos', string.format('%.0f', pos))
+  queue_at(id, tenant, pos + age_of(priority))
 end
 
--- Concurrency keys: a run may carry `ckey` (and its default limit `climit`; an operator's
--- override lives in BASE..'limits'). BASE..'ck:'..ckey is the SET of its leased runs; a due
--- run whose key is full waits in BASE..'held:'..ckey (same score) until a lease ends.
+-- Concurrency keys: a run may carry `ckey` and the limit it declares (`climit`). A key's
+-- limit is the operator's override (BASE..'limits') or else the smallest limit its runs
+-- declared (BASE..'climits'). BASE..'ck:'..ckey is the SET of its leased runs; a due run
+-- whose key is full waits in BASE..'held:'..ckey (same score) until a slot frees up, and
+-- K_HELDKEYS lists the keys with held runs.
 local function held_key(ckey) return BASE .. 'held:' .. ckey end
 local function ck_key(ckey) return BASE .. 'ck:' .. ckey end
 
--- Take a run out of the due structures (cancel, pause, repair), wherever it waits.
+local function key_limit(ckey)
+  local v = redis.call('HMGET', BASE .. 'limits', ckey)[1]
+  if not v then v = redis.call('HGET', BASE .. 'climits', ckey) end
+  return tonumber(v or '') or 0
+end
+
+local function declare_limit(ckey, climit)
+  local n = tonumber(climit)
+  if not n or n < 1 then return end
+  local cur = tonumber(redis.call('HGET', BASE .. 'climits', ckey) or '')
+  if not cur or n < cur then redis.call('HSET', BASE .. 'climits', ckey, n) end
+end
+
+local function hold(id, ckey, score)
+  redis.call('ZADD', held_key(ckey), score, id)
+  redis.call('SADD', K_HELDKEYS, ckey)
+end
+
+-- Give free slots of a key to its best held runs (back to their tenant's due set at their
+-- old score). Held members whose run is no longer PENDING are dropped on the way.
+local function refill(ckey)
+  local h = held_key(ckey)
+  local limit = key_limit(ckey)
+  local room = redis.call('ZCARD', h)
+  if limit > 0 then room = math.min(room, limit - redis.call('SCARD', ck_key(ckey))) end
+  local moved = 0
+  while room > 0 do
+    local nxt = redis.call('ZPOPMIN', h, 1)
+    if not nxt[1] then break end
+    local f = redis.call('HMGET', run_key(nxt[1]), 'state', 'tenant')
+    if f[1] == 'PENDING' then
+      queue_at(nxt[1], f[2], tonumber(nxt[2]))
+      room = room - 1
+      moved = moved + 1
+    end
+  end
+  if redis.call('EXISTS', h) == 0 then redis.call('SREM', K_HELDKEYS, ckey) end
+  if moved > 0 and redis.call('LLEN', K_WAKE) == 0 then redis.call('RPUSH', K_WAKE, 1) end
+  return moved
+end
+
+-- Take a run out of the due structures (cancel, pause, repair), wherever it waits; a slot
+-- its key offered it goes to the next held run.
 local function unqueue(id, key)
   local f = redis.call('HMGET', key, 'tenant', 'ckey')
   local z = tenant_due(f[1])
-  if redis.call('ZREM', z, id) == 1 and redis.call('ZCARD', z) == 0 then
-    redis.call('ZREM', K_TENANTS, f[1] or '')
+  if redis.call('ZREM', z, id) == 1 and redis.call('EXISTS', z) == 0 then deactivate(f[1]) end
+  if f[2] then
+    redis.call('ZREM', held_key(f[2]), id)
+    refill(f[2])
   end
-  if f[2] then redis.call('ZREM', held_key(f[2]), id) end
 end
 
--- Whether a run waits in a due structure (drift inspection).
+-- Whether a run waits where it will be dispatched: in its tenant's due set with the tenant
+-- active, or held for its key (drift inspection; a run elsewhere needs a requeue).
 local function queued(id, key)
   local f = redis.call('HMGET', key, 'tenant', 'ckey')
-  if redis.call('ZSCORE', tenant_due(f[1]), id) then return true end
+  if redis.call('ZSCORE', tenant_due(f[1]), id) then
+    return redis.call('ZSCORE', K_TENANTS, f[1] or '') ~= false
+  end
   return f[2] ~= false and f[2] ~= nil and redis.call('ZSCORE', held_key(f[2]), id) ~= false
 end
 
--- A lease ended (the run left K_ACTIVE): free its concurrency slot and give the slot to
--- the best run held for that key.
+-- A lease ended (the run left K_ACTIVE): free its concurrency slot for a held run.
 local function lease_done(id, key, ckey)
   if ckey == nil then ckey = redis.call('HGET', key, 'ckey') end
   if not ckey then return end
   redis.call('SREM', ck_key(ckey), id)
-  local nxt = redis.call('ZPOPMIN', held_key(ckey), 1)
-  if nxt[1] then
-    queue_at(nxt[1], redis.call('HGET', run_key(nxt[1]), 'tenant'), tonumber(nxt[2]))
-    if redis.call('LLEN', K_WAKE) == 0 then redis.call('RPUSH', K_WAKE, 1) end
-  end
+  refill(ckey)
 end
 
 local function nudge()
