@@ -200,23 +200,29 @@ async def test_rebuild_restores_queue_pause_and_bumps_the_epoch(client: Client, 
     assert token >> 40 == epoch + 1
 
 
+async def _finish_then_restore_stale_copies(stores: Stores, ids: list[int], sets: dict[str, dict[str, float]]) -> None:
+    """Run the runs to SUCCEEDED (recorded), then "promote a replica" that saw only the
+    submits: their old hashes back, members in `sets` (suffix after the queue base), unstamped."""
+    k, r = stores.keys(Q), stores.redis
+    snap = {x: await r.hgetall(k.run(x)) for x in ids}
+    claimed = dict(await claim(stores, len(ids)))
+    for rid, tok in claimed.items():
+        assert await finish(stores, rid, tok) == "SUCCEEDED"
+    await record_all(stores)
+    for x in ids:
+        await r.delete(k.run(x))
+        await r.hset(k.run(x), mapping=snap[x])
+    for suffix, members in sets.items():
+        await r.zadd(k.base + suffix, members)
+    await r.delete(k.epoch)
+
+
 async def test_a_run_completed_in_postgres_is_not_claimed_after_a_rebuild(client: Client, stores: Stores,
                                                                          settings: Settings) -> None:
     """A replica that missed the finish still has the run queued: the rebuild drops it."""
     [a, b] = await client.submit_many([Submit(handler="t.noop"), Submit(handler="t.noop")])
-    k, r = stores.keys(Q), stores.redis
-    snap = {x: await r.hgetall(k.run(x)) for x in (a, b)}
-    due = await r.zrange(k.due, 0, -1, withscores=True)
-    claimed = dict(await claim(stores, 2))
-    for rid, tok in claimed.items():
-        assert await finish(stores, rid, tok) == "SUCCEEDED"
-    await record_all(stores)
-    # "Promote a replica" that saw only the submits: restore the old copy, unstamped.
-    for x in (a, b):
-        await r.delete(k.run(x))
-        await r.hset(k.run(x), mapping=snap[x])
-    await r.zadd(k.due, dict(due))
-    await r.delete(k.epoch)
+    due = await stores.redis.zrange(stores.keys(Q).due, 0, -1, withscores=True)
+    await _finish_then_restore_stale_copies(stores, [a, b], {"due": {m.decode(): s for m, s in due}})
     stats = await rebuild_queue(stores, Q)
     assert stats["synced"] == 2
     assert await claim(stores, 2) == []
@@ -226,21 +232,13 @@ async def test_a_run_completed_in_postgres_is_not_claimed_after_a_rebuild(client
 async def test_a_completed_run_waiting_in_a_tenant_or_held_set_is_not_claimed_after_a_rebuild(
         client: Client, stores: Stores) -> None:
     """The same, for the sets fairness and limits add: a tenant's due set (whose tenant
-    entry the replica lost) and a concurrency key's held set."""
+    entry the replica lost) and a concurrency key's held set (not in the heldkeys
+    registry: found by SCAN)."""
     a = await client.submit("t.noop", tenant="acme")
     b = await client.submit("t.noop", concurrency_key="k", concurrency_limit=1)
     k, r = stores.keys(Q), stores.redis
-    snap = {x: await r.hgetall(k.run(x)) for x in (a, b)}
-    claimed = dict(await claim(stores, 2))
-    for rid, tok in claimed.items():
-        assert await finish(stores, rid, tok) == "SUCCEEDED"
-    await record_all(stores)
-    for x in (a, b):
-        await r.delete(k.run(x))
-        await r.hset(k.run(x), mapping=snap[x])
-    await r.zadd(k.base + "due:t:acme", {str(a): 1})
-    await r.zadd(k.base + "held:k", {str(b): 1})  # not in the heldkeys registry: found by SCAN
-    await r.delete(k.epoch, k.base + "tenants")
+    await _finish_then_restore_stale_copies(stores, [a, b], {"due:t:acme": {str(a): 1}, "held:k": {str(b): 1}})
+    await r.delete(k.base + "tenants")
     stats = await rebuild_queue(stores, Q)
     assert stats["synced"] == 2, stats
     assert not await r.exists(k.base + "due:t:acme") and not await r.exists(k.base + "held:k")
