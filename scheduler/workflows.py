@@ -39,6 +39,8 @@ class Node(msgspec.Struct, kw_only=True, frozen=True):
     priority: int | None = None
     timeout: float | None = None
     max_retries: int | None = None
+    tenant: str | None = None
+    """Who the node's run is for (fair sharing between a queue's tenants)."""
 
 
 class UnknownDependency(InvalidInput):
@@ -144,7 +146,8 @@ class WorkflowMixin:
         rows = []
         for n in nodes:
             req = Submit(handler=n.handler, args=tuple(n.args), kwargs=dict(n.kwargs), queue=n.queue,
-                         priority=n.priority, timeout=n.timeout, max_retries=n.max_retries, trace=trace)
+                         priority=n.priority, timeout=n.timeout, max_retries=n.max_retries, trace=trace,
+                         tenant=n.tenant)
             r = list(self._validated(req, now, outbox=True))
             blocked = bool(n.depends_on)
             r[9] = Status.BLOCKED.value if blocked else Status.PENDING.value

@@ -77,6 +77,10 @@ async def test_submit_is_atomic_roots_pending_others_blocked_and_not_in_redis(cl
     assert await client.stores.redis.zrange(keys.due, 0, -1) == [str(st["a"]["id"]).encode()]
     assert not await client.stores.redis.exists(keys.run(st["b"]["id"])), "BLOCKED runs stay out of Redis"
     assert await client.stores.db.pool.fetchval("SELECT count(*) FROM runs WHERE outbox") == 0
+    # a node may name its tenant: its run waits in that tenant's due set
+    wid2 = await client.submit_workflow([_add("t", tenant="acme")])
+    [t] = (await client.workflow(wid2))["nodes"]
+    assert await client.stores.redis.zscore(keys.base + "due:t:acme", str(t["id"])) is not None
     from scheduler.cli_workflow import draw
 
     text = "\n".join(draw(wf))
