@@ -13,6 +13,7 @@
 -- @include common
 local now = tonumber(ARGV[1])
 local created = 0
+defer_seq = true
 for i = 2, #ARGV, 16 do
   local id, state, run_at, priority = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local key = run_key(id)
@@ -22,9 +23,12 @@ for i = 2, #ARGV, 16 do
     held[1] = false
   end
   if not held[1] then
+    local due = state == 'PENDING' and run_at <= now
+    local pos = due and next_position(now) or 0
     redis.call('HSET', key, 'state', state, 'run_at', run_at, 'priority', priority, 'handler', ARGV[i + 4],
                'payload', ARGV[i + 5], 'max_retries', ARGV[i + 6], 'timeout_ms', ARGV[i + 7],
-               'attempt', ARGV[i + 8], 'version', ARGV[i + 9], 'gen', ARGV[i + 12])
+               'attempt', ARGV[i + 8], 'version', ARGV[i + 9], 'gen', ARGV[i + 12],
+               'qpos', string.format('%.0f', pos))
     if ARGV[i + 10] ~= '' then redis.call('HSET', key, 'fire_time', ARGV[i + 10]) end
     if ARGV[i + 11] ~= '' then redis.call('HSET', key, 'trace', ARGV[i + 11]) end
     if ARGV[i + 13] ~= '' then redis.call('HSET', key, 'tenant', ARGV[i + 13]) end
@@ -34,11 +38,12 @@ for i = 2, #ARGV, 16 do
     end
     if state == 'RETRY_WAIT' or (state == 'PENDING' and run_at > now) then
       redis.call('ZADD', K_DELAYED, run_at, id)
-    elseif state == 'PENDING' then
-      make_due(id, priority, ARGV[i + 13], now)
+    elseif due then
+      due_at(id, priority, ARGV[i + 13], pos)
     end
     created = created + 1
   end
 end
+flush_seq()
 if created > 0 then nudge() end
 return created

@@ -131,6 +131,7 @@ end
 
 local clock, age_units, vnow, server_ms = nil, nil, nil, nil
 local activated = {}
+local defer_seq = false  -- a batch script writes K_SEQ once, at its end (flush_seq)
 
 -- The queue clock in microseconds. A caller's clock running ahead of the Redis server's is
 -- clamped (a skewed producer must not push every later run ahead of aging).
@@ -141,8 +142,12 @@ local function next_position(now)
     server_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   clock = math.max(clock + 1, math.floor(math.min(now, server_ms + 1000)) * 1000)
-  redis.call('SET', K_SEQ, string.format('%.0f', clock))
+  if not defer_seq then redis.call('SET', K_SEQ, string.format('%.0f', clock)) end
   return clock
+end
+
+local function flush_seq()
+  if clock then redis.call('SET', K_SEQ, string.format('%.0f', clock)) end
 end
 
 local function age_of(priority)
@@ -171,11 +176,16 @@ local function queue_at(id, tenant, score)
   activate(tenant)
 end
 
+-- Make a PENDING run claimable at queue position `pos` (already in its hash as `qpos`).
+local function due_at(id, priority, tenant, pos)
+  queue_at(id, tenant, pos + age_of(priority))
+end
+
 -- Make a PENDING run claimable (callers have checked its state and moved it).
 local function make_due(id, priority, tenant, now)
   local pos = next_position(now)
   redis.call('HSET', run_key(id), 'qpos', string.format('%.0f', pos))
-  queue_at(id, tenant, pos + age_of(priority))
+  due_at(id, priority, tenant, pos)
 end
 
 -- Concurrency keys: a run may carry `ckey` and the limit it declares (`climit`). A key's
