@@ -19,6 +19,7 @@ log = logging.getLogger("fencepost.reconciler")
 DEPTH = Gauge("fencepost_queue_depth", "Runs waiting by queue, priority band and kind (due/delayed/active; "
               "band 'all' from Redis, bands high/normal/low of due runs from PostgreSQL)",
               ["queue", "band", "kind"])
+HELD = Gauge("fencepost_held_runs", "Due runs waiting for a slot of their concurrency key", ["queue"])
 OLDEST = Gauge("fencepost_queue_oldest_pending_seconds", "Age of the oldest due run (now - run_at)", ["queue"])
 DEAD = Gauge("fencepost_dead_letter_runs", "Runs in the dead-letter view (FAILED / TIMED_OUT, not review)", ["queue"])
 REVIEW = Gauge("fencepost_review_queue_runs", "Runs waiting for an operator to reconcile a side effect", ["queue"])
@@ -62,7 +63,15 @@ class Gauges:
             pipe.zcard(k.delayed)
             pipe.zcard(k.active)
             pipe.hmget(k.stats, "budget_exhausted", "stale_finish")
-            delayed, active, stats = await pipe.execute()
+            pipe.srandmember(k.base + "heldkeys", MAX_TENANTS)
+            delayed, active, stats, held_keys = await pipe.execute()
+            held = 0
+            if held_keys:
+                pipe = r.pipeline(transaction=False)
+                for key in held_keys:
+                    pipe.zcard(f"{k.base}held:{key.decode()}")
+                held = sum(await pipe.execute())
+            HELD.labels(q).set(held)
             DEPTH.labels(q, "all", "due").set(due)
             DEPTH.labels(q, "all", "delayed").set(delayed)
             DEPTH.labels(q, "all", "active").set(active)

@@ -87,6 +87,12 @@ async def test_a_sigkilled_workers_slots_come_back_through_the_reaper(client: Cl
     try:
         await wait_until(five_leased, timeout=30, what="5 exports of A leased")
         assert await stores.redis.zcard(keys.base + "held:t.export:A") == 3, "the other 3 wait for a slot"
+        from prometheus_client import REGISTRY
+
+        from reconciler.gauges import Gauges
+
+        await Gauges(stores).observe(["tq"])
+        assert REGISTRY.get_sample_value("fencepost_held_runs", {"queue": "tq"}) == 3
         w1.send_signal(signal.SIGKILL)
         w1.wait(10)
         w2 = spawn(settings, *WORKER, log=log2, FENCEPOST_LEASE_MS="1500")
