@@ -79,6 +79,15 @@ async def test_dashboard_pauses_and_resumes_a_running_checkpointed_job(
                     await expect(page.locator("#queues-table")).to_contain_text("tq")
                     await page.screenshot(path=str(ARTIFACTS / "dashboard-queues.png"), full_page=True)
 
+                    # the queue's dispatch view: tenants and concurrency limits (read-only)
+                    from scheduler import fairness
+
+                    await fairness.set_limit(stores, "tq", "export:acme", 2)
+                    await page.click("#queues-table a[href='#/dispatch/tq']")
+                    await expect(page.locator("#keys-table")).to_contain_text("export:acme")
+                    await expect(page.locator("#dispatch-summary")).to_contain_text("Priority aging")
+                    await page.screenshot(path=str(ARTIFACTS / "dashboard-dispatch.png"), full_page=True)
+
                     # find the running checkpointed job in the runs list
                     await page.click("a[href='#/runs']")
                     await page.fill("#runs-filter input[name=queue]", "tq")

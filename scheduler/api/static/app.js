@@ -100,9 +100,29 @@ const views = {
       ["Oldest due", (q) => `${q.oldest_due_age_s.toFixed(1)}s`],
       ["Schedule lag", (q) => q.schedule_lag_s === null ? "" : `${q.schedule_lag_s.toFixed(2)}s`],
       ["Throughput", (q) => `${q.throughput_per_min}/min`],
+      ["Dispatch", (q) => el("a", { href: `#/dispatch/${encodeURIComponent(q.queue)}` }, "tenants & limits")],
       ["", (q) => el("span", { class: "commands" },
         el("button", { onclick: () => confirmQueue(q.queue, q.paused ? "resume" : "pause") }, q.paused ? "Resume queue" : "Pause queue"))],
     ], qs, "queues-table")];
+  },
+
+  // Read-only: who shares the queue and what limits it; changes go through the CLI or the
+  // API (`fencepost queue weight|limit|aging`, POST /v1/queues/{q}/dispatch, admin).
+  async dispatch(params, queue) {
+    const d = await api("GET", `/v1/queues/${queue}/dispatch`);
+    const name = decodeURIComponent(queue);
+    const age = d.priority_age_ms === null ? "60 s (default)" : `${d.priority_age_ms / 1000} s`;
+    return [el("h1", {}, `Queue ${name}: dispatch`),
+      el("p", { id: "dispatch-summary" },
+        `Leased now ${d.leased}` + (d.max_running === null ? " (no queue-wide limit). " : ` of at most ${d.max_running}. `),
+        `Priority aging: one level is worth ${age} of waiting.`),
+      el("h2", {}, "Tenants with due runs (served in proportion to their weights)"),
+      table([["Tenant", (t) => t.tenant], ["Weight", (t) => t.weight], ["Due", (t) => t.due],
+        ["Virtual time", (t) => t.virtual_time]], d.tenants, "tenants-table"),
+      el("h2", {}, "Concurrency keys with an operator's limit"),
+      table([["Key", (k) => k.key], ["Limit", (k) => k.limit], ["Leased", (k) => k.leased],
+        ["Held (waiting for a slot)", (k) => k.held]], d.keys, "keys-table"),
+      el("p", { class: "muted" }, "Change with fencepost queue weight / limit / aging, or POST /v1/queues/{queue}/dispatch (admin).")];
   },
 
   async runs(params) {
