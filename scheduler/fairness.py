@@ -20,7 +20,8 @@ from .db import query
 from .errors import InvalidInput, UnknownQueue
 from .stores import Stores
 
-__all__ = ["QueueSettings", "apply", "load", "due_summary", "refill_held", "due_and_held_sets", "scan_queue", "set_weight", "set_limit", "set_max_running", "set_aging", "describe"]
+__all__ = ["QueueSettings", "apply", "load", "due_summary", "refill_held", "due_and_held_sets", "scan_queue",
+           "set_weight", "set_limit", "set_max_running", "set_aging", "describe"]
 
 _LABEL_RE = re.compile(r"[^\s{}]{1,128}")  # fullmatch: no trailing newline sneaks through
 DEFAULT_AGE_MS = 60_000
@@ -115,7 +116,8 @@ async def due_and_held_sets(stores: Stores, queue: str, *, scan: bool = False) -
     set its registry lost (a rebuild and full drift pass use it; ticks do not)."""
     k, r = stores.keys(queue), stores.redis
     names = {k.due}
-    names.update(k.due if t == b"" else f"{k.base}due:t:{t.decode()}" for t in await r.zrange(k.base + "tenants", 0, -1))
+    tenants = await r.zrange(k.base + "tenants", 0, -1)
+    names.update(k.due if t == b"" else f"{k.base}due:t:{t.decode()}" for t in tenants)
     names.update(f"{k.base}held:{m.decode()}" for m in await r.smembers(k.base + "heldkeys"))
     if scan:
         for pattern in ("due:t:*", "held:*"):

@@ -61,8 +61,8 @@ class Registry:
 
         if (concurrency_key is None) != (concurrency_limit is None):
             raise InvalidInput("give concurrency_key and concurrency_limit together", field="concurrency_limit")
-        if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int)
-                                              or not 1 <= concurrency_limit <= 1_000_000):
+        limit = concurrency_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1_000_000):
             raise InvalidInput(f"concurrency_limit must be a positive integer, not {concurrency_limit!r}",
                                field="concurrency_limit")
 

@@ -601,7 +601,8 @@ async def test_dispatch_settings_over_http(api: Api, client: Client, stores: Sto
     assert r.status_code == 200, r.text
     assert r.json()["weights"] == {"acme": 3.0}
     assert await stores.redis.hget(stores.keys("tq").base + "weights", "acme") == b"3.0"
-    await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "limit", "key": "export:acme", "value": 2})
+    await api.req("POST", "/v1/queues/tq/dispatch", "admin",
+                  json={"setting": "limit", "key": "export:acme", "value": 2})
     r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "aging", "value": 5})
     assert (r.json()["limits"], r.json()["priority_age_ms"]) == ({"export:acme": 2}, 5000)
     assert await stores.redis.hget(stores.keys("tq").config, "priority_age_ms") == b"5000"

@@ -323,7 +323,8 @@ async def _count_at_least(value: Any, n: int) -> bool:
 
 # -- 7. metrics after a mixed workload ------------------------------------------------------------------------------
 FAMILIES = [  # the families the issue lists, by the names the code defines
-    "fencepost_queue_depth", "fencepost_held_runs", "fencepost_queue_oldest_pending_seconds", "fencepost_dispatch_latency_seconds",
+    "fencepost_queue_depth", "fencepost_held_runs", "fencepost_queue_oldest_pending_seconds",
+    "fencepost_dispatch_latency_seconds",
     "fencepost_schedule_lag_seconds", "fencepost_runs_finished", "fencepost_attempts_per_completed_run",
     "fencepost_run_duration_seconds", "fencepost_lease_renewals", "fencepost_lease_expiries",
     "fencepost_leases_lost", "fencepost_stale_token_rejections", "fencepost_heartbeat_seconds",

@@ -205,7 +205,8 @@ async def test_a_tenant_is_not_stranded_by_a_repair_that_empties_and_refills_its
     q = await _queue(stores)
     await q.enqueue(T0, dict(id="1", ckey="ka", climit=1), dict(id="2", ckey="kb", climit=1))
     assert {r["id"] for r in await q.claim(T0 + 1, 10)} == {"1", "2"}
-    await q.enqueue(T0 + 2, dict(id="3", ckey="ka", climit=1, tenant="T"), dict(id="4", ckey="kb", climit=1, tenant="T"))
+    await q.enqueue(T0 + 2, dict(id="3", ckey="ka", climit=1, tenant="T"),
+                    dict(id="4", ckey="kb", climit=1, tenant="T"))
     assert await q.claim(T0 + 3, 10) == []  # both held
     v = {i: (await q.hash(i))["version"] for i in ("1", "2", "3")}
     args = [60000]
