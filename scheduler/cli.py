@@ -211,8 +211,9 @@ async def status(settings: Settings, run_id: int) -> None:
 
 def _print_run(run: dict[str, Any], result: Any, ckpt: dict[str, Any] | None, attempts: list[dict[str, Any]]) -> None:
     for k in ("id", "handler", "queue", "status", "priority", "attempt", "max_retries", "token", "lease_owner",
-              "run_at", "created_at", "started_at", "finished_at", "last_error_class", "reason", "idempotency_key"):
-        if run.get(k) is not None:
+              "run_at", "created_at", "started_at", "finished_at", "last_error_class", "reason", "idempotency_key",
+              "tenant", "concurrency_key", "concurrency_limit"):
+        if run.get(k) not in (None, ""):
             click.echo(f"{k:17} {_fmt(run[k])}")
     if result is not None:
         click.echo(f"{'result':17} {json.dumps(result, default=str)}")

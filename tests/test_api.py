@@ -591,9 +591,10 @@ async def test_dispatch_settings_over_http(api: Api, client: Client, stores: Sto
     """Tenants submitted over HTTP show up in the queue's dispatch view; an admin changes a
     weight, a key's limit and the aging step (record and Redis copy); operators only read;
     bad changes are refused with nothing changed."""
-    await _submit(api, tenant="acme")
+    rid = await _submit(api, tenant="acme")
     await _submit(api, tenant="acme")
     await _submit(api)
+    assert (await api.req("GET", f"/v1/runs/{rid}", "op_tq")).json()["tenant"] == "acme"
     view = (await api.req("GET", "/v1/queues/tq/dispatch", "op_tq")).json()
     assert {t["tenant"]: t["due"] for t in view["tenants"]} == {"acme": 2, "(none)": 1}
     r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "weight", "tenant": "acme",

@@ -127,7 +127,10 @@ async def test_queue_settings_from_the_cli(client: Client, settings: Settings, s
     assert code == 0, out
     pool = stores.db.pool
     assert pool is not None
-    assert await pool.fetchval("SELECT tenant FROM runs WHERE id = $1", int(out.split()[-1])) == "acme"
+    rid = int(out.split()[-1])
+    assert await pool.fetchval("SELECT tenant FROM runs WHERE id = $1", rid) == "acme"
+    code, out = await _cli(settings, "status", str(rid))
+    assert code == 0 and "tenant            acme" in out, out
     for args in (("weight", "tq", "acme", "3"), ("limit", "tq", "2", "--key", "t.export:A"), ("limit", "tq", "50"),
                  ("aging", "tq", "10")):
         code, out = await _cli(settings, "queue", *args)

@@ -100,6 +100,9 @@ class Run(RunSummary, kw_only=True):
     cancel_requested: bool = False
     forced: bool = False
     needs_compensation: bool = False
+    tenant: str = ""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     recorded_status: str | None = None
     """The state PostgreSQL has recorded (status is the live one; they differ for the recorder's lag)."""
 
