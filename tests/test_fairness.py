@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from scheduler.stores import Stores
 
 from tests.test_fencing import T0, Queue
+from tests.test_state_machine import enqueue_args
 
 _names = itertools.count()
 
@@ -246,3 +247,196 @@ async def test_a_producer_clock_far_ahead_does_not_push_the_queue_clock(stores: 
     ahead = int(time.time() * 1000) + 10 * 3_600_000
     await q.enqueue(ahead, dict(id="1"))
     assert int(await q.r.get(q.keys.seq)) <= (time.time() + 2) * 1_000_000
+
+
+# -- a state machine over tenants and concurrency keys ------------------------------------------
+import redis as sync_redis  # noqa: E402
+import uuid  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test  # noqa: E402
+from redis.exceptions import ResponseError  # noqa: E402
+
+from scheduler.keys import Keys  # noqa: E402
+from scheduler.scripts import SCRIPT_NAMES, render  # noqa: E402
+
+from tests.conftest import REDIS_URL  # noqa: E402
+
+DECLARED = {"k1": 1, "k2": 2}
+
+
+class LimitsMachine(RuleBasedStateMachine):
+    """Random submits (three tenants, two keys), claims, finishes, errors, cancels, pauses,
+    resumes, releases, lease expiries and raised limits through the real scripts. After every
+    step: each run sits exactly where its state says; a key never has more leases than its
+    limit; a key with held runs has its free slots offered (leased + due of the key >= limit,
+    so no held run is stranded); every tenant with due runs is served."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.r = sync_redis.Redis.from_url(REDIS_URL, decode_responses=True)
+        self.s = {n: self.r.register_script(render(n)) for n in SCRIPT_NAMES}
+        self.keys = Keys(f"fplm{uuid.uuid4().hex[:10]}", "q")
+        self.base = self.keys.base
+        self.now = T0
+        self.ids: list[str] = []
+        self.meta: dict[str, tuple[str, str | None]] = {}  # id -> (tenant, key)
+        self.limit = dict(DECLARED)
+
+    def call(self, name: str, *args: object) -> object:
+        return self.s[name](keys=self.keys.script_keys(), args=list(args))
+
+    def h(self, rid: str) -> dict[str, str]:
+        return self.r.hgetall(self.keys.run(rid))
+
+    def pick(self, i: int, states: tuple[str, ...]) -> dict[str, str] | None:
+        cands = [x for x in self.ids if self.h(x).get("state") in states]
+        if not cands:
+            return None
+        rid = cands[i % len(cands)]
+        return {"id": rid, **self.h(rid)}
+
+    @initialize()
+    def stamp(self) -> None:
+        assert self.call("stamp_queue", 1, 1) == 1
+
+    def teardown(self) -> None:
+        found = list(self.r.scan_iter(match=f"{self.base}*", count=1000))
+        if found:
+            self.r.unlink(*found)
+        self.r.close()
+
+    @rule(batch=st.lists(st.tuples(st.sampled_from(["", "a", "b"]), st.sampled_from([None, "k1", "k2"]),
+                                   st.sampled_from([0, 5])), min_size=1, max_size=4))
+    def submit(self, batch: list[tuple[str, str | None, int]]) -> None:
+        rows = []
+        for tenant, key, prio in batch:
+            rid = str(len(self.ids) + 1)
+            self.ids.append(rid)
+            self.meta[rid] = (tenant, key)
+            rows.append(dict(id=rid, tenant=tenant, ckey=key or "", climit=DECLARED[key] if key else "",
+                             priority=prio, max_retries=2))
+        self.call("enqueue_runs", *enqueue_args(self.now, *rows))
+
+    @rule(n=st.integers(1, 4))
+    def claim(self, n: int) -> None:
+        self.now += 1
+        self.call("claim_due", self.now, n, "w", 1000, 100)
+
+    @rule(i=st.integers(0, 50), outcome=st.sampled_from(["ok", "ok", "error"]))
+    def finish(self, i: int, outcome: str) -> None:
+        run = self.pick(i, ("RUNNING", "STOPPING"))
+        if run:
+            self.now += 1
+            self.call("finish_runs", self.now, 3, run["id"], run["token"], outcome, "x", "E", 0)
+
+    @rule(i=st.integers(0, 50), verb=st.sampled_from(["cancel", "pause", "resume", "stop"]))
+    def command(self, i: int, verb: str) -> None:
+        if not self.ids:
+            return
+        self.now += 1
+        extra = [""] if verb == "cancel" else []
+        try:
+            self.call(f"{verb}_run", self.now, self.ids[i % len(self.ids)], "op", "r", "", *extra)
+        except ResponseError as exc:
+            assert str(exc).startswith("STATE"), exc
+
+    @rule(i=st.integers(0, 50), verb=st.sampled_from(["cancel", "pause"]))
+    def command_on_an_offered_run(self, i: int, verb: str) -> None:
+        """Cancel or pause a keyed run that is due: it may hold the slot a lease end offered."""
+        offered = [x for x in self.ids if self.meta[x][1] and self.h(x).get("state") == "PENDING"
+                   and self.r.zscore(self.keys.due if self.meta[x][0] == "" else f"{self.base}due:t:{self.meta[x][0]}", x)]
+        if offered:
+            self.now += 1
+            self.call(f"{verb}_run", self.now, offered[i % len(offered)], "op", "r", "", *([""] if verb == "cancel" else []))
+
+    @rule(i=st.integers(0, 50), j=st.integers(0, 50), verb=st.sampled_from(["cancel", "pause"]))
+    def finish_then_command_the_offered_run(self, i: int, j: int, verb: str) -> None:
+        """A keyed lease ends and the run given its slot is cancelled or paused before any
+        worker claims it: the slot must go on to the next held run."""
+        run = self.pick(i, ("RUNNING",))
+        if run and run.get("ckey"):
+            self.now += 1
+            self.call("finish_runs", self.now, 3, run["id"], run["token"], "ok", "x", "E", 0)
+            self.command_on_an_offered_run(j, verb)
+
+    @rule(picks=st.lists(st.integers(0, 50), min_size=1, max_size=4))
+    def repair_sync_to_cancelled(self, picks: list[int]) -> None:
+        """The reconciler makes several runs agree with a terminal record in one call (leased,
+        held and due runs alike)."""
+        args: list[object] = [60000]
+        seen = set()
+        for i in picks:
+            if not self.ids:
+                return
+            rid = self.ids[i % len(self.ids)]
+            v = self.h(rid).get("version")
+            if rid in seen or self.h(rid).get("state") in ("SUCCEEDED", "FAILED", "CANCELLED", "STOPPED", "TIMED_OUT"):
+                continue
+            seen.add(rid)
+            args += [rid, v, "CANCELLED", int(v) + 1]
+        if len(args) > 1:
+            self.call("repair_sync", *args)
+
+    @rule(i=st.integers(0, 50))
+    def release(self, i: int) -> None:
+        run = self.pick(i, ("RUNNING",))
+        if run:
+            self.now += 1
+            self.call("release_runs", self.now, run["id"], run["token"])
+
+    # argument-free rules are drawn far more often than the others: gate the rare events
+    @rule(go=st.integers(0, 7))
+    def leases_expire(self, go: int) -> None:
+        if go:
+            return
+        self.now += 1001
+        self.call("reap_expired", self.now, 1000)
+
+    @rule(key=st.sampled_from(["k1", "k2"]), go=st.integers(0, 7))
+    def raise_limit(self, key: str, go: int) -> None:
+        if go or self.limit[key] >= 3:
+            return
+        self.limit[key] += 1
+        self.r.hset(self.base + "limits", key, self.limit[key])
+        cursor = "0"
+        while True:
+            cursor, _ = self.call("refill_held", cursor, 100)
+            if str(cursor) == "0":
+                break
+
+    @invariant()
+    def structures_agree(self) -> None:
+        tenants = set(self.r.zrange(self.base + "tenants", 0, -1))
+        due = {t: set(self.r.zrange(self.keys.due if t == "" else f"{self.base}due:t:{t}", 0, -1))
+               for t in ("", "a", "b")}
+        for t, members in due.items():
+            assert not members or t in tenants, f"tenant {t!r} has due runs but is not served"
+        held = {k: set(self.r.zrange(f"{self.base}held:{k}", 0, -1)) for k in DECLARED}
+        leased = {k: set(self.r.smembers(f"{self.base}ck:{k}")) for k in DECLARED}
+        active = set(self.r.zrange(self.keys.active, 0, -1))
+        delayed = set(self.r.zrange(self.keys.delayed, 0, -1))
+        for rid in self.ids:
+            st_ = self.h(rid)["state"]
+            tenant, key = self.meta[rid]
+            where = (rid in due[tenant], bool(key) and rid in held[key], rid in delayed, rid in active)
+            if st_ == "PENDING":
+                assert sum(where[:3]) == 1 and not where[3], (rid, st_, where)
+            elif st_ == "RETRY_WAIT":
+                assert where == (False, False, True, False), (rid, st_, where)
+            elif st_ in ("RUNNING", "STOPPING"):
+                assert where == (False, False, False, True), (rid, st_, where)
+                assert not key or rid in leased[key], f"run {rid} leased but not counted for {key}"
+            else:
+                assert not any(where), (rid, st_, where)
+        for k in DECLARED:
+            live = {x for x in leased[k] if self.h(x).get("state") in ("RUNNING", "STOPPING")}
+            assert len(live) <= self.limit[k], f"{k}: {len(live)} leased, limit {self.limit[k]}"
+            if held[k]:
+                offered = sum(1 for x in self.ids if self.meta[x][1] == k and x in due[self.meta[x][0]])
+                assert len(live) + offered >= self.limit[k], \
+                    f"{k}: {len(held[k])} held while only {len(live)} leased and {offered} offered (limit {self.limit[k]})"
+
+
+def test_random_operations_keep_limits_and_tenants_consistent() -> None:
+    run_state_machine_as_test(LimitsMachine, settings=hsettings(
+        max_examples=120, stateful_step_count=40, deadline=None, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
