@@ -6,13 +6,20 @@ explicitly to every script: no test sleeps.
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections import Counter
 
 import pytest
+import redis as sync_redis
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from redis.exceptions import ResponseError
 
+from scheduler.keys import Keys
+from scheduler.scripts import SCRIPT_NAMES, render
 from scheduler.stores import Stores
 
+from tests.conftest import REDIS_URL
 from tests.test_fencing import T0, Queue
 from tests.test_state_machine import enqueue_args
 
@@ -250,16 +257,6 @@ async def test_a_producer_clock_far_ahead_does_not_push_the_queue_clock(stores: 
 
 
 # -- a state machine over tenants and concurrency keys ------------------------------------------
-import redis as sync_redis  # noqa: E402
-import uuid  # noqa: E402
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test  # noqa: E402
-from redis.exceptions import ResponseError  # noqa: E402
-
-from scheduler.keys import Keys  # noqa: E402
-from scheduler.scripts import SCRIPT_NAMES, render  # noqa: E402
-
-from tests.conftest import REDIS_URL  # noqa: E402
-
 DECLARED = {"k1": 1, "k2": 2}
 
 
@@ -283,6 +280,9 @@ class LimitsMachine(RuleBasedStateMachine):
 
     def call(self, name: str, *args: object) -> object:
         return self.s[name](keys=self.keys.script_keys(), args=list(args))
+
+    def due_set(self, tenant: str) -> str:
+        return self.keys.due if tenant == "" else f"{self.base}due:t:{tenant}"
 
     def h(self, rid: str) -> dict[str, str]:
         return self.r.hgetall(self.keys.run(rid))
@@ -343,10 +343,11 @@ class LimitsMachine(RuleBasedStateMachine):
     def command_on_an_offered_run(self, i: int, verb: str) -> None:
         """Cancel or pause a keyed run that is due: it may hold the slot a lease end offered."""
         offered = [x for x in self.ids if self.meta[x][1] and self.h(x).get("state") == "PENDING"
-                   and self.r.zscore(self.keys.due if self.meta[x][0] == "" else f"{self.base}due:t:{self.meta[x][0]}", x)]
+                   and self.r.zscore(self.due_set(self.meta[x][0]), x)]
         if offered:
             self.now += 1
-            self.call(f"{verb}_run", self.now, offered[i % len(offered)], "op", "r", "", *([""] if verb == "cancel" else []))
+            extra = [""] if verb == "cancel" else []
+            self.call(f"{verb}_run", self.now, offered[i % len(offered)], "op", "r", "", *extra)
 
     @rule(i=st.integers(0, 50), j=st.integers(0, 50), verb=st.sampled_from(["cancel", "pause"]))
     def finish_then_command_the_offered_run(self, i: int, j: int, verb: str) -> None:
@@ -406,8 +407,7 @@ class LimitsMachine(RuleBasedStateMachine):
     @invariant()
     def structures_agree(self) -> None:
         tenants = set(self.r.zrange(self.base + "tenants", 0, -1))
-        due = {t: set(self.r.zrange(self.keys.due if t == "" else f"{self.base}due:t:{t}", 0, -1))
-               for t in ("", "a", "b")}
+        due = {t: set(self.r.zrange(self.due_set(t), 0, -1)) for t in ("", "a", "b")}
         for t, members in due.items():
             assert not members or t in tenants, f"tenant {t!r} has due runs but is not served"
         held = {k: set(self.r.zrange(f"{self.base}held:{k}", 0, -1)) for k in DECLARED}
@@ -432,8 +432,9 @@ class LimitsMachine(RuleBasedStateMachine):
             assert len(live) <= self.limit[k], f"{k}: {len(live)} leased, limit {self.limit[k]}"
             if held[k]:
                 offered = sum(1 for x in self.ids if self.meta[x][1] == k and x in due[self.meta[x][0]])
-                assert len(live) + offered >= self.limit[k], \
-                    f"{k}: {len(held[k])} held while only {len(live)} leased and {offered} offered (limit {self.limit[k]})"
+                assert len(live) + offered >= self.limit[k], (
+                    f"{k}: {len(held[k])} held while only {len(live)} leased and {offered} offered "
+                    f"(limit {self.limit[k]})")
 
 
 def test_random_operations_keep_limits_and_tenants_consistent() -> None:
