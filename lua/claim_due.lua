@@ -64,7 +64,8 @@ local function pop_fair(n)
     local t, v = top[1], tonumber(top[2])
     local w = weights[t]
     if not w then
-      w = tonumber(redis.call('HGET', K_WEIGHTS, t) or '1')
+      w = tonumber(redis.call('HGET', K_WEIGHTS, t) or '') or 1
+      if w <= 0 then w = 1 end  -- only fairness.set_weight writes weights; never divide by garbage
       weights[t] = w
     end
     local k = n - #out / 2
