@@ -203,7 +203,7 @@ class Trigger:
         res = TickResult()
         pool = self.stores.db.pool
         assert pool is not None
-        cols: list[list[Any]] = [[] for _ in range(17)]
+        cols: list[list[Any]] = [[] for _ in range(14)]
         owner: list[int] = []  # schedule index per insert row
         skip_ev: list[list[Any]] = [[], [], [], []]
         skipped: dict[int, int] = defaultdict(int)
@@ -250,7 +250,7 @@ class Trigger:
                     for f in fires:
                         for c, v in zip(cols, (s["handler"], queue, s["priority"], s["payload"], f + offset,
                                                s["max_retries"], s["timeout_s"], None, None,
-                                               Status.PENDING.value, None, s["id"], f, True, "", None, None)):
+                                               Status.PENDING.value, None, s["id"], f, True)):
                             c.append(v)
                         owner.append(i)
                 last_run: dict[int, int] = {}
@@ -258,7 +258,8 @@ class Trigger:
                 created_rows: list[int] = []
                 new_queues: dict[str, int] = {}
                 if owner:
-                    out = await conn.fetch(query("insert_runs"), *cols, "trigger")
+                    # schedules name no tenant or key: empty arrays, unnest pads them with NULLs
+                    out = await conn.fetch(query("insert_runs"), *cols, [], [], [], "trigger")
                     missing: list[int] = []
                     ids: list[int | None] = [None] * len(owner)
                     for r in out:

@@ -4,6 +4,8 @@
 -- One round trip per batch: creates queues on first use, inserts the runs (skipping
 -- idempotency keys and schedule fires that exist), and writes their submitted events.
 -- Returns one row per input (ord, id, created) and one per queue created.
+-- $15-$17 (tenant, concurrency key, limit) may be empty arrays when no run of the batch
+-- has them: multi-argument unnest pads a shorter array with NULLs.
 WITH input AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('runs', 'id')) AS id, t.*
     FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::timestamptz[],
