@@ -28,7 +28,7 @@ for i = 2, #ARGV, 16 do
     redis.call('HSET', key, 'state', state, 'run_at', run_at, 'priority', priority, 'handler', ARGV[i + 4],
                'payload', ARGV[i + 5], 'max_retries', ARGV[i + 6], 'timeout_ms', ARGV[i + 7],
                'attempt', ARGV[i + 8], 'version', ARGV[i + 9], 'gen', ARGV[i + 12],
-               'qpos', string.format('%.0f', pos))
+               'qpos', pos)  -- an integer-valued double < 2^53: Redis writes its digits
     if ARGV[i + 10] ~= '' then redis.call('HSET', key, 'fire_time', ARGV[i + 10]) end
     if ARGV[i + 11] ~= '' then redis.call('HSET', key, 'trace', ARGV[i + 11]) end
     if ARGV[i + 13] ~= '' then redis.call('HSET', key, 'tenant', ARGV[i + 13]) end

@@ -184,7 +184,7 @@ end
 -- Make a PENDING run claimable (callers have checked its state and moved it).
 local function make_due(id, priority, tenant, now)
   local pos = next_position(now)
-  redis.call('HSET', run_key(id), 'qpos', string.format('%.0f', pos))
+  redis.call('HSET', run_key(id), 'qpos', pos)
   due_at(id, priority, tenant, pos)
 end
 
