@@ -619,3 +619,16 @@ async def test_dispatch_settings_over_http(api: Api, client: Client, stores: Sto
     r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "weight", "tenant": "acme",
                                                                         "value": None})
     assert r.json()["weights"] == {} and not await stores.redis.exists(stores.keys("tq").base + "weights")
+
+
+async def test_metrics_can_require_a_token(settings: Settings, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FENCEPOST_API_METRICS_TOKEN=1: /metrics answers only with a token (any role); health
+    and readiness stay open for load balancers."""
+    monkeypatch.setenv("FENCEPOST_API_METRICS_TOKEN", "1")
+    config = ApiConfig.from_env(token_cache_s=0, rate_limit=0)
+    assert config.metrics_token is True
+    async for api in _make_api(settings, client, config):
+        _problem(await api.req("GET", "/metrics"), 401)
+        r = await api.req("GET", "/metrics", "producer")
+        assert r.status_code == 200 and "fencepost_api_requests_total" in r.text
+        assert (await api.req("GET", "/healthz")).status_code == 200

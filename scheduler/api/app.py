@@ -39,6 +39,9 @@ class ApiConfig(msgspec.Struct, kw_only=True):
     """A bulk action refuses to act when more runs than this match."""
     token_cache_s: float = 5.0
     """How long a token lookup is cached (a revoke reaches other replicas within this time)."""
+    metrics_token: bool = False
+    """/metrics asks for a token (any role) too; off by default, as scrapers usually reach
+    /metrics on a private network (queue and handler names are its only labels)."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "ApiConfig":

@@ -676,7 +676,7 @@ def wrap(spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
         started = time.perf_counter()
         principal: Principal | None = None
         try:
-            if spec.auth:
+            if spec.auth or (spec.fn is metrics and api.config.metrics_token):
                 principal = await api.tokens.authenticate(request.headers.get("authorization"), _addr(request))
                 await api.limiter.hit(principal.id)
                 principal.require(*spec.roles)
