@@ -43,7 +43,7 @@ end
 -- runs put into K_DUE by an older version (or a repair) still need their tenant entry
 if not activated[''] and redis.call('EXISTS', K_DUE) == 1 then activate('') end
 -- the queue-wide limit counts every leased run (checked after promoting delayed runs)
-local max_running = tonumber(redis.call('HGET', BASE .. 'config', 'max_running') or '')
+local max_running = queue_config()[4]
 if max_running then
   want = math.min(want, max_running - redis.call('ZCARD', K_ACTIVE))
   if want <= 0 then return {} end

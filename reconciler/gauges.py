@@ -63,13 +63,13 @@ class Gauges:
             pipe.zcard(k.delayed)
             pipe.zcard(k.active)
             pipe.hmget(k.stats, "budget_exhausted", "stale_finish")
-            pipe.srandmember(k.base + "heldkeys", MAX_TENANTS)
+            pipe.srandmember(k.heldkeys, MAX_TENANTS)
             delayed, active, stats, held_keys = await pipe.execute()
             held = 0
             if held_keys:
                 pipe = r.pipeline(transaction=False)
                 for key in held_keys:
-                    pipe.zcard(f"{k.base}held:{key.decode()}")
+                    pipe.zcard(k.held(key.decode()))
                 held = sum(await pipe.execute())
             HELD.labels(q).set(held)
             DEPTH.labels(q, "all", "due").set(due)

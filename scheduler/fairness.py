@@ -72,11 +72,11 @@ async def apply(stores: Stores, queue: str, *, rescore_from_ms: int | None = Non
 async def _copy(stores: Stores, queue: str, s: QueueSettings) -> None:
     k = stores.keys(queue)
     pipe = stores.redis.pipeline(transaction=False)  # idempotent full rewrite; any client version
-    pipe.delete(k.base + "weights", k.base + "limits")
+    pipe.delete(k.weights, k.limits)
     if s.weights:
-        pipe.hset(k.base + "weights", mapping={t: repr(float(w)) for t, w in s.weights.items()})
+        pipe.hset(k.weights, mapping={t: repr(float(w)) for t, w in s.weights.items()})
     if s.limits:
-        pipe.hset(k.base + "limits", mapping={key: int(n) for key, n in s.limits.items()})
+        pipe.hset(k.limits, mapping={key: int(n) for key, n in s.limits.items()})
     for field, value in (("max_running", s.max_running), ("priority_age_ms", s.priority_age_ms)):
         if value is None:
             pipe.hdel(k.config, field)
@@ -116,9 +116,8 @@ async def due_and_held_sets(stores: Stores, queue: str, *, scan: bool = False) -
     set its registry lost (a rebuild and full drift pass use it; ticks do not)."""
     k, r = stores.keys(queue), stores.redis
     names = {k.due}
-    tenants = await r.zrange(k.base + "tenants", 0, -1)
-    names.update(k.due if t == b"" else f"{k.base}due:t:{t.decode()}" for t in tenants)
-    names.update(f"{k.base}held:{m.decode()}" for m in await r.smembers(k.base + "heldkeys"))
+    names.update(k.tenant_due(t.decode()) for t in await r.zrange(k.tenants, 0, -1))
+    names.update(k.held(m.decode()) for m in await r.smembers(k.heldkeys))
     if scan:
         for pattern in ("due:t:*", "held:*"):
             cursor = 0
@@ -202,8 +201,8 @@ async def due_summary(stores: Stores, queue: str, *, now: float, max_tenants: in
     """Due runs of the queue over its tenants' due sets, and the age of the oldest tenant
     head (now - run_at, seconds): what the depth gauges and the API's queue list show."""
     k, r = stores.keys(queue), stores.redis
-    tenants = [t.decode() for t in await r.zrange(k.base + "tenants", 0, max_tenants - 1)]
-    sets = [k.due if t == "" else f"{k.base}due:t:{t}" for t in tenants] or [k.due]
+    tenants = [t.decode() for t in await r.zrange(k.tenants, 0, max_tenants - 1)]
+    sets = [k.tenant_due(t) for t in tenants] or [k.due]
     pipe = r.pipeline(transaction=False)
     for z in sets:
         pipe.zcard(z)
@@ -228,14 +227,14 @@ async def describe(stores: Stores, queue: str) -> dict[str, Any]:
     k = stores.keys(queue)
     r = stores.redis
     tenants = []
-    for name, vt in await r.zrange(k.base + "tenants", 0, 99, withscores=True):
+    for name, vt in await r.zrange(k.tenants, 0, 99, withscores=True):
         t = name.decode()
-        z = k.due if t == "" else f"{k.base}due:t:{t}"
+        z = k.tenant_due(t)
         tenants.append({"tenant": t or "(none)", "due": await r.zcard(z), "virtual_time": round(vt, 3),
                         "weight": s.weights.get(t, 1.0)})
     keys = []
     for key in sorted(s.limits):
-        keys.append({"key": key, "limit": s.limits[key], "leased": await r.scard(f"{k.base}ck:{key}"),
-                     "held": await r.zcard(f"{k.base}held:{key}")})
+        keys.append({"key": key, "limit": s.limits[key], "leased": await r.scard(k.leased(key)),
+                     "held": await r.zcard(k.held(key))})
     return {"settings": msgspec.to_builtins(s), "tenants": tenants, "keys": keys,
             "leased": await r.zcard(k.active)}

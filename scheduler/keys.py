@@ -38,7 +38,8 @@ class Keys:
     """The keys of one queue."""
 
     __slots__ = ("queue", "base", "due", "delayed", "active", "events", "seq", "token",
-                 "epoch", "paused", "wake", "stats", "config", "throttle")
+                 "epoch", "paused", "wake", "stats", "config", "throttle", "tenants", "weights", "limits",
+                 "heldkeys")
 
     def __init__(self, prefix: str, queue: str) -> None:
         self.queue = queue
@@ -56,11 +57,28 @@ class Keys:
         self.stats = b + "stats"      # HASH of counters (stale_finish, budget_exhausted, ...)
         self.config = b + "config"    # HASH budget_ratio / budget_floor / budget_window_ms (retry budget)
         self.throttle = b + "throttle"  # max claims per call while a dependency rate-limits (PX = retry_after)
-        # also, built by Lua from `base`: budget:a:<bucket> / budget:r:<bucket> counters;
-        # due:t:<tenant>, tenants, fair, weights, limits, ck:<key>, held:<key> (docs/scale.md)
+        # dispatch order and limits (lua/includes/common.lua "Dispatch order", docs/scale.md)
+        self.tenants = b + "tenants"    # ZSET tenant -> virtual time, tenants with due runs
+        self.weights = b + "weights"    # HASH tenant -> weight (absent = 1)
+        self.limits = b + "limits"      # HASH concurrency key -> operator's limit
+        self.heldkeys = b + "heldkeys"  # SET concurrency keys with held runs
+        # also, built by Lua from `base`: budget:a:<bucket> / budget:r:<bucket> counters,
+        # fair, climits, and the per-tenant / per-key sets below
 
     def run(self, run_id: int | str) -> str:
         return f"{self.base}run:{run_id}"
+
+    def tenant_due(self, tenant: str) -> str:
+        """ZSET of one tenant's due runs (the default tenant '' uses `due`)."""
+        return self.due if tenant == "" else f"{self.base}due:t:{tenant}"
+
+    def held(self, ckey: str) -> str:
+        """ZSET of due runs waiting for a slot of a concurrency key."""
+        return f"{self.base}held:{ckey}"
+
+    def leased(self, ckey: str) -> str:
+        """SET of a concurrency key's runs holding a lease."""
+        return f"{self.base}ck:{ckey}"
 
     def script_keys(self) -> list[str]:
         """The KEYS every queue script receives, in this order (see each script's header)."""

@@ -75,9 +75,22 @@ end
 -- sliding window (12 buckets, each a counter key with a TTL, in the queue's hash slot).
 -- Configured per queue in the hash BASE..'config' (workers write it from their settings;
 -- absent = no budget): budget_ratio, budget_floor, budget_window_ms.
+-- The config hash also holds max_running and priority_age_ms (fairness.py writes them);
+-- one HMGET per script call reads it all.
+local config_cache = nil
+local function queue_config()
+  if not config_cache then
+    local c = redis.call('HMGET', BASE .. 'config', 'budget_ratio', 'budget_floor', 'budget_window_ms',
+                         'max_running', 'priority_age_ms')
+    config_cache = {tonumber(c[1] or '0') or 0, tonumber(c[2] or '0') or 0, tonumber(c[3] or '0') or 0,
+                    tonumber(c[4] or ''), tonumber(c[5] or '')}
+  end
+  return config_cache
+end
+
 local function budget_config()
-  local c = redis.call('HMGET', BASE .. 'config', 'budget_ratio', 'budget_floor', 'budget_window_ms')
-  return tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0')
+  local c = queue_config()
+  return c[1], c[2], c[3]
 end
 local function budget_key(kind, now, window)
   local width = math.floor(window / 12)
@@ -151,18 +164,17 @@ local function flush_seq()
 end
 
 local function age_of(priority)
-  if not age_units then
-    age_units = (tonumber(redis.call('HGET', BASE .. 'config', 'priority_age_ms') or '') or DEFAULT_AGE_MS) * 1000
-  end
+  if not age_units then age_units = (queue_config()[5] or DEFAULT_AGE_MS) * 1000 end
   return (255 - (tonumber(priority) or 0)) * age_units
 end
 
 local function activate(tenant)
   tenant = tenant or ''
   if activated[tenant] then return end
-  if not vnow then vnow = tonumber(redis.call('HGET', K_FAIR, 'v') or '0') or 0 end
-  redis.call('ZADD', K_TENANTS, 'NX', vnow, tenant)
   activated[tenant] = true
+  if redis.call('ZSCORE', K_TENANTS, tenant) then return end  -- active already: a read, no write
+  if not vnow then vnow = tonumber(redis.call('HGET', K_FAIR, 'v') or '0') or 0 end
+  redis.call('ZADD', K_TENANTS, vnow, tenant)
 end
 
 local function deactivate(tenant)
