@@ -1,6 +1,6 @@
 """No-op handlers for the throughput benchmark."""
 
-from scheduler.registry import Registry
+from fencepost.core.registry import Registry
 
 registry = Registry()
 

@@ -44,7 +44,7 @@ def run_case(schedules: int, workers: int, spread: float, redis_url: str, admin_
     env = dict(os.environ, FENCEPOST_REDIS_URL=redis_url, FENCEPOST_DATABASE_URL=url,
                FENCEPOST_PREFIX=f"spike{uuid.uuid4().hex[:6]}", PYTHONPATH=str(ROOT))
     try:
-        out = subprocess.run([sys.executable, "-m", "scheduler.cli", "loadtest", "spike", "--schedules", str(schedules),
+        out = subprocess.run([sys.executable, "-m", "fencepost.cli", "loadtest", "spike", "--schedules", str(schedules),
                               "--workers", str(workers), "--spread", str(spread), "--json", *extra],
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
         rep = json.loads(out.stdout.strip().splitlines()[-1])
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args, extra = ap.parse_known_args()
     sys.path.insert(0, str(ROOT))
-    from scheduler.loadtest import format_report
+    from fencepost.dev.loadtest import format_report
 
     for spread in args.spreads:
         rep = run_case(args.schedules, args.workers, spread, args.redis_url, args.admin_url, args.json, extra)

@@ -36,10 +36,10 @@ import redis.asyncio as aioredis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scheduler.client import Client  # noqa: E402
-from scheduler.config import Settings  # noqa: E402
-from scheduler.models import Submit  # noqa: E402
-from scheduler.registry import Registry  # noqa: E402
+from fencepost.client import Client  # noqa: E402
+from fencepost.core.config import Settings  # noqa: E402
+from fencepost.core.models import Submit  # noqa: E402
+from fencepost.core.registry import Registry  # noqa: E402
 
 from bench.throughput import fresh_database  # noqa: E402
 
@@ -68,7 +68,7 @@ def _spawn(settings: Settings, log: Path, exec_url: str, *args: str) -> subproce
                FENCEPOST_PREFIX=settings.prefix, FENCEPOST_LOG_FORMAT="json", PYTHONPATH=str(ROOT),
                FP_BENCH_EXEC_URL=exec_url)
     out = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", "scheduler.cli", *args], cwd=ROOT, env=env, stdout=out, stderr=out)
+    return subprocess.Popen([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=env, stdout=out, stderr=out)
 
 
 async def _until(pred, timeout: float, what: str, interval: float = 0.005) -> float:  # type: ignore[no-untyped-def]

@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 from redis.crc import key_slot  # noqa: E402
 
 from bench.throughput import drain_and_record, fresh_database  # noqa: E402
-from scheduler.client import Client  # noqa: E402
-from scheduler.config import Settings  # noqa: E402
-from scheduler.models import Submit  # noqa: E402
+from fencepost.client import Client  # noqa: E402
+from fencepost.core.config import Settings  # noqa: E402
+from fencepost.core.models import Submit  # noqa: E402
 
 from bench.app import registry  # noqa: E402
 
@@ -54,7 +54,7 @@ def spawn(settings: Settings, *args: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, FENCEPOST_REDIS_URL=settings.redis_url, FENCEPOST_DATABASE_URL=settings.database_url,
                FENCEPOST_PREFIX=settings.prefix, FENCEPOST_LOG_FORMAT="json", PYTHONPATH=str(ROOT),
                FENCEPOST_REDIS_CLUSTER="1" if settings.redis_cluster else "0")
-    return subprocess.Popen([sys.executable, "-m", "scheduler.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -28,10 +28,10 @@ import asyncpg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scheduler.client import Client  # noqa: E402
-from scheduler.config import Settings  # noqa: E402
-from scheduler.db import upgrade  # noqa: E402
-from scheduler.models import Submit  # noqa: E402
+from fencepost.client import Client  # noqa: E402
+from fencepost.core.config import Settings  # noqa: E402
+from fencepost.core.record import upgrade  # noqa: E402
+from fencepost.core.models import Submit  # noqa: E402
 
 from bench.app import registry  # noqa: E402
 
@@ -53,7 +53,7 @@ async def fresh_database(admin_url: str, name: str) -> str:
 def spawn(settings: Settings, *args: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, FENCEPOST_REDIS_URL=settings.redis_url, FENCEPOST_DATABASE_URL=settings.database_url,
                FENCEPOST_PREFIX=settings.prefix, FENCEPOST_LOG_FORMAT="json", PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "scheduler.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

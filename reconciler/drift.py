@@ -33,12 +33,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from scheduler.client import enqueue_rows
-from scheduler.fairness import due_and_held_sets, scan_queue
-from scheduler.states import TERMINAL, Status
-from scheduler.stores import Stores
+from fencepost.client import enqueue_rows
+from fencepost.core.fairness import due_and_held_sets, scan_queue
+from fencepost.core.states import TERMINAL, Status
+from fencepost.core.stores import Stores
 
-from .metrics import DRIFT_FOUND, DRIFT_REPAIRED
+from fencepost.reconciler.metrics import DRIFT_FOUND, DRIFT_REPAIRED
 
 log = logging.getLogger("fencepost.reconciler")
 

@@ -11,8 +11,8 @@ import time
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from scheduler.fairness import due_summary
-from scheduler.stores import Stores
+from fencepost.core.fairness import due_summary
+from fencepost.core.stores import Stores
 
 log = logging.getLogger("fencepost.reconciler")
 

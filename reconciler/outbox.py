@@ -9,8 +9,8 @@ import logging
 
 import asyncpg
 
-from scheduler.client import enqueue_rows
-from scheduler.stores import Stores
+from fencepost.client import enqueue_rows
+from fencepost.core.stores import Stores
 
 log = logging.getLogger("fencepost.reconciler")
 

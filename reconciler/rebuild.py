@@ -25,11 +25,11 @@ import logging
 import time
 from typing import Any
 
-from scheduler import fairness
-from scheduler.stores import Stores
+from fencepost.core import fairness
+from fencepost.core.stores import Stores
 
-from .drift import DriftRepair
-from .metrics import REBUILD_SECONDS, REBUILDS, RESTORED
+from fencepost.reconciler.drift import DriftRepair
+from fencepost.reconciler.metrics import REBUILD_SECONDS, REBUILDS, RESTORED
 
 __all__ = ["rebuild_queue", "untrusted_queues", "ensure_stamped"]
 
@@ -43,7 +43,7 @@ async def rebuild_queue(stores: Stores, queue: str, *, page: int = PAGE, force: 
     or {"skipped": 1} when another process holds the lock or has just rebuilt the queue."""
     pool = stores.db.pool
     if pool is None:
-        from scheduler.errors import DatabaseUnavailable
+        from fencepost.core.errors import DatabaseUnavailable
         raise DatabaseUnavailable("database not connected")
     async with pool.acquire() as conn:
         if not (await stores.db.fetchrow("rebuild_try_lock", queue, conn=conn))["locked"]:

@@ -20,16 +20,16 @@ import asyncpg
 import msgspec
 from redis.exceptions import ResponseError
 
-from scheduler.db import query
+from fencepost.core.record import query
 
-from worker.metrics import Cached
+from fencepost.core.metrics import Cached
 
-from . import gauges
-from scheduler.models import encode_payload
-from scheduler.states import TERMINAL
-from scheduler.stores import Stores
+from fencepost.reconciler import gauges
+from fencepost.core.models import encode_payload
+from fencepost.core.states import TERMINAL
+from fencepost.core.stores import Stores
 
-from . import workflows
+from fencepost.core import release as workflows
 
 log = logging.getLogger("fencepost.recorder")
 

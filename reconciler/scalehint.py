@@ -17,8 +17,8 @@ import time
 
 from prometheus_client import Gauge
 
-from scheduler.scaling import scale_hint
-from scheduler.stores import Stores
+from fencepost.core.scaling import scale_hint
+from fencepost.core.stores import Stores
 
 __all__ = ["ScaleHints", "WORKERS"]
 

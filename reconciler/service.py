@@ -15,20 +15,20 @@ import signal
 import time
 from typing import Any, Awaitable, Callable
 
-from scheduler import fairness
-from scheduler.config import Settings
-from scheduler.errors import StoreUnavailable
-from scheduler.retention import Maintenance, parse_archive_after
-from scheduler.stores import Stores
+from fencepost.core import fairness
+from fencepost.core.config import Settings
+from fencepost.core.errors import StoreUnavailable
+from fencepost.reconciler.retention import Maintenance, parse_archive_after
+from fencepost.core.stores import Stores
 
-from worker.metrics import LEASE_EXPIRIES
+from fencepost.core.metrics import LEASE_EXPIRIES
 
-from .drift import DriftRepair
-from .gauges import Gauges
-from .scalehint import ScaleHints
-from .outbox import OutboxRelay
-from .rebuild import ensure_stamped, untrusted_queues
-from .recorder import Recorder
+from fencepost.reconciler.drift import DriftRepair
+from fencepost.reconciler.gauges import Gauges
+from fencepost.reconciler.scalehint import ScaleHints
+from fencepost.reconciler.outbox import OutboxRelay
+from fencepost.reconciler.rebuild import ensure_stamped, untrusted_queues
+from fencepost.reconciler.recorder import Recorder
 
 log = logging.getLogger("fencepost.reconciler")
 

@@ -15,17 +15,17 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 import asyncpg
 import msgspec
 
-from .config import Settings
-from .control import ControlMixin
-from .db import Database
-from .errors import InvalidInput, RedisUnavailable, PayloadTooLarge, UnknownHandler, UnknownRun, WaitTimeout
-from .keys import valid_queue_name
-from .models import JobSpec, Outcome, Submit, decode_result, encode_payload
-from .registry import Handler, Registry
-from .states import RESTING, Status
-from .tracing import new_traceparent, traceparent_var, valid_traceparent
-from .stores import Stores
-from .workflows import WorkflowMixin
+from fencepost.core.config import Settings
+from fencepost.control import ControlMixin
+from fencepost.core.record import Database
+from fencepost.core.errors import InvalidInput, RedisUnavailable, PayloadTooLarge, UnknownHandler, UnknownRun, WaitTimeout
+from fencepost.core.keys import valid_queue_name
+from fencepost.core.models import JobSpec, Outcome, Submit, decode_result, encode_payload
+from fencepost.core.registry import Handler, Registry
+from fencepost.core.states import RESTING, Status
+from fencepost.core.tracing import new_traceparent, traceparent_var, valid_traceparent
+from fencepost.core.stores import Stores
+from fencepost.workflows import WorkflowMixin
 
 __all__ = ["Client", "SyncClient", "enqueue_rows"]
 

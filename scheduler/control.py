@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from .errors import BulkNotConfirmed, InvalidInput, ResumeRefused, UnknownQueue, UnknownRun
-from .models import decode_payload, decode_result
-from .states import Status
+from fencepost.core.errors import BulkNotConfirmed, InvalidInput, ResumeRefused, UnknownQueue, UnknownRun
+from fencepost.core.models import decode_payload, decode_result
+from fencepost.core.states import Status
 
 if TYPE_CHECKING:
-    from .client import Client
+    from fencepost.client import Client
 
 __all__ = ["ControlMixin", "COMMANDS", "BULK_DEFAULT_LIMIT"]
 
@@ -173,7 +173,7 @@ class ControlMixin:
         except UnknownRun:
             # Redis no longer holds the run (a finished run's hash expired, or drift): put
             # PostgreSQL's copy back, then ask again; the Lua still decides (compare-and-set).
-            from .client import enqueue_rows
+            from fencepost.client import enqueue_rows
 
             row = dict(run)
             row["trace_id"] = run.get("trace_id")

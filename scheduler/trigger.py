@@ -38,11 +38,11 @@ from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge
 
-from .client import enqueue_rows
-from .db import query
-from .schedules import fires_between, next_fire_after
-from .states import Status
-from .stores import Stores
+from fencepost.client import enqueue_rows
+from fencepost.core.record import query
+from fencepost.core.schedules import fires_between, next_fire_after
+from fencepost.core.states import Status
+from fencepost.core.stores import Stores
 
 __all__ = ["Trigger", "Clock", "SystemClock", "ManualClock", "TickResult", "LEASE_NAME"]
 
@@ -321,7 +321,7 @@ class Trigger:
     async def sweep(self) -> int:
         """Safety net for workflows: release or cancel BLOCKED runs whose upstreams settled in a
         way the recorder's hook did not see (e.g. a terminal state written by drift repair)."""
-        from reconciler.workflows import sweep_blocked
+        from fencepost.core.release import sweep_blocked
 
         pool = self.stores.db.pool
         assert pool is not None

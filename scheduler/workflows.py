@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import msgspec
 
-from .errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused
-from .models import Submit
-from .states import Status
+from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused
+from fencepost.core.models import Submit
+from fencepost.core.states import Status
 
 if TYPE_CHECKING:
-    from .client import Client
+    from fencepost.client import Client
 
 __all__ = ["Node", "WorkflowMixin", "WorkflowCycle", "UnknownDependency", "UnknownWorkflow", "layers"]
 

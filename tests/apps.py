@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 
-from scheduler.registry import Registry
+from fencepost.core.registry import Registry
 
 registry = Registry()
 
@@ -109,7 +109,7 @@ async def compensate(ctx, cancelled_run: int) -> int:
 
 
 # -- error classes, circuit breakers, retry budgets, tracing (tests/test_errors.py, issue 6) ------
-from scheduler.errors import InvalidJobInput, PolicyViolation, RateLimited, SideEffectFailed, Transient  # noqa: E402
+from fencepost.core.errors import InvalidJobInput, PolicyViolation, RateLimited, SideEffectFailed, Transient  # noqa: E402
 
 DEPENDENCY: dict = {"up": False, "calls": []}
 """A fake downstream service for in-process workers only: tests flip `up` to simulate an
@@ -175,8 +175,8 @@ async def err_dependency(ctx) -> int:
 @registry.job("t.err.trace", queue="tq", owner="team-errors")
 async def err_trace(ctx, redis_url: str, database_url: str, prefix: str) -> dict:
     """Submits a child run from inside the job: it must carry this run's trace."""
-    from scheduler.client import Client
-    from scheduler.config import Settings
+    from fencepost.client import Client
+    from fencepost.core.config import Settings
 
     async with Client(settings=Settings(redis_url=redis_url, database_url=database_url, prefix=prefix)) as c:
         child = await c.submit("t.noop")

@@ -17,10 +17,10 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.db import upgrade
-from scheduler.stores import Stores
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.record import upgrade
+from fencepost.core.stores import Stores
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("FENCEPOST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -111,13 +111,13 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
 def spawn(settings: Settings, *args: str, log: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
     """Start `fencepost <args>` as a real process (killable with SIGKILL)."""
     out = open(log, "ab") if log else subprocess.DEVNULL
-    return subprocess.Popen([sys.executable, "-m", "scheduler.cli", *args], cwd=ROOT, env=worker_env(settings, **env),
+    return subprocess.Popen([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=worker_env(settings, **env),
                             stdout=out, stderr=out)
 
 
 async def record_all(stores: Stores, timeout: float = 30.0) -> None:
     """Run the recorder in this process until every queue stream is drained."""
-    from reconciler.recorder import Recorder
+    from fencepost.reconciler.recorder import Recorder
 
     rec = Recorder(stores, consumer="test")
     deadline = time.monotonic() + timeout

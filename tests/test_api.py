@@ -17,11 +17,11 @@ from typing import Any, AsyncIterator, Iterator
 import httpx
 import pytest
 
-from scheduler.api import ApiConfig, create_app
-from scheduler.api.auth import create_token, hash_secret
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.stores import Stores
+from fencepost.api import ApiConfig, create_app
+from fencepost.api.auth import create_token, hash_secret
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.stores import Stores
 
 from tests.conftest import ROOT, record_all, worker_env
 
@@ -129,7 +129,7 @@ async def test_readiness_reports_an_unreachable_store(settings: Settings, client
 
 # -- authentication and roles --------------------------------------------------------------------------
 async def test_every_endpoint_without_a_token_is_401_problem(api: Api) -> None:
-    from scheduler.api.routes import ROUTES
+    from fencepost.api.routes import ROUTES
 
     for route in ROUTES:
         if not route.auth:
@@ -304,7 +304,7 @@ async def test_run_commands_record_token_address_and_reason(api: Api, client: Cl
 
 
 async def test_resume_refused_offers_restart(api: Api, client: Client, stores: Stores) -> None:
-    from scheduler.models import JobSpec
+    from fencepost.core.models import JobSpec
 
     await client.register([JobSpec(name="t.once", queue="tq", resumable=False)])
     rid = await _submit(api, handler="t.once")
@@ -435,7 +435,7 @@ async def test_cli_talks_to_the_api_without_store_credentials(settings: Settings
         port = s.getsockname()[1]
     _, admin = await create_token(client.stores.db, "admin", [], "cli", "test")
     log = open(tmp_path / "api.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "api", "--port", str(port)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "fencepost.cli", "api", "--port", str(port)], cwd=ROOT,
                             env=worker_env(settings), stdout=log, stderr=log)
     try:
         async def up() -> bool:
@@ -452,7 +452,7 @@ async def test_cli_talks_to_the_api_without_store_credentials(settings: Settings
                "FENCEPOST_REDIS_URL": "redis://127.0.0.1:1/0", "FENCEPOST_DATABASE_URL": "postgresql://x@127.0.0.1:1/x"}
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "scheduler.cli", *args], cwd=ROOT, env=env,
+            return subprocess.run([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=env,
                                   capture_output=True, text=True, timeout=60)
 
         out = await asyncio.to_thread(cli, "submit", "t.echo", "--args", "[7]", "--idempotency-key", "k1")
@@ -482,7 +482,7 @@ async def test_cli_talks_to_the_api_without_store_credentials(settings: Settings
         out = await asyncio.to_thread(cli, "dlq")
         assert out.returncode == 0
         bad = dict(env, FENCEPOST_API_TOKEN="fp_wrong")
-        out = await asyncio.to_thread(lambda: subprocess.run([sys.executable, "-m", "scheduler.cli", "ls"], cwd=ROOT,
+        out = await asyncio.to_thread(lambda: subprocess.run([sys.executable, "-m", "fencepost.cli", "ls"], cwd=ROOT,
                                                               env=bad, capture_output=True, text=True, timeout=60))
         assert out.returncode == 1 and "HTTP 401" in out.stderr
     finally:
@@ -498,7 +498,7 @@ def test_token_cli_creates_lists_and_revokes(settings: Settings) -> None:
     env = worker_env(settings)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "scheduler.cli", *args], cwd=ROOT, env=env, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=60)
 
     out = cli("token", "create", "--role", "operator", "--queue", "payments", "--name", "oncall")
@@ -549,7 +549,7 @@ async def test_schemathesis_finds_no_server_error(settings: Settings, client: Cl
     from hypothesis import settings as hsettings
     from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
-    from scheduler.api.openapi import spec
+    from fencepost.api.openapi import spec
 
     await client.submit("t.echo", 1)
     _, secret = await create_token(client.stores.db, "admin", [], "fuzz", "test")

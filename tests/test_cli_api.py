@@ -16,12 +16,12 @@ from typing import AsyncIterator
 
 import pytest
 
-from scheduler.api import ApiConfig, create_app
-from scheduler.api.auth import create_token
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.stores import Stores
-from scheduler.workflows import Node
+from fencepost.api import ApiConfig, create_app
+from fencepost.api.auth import create_token
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.stores import Stores
+from fencepost.workflows import Node
 
 from tests.conftest import ROOT, record_all, worker_env
 from tests.test_api import serve_in_thread
@@ -32,7 +32,7 @@ STORE_ONLY = "needs direct Redis/PostgreSQL access"
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduler.cli", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
 
 
@@ -78,7 +78,7 @@ async def cli(settings: Settings, client: Client) -> AsyncIterator[Cli]:
 
 
 async def test_schedule_commands_over_the_api(cli: Cli, client: Client) -> None:
-    from scheduler.trigger import Trigger
+    from fencepost.trigger import Trigger
 
     out = cli.ok("schedule", "add", "hourly", "--cron", "0 * * * *", "--tz", "Europe/Paris", "--handler", "t.noop",
                  "--args", "[1]", "--kwargs", '{"who": "é"}', "--spread", "30")
@@ -142,7 +142,7 @@ async def test_review_and_workflow_commands_over_the_api(cli: Cli, client: Clien
 async def test_submit_wait_over_the_api(cli: Cli, client: Client) -> None:
     from tests.test_errors import _running, _worker
 
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "submit", "t.echo", "--args", '[{"x": 5}]',
+    proc = subprocess.Popen([sys.executable, "-m", "fencepost.cli", "submit", "t.echo", "--args", '[{"x": 5}]',
                              "--wait", "30"], cwd=ROOT, env=cli.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

@@ -23,9 +23,9 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.stores import Stores
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.stores import Stores
 
 from tests.apps import registry
 from tests.conftest import spawn, wait_until

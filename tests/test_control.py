@@ -16,14 +16,14 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.errors import BulkNotConfirmed, ConcurrentModification, IllegalTransition, ResumeRefused
-from scheduler.models import JobSpec, decode_result, encode_result
-from scheduler.stores import Stores
-from worker.checkpoints import Checkpoints
-from worker.context import Context, LeaseLost
-from worker.runtime import Worker, WorkerOptions
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.errors import BulkNotConfirmed, ConcurrentModification, IllegalTransition, ResumeRefused
+from fencepost.core.models import JobSpec, decode_result, encode_result
+from fencepost.core.stores import Stores
+from fencepost.worker.checkpoints import Checkpoints
+from fencepost.worker.context import Context, LeaseLost
+from fencepost.worker.runtime import Worker, WorkerOptions
 
 from tests.apps import registry
 from tests.conftest import log_tail, run_state, wait_state, ROOT, record_all, spawn, wait_until, worker_env
@@ -379,7 +379,7 @@ async def test_cancel_pending_paused_and_running_runs_with_compensation_where_de
             "compensation only for the t.effects run that had started"
         (cid,) = [r["id"] for r in comp]
         assert await run_state(stores, cid) is None, "the compensation goes through the outbox relay"
-        from reconciler.outbox import OutboxRelay
+        from fencepost.reconciler.outbox import OutboxRelay
 
         assert await OutboxRelay(stores).relay() == 1
         out = await client.wait(cid, timeout=20)
@@ -624,7 +624,7 @@ async def test_stale_attempts_late_checkpoint_is_rejected_and_not_read(client: C
 
 # -- 8. bulk commands need confirmation and are capped ---------------------------------------------
 async def _cli(settings: Settings, *args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "scheduler.cli", *args, cwd=ROOT,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "fencepost.cli", *args, cwd=ROOT,
                                                 env=worker_env(settings), stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.STDOUT)
     out, _ = await asyncio.wait_for(proc.communicate(), 60)

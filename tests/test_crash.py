@@ -15,12 +15,12 @@ from typing import Any
 import asyncpg
 import pytest
 
-from reconciler.recorder import GROUP, Recorder, stream_id_int
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.models import Submit, decode_result
-from scheduler.stores import Stores
-from worker.runtime import Worker, WorkerOptions
+from fencepost.reconciler.recorder import GROUP, Recorder, stream_id_int
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.models import Submit, decode_result
+from fencepost.core.stores import Stores
+from fencepost.worker.runtime import Worker, WorkerOptions
 
 from tests.apps import registry
 from tests.conftest import log_tail, run_state, wait_state, record_all, spawn, wait_until

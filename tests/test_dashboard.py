@@ -13,11 +13,11 @@ from typing import AsyncIterator
 
 import pytest
 
-from scheduler.api import ApiConfig, create_app
-from scheduler.api.auth import create_token
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.stores import Stores
+from fencepost.api import ApiConfig, create_app
+from fencepost.api.auth import create_token
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.stores import Stores
 
 from tests.conftest import ROOT
 from tests.test_api import serve_in_thread
@@ -34,7 +34,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 @contextlib.asynccontextmanager
 async def _recording(stores: Stores) -> AsyncIterator[None]:
     """The recorder in the background, so the history the dashboard shows is in PostgreSQL."""
-    from reconciler.recorder import Recorder
+    from fencepost.reconciler.recorder import Recorder
 
     rec = Recorder(stores, consumer="dashboard-test")
 
@@ -80,7 +80,7 @@ async def test_dashboard_pauses_and_resumes_a_running_checkpointed_job(
                     await page.screenshot(path=str(ARTIFACTS / "dashboard-queues.png"), full_page=True)
 
                     # the queue's dispatch view: tenants and concurrency limits (read-only)
-                    from scheduler import fairness
+                    from fencepost.core import fairness
 
                     await fairness.set_limit(stores, "tq", "export:acme", 2)
                     await page.click("#queues-table a[href='#/dispatch/tq']")
@@ -125,8 +125,8 @@ async def test_dashboard_pauses_and_resumes_a_running_checkpointed_job(
                     await expect(page.locator("#cmd-result")).to_contain_text("refused")
 
                     # a workflow drawn as a graph, and a schedule with its next fires
-                    from scheduler.schedules import Schedules, ScheduleSpec
-                    from scheduler.workflows import Node
+                    from fencepost.core.schedules import Schedules, ScheduleSpec
+                    from fencepost.workflows import Node
 
                     wid = await client.submit_workflow([Node(name="extract", handler="t.echo", args=(1,)),
                                                         Node(name="load", handler="t.echo", args=(2,),

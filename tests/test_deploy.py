@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.models import Submit
-from scheduler.scaling import recommend
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.models import Submit
+from fencepost.core.scaling import recommend
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL = "install it with: apt-get install -y docker-compose   (Debian's package; .ci/run does this)"
@@ -87,10 +87,10 @@ def test_scale_hint_matches_the_hld_sizing() -> None:
 
 
 async def test_scale_hint_cli_and_reconciler_gauge(client: Client, settings: Settings) -> None:
-    from reconciler.scalehint import WORKERS, ScaleHints
+    from fencepost.reconciler.scalehint import WORKERS, ScaleHints
 
     await client.submit_many([Submit(handler="t.noop")] * 40)
-    args = [sys.executable, "-m", "scheduler.cli", "--database-url", settings.database_url, "scale-hint",
+    args = [sys.executable, "-m", "fencepost.cli", "--database-url", settings.database_url, "scale-hint",
             "--queue", "tq", "--target-lag", "5", "--window", "300", "--run-time", "2", "--concurrency", "10"]
     out = subprocess.run([*args, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -13,12 +13,12 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from reconciler.rebuild import rebuild_queue
-from reconciler.service import Reconciler
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.models import Submit
-from scheduler.stores import Stores
+from fencepost.reconciler.rebuild import rebuild_queue
+from fencepost.reconciler.service import Reconciler
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.models import Submit
+from fencepost.core.stores import Stores
 
 from tests.conftest import ROOT, record_all, wait_until, worker_env
 from tests.test_state_machine import CLAIM_FIELDS
@@ -29,7 +29,7 @@ Q = "tq"
 
 
 def reconcile(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduler.cli", "reconcile", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "fencepost.cli", "reconcile", *args], cwd=ROOT,
                           env=worker_env(settings), capture_output=True, text=True, timeout=60)
 
 
@@ -247,7 +247,7 @@ async def test_a_completed_run_waiting_in_a_tenant_or_held_set_is_not_claimed_af
 
 async def test_wait_until_sees_the_rebuilt_queue(stores: Stores, client: Client, settings: Settings) -> None:
     """Workers' claims refuse an unstamped queue and succeed after the reconciler's pass."""
-    from scheduler.errors import NotStamped
+    from fencepost.core.errors import NotStamped
 
     await client.submit("t.noop")
     await stores.redis.delete(stores.keys(Q).epoch)

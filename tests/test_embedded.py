@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 import redis
 
-from scheduler.embedded import EmbeddedServers, resolve_urls
+from fencepost.dev.embedded import EmbeddedServers, resolve_urls
 
 
 def _port(url: str) -> int:

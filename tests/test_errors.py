@@ -23,17 +23,17 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import reconciler.service  # noqa: F401 - what the reconciler process imports (drift metrics)
-from reconciler.gauges import Gauges
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.keys import breaker_keys
-from scheduler.models import decode_result
-from scheduler.stores import Stores
-from scheduler.tracing import new_traceparent, trace_id
-from worker.acks import backoff_ms
-from worker.breakers import BreakerPolicy, Breakers
-from worker.runtime import Worker, WorkerOptions
+import fencepost.reconciler.service  # noqa: F401 - what the reconciler process imports (drift metrics)
+from fencepost.reconciler.gauges import Gauges
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.keys import breaker_keys
+from fencepost.core.models import decode_result
+from fencepost.core.stores import Stores
+from fencepost.core.tracing import new_traceparent, trace_id
+from fencepost.worker.acks import backoff_ms
+from fencepost.worker.breakers import BreakerPolicy, Breakers
+from fencepost.worker.runtime import Worker, WorkerOptions
 
 from tests import apps
 from tests.apps import registry

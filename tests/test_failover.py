@@ -24,11 +24,11 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.errors import DatabaseUnavailable, FencepostError
-from scheduler.models import Submit
-from scheduler.stores import Stores
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.errors import DatabaseUnavailable, FencepostError
+from fencepost.core.models import Submit
+from fencepost.core.stores import Stores
 
 from tests.apps import registry
 from tests.conftest import spawn, wait_until
@@ -108,8 +108,8 @@ async def max_token(stores: Stores, db_url: str) -> int:
 
 async def assert_stale(stores: Stores, held: list[tuple[int, int]]) -> None:
     """A worker holding a pre-failure token can neither finish, renew nor checkpoint."""
-    from worker.checkpoints import Checkpoints
-    from worker.context import Context, LeaseLost
+    from fencepost.worker.checkpoints import Checkpoints
+    from fencepost.worker.context import Context, LeaseLost
 
     keys = stores.keys(HELD)
     checkpoints = Checkpoints(stores, registry)

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from redis.exceptions import ResponseError
 
-from scheduler.keys import Keys
-from scheduler.scripts import SCRIPT_NAMES, render
-from scheduler.stores import Stores
+from fencepost.core.keys import Keys
+from fencepost.core.hot import SCRIPT_NAMES, render
+from fencepost.core.stores import Stores
 
 from tests.conftest import REDIS_URL
 from tests.test_fencing import T0, Queue

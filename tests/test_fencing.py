@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.errors import NotStamped
-from scheduler.keys import Keys
-from scheduler.stores import Stores
+from fencepost.core.errors import NotStamped
+from fencepost.core.keys import Keys
+from fencepost.core.stores import Stores
 
 from tests.test_state_machine import claimed_runs, enqueue_args
 

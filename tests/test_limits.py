@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.client import Client
-from scheduler.config import Settings
-from scheduler.errors import InvalidInput
-from scheduler.models import Submit
-from scheduler.stores import Stores
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.errors import InvalidInput
+from fencepost.core.models import Submit
+from fencepost.core.stores import Stores
 
 from tests.conftest import log_tail, record_all, spawn, wait_until
 
@@ -89,7 +89,7 @@ async def test_a_sigkilled_workers_slots_come_back_through_the_reaper(client: Cl
         assert await stores.redis.zcard(keys.base + "held:t.export:A") == 3, "the other 3 wait for a slot"
         from prometheus_client import REGISTRY
 
-        from reconciler.gauges import Gauges
+        from fencepost.reconciler.gauges import Gauges
 
         await Gauges(stores).observe(["tq"])
         assert REGISTRY.get_sample_value("fencepost_held_runs", {"queue": "tq"}) == 3
@@ -149,7 +149,7 @@ async def test_queue_settings_from_the_cli(client: Client, settings: Settings, s
     assert await stores.redis.hget(base + "weights", "acme") == b"3.0"
     # a failover rebuild copies the settings back from the record
     await stores.redis.delete(base + "weights", base + "limits", stores.keys("tq").config)
-    from reconciler.rebuild import rebuild_queue
+    from fencepost.reconciler.rebuild import rebuild_queue
 
     await rebuild_queue(stores, "tq", force=True)
     assert await stores.redis.hget(base + "weights", "acme") == b"3.0"

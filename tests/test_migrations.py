@@ -10,7 +10,7 @@ import uuid
 import asyncpg
 import pytest
 
-from scheduler.db import migrations, upgrade
+from fencepost.core.record import migrations, upgrade
 
 from tests.conftest import ADMIN_URL, ROOT, _db_url
 
@@ -45,7 +45,7 @@ async def test_concurrent_upgrades_apply_each_migration_once(empty_db: str) -> N
 
 def test_cli_upgrade_is_idempotent(empty_db: str) -> None:
     env = {"FENCEPOST_DATABASE_URL": empty_db, "PATH": "/usr/bin:/bin"}
-    cmd = [sys.executable, "-m", "scheduler.cli", "db", "upgrade"]
+    cmd = [sys.executable, "-m", "fencepost.cli", "db", "upgrade"]
     first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0 and "applied" in first.stdout, first.stderr
@@ -54,7 +54,7 @@ def test_cli_upgrade_is_idempotent(empty_db: str) -> None:
 
 def test_unreachable_database_is_one_clear_line() -> None:
     env = {"FENCEPOST_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade"], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-m", "fencepost.cli", "db", "upgrade"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert out.stderr.startswith("error: postgresql unreachable") and "Traceback" not in out.stderr

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from scheduler.client import Client
-from scheduler.stores import Stores
+from fencepost.client import Client
+from fencepost.core.stores import Stores
 
 from tests.conftest import record_all
 

@@ -19,15 +19,15 @@ import asyncpg
 import msgspec
 import pytest
 
-from reconciler.recorder import Recorder
-from reconciler.service import Reconciler
-from scheduler.client import Client, Submit
-from scheduler.config import Settings
-from scheduler.errors import InvalidInput, UnknownRun
-from scheduler.retention import Maintenance, archive_runs, ensure_partitions, parse_archive_after, parse_duration
-from scheduler.stores import Stores
-from scheduler.workflows import Node
-from worker.runtime import Worker, WorkerOptions
+from fencepost.reconciler.recorder import Recorder
+from fencepost.reconciler.service import Reconciler
+from fencepost.client import Client, Submit
+from fencepost.core.config import Settings
+from fencepost.core.errors import InvalidInput, UnknownRun
+from fencepost.reconciler.retention import Maintenance, archive_runs, ensure_partitions, parse_archive_after, parse_duration
+from fencepost.core.stores import Stores
+from fencepost.workflows import Node
+from fencepost.worker.runtime import Worker, WorkerOptions
 
 from tests.apps import registry
 from tests.conftest import ROOT, record_all, worker_env
@@ -92,7 +92,7 @@ async def _counts(conn: asyncpg.Connection) -> dict[str, int]:
 
 async def fencepost(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     """The real CLI in a subprocess (its commands run their own event loop)."""
-    return await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "scheduler.cli", *args], cwd=ROOT,
+    return await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT,
                                    env=worker_env(settings), capture_output=True, text=True, timeout=120)
 
 
@@ -301,7 +301,7 @@ async def test_archiving_moves_only_old_terminal_runs_and_they_are_still_found_b
         assert run["status"] == "SUCCEEDED" and run["id"] == rid
         assert (await client.events(rid), await client.attempts(rid)) == history[rid]
         assert (await client.wait(rid, timeout=5)).status == "SUCCEEDED"
-    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "scheduler.cli", "status", str(old[0])],
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "fencepost.cli", "status", str(old[0])],
                                   cwd=ROOT, env=worker_env(settings), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and f"id                {old[0]}" in out.stdout and "SUCCEEDED" in out.stdout, out
 

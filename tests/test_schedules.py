@@ -13,10 +13,9 @@ from datetime import datetime, timedelta, timezone
 import asyncpg
 import pytest
 
-from scheduler.client import Client
-from scheduler.schedules import (InvalidCron, InvalidTimezone, Schedules, ScheduleSpec, next_fires,
-                                 spread_offset_ms, zone)
-from scheduler.trigger import ManualClock, Trigger
+from fencepost.client import Client
+from fencepost.core.schedules import InvalidCron, InvalidTimezone, Schedules, ScheduleSpec, next_fires, spread_offset_ms, zone
+from fencepost.trigger import ManualClock, Trigger
 
 from tests.conftest import ROOT, spawn, wait_until, worker_env
 
@@ -233,12 +232,12 @@ async def test_paused_schedule_does_not_fire_and_resume_coalesces(client: Client
 # -- real processes ------------------------------------------------------------------------------
 @pytest.mark.slow
 async def test_killed_trigger_process_standby_takes_over_and_job_sees_fire_time(client, settings, tmp_path) -> None:
-    from scheduler.loadtest import registry as lt_registry
+    from fencepost.dev.loadtest import registry as lt_registry
 
     await client.register(lt_registry)
     await Schedules(client).add(ScheduleSpec(name="sec", handler="loadtest.fire_time", interval_s=1, exact=True,
                                              queue="ltq"))
-    wk = spawn(settings, "worker", "--app", "scheduler.loadtest:registry", "--queue", "ltq", "--processes", "1",
+    wk = spawn(settings, "worker", "--app", "fencepost.dev.loadtest:registry", "--queue", "ltq", "--processes", "1",
                log=tmp_path / "w.log")
     rec = spawn(settings, "reconciler", log=tmp_path / "r.log")
     t1 = spawn(settings, "trigger", "--lease", "1.5", "--tick", "0.05", log=tmp_path / "t1.log")
@@ -263,7 +262,7 @@ async def test_killed_trigger_process_standby_takes_over_and_job_sees_fire_time(
         # the handler received its logical fire time
         row = await wait_until(lambda: pool.fetchrow(
             "SELECT fire_time, result FROM runs WHERE status = 'SUCCEEDED' ORDER BY id LIMIT 1"), timeout=10)
-        from scheduler.models import decode_result
+        from fencepost.core.models import decode_result
 
         assert decode_result(row["result"]) == int(row["fire_time"].timestamp() * 1000)
     finally:
@@ -287,7 +286,7 @@ def test_cli_add_ls_next_and_bad_cron(settings, client) -> None:
     env = worker_env(settings)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "scheduler.cli", *args], cwd=ROOT, env=env,
+        return subprocess.run([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=60)
 
     bad = cli("schedule", "add", "x", "--cron", "0 0 31 2 * *", "--handler", "t.noop")

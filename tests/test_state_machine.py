@@ -22,11 +22,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
     run_state_machine_as_test
 from redis.exceptions import ResponseError
 
-from scheduler.keys import Keys
-from scheduler.resources import resource_dir
-from scheduler.scripts import SCRIPT_NAMES, _states_lua, render
-from scheduler.states import ACTIVE, TERMINAL, TRANSITIONS, Status, edges, is_legal
-from scheduler.stores import Stores
+from fencepost.core.keys import Keys
+from fencepost.core.resources import resource_dir
+from fencepost.core.hot import SCRIPT_NAMES, _states_lua, render
+from fencepost.core.states import ACTIVE, TERMINAL, TRANSITIONS, Status, edges, is_legal
+from fencepost.core.stores import Stores
 
 from tests.conftest import REDIS_URL
 

@@ -8,10 +8,10 @@ from datetime import datetime, timedelta, timezone
 import asyncpg
 import pytest
 
-from scheduler.client import Client
-from scheduler.errors import InvalidInput, PayloadTooLarge, UnknownHandler
-from scheduler.models import Submit
-from worker.runtime import Worker, WorkerOptions
+from fencepost.client import Client
+from fencepost.core.errors import InvalidInput, PayloadTooLarge, UnknownHandler
+from fencepost.core.models import Submit
+from fencepost.worker.runtime import Worker, WorkerOptions
 
 from tests.apps import registry
 from tests.conftest import record_all, wait_until
@@ -100,7 +100,7 @@ async def test_wait_returns_the_handlers_result(client: Client, settings) -> Non
 
 
 async def test_outbox_submit_exists_only_if_the_transaction_commits(client: Client, settings, stores) -> None:
-    from reconciler.outbox import OutboxRelay
+    from fencepost.reconciler.outbox import OutboxRelay
 
     conn = await asyncpg.connect(settings.database_url)
     try:

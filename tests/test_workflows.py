@@ -11,9 +11,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from scheduler.client import Client
-from scheduler.examples import registry as examples
-from scheduler.workflows import Node, UnknownDependency, WorkflowCycle
+from fencepost.client import Client
+from fencepost.dev.examples import registry as examples
+from fencepost.workflows import Node, UnknownDependency, WorkflowCycle
 
 from tests.conftest import ROOT, record_all, spawn, wait_until, worker_env
 
@@ -29,7 +29,7 @@ async def _settled(client: Client, wid: Any) -> dict[str, str] | None:
 
 @contextmanager
 def _services(settings: Any, tmp_path: Any, *, reconciler: bool = True) -> Iterator[None]:
-    procs = [spawn(settings, "worker", "--app", "scheduler.examples:registry", "--queue", "demo",
+    procs = [spawn(settings, "worker", "--app", "fencepost.dev.examples:registry", "--queue", "demo",
                    "--processes", "1", log=tmp_path / "worker.log")]
     if reconciler:
         procs.append(spawn(settings, "reconciler", log=tmp_path / "reconciler.log"))
@@ -81,7 +81,7 @@ async def test_submit_is_atomic_roots_pending_others_blocked_and_not_in_redis(cl
     wid2 = await client.submit_workflow([_add("t", tenant="acme")])
     [t] = (await client.workflow(wid2))["nodes"]
     assert await client.stores.redis.zscore(keys.base + "due:t:acme", str(t["id"])) is not None
-    from scheduler.cli_workflow import draw
+    from fencepost.cli.workflow import draw
 
     text = "\n".join(draw(wf))
     assert "4 nodes" in text and "◀ b, c" in text and "PENDING" in text
@@ -91,9 +91,9 @@ async def test_recorder_dies_between_upstream_success_and_release_cannot_strand(
                                                                                  tmp_path, monkeypatch) -> None:
     """The hook raises once right after apply_runs: the batch rolls back (the upstream is not
     recorded SUCCEEDED either), is redelivered, and then records both in one commit."""
-    from reconciler import workflows as hook
-    from reconciler.outbox import OutboxRelay
-    from reconciler.recorder import Recorder
+    from fencepost.core import release as hook
+    from fencepost.reconciler.outbox import OutboxRelay
+    from fencepost.reconciler.recorder import Recorder
 
     await client.register(examples)
     wid = await client.submit_workflow([_add("up"), _add("down", "up")])
@@ -139,7 +139,7 @@ async def test_diamond_runs_in_dependency_order(client: Client, settings, tmp_pa
     runs = {n["name"]: await client.get(n["id"]) for n in (await client.workflow(wid))["nodes"]}
     assert runs["b"]["started_at"] >= runs["a"]["finished_at"] and runs["c"]["started_at"] >= runs["a"]["finished_at"]
     assert runs["d"]["started_at"] >= max(runs["b"]["finished_at"], runs["c"]["finished_at"])
-    out = subprocess.run([sys.executable, "-m", "scheduler.cli", "workflow", "show", str(wid)], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "fencepost.cli", "workflow", "show", str(wid)], cwd=ROOT,
                          env=worker_env(settings), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "4 SUCCEEDED" in out.stdout and "◀ b, c" in out.stdout, out.stderr
 

@@ -1,6 +1,6 @@
 """The worker runtime: claim, execute (async / thread / process), keep leases, acknowledge."""
 
-from .context import Context
-from .runtime import Worker
+from fencepost.worker.context import Context
+from fencepost.worker.runtime import Worker
 
 __all__ = ["Context", "Worker"]

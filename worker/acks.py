@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from scheduler.stores import Stores
+from fencepost.core.stores import Stores
 
 log = logging.getLogger("fencepost.worker")
 

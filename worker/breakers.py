@@ -12,10 +12,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from scheduler.keys import breaker_keys
-from scheduler.stores import Stores
+from fencepost.core.keys import breaker_keys
+from fencepost.core.stores import Stores
 
-from . import metrics
+from fencepost.core import metrics
 
 log = logging.getLogger("fencepost.worker.breakers")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from scheduler.models import decode_result, encode_result
-from scheduler.registry import Registry
-from scheduler.stores import Stores
+from fencepost.core.models import decode_result, encode_result
+from fencepost.core.registry import Registry
+from fencepost.core.stores import Stores
 
-from . import metrics
-from .context import Context, Interrupt, LeaseLost
+from fencepost.core import metrics
+from fencepost.worker.context import Context, Interrupt, LeaseLost
 
 __all__ = ["Checkpoints"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from scheduler.tracing import trace_id
+from fencepost.core.tracing import trace_id
 from typing import Any, Awaitable, Callable
 
 __all__ = ["Context", "SyncContext", "Interrupt", "LeaseLost"]

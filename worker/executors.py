@@ -17,15 +17,15 @@ from typing import Any
 
 import msgspec
 
-from scheduler.errors import InvalidInput
-from scheduler.models import Claimed, decode_payload, encode_result
-from scheduler.registry import Registry
-from scheduler.tracing import traceparent_var
+from fencepost.core.errors import InvalidInput
+from fencepost.core.models import Claimed, decode_payload, encode_result
+from fencepost.core.registry import Registry
+from fencepost.core.tracing import traceparent_var
 
-from .checkpoints import Checkpoints
-from .classify import OUTCOME_OF_KIND, classify
-from .context import Context, Interrupt, LeaseLost
-from .procpool import ChildCrashed, ProcessPool, RemoteError
+from fencepost.worker.checkpoints import Checkpoints
+from fencepost.core.classify import OUTCOME_OF_KIND, classify
+from fencepost.worker.context import Context, Interrupt, LeaseLost
+from fencepost.worker.procpool import ChildCrashed, ProcessPool, RemoteError
 
 __all__ = ["Outcome", "Executors"]
 

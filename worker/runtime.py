@@ -17,19 +17,19 @@ from dataclasses import dataclass, field
 from math import inf
 from typing import Any
 
-from scheduler.client import store_definitions
-from scheduler.config import Settings
-from scheduler.errors import NotStamped, StoreUnavailable
-from scheduler.models import Claimed
-from scheduler.registry import Registry
-from scheduler.stores import Stores
+from fencepost.client import store_definitions
+from fencepost.core.config import Settings
+from fencepost.core.errors import NotStamped, StoreUnavailable
+from fencepost.core.models import Claimed
+from fencepost.core.registry import Registry
+from fencepost.core.stores import Stores
 
-from . import metrics
-from .acks import Acknowledger
-from .breakers import Breakers
-from .checkpoints import Checkpoints
-from .context import Context, SyncContext
-from .executors import Executors, Outcome
+from fencepost.core import metrics
+from fencepost.worker.acks import Acknowledger
+from fencepost.worker.breakers import Breakers
+from fencepost.worker.checkpoints import Checkpoints
+from fencepost.worker.context import Context, SyncContext
+from fencepost.worker.executors import Executors, Outcome
 
 log = logging.getLogger("fencepost.worker")
 

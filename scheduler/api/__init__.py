@@ -1,5 +1,5 @@
 """The HTTP API and operator dashboard (`fencepost api`)."""
 
-from .app import Api, ApiConfig, create_app
+from fencepost.api.app import Api, ApiConfig, create_app
 
 __all__ = ["create_app", "ApiConfig", "Api"]

@@ -16,11 +16,11 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..client import Client
-from ..config import Settings
-from .auth import RateLimiter, Tokens
-from .problems import ApiError, problem_response
-from .routes import ROUTES, wrap
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.api.auth import RateLimiter, Tokens
+from fencepost.api.problems import ApiError, problem_response
+from fencepost.api.routes import ROUTES, wrap
 
 __all__ = ["ApiConfig", "Api", "create_app", "STATIC_DIR"]
 

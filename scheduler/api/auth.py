@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..db import Database
-from ..errors import InvalidInput
-from ..keys import valid_queue_name
-from .problems import Forbidden, RateLimited, Unauthorized
+from fencepost.core.record import Database
+from fencepost.core.errors import InvalidInput
+from fencepost.core.keys import valid_queue_name
+from fencepost.api.problems import Forbidden, RateLimited, Unauthorized
 
 __all__ = ["Principal", "Tokens", "ROLES", "hash_secret", "new_secret", "RateLimiter", "create_token"]
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import msgspec
 
-from .. import __version__
-from . import schemas as S
-from .routes import OPTIONAL_BODY, ROUTES
+from fencepost import __version__
+from fencepost.api import schemas as S
+from fencepost.api.routes import OPTIONAL_BODY, ROUTES
 
 __all__ = ["document", "spec"]
 

@@ -11,9 +11,9 @@ from typing import Any
 import msgspec
 from starlette.responses import Response
 
-from .. import errors as E
-from ..schedules import ScheduleExists, UnknownSchedule
-from ..workflows import UnknownWorkflow
+from fencepost.core import errors as E
+from fencepost.core.schedules import ScheduleExists, UnknownSchedule
+from fencepost.workflows import UnknownWorkflow
 
 __all__ = ["ApiError", "Unauthorized", "Forbidden", "TooLarge", "RateLimited", "BadRequest", "BulkTooLarge",
            "UnsupportedMediaType", "problem_response", "problem_for", "PROBLEM_TYPE"]

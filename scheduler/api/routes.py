@@ -22,17 +22,17 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .. import fairness
-from ..client import Client
-from ..errors import InvalidInput
-from ..fairness import due_summary
-from ..models import Submit, decode_result
-from ..schedules import Schedules
-from ..states import RESTING, Status
-from . import schemas as S
-from .auth import Principal, create_token
-from .metrics import LATENCY, REFUSED, REQUESTS
-from .problems import BadRequest, BulkTooLarge, Forbidden, TooLarge, problem_response
+from fencepost.core import fairness
+from fencepost.client import Client
+from fencepost.core.errors import InvalidInput
+from fencepost.core.fairness import due_summary
+from fencepost.core.models import Submit, decode_result
+from fencepost.core.schedules import Schedules
+from fencepost.core.states import RESTING, Status
+from fencepost.api import schemas as S
+from fencepost.api.auth import Principal, create_token
+from fencepost.api.metrics import LATENCY, REFUSED, REQUESTS
+from fencepost.api.problems import BadRequest, BulkTooLarge, Forbidden, TooLarge, problem_response
 
 __all__ = ["ROUTES", "RouteSpec", "Ctx"]
 
@@ -230,7 +230,7 @@ async def metrics(ctx: Ctx) -> Any:
 
 
 async def openapi_doc(ctx: Ctx) -> Any:
-    from .openapi import document
+    from fencepost.api.openapi import document
 
     return Response(document(), media_type="application/json")
 
@@ -353,7 +353,7 @@ async def bulk(ctx: Ctx) -> Any:
     if matched > cap:
         raise BulkTooLarge(f"{matched} runs match; the server acts on at most {cap} at once. Narrow the selection "
                            "(status, handler); nothing changed", matched=matched, limit=cap, field="confirm")
-    from ..errors import BulkNotConfirmed
+    from fencepost.core.errors import BulkNotConfirmed
 
     if body.confirm != matched:
         exc = BulkNotConfirmed(matched, cap)
@@ -491,7 +491,7 @@ async def revoke_token(ctx: Ctx) -> Any:
         raise InvalidInput(f"token id must be a positive integer, not {raw!r}", field="token_id")
     row = await ctx.client.stores.db.fetchrow("api_token_revoke", int(raw))
     if row is None:
-        from .problems import NotFound
+        from fencepost.api.problems import NotFound
 
         raise NotFound(f"no token with id {raw}", token_id=int(raw))
     ctx.api.tokens.forget()

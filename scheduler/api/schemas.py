@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from ..schedules import ScheduleSpec
-from ..workflows import Node
+from fencepost.core.schedules import ScheduleSpec
+from fencepost.workflows import Node
 
 __all__ = [
     "SubmitRequest", "SubmitBatch", "Submitted", "SubmittedBatch", "Run", "RunSummary", "Attempt", "Event",

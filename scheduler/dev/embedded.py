@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from scheduler.errors import FencepostError
+from fencepost.core.errors import FencepostError
 
 __all__ = ["EmbeddedServerError", "EmbeddedServers", "resolve_urls"]
 

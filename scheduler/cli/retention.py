@@ -10,13 +10,13 @@ from pathlib import Path
 
 import click
 
-from .config import Settings
+from fencepost.core.config import Settings
 
 __all__ = ["register"]
 
 
 def _parse_now(value: str | None) -> datetime:
-    from .errors import InvalidInput
+    from fencepost.core.errors import InvalidInput
 
     if value is None:
         return datetime.now(timezone.utc)
@@ -29,7 +29,7 @@ def _parse_now(value: str | None) -> datetime:
 
 
 def register(cli: click.Group) -> None:
-    from .cli import command
+    from fencepost.cli.main import command
 
     @cli.command("retention")
     @click.option("--keep", required=True,
@@ -43,10 +43,10 @@ def register(cli: click.Group) -> None:
     async def retention(settings: Settings, keep: str, archive_dir: Path | None, dry_run: bool,
                         now_: str | None) -> None:
         """Drop history partitions older than --keep (optionally archiving them first)."""
-        from .apiclient import require_store
-        from .db import Database
-        from .errors import InvalidInput
-        from .retention import archive_path, drop_partition, expired_partitions, parse_duration
+        from fencepost.apiclient import require_store
+        from fencepost.core.record import Database
+        from fencepost.core.errors import InvalidInput
+        from fencepost.reconciler.retention import archive_path, drop_partition, expired_partitions, parse_duration
 
         require_store("retention")
         cutoff = _parse_now(now_) - parse_duration(keep)  # bad input fails before any connection

@@ -8,7 +8,7 @@ import hashlib
 import os
 import time
 
-from .registry import Registry
+from fencepost.core.registry import Registry
 
 registry = Registry()
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .config import Settings
+from fencepost.core.config import Settings
 
 __all__ = ["register"]
 
@@ -29,7 +29,7 @@ def _progress(as_json: bool):  # type: ignore[no-untyped-def]
 
 
 def register(cli: click.Group) -> None:
-    from .cli import command
+    from fencepost.cli.main import command
 
     @cli.group()
     def loadtest() -> None:
@@ -49,8 +49,8 @@ def register(cli: click.Group) -> None:
     async def spike_cmd(settings: Settings, schedules: int, workers: int, spread_s: float, concurrency: int,
                         lookahead_s: float, batch: int, timeout_s: float, log_dir: str | None, as_json: bool) -> None:
         """SCHEDULES schedules all firing in the same minute (cron spike)."""
-        from .apiclient import require_store
-        from .loadtest import format_report, spike
+        from fencepost.apiclient import require_store
+        from fencepost.dev.loadtest import format_report, spike
 
         require_store("loadtest spike")
 
@@ -72,8 +72,8 @@ def register(cli: click.Group) -> None:
     async def burst_cmd(settings: Settings, jobs: int, workers: int, concurrency: int, timeout_s: float,
                         log_dir: str | None, as_json: bool) -> None:
         """JOBS one-shot runs submitted at once."""
-        from .apiclient import require_store
-        from .loadtest import burst, format_report
+        from fencepost.apiclient import require_store
+        from fencepost.dev.loadtest import burst, format_report
 
         require_store("loadtest burst")
 

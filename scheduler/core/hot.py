@@ -15,10 +15,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ClusterDownError, ClusterError, ResponseError, TryAgainError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .errors import NotStamped, RedisUnavailable, decode_lua_error
-from .keys import Keys
-from .resources import resource_dir
-from .states import edges
+from fencepost.core.errors import NotStamped, RedisUnavailable, decode_lua_error
+from fencepost.core.keys import Keys
+from fencepost.core.resources import resource_dir
+from fencepost.core.states import edges
 
 __all__ = ["Scripts", "render", "SCRIPT_NAMES"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from .config import Settings
+from fencepost.core.config import Settings
 
 __all__ = ["register", "draw"]
 
@@ -18,7 +18,7 @@ _COLOUR = {"SUCCEEDED": "green", "FAILED": "red", "TIMED_OUT": "red", "CANCELLED
 
 def draw(wf: dict[str, Any], *, colour: bool = False) -> list[str]:
     """The graph as text: one band per depth, each node with its state and upstreams."""
-    from .workflows import layers
+    from fencepost.workflows import layers
 
     nodes = wf["nodes"]
     counts: dict[str, int] = {}
@@ -46,7 +46,7 @@ def draw(wf: dict[str, Any], *, colour: bool = False) -> list[str]:
 
 
 def register(cli: click.Group) -> None:
-    from .cli import command
+    from fencepost.cli.main import command
 
     @cli.group()
     def workflow() -> None:
@@ -59,8 +59,8 @@ def register(cli: click.Group) -> None:
         """Draw the graph with the state of every node."""
         import sys
 
-        from .apiclient import from_context
-        from .client import Client
+        from fencepost.apiclient import from_context
+        from fencepost.client import Client
 
         if (api := from_context()) is not None:
             wf = api.workflow(workflow_id)
@@ -77,8 +77,8 @@ def register(cli: click.Group) -> None:
     @command
     async def retry(settings: Settings, workflow_id: str, recompute: tuple[str, ...], reason: str) -> None:
         """Re-run failed/stopped/cancelled nodes and their descendants; succeeded nodes are kept."""
-        from .apiclient import from_context
-        from .client import Client
+        from fencepost.apiclient import from_context
+        from fencepost.client import Client
 
         if (api := from_context()) is not None:
             done = api.retry_workflow(workflow_id, recompute=recompute, reason=reason)

@@ -9,14 +9,14 @@ from typing import Any
 
 import click
 
-from .config import Settings
+from fencepost.core.config import Settings
 
 __all__ = ["register"]
 
 
 def register(cli: click.Group) -> None:
-    from .cli import _table, command
-    from .cli_control import _actor
+    from fencepost.cli.main import _table, command
+    from fencepost.cli.control import _actor
 
     @cli.group()
     def token() -> None:
@@ -29,15 +29,15 @@ def register(cli: click.Group) -> None:
     @command
     async def create(settings: Settings, role: str, queues: tuple[str, ...], name: str | None) -> None:
         """Create a token and print its secret (shown only now: only its sha256 is stored)."""
-        from .apiclient import from_context
+        from fencepost.apiclient import from_context
 
         api = from_context()
         if api is not None:
             row = api.request("POST", "/v1/tokens", {"role": role, "queues": list(queues), "name": name})
             secret = row["secret"]
         else:
-            from .api.auth import create_token
-            from .db import Database
+            from fencepost.api.auth import create_token
+            from fencepost.core.record import Database
 
             db = await Database(settings.database_url, max_size=1).connect()
             try:
@@ -54,14 +54,14 @@ def register(cli: click.Group) -> None:
     @command
     async def revoke(settings: Settings, token_id: int) -> None:
         """Revoke a token (API replicas stop accepting it within their token cache time, 5 s)."""
-        from .apiclient import from_context
-        from .errors import InvalidInput
+        from fencepost.apiclient import from_context
+        from fencepost.core.errors import InvalidInput
 
         api = from_context()
         if api is not None:
             api.request("DELETE", f"/v1/tokens/{token_id}")
         else:
-            from .db import Database
+            from fencepost.core.record import Database
 
             db = await Database(settings.database_url, max_size=1).connect()
             try:
@@ -76,14 +76,14 @@ def register(cli: click.Group) -> None:
     @command
     async def ls(settings: Settings) -> None:
         """List tokens (never their secrets)."""
-        from .apiclient import from_context
+        from fencepost.apiclient import from_context
 
         api = from_context()
         rows: list[dict[str, Any]]
         if api is not None:
             rows = api.request("GET", "/v1/tokens")
         else:
-            from .db import Database
+            from fencepost.core.record import Database
 
             db = await Database(settings.database_url, max_size=1).connect()
             try:

@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from .config import Settings
-from .control import BULK_DEFAULT_LIMIT, COMMANDS
-from .errors import BulkNotConfirmed
+from fencepost.core.config import Settings
+from fencepost.control import BULK_DEFAULT_LIMIT, COMMANDS
+from fencepost.core.errors import BulkNotConfirmed
 
 _HELP = {
     "pause": "Pause a run (PENDING/RETRY_WAIT now; RUNNING at its next safe boundary).",
@@ -30,7 +30,7 @@ def _actor() -> str:
 
 
 def _make(verb: str) -> click.Command:
-    from .cli import command
+    from fencepost.cli.main import command
 
     @click.argument("run_id", type=int, required=False)
     @click.option("--reason", default="", help="Recorded in the run's history with your name.")
@@ -43,7 +43,7 @@ def _make(verb: str) -> click.Command:
     @command
     async def run_command(settings: Settings, run_id: int | None, reason: str, queue: str | None, status_: str | None,
                           handler: str | None, limit: int, yes: bool, expected_version: int | None) -> None:
-        from .client import Client
+        from fencepost.client import Client
 
         if (run_id is None) == (queue is None):
             raise click.UsageError(f"give a RUN_ID, or --queue (with --status/--handler) for a bulk {verb}")
@@ -72,7 +72,7 @@ def _make(verb: str) -> click.Command:
 async def _via_api(verb: str, run_id: int | None, reason: str, queue: str | None, status_: str | None,
                    handler: str | None, yes: bool, expected_version: int | None) -> bool:
     """With --api: the same command through the HTTP API (the bulk confirm is the match count)."""
-    from .apiclient import from_context
+    from fencepost.apiclient import from_context
 
     api = from_context()
     if api is None:
@@ -98,7 +98,7 @@ async def _via_api(verb: str, run_id: int | None, reason: str, queue: str | None
 
 
 def register(cli: click.Group) -> None:
-    from .cli import command
+    from fencepost.cli.main import command
 
     for verb in COMMANDS:
         cli.add_command(_make(verb))
@@ -113,8 +113,8 @@ def register(cli: click.Group) -> None:
     @click.option("--reason", default="")
     @command
     async def queue_pause(settings: Settings, name: str, reason: str) -> None:
-        from .apiclient import from_context
-        from .client import Client
+        from fencepost.apiclient import from_context
+        from fencepost.client import Client
 
         if (api := from_context()) is not None:
             api.pause_queue(name, reason=reason)
@@ -129,8 +129,8 @@ def register(cli: click.Group) -> None:
     @click.option("--reason", default="")
     @command
     async def queue_resume(settings: Settings, name: str, reason: str) -> None:
-        from .apiclient import from_context
-        from .client import Client
+        from fencepost.apiclient import from_context
+        from fencepost.client import Client
 
         if (api := from_context()) is not None:
             api.resume_queue(name, reason=reason)

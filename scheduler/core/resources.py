@@ -1,4 +1,4 @@
-"""Find lua/ and sql/ at run time: inside the wheel (scheduler/_lua, scheduler/_sql)
+"""Find lua/ and sql/ at run time: inside the wheel (fencepost/_lua, fencepost/_sql)
 or, in a source checkout or editable install, at the repository root."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ _HERE = Path(__file__).resolve().parent
 
 
 def resource_dir(name: str) -> Path:
-    for candidate in (_HERE / f"_{name}", _HERE.parent / name):
+    for candidate in (_HERE.parent / f"_{name}", _HERE.parent.parent / name):
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"fencepost resource folder {name!r} not found next to {_HERE}")

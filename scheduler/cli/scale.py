@@ -7,13 +7,13 @@ import json
 
 import click
 
-from .config import Settings
+from fencepost.core.config import Settings
 
 __all__ = ["register"]
 
 
 def register(cli: click.Group) -> None:
-    from .cli import command
+    from fencepost.cli.main import command
 
     @cli.command("scale-hint")
     @click.option("--queue", required=True, help="The queue to size.")
@@ -35,11 +35,11 @@ def register(cli: click.Group) -> None:
         """Recommend the worker replica count for a queue from its arrival rate, run time and target lag."""
         import asyncpg
 
-        from .apiclient import require_store
-        from .errors import InvalidInput
+        from fencepost.apiclient import require_store
+        from fencepost.core.errors import InvalidInput
 
         require_store("scale-hint")
-        from .scaling import explain, scale_hint as hint
+        from fencepost.core.scaling import explain, scale_hint as hint
 
         conn = await asyncpg.connect(settings.database_url)
         try:

@@ -20,8 +20,8 @@ from typing import Awaitable, Callable, TypeVar
 import asyncpg
 import msgspec
 
-from .db import Database, query
-from .errors import InvalidInput
+from fencepost.core.record import Database, query
+from fencepost.core.errors import InvalidInput
 
 __all__ = ["parse_duration", "parse_archive_after", "month_of", "Partition", "Dropped", "ensure_partitions",
            "archive_runs", "expired_partitions", "archive_path", "drop_partition", "Maintenance"]

@@ -8,13 +8,13 @@ from typing import Any
 
 import click
 
-from .config import Settings
+from fencepost.core.config import Settings
 
 __all__ = ["register"]
 
 
 def _print(d: dict[str, Any]) -> None:
-    from .cli import _table
+    from fencepost.cli.main import _table
 
     s = d["settings"]
     age = s["priority_age_ms"]
@@ -31,7 +31,7 @@ def _print(d: dict[str, Any]) -> None:
 
 
 def register(cli: click.Group) -> None:
-    from .cli import command
+    from fencepost.cli.main import command
 
     queue = cli.commands.get("queue")  # cli_control's group (pause / resume) when present
     if not isinstance(queue, click.Group):
@@ -40,9 +40,9 @@ def register(cli: click.Group) -> None:
             """A whole queue: dispatch settings."""
 
     async def _do(settings: Settings, fn: Any, *args: Any, as_json: bool = False) -> None:
-        from .apiclient import require_store
-        from .client import Client
-        from . import fairness
+        from fencepost.apiclient import require_store
+        from fencepost.client import Client
+        from fencepost.core import fairness
 
         require_store("queue")
         async with Client(settings=settings, actor="cli") as client:
@@ -70,8 +70,8 @@ def register(cli: click.Group) -> None:
     @command
     async def weight(settings: Settings, name: str, tenant: str, weight: float | None, reset: bool) -> None:
         """Give TENANT a share of dispatch proportional to WEIGHT (default 1; '' = runs without a tenant)."""
-        from . import fairness
-        from .errors import InvalidInput
+        from fencepost.core import fairness
+        from fencepost.core.errors import InvalidInput
 
         if (weight is None) == (not reset):
             raise InvalidInput("give a WEIGHT or --reset", field="weight")
@@ -85,8 +85,8 @@ def register(cli: click.Group) -> None:
     @command
     async def limit(settings: Settings, name: str, limit: int | None, key: str | None, reset: bool) -> None:
         """At most LIMIT runs leased at once: of the queue, or of one concurrency --key."""
-        from . import fairness
-        from .errors import InvalidInput
+        from fencepost.core import fairness
+        from fencepost.core.errors import InvalidInput
 
         if (limit is None) == (not reset):
             raise InvalidInput("give a LIMIT or --reset", field="limit")
@@ -103,8 +103,8 @@ def register(cli: click.Group) -> None:
     @command
     async def aging(settings: Settings, name: str, seconds: float | None, reset: bool) -> None:
         """One priority level is a head start of SECONDS of waiting."""
-        from . import fairness
-        from .errors import InvalidInput
+        from fencepost.core import fairness
+        from fencepost.core.errors import InvalidInput
 
         if (seconds is None) == (not reset):
             raise InvalidInput("give SECONDS or --reset", field="seconds")

@@ -8,12 +8,12 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from .config import Settings
-from .db import Database
-from .errors import RedisUnavailable
-from .keys import QUEUES_KEY, Keys
-from .redisconn import connect
-from .scripts import Scripts
+from fencepost.core.config import Settings
+from fencepost.core.record import Database
+from fencepost.core.errors import RedisUnavailable
+from fencepost.core.keys import QUEUES_KEY, Keys
+from fencepost.core.redisconn import connect
+from fencepost.core.hot import Scripts
 
 __all__ = ["Stores"]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import asyncpg
 
-from .errors import DatabaseUnavailable, FencepostError
-from .resources import resource_dir
+from fencepost.core.errors import DatabaseUnavailable, FencepostError
+from fencepost.core.resources import resource_dir
 
 __all__ = ["Database", "query", "migrations", "upgrade"]
 

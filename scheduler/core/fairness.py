@@ -16,9 +16,9 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from .db import query
-from .errors import InvalidInput, UnknownQueue
-from .stores import Stores
+from fencepost.core.record import query
+from fencepost.core.errors import InvalidInput, UnknownQueue
+from fencepost.core.stores import Stores
 
 __all__ = ["QueueSettings", "apply", "load", "due_summary", "refill_held", "due_and_held_sets", "scan_queue",
            "set_weight", "set_limit", "set_max_running", "set_aging", "describe"]

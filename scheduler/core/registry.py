@@ -6,8 +6,8 @@ import importlib
 import inspect
 from typing import Any, Callable
 
-from .errors import InvalidInput
-from .models import JobSpec, Model
+from fencepost.core.errors import InvalidInput
+from fencepost.core.models import JobSpec, Model
 
 __all__ = ["Registry", "Handler", "load_registry"]
 
@@ -53,7 +53,7 @@ class Registry:
         shared circuit breaker; `errors` maps the handler's own exception types to kinds;
         `concurrency_key="customer", concurrency_limit=5` lets at most 5 runs per value of the
         `customer` argument hold a lease at once (enforced by the claim script)."""
-        from worker.classify import validate_mapping
+        from fencepost.core.classify import validate_mapping
 
         mapping = validate_mapping(errors or {})
         if model not in ("async", "thread", "process"):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
-from .config import Settings
+from fencepost.core.config import Settings
 
 __all__ = ["register"]
 
 
 def register(cli: click.Group) -> None:
-    from .cli import command
+    from fencepost.cli.main import command
 
     @cli.command("api")
     @click.option("--host", default="127.0.0.1", show_default=True, envvar="FENCEPOST_API_HOST")
@@ -23,8 +23,8 @@ def register(cli: click.Group) -> None:
         run as many replicas as you like behind a load balancer."""
         import uvicorn
 
-        from .api import ApiConfig, create_app
-        from .apiclient import require_store
+        from fencepost.api import ApiConfig, create_app
+        from fencepost.apiclient import require_store
 
         require_store("api")
 

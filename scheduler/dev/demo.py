@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
-from .config import Settings
-from .models import Submit
+from fencepost.core.config import Settings
+from fencepost.core.models import Submit
 
-APP = "scheduler.examples:registry"
+APP = "fencepost.dev.examples:registry"
 
 
 def _plan(jobs: int) -> list[Submit]:
@@ -23,12 +23,12 @@ def _plan(jobs: int) -> list[Submit]:
 
 
 async def _demo(settings: Settings, jobs: int) -> int:
-    from reconciler.service import Reconciler
-    from worker.runtime import Worker, WorkerOptions
+    from fencepost.reconciler.service import Reconciler
+    from fencepost.worker.runtime import Worker, WorkerOptions
 
-    from .client import Client
-    from .db import Database
-    from .examples import registry
+    from fencepost.client import Client
+    from fencepost.core.record import Database
+    from fencepost.dev.examples import registry
 
     database = await Database(settings.database_url, max_size=1).connect()
     applied = await database.upgrade()
@@ -69,8 +69,8 @@ async def _demo(settings: Settings, jobs: int) -> int:
         reconciler.stop.set()
         await asyncio.gather(*services, return_exceptions=True)
 
-    from .cli import _table
-    from .models import decode_result
+    from fencepost.cli.main import _table
+    from fencepost.core.models import decode_result
 
     shown = [r for r in table if r["handler"] != "add"] + [r for r in table if r["handler"] == "add"][:3]
     for r in shown:
@@ -87,7 +87,7 @@ async def _demo(settings: Settings, jobs: int) -> int:
 
 
 def run_demo(base_dir: str, jobs: int, settings: Settings | None) -> int:
-    from .embedded import resolve_urls
+    from fencepost.dev.embedded import resolve_urls
 
     import logging
 
@@ -99,7 +99,7 @@ def run_demo(base_dir: str, jobs: int, settings: Settings | None) -> int:
     base = settings or Settings.from_env()
     demo_settings = Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=base.prefix,
                                       backoff_base_ms=200, lease_ms=10_000)
-    from .cli import _run
+    from fencepost.cli.main import _run
 
     try:
         return _run(_demo(demo_settings, jobs))

@@ -14,9 +14,9 @@ import asyncpg
 import click
 from redis.exceptions import RedisError
 
-from .config import Settings
-from .errors import FencepostError
-from .logs import setup_logging
+from fencepost.core.config import Settings
+from fencepost.core.errors import FencepostError
+from fencepost.core.logs import setup_logging
 
 __all__ = ["main"]
 
@@ -80,8 +80,8 @@ def db() -> None:
 @command
 async def db_upgrade(settings: Settings) -> None:
     """Apply pending migrations (idempotent; safe from many replicas at once)."""
-    from .apiclient import require_store
-    from .db import Database
+    from fencepost.apiclient import require_store
+    from fencepost.core.record import Database
 
     require_store("db upgrade")
 
@@ -136,9 +136,9 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
                  idempotency_key: str | None, tenant: str | None, concurrency_key: str | None,
                  concurrency_limit: int | None, wait_s: float | None) -> None:
     """Submit one run of HANDLER; prints its run id."""
-    from .client import Client
+    from fencepost.client import Client
 
-    from .apiclient import from_context
+    from fencepost.apiclient import from_context
 
     args = _json_arg(args_json, "--args", list)
     kwargs = _json_arg(kwargs_json, "--kwargs", dict)
@@ -191,9 +191,9 @@ def _table(rows: list[dict[str, Any]], cols: list[str]) -> None:
 @command
 async def status(settings: Settings, run_id: int) -> None:
     """Show one run: state, attempts, last error."""
-    from .apiclient import from_context
-    from .client import Client
-    from .models import decode_result
+    from fencepost.apiclient import from_context
+    from fencepost.client import Client
+    from fencepost.core.models import decode_result
 
     api = from_context()
     if api is not None:
@@ -237,8 +237,8 @@ def _print_run(run: dict[str, Any], result: Any, ckpt: dict[str, Any] | None, at
 @command
 async def ls(settings: Settings, queue: str | None, status_: str | None, handler: str | None, limit: int) -> None:
     """List runs, newest first."""
-    from .apiclient import from_context
-    from .client import Client
+    from fencepost.apiclient import from_context
+    from fencepost.client import Client
 
     api = from_context()
     if api is not None:
@@ -272,8 +272,8 @@ def _since(value: str) -> datetime:
 async def events(settings: Settings, run_id: int | None, since: str | None, type_: str | None, queue: str | None,
                  limit: int) -> None:
     """The append-only history of one run, or of the fleet (--since/--type)."""
-    from .apiclient import from_context
-    from .client import Client
+    from fencepost.apiclient import from_context
+    from fencepost.client import Client
 
     api = from_context()
     if api is not None:
@@ -302,8 +302,8 @@ async def events(settings: Settings, run_id: int | None, since: str | None, type
 @command
 async def dlq(settings: Settings, queue: str | None, limit: int) -> None:
     """Dead-letter view: runs that FAILED or TIMED_OUT for good."""
-    from .apiclient import from_context
-    from .client import Client
+    from fencepost.apiclient import from_context
+    from fencepost.client import Client
 
     api = from_context()
     if api is not None:
@@ -331,13 +331,13 @@ async def worker(settings: Settings, app: str, queues: tuple[str, ...], concurre
     """Run a worker."""
     import os
 
-    from .apiclient import require_store
+    from fencepost.apiclient import require_store
 
     require_store("worker")
     serve_metrics(metrics_port)
-    from worker.runtime import Worker, WorkerOptions
+    from fencepost.worker.runtime import Worker, WorkerOptions
 
-    from .registry import load_registry
+    from fencepost.core.registry import load_registry
 
     sys.path.insert(0, os.getcwd())
     registry = load_registry(app)
@@ -352,11 +352,11 @@ async def worker(settings: Settings, app: str, queues: tuple[str, ...], concurre
 @command
 async def reconciler(settings: Settings, metrics_port: int) -> None:
     """Run the recorder (Redis Streams -> PostgreSQL), stamps/rebuilds, reaper and outbox relay."""
-    from .apiclient import require_store
+    from fencepost.apiclient import require_store
 
     require_store("reconciler")
     serve_metrics(metrics_port)
-    from reconciler.service import Reconciler
+    from fencepost.reconciler.service import Reconciler
 
     await Reconciler(settings).run()
 
@@ -368,8 +368,8 @@ async def reconciler(settings: Settings, metrics_port: int) -> None:
 @click.pass_context
 def demo(ctx: click.Context, base_dir: str, jobs: int) -> None:
     """Set up and run the example jobs end to end (embedded servers if none configured)."""
-    from .apiclient import require_store
-    from .demo import run_demo
+    from fencepost.apiclient import require_store
+    from fencepost.dev.demo import run_demo
 
     require_store("demo")
 
@@ -385,11 +385,9 @@ def _add_area_commands() -> None:
     import importlib
     import pkgutil
 
-    import scheduler
-
-    for mod in pkgutil.iter_modules(scheduler.__path__):
-        if mod.name.startswith("cli_"):
-            importlib.import_module(f"scheduler.{mod.name}").register(cli)
+    for mod in pkgutil.iter_modules(sys.modules["fencepost.cli"].__path__):
+        if mod.name not in ("main", "__main__"):
+            importlib.import_module(f"fencepost.cli.{mod.name}").register(cli)
 
 
 _add_area_commands()

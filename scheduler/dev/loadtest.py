@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .registry import Registry
+from fencepost.core.registry import Registry
 
 registry = Registry()
 
@@ -30,8 +30,8 @@ from datetime import datetime, timedelta, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
-from .config import Settings  # noqa: E402
-from .db import query  # noqa: E402
+from fencepost.core.config import Settings  # noqa: E402
+from fencepost.core.record import query  # noqa: E402
 
 _UTC = timezone.utc
 _TABLES = ("runs", "events", "attempts")
@@ -63,14 +63,14 @@ class Harness:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{name}.log", "ab")
-        p = subprocess.Popen([sys.executable, "-m", "scheduler.cli", *args], env=env, stdout=out, stderr=out,
+        p = subprocess.Popen([sys.executable, "-m", "fencepost.cli", *args], env=env, stdout=out, stderr=out,
                              start_new_session=True)
         self.procs.append((name, p))
 
     def start_services(self, *, trigger: bool, trigger_args: tuple[str, ...] = ()) -> None:
         self.spawn("reconciler", "reconciler")
         for i in range(self.workers):
-            self.spawn(f"worker{i}", "worker", "--app", "scheduler.loadtest:registry", "--queue", self.queue,
+            self.spawn(f"worker{i}", "worker", "--app", "fencepost.dev.loadtest:registry", "--queue", self.queue,
                        "--processes", "1", "--concurrency", str(self.concurrency))
         if trigger:
             self.spawn("trigger", "trigger", *trigger_args)
@@ -157,8 +157,8 @@ class Harness:
 
 
 async def _prepare(settings: Settings) -> Any:
-    from .client import Client
-    from .db import Database
+    from fencepost.client import Client
+    from fencepost.core.record import Database
 
     db = await Database(settings.database_url, max_size=1).connect()
     try:
@@ -174,7 +174,7 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
                 concurrency: int = 200, timeout_s: float = 900, lookahead_s: float = 0.5, batch: int = 2000,
                 progress: Callable[[str, bool], None] | None = None, log_dir: str | None = None) -> dict[str, Any]:
     """`schedules` schedules firing in the same minute (once), with or without spread."""
-    from .schedules import spread_offset_ms
+    from fencepost.core.schedules import spread_offset_ms
 
     h = Harness(settings, workers=workers, concurrency=concurrency, timeout_s=timeout_s, progress=progress,
                 log_dir=log_dir)
@@ -188,7 +188,7 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
             if fire - now > timedelta(seconds=lead_s + 30):
                 fire -= timedelta(minutes=1)
             cron = f"{fire.minute} {fire.hour} {fire.day} {fire.month} *"  # this minute only (then next year)
-            from .models import encode_payload
+            from fencepost.core.models import encode_payload
 
             payload = encode_payload((), {})
             t_setup = time.monotonic()
@@ -225,7 +225,7 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
 async def burst(settings: Settings, *, jobs: int, workers: int, concurrency: int = 200, timeout_s: float = 900,
                 progress: Callable[[str, bool], None] | None = None, log_dir: str | None = None) -> dict[str, Any]:
     """`jobs` one-shot runs submitted at once (bulk) while N workers drain them."""
-    from .models import Submit
+    from fencepost.core.models import Submit
 
     h = Harness(settings, workers=workers, concurrency=concurrency, timeout_s=timeout_s, progress=progress,
                 log_dir=log_dir)

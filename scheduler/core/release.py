@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import asyncpg
 
-from scheduler.db import query
+from fencepost.core.record import query
 
 __all__ = ["on_recorded", "release_dependents", "cancel_descendants", "sweep_blocked"]
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from .config import Settings
+from fencepost.core.config import Settings
 
 
 def register(cli: click.Group) -> None:
-    from .cli import _table, command
-    from .cli_control import _actor
+    from fencepost.cli.main import _table, command
+    from fencepost.cli.control import _actor
 
     @cli.group()
     def review() -> None:
@@ -20,8 +20,8 @@ def register(cli: click.Group) -> None:
     @click.option("--limit", type=int, default=50, show_default=True)
     @command
     async def review_ls(settings: Settings, queue: str | None, limit: int) -> None:
-        from .apiclient import from_context
-        from .client import Client
+        from fencepost.apiclient import from_context
+        from fencepost.client import Client
 
         cols = ["id", "handler", "queue", "attempt", "finished_at", "last_error_class", "last_error"]
         if (api := from_context()) is not None:
@@ -37,8 +37,8 @@ def register(cli: click.Group) -> None:
     @click.option("--reason", default="")
     @command
     async def review_resolve(settings: Settings, run_id: int, as_: str, reason: str) -> None:
-        from .apiclient import from_context
-        from .client import Client
+        from fencepost.apiclient import from_context
+        from fencepost.client import Client
 
         if (api := from_context()) is not None:
             state = api.resolve(run_id, as_=as_, reason=reason)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.errors import ERROR_KINDS, JobError
+from fencepost.core.errors import ERROR_KINDS, JobError
 
 __all__ = ["classify", "OUTCOME_OF_KIND"]
 

@@ -28,12 +28,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import msgspec
 from croniter import croniter
 
-from .errors import FencepostError, InvalidInput
-from .keys import valid_queue_name
-from .models import encode_payload
+from fencepost.core.errors import FencepostError, InvalidInput
+from fencepost.core.keys import valid_queue_name
+from fencepost.core.models import encode_payload
 
 if TYPE_CHECKING:
-    from .client import Client
+    from fencepost.client import Client
 
 __all__ = ["ScheduleSpec", "InvalidCron", "InvalidTimezone", "UnknownSchedule", "ScheduleExists",
            "next_fires", "next_fire_after", "spread_offset_ms", "zone", "Schedules"]

@@ -11,13 +11,13 @@ from collections import Counter
 
 import click
 
-from .config import Settings
+from fencepost.core.config import Settings
 
 __all__ = ["register"]
 
 
 def register(cli: click.Group) -> None:
-    from .cli import command  # here, not at import: scheduler.cli imports this module
+    from fencepost.cli.main import command  # here, not at import: scheduler.cli imports this module
 
     @click.command()
     @click.option("--check", "mode", flag_value="check", help="Report drift, change nothing (exit 1 if any).")
@@ -28,11 +28,11 @@ def register(cli: click.Group) -> None:
     @command
     async def reconcile(settings: Settings, mode: str | None, queues: tuple[str, ...], grace: float) -> None:
         """Compare Redis with PostgreSQL: report (--check) or repair (--repair) drift."""
-        from reconciler.drift import DriftRepair
-        from reconciler.rebuild import ensure_stamped, untrusted_queues
+        from fencepost.reconciler.drift import DriftRepair
+        from fencepost.reconciler.rebuild import ensure_stamped, untrusted_queues
 
-        from .apiclient import require_store
-        from .stores import Stores
+        from fencepost.apiclient import require_store
+        from fencepost.core.stores import Stores
 
         require_store("reconcile")
         if mode is None:

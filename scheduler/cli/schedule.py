@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .config import Settings
+from fencepost.core.config import Settings
 
 __all__ = ["register"]
 
@@ -19,7 +19,7 @@ def _fmt_t(t: datetime | None, tz: str | None = None) -> str:
     if t is None:
         return ""
     if tz:
-        from .schedules import zone
+        from fencepost.core.schedules import zone
 
         return t.astimezone(zone(tz)).isoformat(timespec="seconds")
     return t.isoformat(timespec="seconds")
@@ -31,7 +31,7 @@ def _print_added(s: dict[str, Any]) -> None:
 
 
 def _print_list(rows: list[dict[str, Any]]) -> None:
-    from .cli import _table
+    from fencepost.cli.main import _table
 
     for r in rows:
         r["every"] = r["cron"] or f"{r['interval_s']:g}s"
@@ -40,7 +40,7 @@ def _print_list(rows: list[dict[str, Any]]) -> None:
 
 
 def _print_show(s: dict[str, Any], upcoming: Any, runs: list[dict[str, Any]]) -> None:
-    from .cli import _table
+    from fencepost.cli.main import _table
 
     for k in ("id", "name", "handler", "args_json", "queue", "priority", "cron", "interval_s", "timezone",
               "spread_s", "offset_ms", "catchup", "catchup_window_s", "allow_overlap", "paused",
@@ -58,8 +58,8 @@ def _print_show(s: dict[str, Any], upcoming: Any, runs: list[dict[str, Any]]) ->
 
 
 def register(cli: click.Group) -> None:
-    from .apiclient import from_context
-    from .cli import _json_arg, command
+    from fencepost.apiclient import from_context
+    from fencepost.cli.main import _json_arg, command
 
     @cli.group()
     def schedule() -> None:
@@ -87,8 +87,8 @@ def register(cli: click.Group) -> None:
                   spread_s: float, exact: bool, catchup: bool, catchup_window_s: float | None,
                   allow_overlap: bool) -> None:
         """Add a schedule (validated first: a bad cron line or timezone stores nothing)."""
-        from .client import Client
-        from .schedules import Schedules, ScheduleSpec
+        from fencepost.client import Client
+        from fencepost.core.schedules import Schedules, ScheduleSpec
 
         spec = ScheduleSpec(name=name, handler=handler, args=tuple(_json_arg(args_json, "--args", list)),
                             kwargs=_json_arg(kwargs_json, "--kwargs", dict), cron=cron, interval_s=interval_s,
@@ -108,8 +108,8 @@ def register(cli: click.Group) -> None:
     @command
     async def ls(settings: Settings, limit: int) -> None:
         """List schedules."""
-        from .client import Client
-        from .schedules import Schedules
+        from fencepost.client import Client
+        from fencepost.core.schedules import Schedules
 
         if (api := from_context()) is not None:
             _print_list(api.schedules(limit=limit))
@@ -123,8 +123,8 @@ def register(cli: click.Group) -> None:
     @command
     async def show(settings: Settings, name: str) -> None:
         """One schedule, its next fires and its latest runs."""
-        from .client import Client
-        from .schedules import Schedules
+        from fencepost.client import Client
+        from fencepost.core.schedules import Schedules
 
         if (api := from_context()) is not None:
             s = api.schedule(name)
@@ -152,8 +152,8 @@ def register(cli: click.Group) -> None:
         await _set_paused(settings, name, False)
 
     async def _set_paused(settings: Settings, name: str, paused: bool) -> None:
-        from .client import Client
-        from .schedules import Schedules
+        from fencepost.client import Client
+        from fencepost.core.schedules import Schedules
 
         if (api := from_context()) is not None:
             api.set_schedule_paused(name, paused)
@@ -167,8 +167,8 @@ def register(cli: click.Group) -> None:
     @command
     async def rm(settings: Settings, name: str) -> None:
         """Remove a schedule (its runs stay)."""
-        from .client import Client
-        from .schedules import Schedules
+        from fencepost.client import Client
+        from fencepost.core.schedules import Schedules
 
         if (api := from_context()) is not None:
             api.remove_schedule(name)
@@ -187,8 +187,8 @@ def register(cli: click.Group) -> None:
         """Upcoming fire times of a saved schedule, or of a cron line before saving it."""
         import sys
 
-        from .errors import FencepostError
-        from .schedules import next_fires
+        from fencepost.core.errors import FencepostError
+        from fencepost.core.schedules import next_fires
 
         try:
             if len(name_or_cron.split()) == 5 or interval_s is not None:  # a cron line: no database needed
@@ -206,9 +206,9 @@ def register(cli: click.Group) -> None:
             click.echo(f"{_fmt_t(t, zone_name)}   ({_fmt_t(t.astimezone(_UTC))})")
 
     def _upcoming(settings: Settings, name: str, n: int) -> tuple[Any, str]:
-        from .cli import _run
-        from .client import Client
-        from .schedules import Schedules
+        from fencepost.cli.main import _run
+        from fencepost.client import Client
+        from fencepost.core.schedules import Schedules
 
         async def go() -> tuple[Any, str]:
             async with Client(settings=settings) as client:
@@ -231,9 +231,9 @@ def register(cli: click.Group) -> None:
     async def trigger(settings: Settings, tick_s: float, batch: int, lease_s: float, lookahead_s: float,
                       metrics_port: int) -> None:
         """Run the trigger service: schedules -> runs (one leader; duplicates impossible)."""
-        from .apiclient import require_store
-        from .cli import serve_metrics
-        from .trigger import serve
+        from fencepost.apiclient import require_store
+        from fencepost.cli.main import serve_metrics
+        from fencepost.trigger import serve
 
         require_store("trigger")
         serve_metrics(metrics_port)

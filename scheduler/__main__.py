@@ -1,0 +1,5 @@
+"""`python -m fencepost` runs the CLI."""
+
+from fencepost.cli.main import main
+
+main()
