@@ -33,7 +33,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from fencepost.client import enqueue_rows
 from fencepost.core.fairness import due_and_held_sets, scan_queue
 from fencepost.core.states import TERMINAL, Status
 from fencepost.core.stores import Stores
@@ -328,7 +327,7 @@ class DriftRepair:
             for r in await db.fetch("drift_interrupt_lost", leased):
                 fresh[r["id"]].update(status=r["status"], version=r["version"])
         rows = [fresh[i] for i in ids if i in fresh and fresh[i]["status"] in WAITING]
-        await enqueue_rows(self.stores, queue, rows)
+        await self.stores.scripts.enqueue_rows(self.stores.keys(queue), rows)
         ok = {r["id"] for r in rows} | {i for i in leased if fresh[i]["status"] == "STOPPED"}
         out = []
         for d in drifts:

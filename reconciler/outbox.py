@@ -9,7 +9,6 @@ import logging
 
 import asyncpg
 
-from fencepost.client import enqueue_rows
 from fencepost.core.stores import Stores
 
 log = logging.getLogger("fencepost.reconciler")
@@ -51,7 +50,7 @@ class OutboxRelay:
                 rows = await db.fetch("outbox_runs", queue, 1000)
                 if not rows:
                     break
-                await enqueue_rows(self.stores, queue, [dict(r) for r in rows])
+                await self.stores.scripts.enqueue_rows(self.stores.keys(queue), [dict(r) for r in rows])
                 await db.execute("clear_outbox", [r["id"] for r in rows])
                 moved += len(rows)
         self.relayed += moved

@@ -26,8 +26,8 @@ import time
 from typing import Any
 
 from fencepost.core import fairness
+from fencepost.core.errors import DatabaseUnavailable
 from fencepost.core.stores import Stores
-
 from fencepost.reconciler.drift import DriftRepair
 from fencepost.reconciler.metrics import REBUILD_SECONDS, REBUILDS, RESTORED
 
@@ -43,7 +43,6 @@ async def rebuild_queue(stores: Stores, queue: str, *, page: int = PAGE, force: 
     or {"skipped": 1} when another process holds the lock or has just rebuilt the queue."""
     pool = stores.db.pool
     if pool is None:
-        from fencepost.core.errors import DatabaseUnavailable
         raise DatabaseUnavailable("database not connected")
     async with pool.acquire() as conn:
         if not (await stores.db.fetchrow("rebuild_try_lock", queue, conn=conn))["locked"]:

@@ -14,7 +14,13 @@ import urllib.request
 from datetime import datetime
 from typing import Any
 
-from fencepost.core.errors import BulkNotConfirmed, FencepostError, StoreUnavailable
+from fencepost.core.errors import (
+    BulkNotConfirmed,
+    FencepostError,
+    StoreUnavailable,
+    WaitTimeout,
+)
+from fencepost.core.states import RESTING
 
 __all__ = ["ApiClient", "ApiProblem", "from_context", "require_store"]
 
@@ -122,8 +128,6 @@ class ApiClient:
         run carries the outcome from Redis before PostgreSQL records it. WaitTimeout past `timeout`."""
         import time
 
-        from fencepost.core.errors import WaitTimeout
-        from fencepost.core.states import RESTING
 
         resting = {s.value for s in RESTING}
         deadline = None if timeout is None else time.monotonic() + timeout

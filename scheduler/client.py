@@ -17,7 +17,7 @@ import msgspec
 
 from fencepost.core.config import Settings
 from fencepost.control import ControlMixin
-from fencepost.core.record import Database
+from fencepost.core.record import store_definitions
 from fencepost.core.errors import InvalidInput, RedisUnavailable, PayloadTooLarge, UnknownHandler, UnknownRun, WaitTimeout
 from fencepost.core.keys import valid_queue_name
 from fencepost.core.models import JobSpec, Outcome, Submit, decode_result, encode_payload
@@ -27,35 +27,12 @@ from fencepost.core.tracing import new_traceparent, traceparent_var, valid_trace
 from fencepost.core.stores import Stores
 from fencepost.workflows import WorkflowMixin
 
-__all__ = ["Client", "SyncClient", "enqueue_rows"]
+__all__ = ["Client", "SyncClient"]
 
 log = logging.getLogger("fencepost.client")
 
 T = TypeVar("T")
 _UTC = timezone.utc
-
-
-def _ms(dt: datetime) -> int:
-    return int(dt.timestamp() * 1000)
-
-
-async def enqueue_rows(stores: Stores, queue: str, rows: Iterable[Any]) -> int:
-    """Make committed runs claimable: one Lua call for a batch (submit, outbox relay, repair).
-
-    Each row needs id, handler, status, priority, payload, run_at, attempt, max_retries,
-    timeout_s, fire_time, trace_id, version (and gen, tenant, concurrency_key, concurrency_limit,
-    absent = none): the reconciler's `drift_runs`.
-    """
-    args: list[Any] = [int(time.time() * 1000)]
-    for r in rows:
-        ft = r["fire_time"]
-        args += (r["id"], r["status"], _ms(r["run_at"]), r["priority"], r["handler"], r["payload"],
-                 r["max_retries"], int(r["timeout_s"] * 1000), r["attempt"], r["version"],
-                 _ms(ft) if ft is not None else "", r["trace_id"] or "", r.get("gen") or 0,
-                 r.get("tenant") or "", r.get("concurrency_key") or "", r.get("concurrency_limit") or "")
-    if len(args) == 1:
-        return 0
-    return await stores.scripts.run("enqueue_runs", stores.keys(queue), args)
 
 
 _LABEL_RE = re.compile(r"[^\s{}]{1,128}")  # fullmatch: a trailing newline is not a new tenant
@@ -98,13 +75,6 @@ def _spec(row: Any) -> JobSpec:
     if isinstance(options, str):
         options = json.loads(options)
     return msgspec.convert({**data, **options}, JobSpec)
-
-
-async def store_definitions(db: Database, specs: list[JobSpec]) -> None:
-    """Upsert handler declarations (workers do it at start, so producers can validate)."""
-    cols = [[getattr(s, f) for s in specs] for f in
-            ("name", "model", "queue", "priority", "timeout_s", "max_retries", "version", "resumable", "owner")]
-    await db.execute("upsert_definitions", *cols, [json.dumps(s.options()) for s in specs])
 
 
 class Client(ControlMixin, WorkflowMixin):
@@ -250,7 +220,7 @@ class Client(ControlMixin, WorkflowMixin):
             })
         for queue, batch in by_queue.items():
             try:
-                await enqueue_rows(self.stores, queue, batch)
+                await self.stores.scripts.enqueue_rows(self.stores.keys(queue), batch)
             except RedisUnavailable as exc:
                 # PostgreSQL committed these runs, so the submit stands (failing it would invite a
                 # duplicate resubmit); the reconciler's drift repair enqueues them when Redis is back.

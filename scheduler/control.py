@@ -173,10 +173,9 @@ class ControlMixin:
         except UnknownRun:
             # Redis no longer holds the run (a finished run's hash expired, or drift): put
             # PostgreSQL's copy back, then ask again; the Lua still decides (compare-and-set).
-            from fencepost.client import enqueue_rows
-
+            
             row = dict(run)
             row["trace_id"] = run.get("trace_id")
-            await enqueue_rows(self.stores, run["queue"], [row])
+            await self.stores.scripts.enqueue_rows(self.stores.keys(run["queue"]), [row])
             reply = await self.stores.scripts.run(f"{verb}_run", keys, args)
         return reply.decode() if isinstance(reply, bytes) else str(reply)

@@ -36,13 +36,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
-from prometheus_client import Counter, Gauge
-
-from fencepost.client import enqueue_rows
 from fencepost.core.record import query
+from fencepost.core.release import sweep_blocked
 from fencepost.core.schedules import fires_between, next_fire_after
 from fencepost.core.states import Status
 from fencepost.core.stores import Stores
+from prometheus_client import Counter, Gauge
 
 __all__ = ["Trigger", "Clock", "SystemClock", "ManualClock", "TickResult", "LEASE_NAME"]
 
@@ -312,7 +311,7 @@ class Trigger:
                     "payload": cols[3][k], "run_at": cols[4][k], "attempt": 0, "max_retries": cols[5][k],
                     "timeout_s": cols[6][k], "fire_time": cols[12][k], "trace_id": None, "version": 0})
             for queue, batch in by_queue.items():
-                await enqueue_rows(self.stores, queue, batch)
+                await self.stores.scripts.enqueue_rows(self.stores.keys(queue), batch)
             await self.stores.db.execute("clear_outbox", ids)
         except Exception as exc:  # noqa: BLE001 - committed with outbox=true: the relay moves them
             log.warning("enqueue after commit failed; the outbox relay will move the runs: %s", exc,
@@ -321,7 +320,6 @@ class Trigger:
     async def sweep(self) -> int:
         """Safety net for workflows: release or cancel BLOCKED runs whose upstreams settled in a
         way the recorder's hook did not see (e.g. a terminal state written by drift repair)."""
-        from fencepost.core.release import sweep_blocked
 
         pool = self.stores.db.pool
         assert pool is not None

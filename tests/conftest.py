@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import asyncpg
-import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 

@@ -13,7 +13,6 @@ reconciler processes started with FENCEPOST_REDIS_CLUSTER=1:
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import time
 from pathlib import Path
@@ -25,7 +24,6 @@ import pytest_asyncio
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
-from fencepost.core.stores import Stores
 
 from tests.apps import registry
 from tests.conftest import spawn, wait_until

@@ -125,7 +125,8 @@ async def test_dashboard_pauses_and_resumes_a_running_checkpointed_job(
                     await expect(page.locator("#cmd-result")).to_contain_text("refused")
 
                     # a workflow drawn as a graph, and a schedule with its next fires
-                    from fencepost.core.schedules import Schedules, ScheduleSpec
+                    from fencepost.core.schedules import ScheduleSpec
+                    from fencepost.schedules import Schedules
                     from fencepost.workflows import Node
 
                     wid = await client.submit_workflow([Node(name="extract", handler="t.echo", args=(1,)),

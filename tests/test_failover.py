@@ -33,7 +33,6 @@ from fencepost.core.stores import Stores
 from tests.apps import registry
 from tests.conftest import spawn, wait_until
 from tests.servers import RedisServer, TcpProxy
-from tests.test_state_machine import CLAIM_FIELDS
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ import asyncpg
 import pytest
 
 from fencepost.client import Client
-from fencepost.core.schedules import InvalidCron, InvalidTimezone, Schedules, ScheduleSpec, next_fires, spread_offset_ms, zone
+from fencepost.core.schedules import InvalidCron, InvalidTimezone, ScheduleSpec, next_fires, spread_offset_ms, zone
+from fencepost.schedules import Schedules
 from fencepost.trigger import ManualClock, Trigger
 
 from tests.conftest import ROOT, spawn, wait_until, worker_env

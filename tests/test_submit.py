@@ -14,7 +14,7 @@ from fencepost.core.models import Submit
 from fencepost.worker.runtime import Worker, WorkerOptions
 
 from tests.apps import registry
-from tests.conftest import record_all, wait_until
+from tests.conftest import record_all
 
 
 async def _count_runs(client: Client) -> int:

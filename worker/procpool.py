@@ -17,9 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any, Awaitable, Callable
 
+from fencepost.core import metrics
+from fencepost.core.classify import classify
 from fencepost.core.models import decode_payload, decode_result, encode_result
+from fencepost.core.registry import load_registry
 from fencepost.core.tracing import traceparent_var
-
 from fencepost.worker.context import Context, Interrupt, LeaseLost, SyncContext
 
 log = logging.getLogger("fencepost.worker.procpool")
@@ -61,7 +63,6 @@ class _ChildContext(SyncContext):
 def _child_main(app: str, conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    from fencepost.core.registry import load_registry
 
     registry = load_registry(app)
     while True:
@@ -84,7 +85,6 @@ def _child_main(app: str, conn: Connection) -> None:
         except LeaseLost as exc:
             conn.send(("lost", str(exc)))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent, never raised here
-            from fencepost.core.classify import classify
 
             kind, retry_after = classify(exc, registry[handler].errors if handler in registry else None)
             conn.send(("err", type(exc).__name__, f"{exc}\n{traceback.format_exc(limit=5)}"[:4000], kind, retry_after))
@@ -163,7 +163,6 @@ class ProcessPool:
                 child.kill()
                 self._children.discard(child)
                 self.rebuilds += 1
-                from fencepost.core import metrics
 
                 metrics.POOL_REBUILDS.inc()
                 replacement = await loop.run_in_executor(self._io, _Child, self.app)

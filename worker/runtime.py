@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from math import inf
 from typing import Any
 
-from fencepost.client import store_definitions
+from fencepost.core.record import store_definitions
 from fencepost.core.config import Settings
 from fencepost.core.errors import NotStamped, StoreUnavailable
 from fencepost.core.models import Claimed

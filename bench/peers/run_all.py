@@ -39,7 +39,7 @@ def main() -> int:
     ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
     a, extra = ap.parse_known_args()  # anything else (e.g. --redis-url) goes to run_peer.py
     extra += ["--repeats", str(a.repeats)]
-    print(f"| peer | W | submit jobs/s | drain jobs/s | notes |\n|---|---|---|---|---|", flush=True)
+    print("| peer | W | submit jobs/s | drain jobs/s | notes |\n|---|---|---|---|---|", flush=True)
     for peer in a.peers:
         for workers in (1, 2):
             r = run_case(a.python, peer, a.jobs, workers, extra)

@@ -19,20 +19,26 @@ from typing import Any, Awaitable, Callable
 
 import asyncpg
 import msgspec
-from starlette.requests import Request
-from starlette.responses import Response
-
-from fencepost.core import fairness
-from fencepost.client import Client
-from fencepost.core.errors import InvalidInput
-from fencepost.core.fairness import due_summary
-from fencepost.core.models import Submit, decode_result
-from fencepost.core.schedules import Schedules
-from fencepost.core.states import RESTING, Status
 from fencepost.api import schemas as S
 from fencepost.api.auth import Principal, create_token
 from fencepost.api.metrics import LATENCY, REFUSED, REQUESTS
-from fencepost.api.problems import BadRequest, BulkTooLarge, Forbidden, TooLarge, problem_response
+from fencepost.api.problems import (
+    BadRequest,
+    BulkTooLarge,
+    Forbidden,
+    NotFound,
+    TooLarge,
+    problem_response,
+)
+from fencepost.client import Client
+from fencepost.core import fairness
+from fencepost.core.errors import BulkNotConfirmed, InvalidInput
+from fencepost.core.fairness import due_summary
+from fencepost.core.models import Submit, decode_result
+from fencepost.core.states import RESTING, Status
+from fencepost.schedules import Schedules
+from starlette.requests import Request
+from starlette.responses import Response
 
 __all__ = ["ROUTES", "RouteSpec", "Ctx"]
 
@@ -230,7 +236,7 @@ async def metrics(ctx: Ctx) -> Any:
 
 
 async def openapi_doc(ctx: Ctx) -> Any:
-    from fencepost.api.openapi import document
+    from fencepost.api.openapi import document  # the route table and the document: opened by the faces brief
 
     return Response(document(), media_type="application/json")
 
@@ -353,7 +359,6 @@ async def bulk(ctx: Ctx) -> Any:
     if matched > cap:
         raise BulkTooLarge(f"{matched} runs match; the server acts on at most {cap} at once. Narrow the selection "
                            "(status, handler); nothing changed", matched=matched, limit=cap, field="confirm")
-    from fencepost.core.errors import BulkNotConfirmed
 
     if body.confirm != matched:
         exc = BulkNotConfirmed(matched, cap)
@@ -491,8 +496,6 @@ async def revoke_token(ctx: Ctx) -> Any:
         raise InvalidInput(f"token id must be a positive integer, not {raw!r}", field="token_id")
     row = await ctx.client.stores.db.fetchrow("api_token_revoke", int(raw))
     if row is None:
-        from fencepost.api.problems import NotFound
-
         raise NotFound(f"no token with id {raw}", token_id=int(raw))
     ctx.api.tokens.forget()
     return _row(row, S.Token)

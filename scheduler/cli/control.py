@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import getpass
 import sys
-from typing import Any
 
 import click
 

@@ -88,7 +88,8 @@ def register(cli: click.Group) -> None:
                   allow_overlap: bool) -> None:
         """Add a schedule (validated first: a bad cron line or timezone stores nothing)."""
         from fencepost.client import Client
-        from fencepost.core.schedules import Schedules, ScheduleSpec
+        from fencepost.core.schedules import ScheduleSpec
+        from fencepost.schedules import Schedules
 
         spec = ScheduleSpec(name=name, handler=handler, args=tuple(_json_arg(args_json, "--args", list)),
                             kwargs=_json_arg(kwargs_json, "--kwargs", dict), cron=cron, interval_s=interval_s,
@@ -109,7 +110,7 @@ def register(cli: click.Group) -> None:
     async def ls(settings: Settings, limit: int) -> None:
         """List schedules."""
         from fencepost.client import Client
-        from fencepost.core.schedules import Schedules
+        from fencepost.schedules import Schedules
 
         if (api := from_context()) is not None:
             _print_list(api.schedules(limit=limit))
@@ -124,7 +125,7 @@ def register(cli: click.Group) -> None:
     async def show(settings: Settings, name: str) -> None:
         """One schedule, its next fires and its latest runs."""
         from fencepost.client import Client
-        from fencepost.core.schedules import Schedules
+        from fencepost.schedules import Schedules
 
         if (api := from_context()) is not None:
             s = api.schedule(name)
@@ -153,7 +154,7 @@ def register(cli: click.Group) -> None:
 
     async def _set_paused(settings: Settings, name: str, paused: bool) -> None:
         from fencepost.client import Client
-        from fencepost.core.schedules import Schedules
+        from fencepost.schedules import Schedules
 
         if (api := from_context()) is not None:
             api.set_schedule_paused(name, paused)
@@ -168,7 +169,7 @@ def register(cli: click.Group) -> None:
     async def rm(settings: Settings, name: str) -> None:
         """Remove a schedule (its runs stay)."""
         from fencepost.client import Client
-        from fencepost.core.schedules import Schedules
+        from fencepost.schedules import Schedules
 
         if (api := from_context()) is not None:
             api.remove_schedule(name)
@@ -208,7 +209,7 @@ def register(cli: click.Group) -> None:
     def _upcoming(settings: Settings, name: str, n: int) -> tuple[Any, str]:
         from fencepost.cli.main import _run
         from fencepost.client import Client
-        from fencepost.core.schedules import Schedules
+        from fencepost.schedules import Schedules
 
         async def go() -> tuple[Any, str]:
             async with Client(settings=settings) as client:

@@ -7,8 +7,10 @@ Includes are inlined here (`-- @include name`), and the state table from
 from __future__ import annotations
 
 import re
+import time
+from datetime import datetime
 from functools import cache
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -46,6 +48,10 @@ def render(name: str) -> str:
     return _INCLUDE.sub(include, src)
 
 
+def _ms(dt: datetime) -> int:
+    return int(dt.timestamp() * 1000)
+
+
 class Scripts:
     """All scripts registered on one Redis client."""
 
@@ -66,3 +72,21 @@ class Scripts:
             raise decode_lua_error(msg) from None
         except (RedisConnectionError, RedisTimeoutError, ClusterError, OSError) as exc:
             raise RedisUnavailable(f"redis unreachable: {exc}") from exc
+
+    async def enqueue_rows(self, keys: Keys, rows: Iterable[Any]) -> int:
+        """Make committed runs claimable: one Lua call for a batch (submit, outbox relay, repair).
+
+        Each row needs id, handler, status, priority, payload, run_at, attempt, max_retries,
+        timeout_s, fire_time, trace_id, version (and gen, tenant, concurrency_key, concurrency_limit,
+        absent = none): the reconciler's `drift_runs`.
+        """
+        args: list[Any] = [int(time.time() * 1000)]
+        for r in rows:
+            ft = r["fire_time"]
+            args += (r["id"], r["status"], _ms(r["run_at"]), r["priority"], r["handler"], r["payload"],
+                     r["max_retries"], int(r["timeout_s"] * 1000), r["attempt"], r["version"],
+                     _ms(ft) if ft is not None else "", r["trace_id"] or "", r.get("gen") or 0,
+                     r.get("tenant") or "", r.get("concurrency_key") or "", r.get("concurrency_limit") or "")
+        if len(args) == 1:
+            return 0
+        return await self.run("enqueue_runs", keys, args)

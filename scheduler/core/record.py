@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
 from fencepost.core.errors import DatabaseUnavailable, FencepostError
 from fencepost.core.resources import resource_dir
 
-__all__ = ["Database", "query", "migrations", "upgrade"]
+if TYPE_CHECKING:
+    from fencepost.core.models import JobSpec
+
+__all__ = ["Database", "query", "migrations", "upgrade", "store_definitions"]
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.M)
 _MIGRATION_LOCK = 0x46454E43  # "FENC": one upgrade at a time across replicas
@@ -135,3 +139,10 @@ class Database:
 
 def _redact(url: str) -> str:
     return re.sub(r"://([^:@/]+):[^@/]*@", r"://\1:***@", url)
+
+
+async def store_definitions(db: Database, specs: list[JobSpec]) -> None:
+    """Upsert handler declarations (workers do it at start, so producers can validate)."""
+    cols = [[getattr(s, f) for s in specs] for f in
+            ("name", "model", "queue", "priority", "timeout_s", "max_retries", "version", "resumable", "owner")]
+    await db.execute("upsert_definitions", *cols, [json.dumps(s.options()) for s in specs])

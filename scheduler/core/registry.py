@@ -6,6 +6,7 @@ import importlib
 import inspect
 from typing import Any, Callable
 
+from fencepost.core.classify import validate_mapping
 from fencepost.core.errors import InvalidInput
 from fencepost.core.models import JobSpec, Model
 
@@ -53,7 +54,6 @@ class Registry:
         shared circuit breaker; `errors` maps the handler's own exception types to kinds;
         `concurrency_key="customer", concurrency_limit=5` lets at most 5 runs per value of the
         `customer` argument hold a lease at once (enforced by the claim script)."""
-        from fencepost.core.classify import validate_mapping
 
         mapping = validate_mapping(errors or {})
         if model not in ("async", "thread", "process"):

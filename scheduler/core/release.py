@@ -10,7 +10,7 @@ idempotent (they act only on runs still BLOCKED and check the upstreams' recorde
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import asyncpg
 

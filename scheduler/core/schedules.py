@@ -1,5 +1,5 @@
 """Recurring schedules: fire-time arithmetic (cron in an IANA timezone, or a fixed
-interval), validation, the stable spread offset, and the schedule store.
+interval), validation and the stable spread offset (the commands are fencepost.schedules).
 
 DST (cron schedules are read in the schedule's local wall-clock time):
 
@@ -18,11 +18,10 @@ and ignore the timezone and DST entirely.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
@@ -30,13 +29,9 @@ from croniter import croniter
 
 from fencepost.core.errors import FencepostError, InvalidInput
 from fencepost.core.keys import valid_queue_name
-from fencepost.core.models import encode_payload
-
-if TYPE_CHECKING:
-    from fencepost.client import Client
 
 __all__ = ["ScheduleSpec", "InvalidCron", "InvalidTimezone", "UnknownSchedule", "ScheduleExists",
-           "next_fires", "next_fire_after", "spread_offset_ms", "zone", "Schedules"]
+           "next_fires", "next_fire_after", "spread_offset_ms", "zone", "validated"]
 
 _UTC = timezone.utc
 
@@ -196,7 +191,7 @@ def spread_offset_ms(schedule_id: int, spread_s: float) -> int:
 
 
 # -- the store ---------------------------------------------------------------------------------
-def _validated(spec: ScheduleSpec) -> None:
+def validated(spec: ScheduleSpec) -> None:
     if not spec.name or len(spec.name) > 200:
         raise InvalidInput("schedule name must be 1-200 characters", field="name")
     if (spec.cron is None) == (spec.interval_s is None):
@@ -218,70 +213,3 @@ def _validated(spec: ScheduleSpec) -> None:
         raise InvalidInput(f"priority {spec.priority} is outside 0..255", field="priority")
     if spec.start_at is not None and spec.start_at.tzinfo is None:
         raise InvalidInput("start_at must be timezone-aware", field="start_at")
-
-
-class Schedules:
-    """Add, list, pause, resume and remove schedules (validated before anything is written)."""
-
-    def __init__(self, client: "Client") -> None:
-        self.client = client
-        self.db = client.stores.db
-
-    async def add(self, spec: ScheduleSpec, *, now: datetime | None = None) -> dict[str, Any]:
-        _validated(spec)
-        await self.client._load_definitions({spec.handler})
-        try:
-            payload = encode_payload(tuple(spec.args), dict(spec.kwargs))
-        except (TypeError, msgspec.EncodeError) as exc:
-            raise InvalidInput(f"arguments cannot be encoded: {exc}", field="args") from exc
-        if len(payload) > self.client.settings.max_payload_bytes:
-            raise InvalidInput("payload too large", field="args")
-        now = now or datetime.now(_UTC)
-        start = max(now, spec.start_at) if spec.start_at else now
-        if spec.cron is not None:
-            first = next_fire_after(start - timedelta(microseconds=1), cron=spec.cron, interval_s=None,
-                                    tz=spec.timezone)
-        else:
-            first = start
-        spread = 0.0 if spec.exact else spec.spread_s
-        window = spec.catchup_window_s if spec.catchup_window_s is not None else (86400.0 if spec.catchup else None)
-        row = await self.db.fetchrow(
-            "schedule_insert", spec.name, spec.handler, payload,
-            json.dumps({"args": list(spec.args), "kwargs": spec.kwargs}, default=str), spec.queue,
-            spec.priority, spec.cron, spec.interval_s, spec.timezone, first, spread, spec.catchup, window,
-            spec.allow_overlap)
-        if row is None:
-            raise ScheduleExists(spec.name)
-        offset = spread_offset_ms(row["id"], spread)
-        if offset:
-            await self.db.execute("schedule_set_offset", row["id"], offset)
-        return await self.get(spec.name)
-
-    async def get(self, name: str) -> dict[str, Any]:
-        row = await self.db.fetchrow("schedule_get", name)
-        if row is None:
-            raise UnknownSchedule(name)
-        return dict(row)
-
-    async def list(self, *, limit: int = 100) -> list[dict[str, Any]]:
-        return [dict(r) for r in await self.db.fetch("schedule_list", limit)]
-
-    async def set_paused(self, name: str, paused: bool, *, now: datetime | None = None) -> dict[str, Any]:
-        """Pause keeps next_fire_time; resume coalesces what was missed (or backfills with catchup)."""
-        if await self.db.fetchrow("schedule_pause", name, paused) is None:
-            raise UnknownSchedule(name)
-        return await self.get(name)
-
-    async def remove(self, name: str) -> None:
-        if await self.db.fetchrow("schedule_delete", name) is None:
-            raise UnknownSchedule(name)
-
-    async def runs(self, name: str, limit: int = 10) -> list[dict[str, Any]]:
-        s = await self.get(name)
-        return [dict(r) for r in await self.db.fetch("schedule_runs", s["id"], limit)]
-
-    async def upcoming(self, name: str, n: int, *, now: datetime | None = None) -> Sequence[datetime]:
-        s = await self.get(name)
-        start = s["next_fire_time"]
-        rest = next_fires(start, n - 1, cron=s["cron"], interval_s=s["interval_s"], tz=s["timezone"]) if n > 1 else []
-        return [start, *rest][:n]

@@ -30,8 +30,14 @@ from datetime import datetime, timedelta, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
+from fencepost.client import Client
 from fencepost.core.config import Settings  # noqa: E402
-from fencepost.core.record import query  # noqa: E402
+from fencepost.core.models import Submit, encode_payload
+from fencepost.core.record import (
+    Database,
+    query,  # noqa: E402
+)
+from fencepost.core.schedules import spread_offset_ms
 
 _UTC = timezone.utc
 _TABLES = ("runs", "events", "attempts")
@@ -157,9 +163,6 @@ class Harness:
 
 
 async def _prepare(settings: Settings) -> Any:
-    from fencepost.client import Client
-    from fencepost.core.record import Database
-
     db = await Database(settings.database_url, max_size=1).connect()
     try:
         await db.upgrade()
@@ -174,7 +177,6 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
                 concurrency: int = 200, timeout_s: float = 900, lookahead_s: float = 0.5, batch: int = 2000,
                 progress: Callable[[str, bool], None] | None = None, log_dir: str | None = None) -> dict[str, Any]:
     """`schedules` schedules firing in the same minute (once), with or without spread."""
-    from fencepost.core.schedules import spread_offset_ms
 
     h = Harness(settings, workers=workers, concurrency=concurrency, timeout_s=timeout_s, progress=progress,
                 log_dir=log_dir)
@@ -188,7 +190,6 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
             if fire - now > timedelta(seconds=lead_s + 30):
                 fire -= timedelta(minutes=1)
             cron = f"{fire.minute} {fire.hour} {fire.day} {fire.month} *"  # this minute only (then next year)
-            from fencepost.core.models import encode_payload
 
             payload = encode_payload((), {})
             t_setup = time.monotonic()
@@ -225,7 +226,6 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
 async def burst(settings: Settings, *, jobs: int, workers: int, concurrency: int = 200, timeout_s: float = 900,
                 progress: Callable[[str, bool], None] | None = None, log_dir: str | None = None) -> dict[str, Any]:
     """`jobs` one-shot runs submitted at once (bulk) while N workers drain them."""
-    from fencepost.core.models import Submit
 
     h = Harness(settings, workers=workers, concurrency=concurrency, timeout_s=timeout_s, progress=progress,
                 log_dir=log_dir)
