@@ -14,6 +14,7 @@ import asyncpg
 import click
 from redis.exceptions import RedisError
 
+from fencepost import __version__
 from fencepost.core.config import Settings
 from fencepost.core.errors import FencepostError
 from fencepost.core.logs import setup_logging
@@ -53,6 +54,7 @@ def command(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
 
 
 @click.group()
+@click.version_option(__version__, prog_name="fencepost", message="%(prog)s %(version)s")
 @click.option("--redis-url", envvar="FENCEPOST_REDIS_URL", help="Redis URL (env FENCEPOST_REDIS_URL).")
 @click.option("--database-url", envvar="FENCEPOST_DATABASE_URL", help="PostgreSQL URL (env FENCEPOST_DATABASE_URL).")
 @click.option("--prefix", envvar="FENCEPOST_PREFIX", help="Redis key prefix (env FENCEPOST_PREFIX).")
