@@ -1,15 +1,19 @@
 """The run state machine: the one place that says which transitions exist.
 
-Lua scripts do not carry their own copy: `scripts.py` renders `TRANSITIONS` into
-`lua/includes/common.lua` (at `-- @states`) at load time, so a script can only take an edge listed
-here (anything else raises `ILLEGAL_TRANSITION` inside Redis, before any write).
+Lua scripts do not carry their own copy: the Lua gateway (`fencepost.core.hot`) renders
+`lua_source()` (the edges of `TRANSITIONS` and every group of `GROUPS`) into
+`lua/includes/common.lua` at `-- @states` when it loads the scripts, so a script can only take an
+edge listed here (anything else raises `ILLEGAL_TRANSITION` inside Redis, before any write) and
+tests a run's state against a group by name (`ACTIVE[st]`), never by a list of its own.
 """
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["Status", "TRANSITIONS", "TERMINAL", "RESTING", "ACTIVE", "is_legal", "edges"]
+__all__ = ["Status", "TRANSITIONS", "GROUPS", "TERMINAL", "FINISHED", "RESTING", "ACTIVE", "LIVE", "WAITING", "UNSUCCESSFUL", "FAILED_FOR_GOOD", "DEAD", "STOP_ENDS",
+           "RESUMABLE", "RESTARTABLE", "CANCEL_AT_ONCE", "PAUSE_AT_ONCE", "UNCLAIMED", "is_legal", "edges",
+           "lua_source"]
 
 
 class Status(enum.StrEnum):
@@ -78,10 +82,43 @@ TRANSITIONS: dict[tuple[Status | None, Status], frozenset[str]] = {
 
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.CANCELLED})
 """States a run stays in unless an operator retries or restarts it."""
+FINISHED = TERMINAL | {S.STOPPED}
+"""States with `finished_at` set: the run's last attempt is over (SQL `finished_iff_terminal`)."""
 RESTING = TERMINAL | {S.PAUSED, S.STOPPED}
 """States in which nothing more happens to a run until an operator acts (what wait() waits for)."""
 ACTIVE = frozenset({S.RUNNING, S.STOPPING})
-"""States that hold a lease."""
+"""States that hold a lease (SQL `leased_iff_active`; the queue's `active` ZSET)."""
+LIVE = frozenset(S) - FINISHED
+"""States of a run whose story is not over: it is (or will be) in Redis and counts as busy."""
+FAILED_FOR_GOOD = frozenset({S.FAILED, S.TIMED_OUT, S.CANCELLED})
+"""Terminal without success; `retry` takes them back to PENDING."""
+WAITING = LIVE - ACTIVE
+"""Live but not leased: due, delayed, held for a concurrency slot, paused or blocked."""
+UNSUCCESSFUL = FINISHED - {S.SUCCEEDED}
+"""Finished without success: the nodes a workflow retry runs again."""
+DEAD = frozenset({S.FAILED, S.TIMED_OUT})
+"""The dead-letter view (minus the review queue, which is FAILED with reason 'review')."""
+STOP_ENDS = frozenset({S.STOPPED, S.CANCELLED})
+"""States a stop request ends in; only these record whether the stop was forced."""
+RESUMABLE = frozenset({S.PAUSED, S.STOPPED})
+"""States `resume` continues from the latest checkpoint."""
+RESTARTABLE = RESUMABLE | FAILED_FOR_GOOD
+"""States `restart` runs again from the beginning."""
+CANCEL_AT_ONCE = frozenset({S.BLOCKED, S.PENDING, S.RETRY_WAIT, S.PAUSED, S.STOPPED})
+"""States `cancel` ends at once (an active run is stopped first)."""
+PAUSE_AT_ONCE = frozenset({S.PENDING, S.RETRY_WAIT})
+"""States `pause` parks at once (a RUNNING run pauses at its next safe boundary)."""
+UNCLAIMED = frozenset({S.BLOCKED, S.PENDING, S.PAUSED, S.CANCELLED})
+"""States a run that was never claimed can be in (SQL `claimed_has_attempt`: every other state has attempt > 0)."""
+
+GROUPS: dict[str, frozenset[Status]] = {
+    "TERMINAL": TERMINAL, "FINISHED": FINISHED, "LIVE": LIVE, "RESTING": RESTING, "ACTIVE": ACTIVE,
+    "WAITING": WAITING, "UNSUCCESSFUL": UNSUCCESSFUL,
+    "FAILED_FOR_GOOD": FAILED_FOR_GOOD, "DEAD": DEAD, "STOP_ENDS": STOP_ENDS, "RESUMABLE": RESUMABLE, "RESTARTABLE": RESTARTABLE,
+    "CANCEL_AT_ONCE": CANCEL_AT_ONCE, "PAUSE_AT_ONCE": PAUSE_AT_ONCE, "UNCLAIMED": UNCLAIMED,
+}
+"""Every named group of states, the one copy: Lua gets them as tables (`ACTIVE[st]`), SQL CHECK
+constraints and `status IN (...)` lists in named queries are checked against them by tests."""
 
 
 def is_legal(frm: Status | None, to: Status, event: str | None = None) -> bool:
@@ -92,3 +129,13 @@ def is_legal(frm: Status | None, to: Status, event: str | None = None) -> bool:
 def edges() -> set[tuple[str, str, str]]:
     """Every (from, to, event) triple, with creation written as from=''."""
     return {(f.value if f else "", t.value, e) for (f, t), evs in TRANSITIONS.items() for e in evs}
+
+
+def lua_source() -> str:
+    """The state table as Lua: `LEGAL['FROM>TO>event'] = true` and one set per group."""
+    entries = ", ".join(f"['{f}>{t}>{e}'] = true" for f, t, e in sorted(edges()) if f)
+    lines = [f"local LEGAL = {{{entries}}}"]
+    for name, group in GROUPS.items():
+        members = ", ".join(f"{s.value} = true" for s in sorted(group))
+        lines.append(f"local {name} = {{{members}}}")
+    return "\n".join(lines)
