@@ -162,19 +162,32 @@ class Maintenance:
         self.archived = 0
 
     async def tick(self) -> None:
+        """Both steps, each when due (the reconciler runs them as two loops with these intervals)."""
         mono = time.monotonic()
         if mono >= self._partitions_due:
-            created = await self._locked(lambda conn: ensure_partitions(conn, month_of(self.clock()), 2))
+            await self.partitions()
             self._partitions_due = mono + self.every_s
-            if created:
-                log.info("history partitions created: %s", ", ".join(created), extra={"event": "partitions_created"})
         if self.archive_after is not None and mono >= self._archive_due:
-            cutoff = self.clock() - self.archive_after
-            moved = await self._locked(lambda conn: archive_runs(conn, cutoff, self.batch)) or 0
-            self.archived += moved
+            moved = await self.archive()
             self._archive_due = mono if moved == self.batch else mono + self.every_s
-            if moved:
-                log.info("archived %d finished runs", moved, extra={"event": "runs_archived"})
+
+    async def partitions(self) -> list[str]:
+        """Create this month's partitions and the next two where missing; returns what was created."""
+        created = await self._locked(lambda conn: ensure_partitions(conn, month_of(self.clock()), 2)) or []
+        if created:
+            log.info("history partitions created: %s", ", ".join(created), extra={"event": "partitions_created"})
+        return created
+
+    async def archive(self) -> int:
+        """Move one batch of old finished runs to runs_archive; returns how many (a full batch: a backlog)."""
+        if self.archive_after is None:
+            return 0
+        cutoff = self.clock() - self.archive_after
+        moved = await self._locked(lambda conn: archive_runs(conn, cutoff, self.batch)) or 0
+        self.archived += moved
+        if moved:
+            log.info("archived %d finished runs", moved, extra={"event": "runs_archived"})
+        return moved
 
     async def _locked(self, fn: Callable[[asyncpg.Connection], Awaitable[_T]]) -> _T | None:
         """Run `fn` in a transaction holding the maintenance lock; None if another holds it."""

@@ -1,40 +1,57 @@
-"""`fencepost reconciler`: the recorder plus the maintenance loops (stamps and rebuilds,
-reaper, outbox relay, drift repair, history partitions and run archiving), each a small
-component with one job.
+"""`fencepost reconciler`: the recorder plus the maintenance loops, each a small component
+with one job, run as its own asyncio task (reconciler/loops.py):
 
-Every maintenance step runs once per tick (at most 1 s apart, sooner on an outbox
-notification); a step that fails (Redis or PostgreSQL unreachable) is logged and retried
-on the next tick, so the service recovers by itself after either store restarts.
+    loop        interval                                what
+    rebuild     tick (1 s)                              stamps: rebuild every untrusted queue
+    reaper      tick (1 s)                              expired leases back to PENDING (reap_expired.lua)
+    outbox      tick (1 s), or at once on a NOTIFY      runs committed in a producer's transaction -> Redis
+    drift       tick (1 s)                              one incremental drift-repair step per queue
+    refill      tick (1 s)                              free concurrency slots -> held runs
+    gauges      5 s                                     fleet gauges and the stuck-run detector
+    scale_hint  FENCEPOST_SCALE_EVERY_S (30 s)          fencepost_scale_hint_workers
+    partitions  1 h                                     history partitions of this month and the next two
+    archive     1 h; the next tick while batches are full   old finished runs -> runs_archive
+
+A failed pass (Redis or PostgreSQL unreachable, one bad queue) is logged and counted in
+`fencepost_maintenance_runs_total{loop,outcome}`, and the loop tries again after its
+interval, so the service recovers by itself after either store restarts and a slow pass of
+one loop never delays another. The rebuild of an untrusted queue still comes before drift
+repair, refill or the reaper touch it (loops.QueueGate).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
-from typing import Any, Awaitable, Callable
 
 from fencepost.core import fairness
 from fencepost.core.config import Settings
 from fencepost.core.errors import StoreUnavailable
-from fencepost.reconciler.retention import Maintenance, parse_archive_after
-from fencepost.core.stores import Stores
-
 from fencepost.core.metrics import LEASE_EXPIRIES
-
+from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import DriftRepair
 from fencepost.reconciler.gauges import Gauges
-from fencepost.reconciler.scalehint import ScaleHints
+from fencepost.reconciler.loops import Loop, QueueGate, each_queue, run_loops
 from fencepost.reconciler.outbox import OutboxRelay
-from fencepost.reconciler.rebuild import ensure_stamped, untrusted_queues
+from fencepost.reconciler.rebuild import rebuild_queue, untrusted_queues
 from fencepost.reconciler.recorder import Recorder
+from fencepost.reconciler.retention import Maintenance, parse_archive_after
+from fencepost.reconciler.scalehint import ScaleHints
 
 log = logging.getLogger("fencepost.reconciler")
 
+FIRST_CHECK_WAIT_S = 5.0
+"""The reaper's first pass waits this long at most for the first trust check (not for rebuilds)."""
+GAUGES_EVERY_S = 5.0
+"""The gauges query PostgreSQL."""
+
 
 class Reconciler:
-    def __init__(self, settings: Settings | None = None, *, tick_s: float = 1.0, drift_grace_s: float = 5.0) -> None:
+    def __init__(self, settings: Settings | None = None, *, tick_s: float = 1.0, drift_grace_s: float = 5.0,
+                 stop_grace_s: float = 10.0) -> None:
         self.stores = Stores(settings, db_pool_size=4)
         self.recorder = Recorder(self.stores)
         self.outbox = OutboxRelay(self.stores)
@@ -43,65 +60,106 @@ class Reconciler:
         self.scale_hints = ScaleHints(self.stores)
         self.history = Maintenance(self.stores.db,
                                    archive_after=parse_archive_after(self.stores.settings.archive_after))
-        self.gauges_every_s = 5.0
-        self._observed = 0.0
         self.tick_s = min(tick_s, 1.0)
+        self.stop_grace_s = stop_grace_s
+        """After stop, passes in flight get this long to finish before they are cancelled."""
         self.stop = asyncio.Event()
+        self.gate = QueueGate()
         self.rebuilt: list[tuple[float, str]] = []
         """(time.time(), queue) of every rebuild this process did."""
-
-    async def _step(self, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
-        try:
-            return await fn()
-        except Exception as exc:  # noqa: BLE001 - the next tick retries
-            log.warning("%s failed: %s", name, exc, extra={"event": f"{name}_failed"})
-            return None
+        loops = [
+            Loop("rebuild", self._rebuild, self.tick_s),
+            Loop("reaper", self._reap_all, self.tick_s),
+            Loop("outbox", self._relay, self.tick_s, wakeup=self.outbox.wakeup),
+            Loop("drift", self._drift, self.tick_s),
+            Loop("refill", self._refill, self.tick_s),
+            Loop("gauges", self._observe, GAUGES_EVERY_S),
+            Loop("scale_hint", self._scale_hint, self.scale_hints.every_s),
+            Loop("partitions", self._partitions, self.history.every_s),
+        ]
+        if self.history.archive_after is not None:
+            loops.append(Loop("archive", self._archive, self.history.every_s))
+        self.loops = {loop.name: loop for loop in loops}
+        """By name, in dependency order (maintain_once runs them in it); intervals may be tuned before run()."""
 
     async def maintain_once(self) -> None:
-        rebuilt = await self._step("rebuild", lambda: ensure_stamped(self.stores))
-        self.rebuilt += [(time.time(), q) for q in rebuilt or []]
-        queues = await self._step("queues", self.recorder.queues) or []
+        """One pass of every loop, in order (rebuilds first): for tests and one-shot use."""
+        for loop in self.loops.values():
+            await loop.once()
+
+    # -- the loops' steps ------------------------------------------------------------------------
+    async def _rebuild(self) -> None:
+        try:
+            untrusted = await untrusted_queues(self.stores)
+        except Exception:
+            self.gate.unknown()  # drift and refill wait for a check that succeeds
+            raise
+        self.gate.publish(untrusted)
+        await each_queue("rebuild", untrusted, self._rebuild_queue)
+
+    async def _rebuild_queue(self, queue: str) -> None:
+        async with self.gate.rebuilding(queue):
+            stats = await rebuild_queue(self.stores, queue)
+            if not stats.get("skipped"):  # skipped: another reconciler holds it, still untrusted
+                self.rebuilt.append((time.time(), queue))
+                self.gate.trust(queue)
+
+    async def _reap_all(self) -> None:
+        if not self.gate.checked.is_set():  # at start-up, after a failover: the rebuild interrupts those leases
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.gate.checked.wait(), FIRST_CHECK_WAIT_S)
+        queues = await self.recorder.queues()
         now = int(time.time() * 1000)
-        for q in queues:
-            await self._step("reap", lambda q=q: self._reap(q, now))
-        await self._step("outbox", self._relay)
-        # A queue another reconciler is rebuilding is left to that rebuild.
-        untrusted = await self._step("stamps", lambda: untrusted_queues(self.stores))
-        untrusted = set(queues if untrusted is None else untrusted)
-        for q in queues:
-            if q not in untrusted:
-                await self._step("drift", lambda q=q: self.drift.tick(q))
-                await self._step("refill", lambda q=q: fairness.refill_held(self.stores, q))
-        await self._step("gauges", lambda: self._observe(queues))
-        await self._step("scale_hint", lambda: self.scale_hints.observe(queues))
-        await self._step("history", self.history.tick)
+        await each_queue("reap", [q for q in queues if not self.gate.suspect(q)], lambda q: self._reap(q, now))
 
     async def _reap(self, queue: str, now: int) -> None:
         n = await self.stores.scripts.run("reap_expired", self.stores.keys(queue), [now, 1000])
         if n:
             LEASE_EXPIRIES.labels(queue).inc(n)
 
-    async def _observe(self, queues: list[str]) -> None:
-        """Fleet gauges and the stuck-run detector, every `gauges_every_s` (they query PostgreSQL)."""
-        if time.monotonic() - self._observed < self.gauges_every_s:
-            return
-        self._observed = time.monotonic()
-        await self.gauges.observe(queues)
-
     async def _relay(self) -> None:
         if not self.outbox.listening():
             await self.outbox.listen()
         await self.outbox.relay()
 
-    async def _maintain(self) -> None:
-        while not self.stop.is_set():
-            await self.maintain_once()
-            self.outbox.wakeup.clear()
-            try:
-                await asyncio.wait_for(self.outbox.wakeup.wait(), self.tick_s)
-            except TimeoutError:
-                pass
+    async def _drift(self) -> None:
+        queues = await self.recorder.queues()
+        # A fresh check each pass, as before the split: a queue another reconciler is
+        # rebuilding (its stamp deleted) is left to that rebuild.
+        untrusted = set(await untrusted_queues(self.stores))
 
+        async def one(queue: str) -> None:
+            if queue in untrusted:
+                return
+            async with self.gate.using(queue) as ok:
+                if ok:
+                    await self.drift.tick(queue)
+
+        await each_queue("drift", queues, one)
+
+    async def _refill(self) -> None:
+        async def one(queue: str) -> None:
+            async with self.gate.using(queue) as ok:
+                if ok:
+                    await fairness.refill_held(self.stores, queue)
+
+        await each_queue("refill", await self.recorder.queues(), one)
+
+    async def _observe(self) -> None:
+        """Fleet gauges and the stuck-run detector (they query PostgreSQL)."""
+        await self.gauges.observe(await self.recorder.queues())
+
+    async def _scale_hint(self) -> None:
+        await self.scale_hints.observe(await self.recorder.queues(), force=True)
+
+    async def _partitions(self) -> None:
+        await self.history.partitions()
+
+    async def _archive(self) -> float | None:
+        moved = await self.history.archive()
+        return self.tick_s if moved == self.history.batch else None  # a backlog: the next batch at the next tick
+
+    # -- the service -----------------------------------------------------------------------------
     async def _connect(self) -> None:
         """Connect with backoff: a reconciler started while a store is down waits for it."""
         delay = 0.2
@@ -126,10 +184,22 @@ class Reconciler:
                 pass
         await self._connect()
         await self.stores.check_redis()
-        await self._step("outbox_listen", self.outbox.listen)
-        log.info("reconciler started", extra={"event": "reconciler_started"})
         try:
-            await asyncio.gather(self.recorder.run(self.stop), self._maintain())
+            await self.outbox.listen()
+        except Exception as exc:  # noqa: BLE001 - the outbox loop re-opens it
+            log.warning("outbox_listen failed: %s", exc, extra={"event": "outbox_listen_failed"})
+        log.info("reconciler started", extra={"event": "reconciler_started"})
+        recorder = asyncio.create_task(self.recorder.run(self.stop), name="fencepost-recorder")
+        loops = asyncio.create_task(run_loops(self.loops.values(), self.stop, grace_s=self.stop_grace_s),
+                                    name="fencepost-maintenance")
+        try:
+            await asyncio.wait([recorder, loops], return_when=asyncio.FIRST_EXCEPTION)
         finally:
+            self.stop.set()  # the recorder finishes its batch; loops get stop_grace_s, then are cancelled
+            await asyncio.gather(recorder, loops, return_exceptions=True)
             await self.outbox.close()
             await self.stores.close()
+        for task in (recorder, loops):
+            failure = None if task.cancelled() else task.exception()
+            if failure is not None:
+                raise failure
