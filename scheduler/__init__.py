@@ -30,13 +30,30 @@ _EXPORTS = {
     "InvalidJobInput": "fencepost.core.errors", "SideEffectFailed": "fencepost.core.errors",
     "PolicyViolation": "fencepost.core.errors",
 }
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [
+    "Client", "SyncClient", "Registry", "Submit", "JobSpec", "Outcome", "Status", "Node", "ScheduleSpec", "Context",
+    "FencepostError", "InvalidInput", "UnknownHandler", "UnknownRun", "IllegalTransition", "WaitTimeout",
+    "StoreUnavailable", "JobError", "Transient", "RateLimited", "InvalidJobInput", "SideEffectFailed",
+    "PolicyViolation", "__version__",
+]
 
 if TYPE_CHECKING:
     from fencepost.client import Client, SyncClient
-    from fencepost.core.errors import (FencepostError, IllegalTransition, InvalidInput, InvalidJobInput, JobError,
-                                       PolicyViolation, RateLimited, SideEffectFailed, StoreUnavailable, Transient,
-                                       UnknownHandler, UnknownRun, WaitTimeout)
+    from fencepost.core.errors import (
+        FencepostError,
+        IllegalTransition,
+        InvalidInput,
+        InvalidJobInput,
+        JobError,
+        PolicyViolation,
+        RateLimited,
+        SideEffectFailed,
+        StoreUnavailable,
+        Transient,
+        UnknownHandler,
+        UnknownRun,
+        WaitTimeout,
+    )
     from fencepost.core.models import JobSpec, Outcome, Submit
     from fencepost.core.registry import Registry
     from fencepost.core.schedules import ScheduleSpec
