@@ -14,8 +14,9 @@ import sys
 import textwrap
 import tomllib
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -46,7 +47,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
 def _run(*cmd: str | Path, cwd: Path, timeout: float, **env: str) -> str:
     """Run a command to completion; on failure show its output (pip and build explain themselves)."""
     proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_clean_env(**env), capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
                              f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
@@ -216,10 +217,10 @@ def wheel_worker(venv: Path, app_dir: Path, settings: Settings) -> Iterator[tupl
 
 
 def _fencepost_env(settings: Settings) -> dict[str, str]:
-    return dict(FENCEPOST_REDIS_URL=settings.redis_url, FENCEPOST_DATABASE_URL=settings.database_url,
-                FENCEPOST_PREFIX=settings.prefix, FENCEPOST_LOG_FORMAT="json",
-                FENCEPOST_BACKOFF_BASE_MS=str(settings.backoff_base_ms),
-                FENCEPOST_BACKOFF_CAP_MS=str(settings.backoff_cap_ms))
+    return {"FENCEPOST_REDIS_URL": settings.redis_url, "FENCEPOST_DATABASE_URL": settings.database_url,
+            "FENCEPOST_PREFIX": settings.prefix, "FENCEPOST_LOG_FORMAT": "json",
+            "FENCEPOST_BACKOFF_BASE_MS": str(settings.backoff_base_ms),
+            "FENCEPOST_BACKOFF_CAP_MS": str(settings.backoff_cap_ms)}
 
 
 @pytest.mark.slow
