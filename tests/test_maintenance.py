@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-import fencepost.reconciler.service as service
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.stores import Stores
+from fencepost.reconciler import service
 from fencepost.reconciler.loops import QueueGate
 from fencepost.reconciler.service import Reconciler
 
