@@ -16,11 +16,12 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from fencepost.client import Client
-from fencepost.core.config import Settings
 from fencepost.api.auth import RateLimiter, Tokens
+from fencepost.api.openapi import document
 from fencepost.api.problems import ApiError, problem_response
 from fencepost.api.routes import ROUTES, wrap
+from fencepost.client import Client
+from fencepost.core.config import Settings
 
 __all__ = ["ApiConfig", "Api", "create_app", "STATIC_DIR"]
 
@@ -63,6 +64,11 @@ class Api:
         self.tokens = Tokens(self.client.stores.db, cache_s=config.token_cache_s)
         self.limiter = RateLimiter(self.client.stores.redis, settings.prefix, limit=config.rate_limit,
                                    window_s=config.rate_window_s)
+
+    def openapi_document(self) -> bytes:
+        """The OpenAPI document (built once, from the route table). /openapi.json reads it here: the
+        document is made from the routes, so the routes cannot import it."""
+        return document()
 
     async def start(self) -> None:
         await self.client.connect()

@@ -1,5 +1,6 @@
 """The API's endpoints, declared once in ROUTES: Starlette routing and the OpenAPI document
-(scheduler/api/openapi.py) are both built from this table, so they cannot disagree.
+(fencepost.api.openapi, which imports this module; /openapi.json asks the app for it, see
+`Api.openapi_document`) are both built from this table, so they cannot disagree.
 
 Every endpoint runs the same steps (`_wrap`): authenticate the bearer token (401), check the
 role (403), count the request against the token's rate limit (429), read the body within the
@@ -10,6 +11,7 @@ actor is `token:<id>@<source address>`, so every control action names its token 
 from __future__ import annotations
 
 import copy
+import logging
 import re
 import time
 import uuid
@@ -19,6 +21,10 @@ from typing import Any, Awaitable, Callable
 
 import asyncpg
 import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from starlette.requests import Request
+from starlette.responses import Response
+
 from fencepost.api import schemas as S
 from fencepost.api.auth import Principal, create_token
 from fencepost.api.metrics import LATENCY, REFUSED, REQUESTS
@@ -37,11 +43,10 @@ from fencepost.core.fairness import due_summary
 from fencepost.core.models import Submit, decode_result
 from fencepost.core.states import RESTING, Status
 from fencepost.schedules import Schedules
-from starlette.requests import Request
-from starlette.responses import Response
 
 __all__ = ["ROUTES", "RouteSpec", "Ctx"]
 
+log = logging.getLogger("fencepost.api")
 _UTC = timezone.utc
 _enc = msgspec.json.Encoder()
 _BIGINT = 2**63 - 1
@@ -230,15 +235,11 @@ async def ready(ctx: Ctx) -> Any:
 
 
 async def metrics(ctx: Ctx) -> Any:
-    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
 async def openapi_doc(ctx: Ctx) -> Any:
-    from fencepost.api.openapi import document  # the route table and the document: opened by the faces brief
-
-    return Response(document(), media_type="application/json")
+    return Response(ctx.api.openapi_document(), media_type="application/json")
 
 
 async def me(ctx: Ctx) -> Any:
@@ -697,10 +698,7 @@ def wrap(spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
         except Exception as exc:  # noqa: BLE001 - every failure is a problem+json answer
             resp = problem_response(exc, request.url.path)
             if resp.status_code >= 500 and resp.status_code not in (503, 504):
-                import logging
-
-                logging.getLogger("fencepost.api").exception("unhandled error on %s %s", spec.method, spec.path,
-                                                             extra={"event": "api_error"})
+                log.exception("unhandled error on %s %s", spec.method, spec.path, extra={"event": "api_error"})
             elif resp.status_code in (401, 403, 413, 429):
                 REFUSED.labels(str(resp.status_code)).inc()
         REQUESTS.labels(label, spec.method, f"{resp.status_code // 100}xx").inc()

@@ -1,78 +1,117 @@
-"""Operator commands on the CLI: one run, a bounded bulk selection, or a whole queue."""
+"""Operator commands on the CLI: `fencepost pause / stop / cancel / resume / restart / retry`, on one
+run or on a bounded bulk selection of a queue's runs. The commands share their options and body
+(`_act`); each is declared here so that `fencepost <verb> --help` reads from its docstring."""
 
 from __future__ import annotations
 
-import getpass
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
+from fencepost.cli.common import EXIT_REFUSED, actor, async_command, from_context
+from fencepost.client import Client
+from fencepost.control import BULK_DEFAULT_LIMIT
 from fencepost.core.config import Settings
-from fencepost.control import BULK_DEFAULT_LIMIT, COMMANDS
 from fencepost.core.errors import BulkNotConfirmed
 
-_HELP = {
-    "pause": "Pause a run (PENDING/RETRY_WAIT now; RUNNING at its next safe boundary).",
-    "stop": "Stop a running run gracefully (checkpoint, then STOPPED; forced after the grace period).",
-    "cancel": "Cancel a run (running runs are stopped first, then CANCELLED).",
-    "resume": "Resume a PAUSED or STOPPED run from its latest checkpoint (same run id, new attempt).",
-    "restart": "Run again from the beginning, discarding the checkpoint.",
-    "retry": "Retry a dead-lettered run (FAILED / TIMED_OUT / CANCELLED).",
-}
+__all__ = ["RUN_COMMANDS", "pause", "stop", "cancel", "resume", "restart", "retry"]
 
 
-def _actor() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
-        return "cli"
+def _run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The arguments every run command takes: one RUN_ID, or a bulk selection of a queue."""
+    for option in reversed([
+        click.argument("run_id", type=int, required=False),
+        click.option("--reason", default="", help="Recorded in the run's history with your name."),
+        click.option("--queue", help="Bulk: act on the runs of this queue that match."),
+        click.option("--status", "status_", help="Bulk: only runs in this state."),
+        click.option("--handler", help="Bulk: only runs of this handler."),
+        click.option("--limit", type=int, default=BULK_DEFAULT_LIMIT, show_default=True,
+                     help="Bulk: at most this many runs."),
+        click.option("--yes", is_flag=True, help="Bulk: really do it (without it, only count the matches)."),
+        click.option("--version", "expected_version", type=int, help="Act only if the run is still at this version."),
+    ]):
+        fn = option(fn)
+    return fn
 
 
-def _make(verb: str) -> click.Command:
-    from fencepost.cli.main import command
+@click.command("pause")
+@_run_options
+@async_command
+async def pause(settings: Settings, **opts: Any) -> None:
+    """Pause a run (PENDING/RETRY_WAIT now; RUNNING at its next safe boundary)."""
+    await _act("pause", settings, **opts)
 
-    @click.argument("run_id", type=int, required=False)
-    @click.option("--reason", default="", help="Recorded in the run's history with your name.")
-    @click.option("--queue", help="Bulk: act on the runs of this queue that match.")
-    @click.option("--status", "status_", help="Bulk: only runs in this state.")
-    @click.option("--handler", help="Bulk: only runs of this handler.")
-    @click.option("--limit", type=int, default=BULK_DEFAULT_LIMIT, show_default=True, help="Bulk: at most this many runs.")
-    @click.option("--yes", is_flag=True, help="Bulk: really do it (without it, only count the matches).")
-    @click.option("--version", "expected_version", type=int, help="Act only if the run is still at this version.")
-    @command
-    async def run_command(settings: Settings, run_id: int | None, reason: str, queue: str | None, status_: str | None,
-                          handler: str | None, limit: int, yes: bool, expected_version: int | None) -> None:
-        from fencepost.client import Client
 
-        if (run_id is None) == (queue is None):
-            raise click.UsageError(f"give a RUN_ID, or --queue (with --status/--handler) for a bulk {verb}")
-        if await _via_api(verb, run_id, reason, queue, status_, handler, yes, expected_version):
+@click.command("stop")
+@_run_options
+@async_command
+async def stop(settings: Settings, **opts: Any) -> None:
+    """Stop a running run gracefully (checkpoint, then STOPPED; forced after the grace period)."""
+    await _act("stop", settings, **opts)
+
+
+@click.command("cancel")
+@_run_options
+@async_command
+async def cancel(settings: Settings, **opts: Any) -> None:
+    """Cancel a run (running runs are stopped first, then CANCELLED)."""
+    await _act("cancel", settings, **opts)
+
+
+@click.command("resume")
+@_run_options
+@async_command
+async def resume(settings: Settings, **opts: Any) -> None:
+    """Resume a PAUSED or STOPPED run from its latest checkpoint (same run id, new attempt)."""
+    await _act("resume", settings, **opts)
+
+
+@click.command("restart")
+@_run_options
+@async_command
+async def restart(settings: Settings, **opts: Any) -> None:
+    """Run again from the beginning, discarding the checkpoint."""
+    await _act("restart", settings, **opts)
+
+
+@click.command("retry")
+@_run_options
+@async_command
+async def retry(settings: Settings, **opts: Any) -> None:
+    """Retry a dead-lettered run (FAILED / TIMED_OUT / CANCELLED)."""
+    await _act("retry", settings, **opts)
+
+
+RUN_COMMANDS: list[click.Command] = [pause, stop, cancel, resume, restart, retry]
+"""One per verb of fencepost.control.COMMANDS, in that order."""
+
+
+async def _act(verb: str, settings: Settings, *, run_id: int | None, reason: str, queue: str | None,
+               status_: str | None, handler: str | None, limit: int, yes: bool, expected_version: int | None) -> None:
+    if (run_id is None) == (queue is None):
+        raise click.UsageError(f"give a RUN_ID, or --queue (with --status/--handler) for a bulk {verb}")
+    if _via_api(verb, run_id, reason, queue, status_, handler, yes, expected_version):
+        return
+    async with Client(settings=settings, actor=actor()) as client:
+        if run_id is not None:
+            state = await getattr(client, verb)(run_id, reason=reason, expected_version=expected_version)
+            click.echo(f"run {run_id}: {state}")
             return
-        async with Client(settings=settings, actor=_actor()) as client:
-            if run_id is not None:
-                state = await getattr(client, verb)(run_id, reason=reason, expected_version=expected_version)
-                click.echo(f"run {run_id}: {state}")
-                return
-            try:
-                out = await client.bulk(verb, queue=queue, status=status_.upper() if status_ else None,
-                                        handler=handler, limit=limit, confirm=yes, reason=reason)
-            except BulkNotConfirmed as exc:
-                click.echo(f"{exc.matched} runs in queue {queue!r} match; nothing changed.")
-                click.echo(f"Re-run with --yes to {verb} up to {min(exc.matched, exc.limit)} of them (--limit {limit}).")
-                sys.exit(1)
-            summary = ", ".join(f"{n} {s}" for s, n in sorted(out["results"].items())) or "none changed"
-            click.echo(f"{out['matched']} matched, {out['acted']} acted on: {summary}")
-            for rid, why in list(out["refused"].items())[:20]:
-                click.echo(f"  run {rid}: {why}")
-
-    return click.command(verb, help=_HELP[verb])(run_command)
+        try:
+            out = await client.bulk(verb, queue=queue, status=status_.upper() if status_ else None,
+                                    handler=handler, limit=limit, confirm=yes, reason=reason)
+        except BulkNotConfirmed as exc:
+            click.echo(f"{exc.matched} runs in queue {queue!r} match; nothing changed.")
+            click.echo(f"Re-run with --yes to {verb} up to {min(exc.matched, exc.limit)} of them (--limit {limit}).")
+            sys.exit(EXIT_REFUSED)
+        _print_bulk(out)
 
 
-async def _via_api(verb: str, run_id: int | None, reason: str, queue: str | None, status_: str | None,
-                   handler: str | None, yes: bool, expected_version: int | None) -> bool:
+def _via_api(verb: str, run_id: int | None, reason: str, queue: str | None, status_: str | None,
+             handler: str | None, yes: bool, expected_version: int | None) -> bool:
     """With --api: the same command through the HTTP API (the bulk confirm is the match count)."""
-    from fencepost.apiclient import from_context
-
     api = from_context()
     if api is None:
         return False
@@ -87,57 +126,14 @@ async def _via_api(verb: str, run_id: int | None, reason: str, queue: str | None
         if not yes:
             click.echo(f"{exc.matched} runs in queue {queue!r} match; nothing changed.")
             click.echo(f"Re-run with --yes to {verb} them (the API acts on at most {exc.limit}).")
-            sys.exit(1)
+            sys.exit(EXIT_REFUSED)
         out = api.bulk(verb, queue=queue, status=status, handler=handler, confirm=exc.matched, reason=reason)
+    _print_bulk(out)
+    return True
+
+
+def _print_bulk(out: dict[str, Any]) -> None:
     summary = ", ".join(f"{n} {s}" for s, n in sorted(out["results"].items())) or "none changed"
     click.echo(f"{out['matched']} matched, {out['acted']} acted on: {summary}")
     for rid, why in list(out["refused"].items())[:20]:
         click.echo(f"  run {rid}: {why}")
-    return True
-
-
-def register(cli: click.Group) -> None:
-    from fencepost.cli.main import command
-
-    for verb in COMMANDS:
-        cli.add_command(_make(verb))
-
-    @cli.group()
-    def queue() -> None:
-        """A whole queue: pause / resume (nothing new is dispatched while paused); dispatch
-        settings: tenant weights, concurrency limits, priority aging."""
-
-    @queue.command("pause")
-    @click.argument("name")
-    @click.option("--reason", default="")
-    @command
-    async def queue_pause(settings: Settings, name: str, reason: str) -> None:
-        from fencepost.apiclient import from_context
-        from fencepost.client import Client
-
-        if (api := from_context()) is not None:
-            api.pause_queue(name, reason=reason)
-            click.echo(f"queue {name}: paused")
-            return
-        async with Client(settings=settings, actor=_actor()) as client:
-            await client.pause_queue(name, reason=reason)
-        click.echo(f"queue {name}: paused")
-
-    @queue.command("resume")
-    @click.argument("name")
-    @click.option("--reason", default="")
-    @command
-    async def queue_resume(settings: Settings, name: str, reason: str) -> None:
-        from fencepost.apiclient import from_context
-        from fencepost.client import Client
-
-        if (api := from_context()) is not None:
-            api.resume_queue(name, reason=reason)
-            click.echo(f"queue {name}: resumed")
-            return
-        async with Client(settings=settings, actor=_actor()) as client:
-            await client.resume_queue(name, reason=reason)
-        click.echo(f"queue {name}: resumed")
-
-
-__all__ = ["register"]

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Callable
 
 import click
 
+from fencepost.cli.common import EXIT_LOADTEST_ERRORS, async_command, require_store
 from fencepost.core.config import Settings
+from fencepost.dev.loadtest import burst, format_report, spike
 
-__all__ = ["register"]
+__all__ = ["loadtest"]
 
 
-def _progress(as_json: bool):  # type: ignore[no-untyped-def]
+def _progress(as_json: bool) -> Callable[[str, bool], None]:
+    """Progress on stderr: one line rewritten in place on a terminal, else a line every 5 s."""
     tty = sys.stderr.isatty()
     last = [0.0]
 
     def show(line: str, final: bool) -> None:
-        import time
-
         if tty:
             click.echo("\r" + line.ljust(120), nl=final, err=True)
         elif final or time.monotonic() - last[0] > 5:
@@ -28,57 +31,48 @@ def _progress(as_json: bool):  # type: ignore[no-untyped-def]
     return show
 
 
-def register(cli: click.Group) -> None:
-    from fencepost.cli.main import command
+@click.group()
+def loadtest() -> None:
+    """Load harness: real trigger, reconciler and worker processes against your stores."""
 
-    @cli.group()
-    def loadtest() -> None:
-        """Load harness: real trigger, reconciler and worker processes against your stores."""
 
-    @loadtest.command("spike")
-    @click.option("--schedules", type=int, default=10_000, show_default=True, help="Schedules firing in one minute.")
-    @click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
-    @click.option("--spread", "spread_s", type=float, default=0.0, show_default=True, help="Per-schedule spread (s).")
-    @click.option("--concurrency", type=int, default=200, show_default=True)
-    @click.option("--lookahead", "lookahead_s", type=float, default=0.5, show_default=True)
-    @click.option("--batch", type=int, default=2000, show_default=True, help="Trigger fires per transaction.")
-    @click.option("--timeout", "timeout_s", type=float, default=900, show_default=True)
-    @click.option("--log-dir", help="Keep the processes' logs here.")
-    @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-    @command
-    async def spike_cmd(settings: Settings, schedules: int, workers: int, spread_s: float, concurrency: int,
-                        lookahead_s: float, batch: int, timeout_s: float, log_dir: str | None, as_json: bool) -> None:
-        """SCHEDULES schedules all firing in the same minute (cron spike)."""
-        from fencepost.apiclient import require_store
-        from fencepost.dev.loadtest import format_report, spike
+@loadtest.command("spike")
+@click.option("--schedules", type=int, default=10_000, show_default=True, help="Schedules firing in one minute.")
+@click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
+@click.option("--spread", "spread_s", type=float, default=0.0, show_default=True, help="Per-schedule spread (s).")
+@click.option("--concurrency", type=int, default=200, show_default=True)
+@click.option("--lookahead", "lookahead_s", type=float, default=0.5, show_default=True)
+@click.option("--batch", type=int, default=2000, show_default=True, help="Trigger fires per transaction.")
+@click.option("--timeout", "timeout_s", type=float, default=900, show_default=True)
+@click.option("--log-dir", help="Keep the processes' logs here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@async_command
+async def spike_cmd(settings: Settings, schedules: int, workers: int, spread_s: float, concurrency: int,
+                    lookahead_s: float, batch: int, timeout_s: float, log_dir: str | None, as_json: bool) -> None:
+    """SCHEDULES schedules all firing in the same minute (cron spike)."""
+    require_store("loadtest spike")
+    rep = await spike(settings, schedules=schedules, workers=workers, spread_s=spread_s, concurrency=concurrency,
+                      lookahead_s=lookahead_s, batch=batch, timeout_s=timeout_s, progress=_progress(as_json),
+                      log_dir=log_dir)
+    click.echo(json.dumps(rep) if as_json else "\n".join(format_report(rep)))
+    if rep["errors"]:
+        sys.exit(EXIT_LOADTEST_ERRORS)
 
-        require_store("loadtest spike")
 
-        rep = await spike(settings, schedules=schedules, workers=workers, spread_s=spread_s, concurrency=concurrency,
-                          lookahead_s=lookahead_s, batch=batch, timeout_s=timeout_s, progress=_progress(as_json),
-                          log_dir=log_dir)
-        click.echo(json.dumps(rep) if as_json else "\n".join(format_report(rep)))
-        if rep["errors"]:
-            sys.exit(2)
-
-    @loadtest.command("burst")
-    @click.option("--jobs", type=int, default=10_000, show_default=True)
-    @click.option("--workers", type=int, default=2, show_default=True)
-    @click.option("--concurrency", type=int, default=200, show_default=True)
-    @click.option("--timeout", "timeout_s", type=float, default=900, show_default=True)
-    @click.option("--log-dir")
-    @click.option("--json", "as_json", is_flag=True)
-    @command
-    async def burst_cmd(settings: Settings, jobs: int, workers: int, concurrency: int, timeout_s: float,
-                        log_dir: str | None, as_json: bool) -> None:
-        """JOBS one-shot runs submitted at once."""
-        from fencepost.apiclient import require_store
-        from fencepost.dev.loadtest import burst, format_report
-
-        require_store("loadtest burst")
-
-        rep = await burst(settings, jobs=jobs, workers=workers, concurrency=concurrency, timeout_s=timeout_s,
-                          progress=_progress(as_json), log_dir=log_dir)
-        click.echo(json.dumps(rep) if as_json else "\n".join(format_report(rep)))
-        if rep["errors"]:
-            sys.exit(2)
+@loadtest.command("burst")
+@click.option("--jobs", type=int, default=10_000, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--concurrency", type=int, default=200, show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=900, show_default=True)
+@click.option("--log-dir")
+@click.option("--json", "as_json", is_flag=True)
+@async_command
+async def burst_cmd(settings: Settings, jobs: int, workers: int, concurrency: int, timeout_s: float,
+                    log_dir: str | None, as_json: bool) -> None:
+    """JOBS one-shot runs submitted at once."""
+    require_store("loadtest burst")
+    rep = await burst(settings, jobs=jobs, workers=workers, concurrency=concurrency, timeout_s=timeout_s,
+                      progress=_progress(as_json), log_dir=log_dir)
+    click.echo(json.dumps(rep) if as_json else "\n".join(format_report(rep)))
+    if rep["errors"]:
+        sys.exit(EXIT_LOADTEST_ERRORS)

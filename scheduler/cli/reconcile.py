@@ -11,55 +11,49 @@ from collections import Counter
 
 import click
 
+from fencepost.cli.common import EXIT_REFUSED, async_command, require_store
 from fencepost.core.config import Settings
+from fencepost.core.stores import Stores
+from fencepost.reconciler.drift import DriftRepair
+from fencepost.reconciler.rebuild import ensure_stamped, untrusted_queues
 
-__all__ = ["register"]
+__all__ = ["reconcile"]
 
 
-def register(cli: click.Group) -> None:
-    from fencepost.cli.main import command  # here, not at import: scheduler.cli imports this module
-
-    @click.command()
-    @click.option("--check", "mode", flag_value="check", help="Report drift, change nothing (exit 1 if any).")
-    @click.option("--repair", "mode", flag_value="repair", help="One repair pass over every queue.")
-    @click.option("--queue", "queues", multiple=True, help="Only these queues (default: every queue).")
-    @click.option("--grace", type=float, default=5.0, show_default=True,
-                  help="Ignore runs PostgreSQL changed this recently (a submit or command still on its way to Redis).")
-    @command
-    async def reconcile(settings: Settings, mode: str | None, queues: tuple[str, ...], grace: float) -> None:
-        """Compare Redis with PostgreSQL: report (--check) or repair (--repair) drift."""
-        from fencepost.reconciler.drift import DriftRepair
-        from fencepost.reconciler.rebuild import ensure_stamped, untrusted_queues
-
-        from fencepost.apiclient import require_store
-        from fencepost.core.stores import Stores
-
-        require_store("reconcile")
-        if mode is None:
-            raise click.UsageError("give --check or --repair")
-        stores = await Stores(settings, db_pool_size=2).connect()
-        try:
-            names = list(queues) or [r["name"] for r in await stores.db.fetch("queue_epochs")]
-            if mode == "check":
-                for q in await untrusted_queues(stores):
-                    if q in names:
-                        click.echo(f"{q}\tunstamped\t-\tRedis is not stamped with the current epoch; claims wait for a rebuild")
-            else:
-                for q in await ensure_stamped(stores):
-                    if q in names:
-                        click.echo(f"{q}\trebuilt\t-\trestored from PostgreSQL at a new epoch")
-            drift = DriftRepair(stores, grace_s=grace)
-            found = []
-            for q in names:
-                found += await drift.full_pass(q, repair=mode == "repair", grace_s=grace)
-        finally:
-            await stores.close()
-        for d in found:
-            click.echo(d.line())
-        kinds = Counter(d.kind for d in found)
-        summary = ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())) or "none"
-        click.echo(f"{'repaired' if mode == 'repair' else 'drift'}: {summary}", err=True)
-        if mode == "check" and found:
-            sys.exit(1)
-
-    cli.add_command(reconcile)
+@click.command()
+@click.option("--check", "mode", flag_value="check", help="Report drift, change nothing (exit 1 if any).")
+@click.option("--repair", "mode", flag_value="repair", help="One repair pass over every queue.")
+@click.option("--queue", "queues", multiple=True, help="Only these queues (default: every queue).")
+@click.option("--grace", type=float, default=5.0, show_default=True,
+              help="Ignore runs PostgreSQL changed this recently (a submit or command still on its way to Redis).")
+@async_command
+async def reconcile(settings: Settings, mode: str | None, queues: tuple[str, ...], grace: float) -> None:
+    """Compare Redis with PostgreSQL: report (--check) or repair (--repair) drift."""
+    require_store("reconcile")
+    if mode is None:
+        raise click.UsageError("give --check or --repair")
+    stores = await Stores(settings, db_pool_size=2).connect()
+    try:
+        names = list(queues) or [r["name"] for r in await stores.db.fetch("queue_epochs")]
+        if mode == "check":
+            for q in await untrusted_queues(stores):
+                if q in names:
+                    click.echo(f"{q}\tunstamped\t-\tRedis is not stamped with the current epoch; "
+                               "claims wait for a rebuild")
+        else:
+            for q in await ensure_stamped(stores):
+                if q in names:
+                    click.echo(f"{q}\trebuilt\t-\trestored from PostgreSQL at a new epoch")
+        drift = DriftRepair(stores, grace_s=grace)
+        found = []
+        for q in names:
+            found += await drift.full_pass(q, repair=mode == "repair", grace_s=grace)
+    finally:
+        await stores.close()
+    for d in found:
+        click.echo(d.line())
+    kinds = Counter(d.kind for d in found)
+    summary = ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())) or "none"
+    click.echo(f"{'repaired' if mode == 'repair' else 'drift'}: {summary}", err=True)
+    if mode == "check" and found:
+        sys.exit(EXIT_REFUSED)

@@ -1,7 +1,7 @@
 """`fencepost retention --keep 30d`: drop the monthly history partitions (events, attempts,
 runs_archive) whose whole month is older than the keep window, each optionally copied to
 DIR/<partition>.csv.gz first. A partition drop, never a DELETE: the space is free at once
-and there are no dead rows to vacuum. The work is in scheduler/retention.py."""
+and there are no dead rows to vacuum. The work is in fencepost.reconciler.retention."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ from pathlib import Path
 
 import click
 
+from fencepost.cli.common import async_command, require_store
 from fencepost.core.config import Settings
+from fencepost.core.errors import InvalidInput
+from fencepost.core.record import Database
+from fencepost.reconciler.retention import archive_path, drop_partition, expired_partitions, parse_duration
 
-__all__ = ["register"]
+__all__ = ["retention"]
 
 
 def _parse_now(value: str | None) -> datetime:
-    from fencepost.core.errors import InvalidInput
-
     if value is None:
         return datetime.now(timezone.utc)
     try:
@@ -28,53 +30,44 @@ def _parse_now(value: str | None) -> datetime:
     return at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
 
 
-def register(cli: click.Group) -> None:
-    from fencepost.cli.main import command
-
-    @cli.command("retention")
-    @click.option("--keep", required=True,
-                  help="History to keep, e.g. 30d, 12h, 90m, 2w: a partition is dropped once its whole month is older.")
-    @click.option("--archive-dir", type=click.Path(file_okay=False, path_type=Path),
-                  help="First copy each partition to DIR/<partition>.csv.gz (never overwrites a file).")
-    @click.option("--dry-run", is_flag=True,
-                  help="Print the partitions that would be dropped, with row counts; change nothing.")
-    @click.option("--now", "now_", help="Measure --keep back from this ISO time instead of now (UTC when no offset).")
-    @command
-    async def retention(settings: Settings, keep: str, archive_dir: Path | None, dry_run: bool,
-                        now_: str | None) -> None:
-        """Drop history partitions older than --keep (optionally archiving them first)."""
-        from fencepost.apiclient import require_store
-        from fencepost.core.record import Database
-        from fencepost.core.errors import InvalidInput
-        from fencepost.reconciler.retention import archive_path, drop_partition, expired_partitions, parse_duration
-
-        require_store("retention")
-        cutoff = _parse_now(now_) - parse_duration(keep)  # bad input fails before any connection
-        db = await Database(settings.database_url, max_size=1).connect()
-        try:
-            assert db.pool is not None
-            async with db.pool.acquire() as conn:
-                plan = await expired_partitions(conn, cutoff, count=dry_run)
+@click.command("retention")
+@click.option("--keep", required=True,
+              help="History to keep, e.g. 30d, 12h, 90m, 2w: a partition is dropped once its whole month is older.")
+@click.option("--archive-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="First copy each partition to DIR/<partition>.csv.gz (never overwrites a file).")
+@click.option("--dry-run", is_flag=True,
+              help="Print the partitions that would be dropped, with row counts; change nothing.")
+@click.option("--now", "now_", help="Measure --keep back from this ISO time instead of now (UTC when no offset).")
+@async_command
+async def retention(settings: Settings, keep: str, archive_dir: Path | None, dry_run: bool, now_: str | None) -> None:
+    """Drop history partitions older than --keep (optionally archiving them first)."""
+    require_store("retention")
+    cutoff = _parse_now(now_) - parse_duration(keep)  # bad input fails before any connection
+    db = await Database(settings.database_url, max_size=1).connect()
+    try:
+        assert db.pool is not None
+        async with db.pool.acquire() as conn:
+            plan = await expired_partitions(conn, cutoff, count=dry_run)
+            if archive_dir is not None:
+                taken = [archive_path(archive_dir, p) for p in plan if archive_path(archive_dir, p).exists()]
+                if taken:
+                    raise InvalidInput(f"{taken[0]} already exists and an archive is never overwritten; nothing "
+                                       "was dropped (move it away first)", field="archive_dir")
+            if not plan:
+                click.echo(f"nothing to drop: no partition ends before {cutoff.isoformat()}")
+                return
+            for p in plan:
+                if dry_run:
+                    where = f" -> {archive_path(archive_dir, p)}" if archive_dir is not None else ""
+                    click.echo(f"would drop {p.name}: {p.rows} rows before {p.upper.isoformat()}{where}")
+                    continue
                 if archive_dir is not None:
-                    taken = [archive_path(archive_dir, p) for p in plan if archive_path(archive_dir, p).exists()]
-                    if taken:
-                        raise InvalidInput(f"{taken[0]} already exists and an archive is never overwritten; nothing "
-                                           "was dropped (move it away first)", field="archive_dir")
-                if not plan:
-                    click.echo(f"nothing to drop: no partition ends before {cutoff.isoformat()}")
-                    return
-                for p in plan:
-                    if dry_run:
-                        where = f" -> {archive_path(archive_dir, p)}" if archive_dir is not None else ""
-                        click.echo(f"would drop {p.name}: {p.rows} rows before {p.upper.isoformat()}{where}")
-                        continue
-                    if archive_dir is not None:
-                        archive_dir.mkdir(parents=True, exist_ok=True)
-                    done = await drop_partition(conn, p, archive_dir)
-                    if done is None:
-                        click.echo(f"skipped {p.name}: already gone")
-                    else:
-                        where = f"archived to {done.archive}" if done.archive is not None else "not archived"
-                        click.echo(f"dropped {p.name}: {done.rows} rows, {where}")
-        finally:
-            await db.close()
+                    archive_dir.mkdir(parents=True, exist_ok=True)
+                done = await drop_partition(conn, p, archive_dir)
+                if done is None:
+                    click.echo(f"skipped {p.name}: already gone")
+                else:
+                    where = f"archived to {done.archive}" if done.archive is not None else "not archived"
+                    click.echo(f"dropped {p.name}: {done.rows} rows, {where}")
+    finally:
+        await db.close()

@@ -4,45 +4,42 @@ from __future__ import annotations
 
 import click
 
+from fencepost.cli.common import actor, async_command, from_context, table
+from fencepost.client import Client
 from fencepost.core.config import Settings
 
+__all__ = ["review"]
 
-def register(cli: click.Group) -> None:
-    from fencepost.cli.main import _table, command
-    from fencepost.cli.control import _actor
+_COLS = ["id", "handler", "queue", "attempt", "finished_at", "last_error_class", "last_error"]
 
-    @cli.group()
-    def review() -> None:
-        """The review queue: reconcile side effects by hand, then resolve."""
 
-    @review.command("ls")
-    @click.option("--queue")
-    @click.option("--limit", type=int, default=50, show_default=True)
-    @command
-    async def review_ls(settings: Settings, queue: str | None, limit: int) -> None:
-        from fencepost.apiclient import from_context
-        from fencepost.client import Client
+@click.group()
+def review() -> None:
+    """The review queue: reconcile side effects by hand, then resolve."""
 
-        cols = ["id", "handler", "queue", "attempt", "finished_at", "last_error_class", "last_error"]
-        if (api := from_context()) is not None:
-            _table(api.review_queue(queue=queue, limit=limit), cols)
-            return
-        async with Client(settings=settings) as client:
-            _table(await client.review_queue(queue=queue, limit=limit), cols)
 
-    @review.command("resolve")
-    @click.argument("run_id", type=int)
-    @click.option("--as", "as_", type=click.Choice(["succeeded", "failed", "retry"]), required=True,
-                  help="What really happened (or run it again).")
-    @click.option("--reason", default="")
-    @command
-    async def review_resolve(settings: Settings, run_id: int, as_: str, reason: str) -> None:
-        from fencepost.apiclient import from_context
-        from fencepost.client import Client
+@review.command("ls")
+@click.option("--queue")
+@click.option("--limit", type=int, default=50, show_default=True)
+@async_command
+async def review_ls(settings: Settings, queue: str | None, limit: int) -> None:
+    if (api := from_context()) is not None:
+        table(api.review_queue(queue=queue, limit=limit), _COLS)
+        return
+    async with Client(settings=settings) as client:
+        table(await client.review_queue(queue=queue, limit=limit), _COLS)
 
-        if (api := from_context()) is not None:
-            state = api.resolve(run_id, as_=as_, reason=reason)
-        else:
-            async with Client(settings=settings, actor=_actor()) as client:
-                state = await client.resolve(run_id, as_=as_, reason=reason)
-        click.echo(f"run {run_id}: {state}")
+
+@review.command("resolve")
+@click.argument("run_id", type=int)
+@click.option("--as", "as_", type=click.Choice(["succeeded", "failed", "retry"]), required=True,
+              help="What really happened (or run it again).")
+@click.option("--reason", default="")
+@async_command
+async def review_resolve(settings: Settings, run_id: int, as_: str, reason: str) -> None:
+    if (api := from_context()) is not None:
+        state = api.resolve(run_id, as_=as_, reason=reason)
+    else:
+        async with Client(settings=settings, actor=actor()) as client:
+            state = await client.resolve(run_id, as_=as_, reason=reason)
+    click.echo(f"run {run_id}: {state}")

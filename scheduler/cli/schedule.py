@@ -7,10 +7,26 @@ from datetime import datetime, timezone
 from typing import Any
 
 import click
+import msgspec
 
+from fencepost.cli.common import (
+    async_command,
+    exit_on_error,
+    from_context,
+    json_arg,
+    metrics_port_option,
+    require_store,
+    run,
+    serve_metrics,
+    table,
+)
+from fencepost.client import Client
 from fencepost.core.config import Settings
+from fencepost.core.schedules import ScheduleSpec, next_fires, zone
+from fencepost.schedules import Schedules
+from fencepost.trigger import serve
 
-__all__ = ["register"]
+__all__ = ["schedule", "trigger"]
 
 _UTC = timezone.utc
 
@@ -19,8 +35,6 @@ def _fmt_t(t: datetime | None, tz: str | None = None) -> str:
     if t is None:
         return ""
     if tz:
-        from fencepost.core.schedules import zone
-
         return t.astimezone(zone(tz)).isoformat(timespec="seconds")
     return t.isoformat(timespec="seconds")
 
@@ -31,17 +45,13 @@ def _print_added(s: dict[str, Any]) -> None:
 
 
 def _print_list(rows: list[dict[str, Any]]) -> None:
-    from fencepost.cli.main import _table
-
     for r in rows:
         r["every"] = r["cron"] or f"{r['interval_s']:g}s"
         r["state"] = "paused" if r["paused"] else "active"
-    _table(rows, ["id", "name", "handler", "every", "timezone", "next_fire_time", "state", "fires", "skipped"])
+    table(rows, ["id", "name", "handler", "every", "timezone", "next_fire_time", "state", "fires", "skipped"])
 
 
 def _print_show(s: dict[str, Any], upcoming: Any, runs: list[dict[str, Any]]) -> None:
-    from fencepost.cli.main import _table
-
     for k in ("id", "name", "handler", "args_json", "queue", "priority", "cron", "interval_s", "timezone",
               "spread_s", "offset_ms", "catchup", "catchup_window_s", "allow_overlap", "paused",
               "last_fire_time", "last_run_id", "last_status", "fires", "skipped", "created_at"):
@@ -54,188 +64,156 @@ def _print_show(s: dict[str, Any], upcoming: Any, runs: list[dict[str, Any]]) ->
     for t in upcoming:
         click.echo(f"  {_fmt_t(t, s['timezone'])}   ({_fmt_t(t.astimezone(_UTC))})")
     click.echo("")
-    _table(runs, ["id", "status", "fire_time", "run_at", "started_at", "finished_at", "attempt"])
+    table(runs, ["id", "status", "fire_time", "run_at", "started_at", "finished_at", "attempt"])
 
 
-def register(cli: click.Group) -> None:
-    from fencepost.apiclient import from_context
-    from fencepost.cli.main import _json_arg, command
+@click.group()
+def schedule() -> None:
+    """Recurring schedules (cron in a timezone, or an interval)."""
 
-    @cli.group()
-    def schedule() -> None:
-        """Recurring schedules (cron in a timezone, or an interval)."""
 
-    @schedule.command("add")
-    @click.argument("name")
-    @click.option("--cron", help='Cron line, e.g. "0 * * * *" (read in --tz local time).')
-    @click.option("--interval", "interval_s", type=float, help="Fire every S seconds instead of a cron line.")
-    @click.option("--tz", "tz", default="UTC", show_default=True, help="IANA timezone, e.g. Europe/Paris.")
-    @click.option("--handler", required=True)
-    @click.option("--args", "args_json", help="Positional arguments as a JSON list.")
-    @click.option("--kwargs", "kwargs_json", help="Keyword arguments as a JSON object.")
-    @click.option("--queue")
-    @click.option("--priority", type=int)
-    @click.option("--spread", "spread_s", type=float, default=0.0, show_default=True,
-                  help="Fire at fire_time + a stable per-schedule offset in [0, S).")
-    @click.option("--exact", is_flag=True, help="No spread: fire exactly at the fire time.")
-    @click.option("--catchup", is_flag=True, help="After downtime, backfill every missed fire (default: coalesce).")
-    @click.option("--catchup-window", "catchup_window_s", type=float, help="Backfill at most this far back (s).")
-    @click.option("--allow-overlap", is_flag=True, help="Fire even while the previous run is still active.")
-    @command
-    async def add(settings: Settings, name: str, cron: str | None, interval_s: float | None, tz: str, handler: str,
-                  args_json: str | None, kwargs_json: str | None, queue: str | None, priority: int | None,
-                  spread_s: float, exact: bool, catchup: bool, catchup_window_s: float | None,
-                  allow_overlap: bool) -> None:
-        """Add a schedule (validated first: a bad cron line or timezone stores nothing)."""
-        from fencepost.client import Client
-        from fencepost.core.schedules import ScheduleSpec
-        from fencepost.schedules import Schedules
+@schedule.command("add")
+@click.argument("name")
+@click.option("--cron", help='Cron line, e.g. "0 * * * *" (read in --tz local time).')
+@click.option("--interval", "interval_s", type=float, help="Fire every S seconds instead of a cron line.")
+@click.option("--tz", "tz", default="UTC", show_default=True, help="IANA timezone, e.g. Europe/Paris.")
+@click.option("--handler", required=True)
+@click.option("--args", "args_json", help="Positional arguments as a JSON list.")
+@click.option("--kwargs", "kwargs_json", help="Keyword arguments as a JSON object.")
+@click.option("--queue")
+@click.option("--priority", type=int)
+@click.option("--spread", "spread_s", type=float, default=0.0, show_default=True,
+              help="Fire at fire_time + a stable per-schedule offset in [0, S).")
+@click.option("--exact", is_flag=True, help="No spread: fire exactly at the fire time.")
+@click.option("--catchup", is_flag=True, help="After downtime, backfill every missed fire (default: coalesce).")
+@click.option("--catchup-window", "catchup_window_s", type=float, help="Backfill at most this far back (s).")
+@click.option("--allow-overlap", is_flag=True, help="Fire even while the previous run is still active.")
+@async_command
+async def add(settings: Settings, name: str, cron: str | None, interval_s: float | None, tz: str, handler: str,
+              args_json: str | None, kwargs_json: str | None, queue: str | None, priority: int | None,
+              spread_s: float, exact: bool, catchup: bool, catchup_window_s: float | None,
+              allow_overlap: bool) -> None:
+    """Add a schedule (validated first: a bad cron line or timezone stores nothing)."""
+    spec = ScheduleSpec(name=name, handler=handler, args=tuple(json_arg(args_json, "--args", list)),
+                        kwargs=json_arg(kwargs_json, "--kwargs", dict), cron=cron, interval_s=interval_s,
+                        timezone=tz, queue=queue, priority=priority, spread_s=spread_s, exact=exact,
+                        catchup=catchup, catchup_window_s=catchup_window_s, allow_overlap=allow_overlap)
+    if (api := from_context()) is not None:
+        _print_added(api.add_schedule(msgspec.to_builtins(spec)))
+        return
+    async with Client(settings=settings, actor="cli") as client:
+        s = await Schedules(client).add(spec)
+    _print_added(s)
 
-        spec = ScheduleSpec(name=name, handler=handler, args=tuple(_json_arg(args_json, "--args", list)),
-                            kwargs=_json_arg(kwargs_json, "--kwargs", dict), cron=cron, interval_s=interval_s,
-                            timezone=tz, queue=queue, priority=priority, spread_s=spread_s, exact=exact,
-                            catchup=catchup, catchup_window_s=catchup_window_s, allow_overlap=allow_overlap)
-        if (api := from_context()) is not None:
-            import msgspec
 
-            _print_added(api.add_schedule(msgspec.to_builtins(spec)))
-            return
-        async with Client(settings=settings, actor="cli") as client:
-            s = await Schedules(client).add(spec)
-        _print_added(s)
+@schedule.command("ls")
+@click.option("--limit", type=int, default=100, show_default=True)
+@async_command
+async def ls(settings: Settings, limit: int) -> None:
+    """List schedules."""
+    if (api := from_context()) is not None:
+        _print_list(api.schedules(limit=limit))
+        return
+    async with Client(settings=settings) as client:
+        rows = await Schedules(client).list(limit=limit)
+    _print_list(rows)
 
-    @schedule.command("ls")
-    @click.option("--limit", type=int, default=100, show_default=True)
-    @command
-    async def ls(settings: Settings, limit: int) -> None:
-        """List schedules."""
-        from fencepost.client import Client
-        from fencepost.schedules import Schedules
 
-        if (api := from_context()) is not None:
-            _print_list(api.schedules(limit=limit))
-            return
+@schedule.command("show")
+@click.argument("name")
+@async_command
+async def show(settings: Settings, name: str) -> None:
+    """One schedule, its next fires and its latest runs."""
+    if (api := from_context()) is not None:
+        s = api.schedule(name)
+        _print_show(s, api.next_fires(name, 5)[0], api.schedule_runs(name, 10))
+        return
+    async with Client(settings=settings) as client:
+        store = Schedules(client)
+        s = await store.get(name)
+        upcoming = await store.upcoming(name, 5)
+        runs = await store.runs(name, 10)
+    _print_show(s, upcoming, runs)
+
+
+@schedule.command("pause")
+@click.argument("name")
+@async_command
+async def pause(settings: Settings, name: str) -> None:
+    """Stop firing (next_fire_time is kept; resume coalesces or backfills what was missed)."""
+    await _set_paused(settings, name, True)
+
+
+@schedule.command("resume")
+@click.argument("name")
+@async_command
+async def resume(settings: Settings, name: str) -> None:
+    """Fire again."""
+    await _set_paused(settings, name, False)
+
+
+async def _set_paused(settings: Settings, name: str, paused: bool) -> None:
+    if (api := from_context()) is not None:
+        api.set_schedule_paused(name, paused)
+    else:
         async with Client(settings=settings) as client:
-            rows = await Schedules(client).list(limit=limit)
-        _print_list(rows)
+            await Schedules(client).set_paused(name, paused)
+    click.echo(f"schedule {name}: {'paused' if paused else 'resumed'}")
 
-    @schedule.command("show")
-    @click.argument("name")
-    @command
-    async def show(settings: Settings, name: str) -> None:
-        """One schedule, its next fires and its latest runs."""
-        from fencepost.client import Client
-        from fencepost.schedules import Schedules
 
-        if (api := from_context()) is not None:
-            s = api.schedule(name)
-            _print_show(s, api.next_fires(name, 5)[0], api.schedule_runs(name, 10))
-            return
+@schedule.command("rm")
+@click.argument("name")
+@async_command
+async def rm(settings: Settings, name: str) -> None:
+    """Remove a schedule (its runs stay)."""
+    if (api := from_context()) is not None:
+        api.remove_schedule(name)
+    else:
         async with Client(settings=settings) as client:
-            store = Schedules(client)
-            s = await store.get(name)
-            upcoming = await store.upcoming(name, 5)
-            runs = await store.runs(name, 10)
-        _print_show(s, upcoming, runs)
+            await Schedules(client).remove(name)
+    click.echo(f"schedule {name}: removed")
 
-    @schedule.command("pause")
-    @click.argument("name")
-    @command
-    async def pause(settings: Settings, name: str) -> None:
-        """Stop firing (next_fire_time is kept; resume coalesces or backfills what was missed)."""
-        await _set_paused(settings, name, True)
 
-    @schedule.command("resume")
-    @click.argument("name")
-    @command
-    async def resume(settings: Settings, name: str) -> None:
-        """Fire again."""
-        await _set_paused(settings, name, False)
-
-    async def _set_paused(settings: Settings, name: str, paused: bool) -> None:
-        from fencepost.client import Client
-        from fencepost.schedules import Schedules
-
-        if (api := from_context()) is not None:
-            api.set_schedule_paused(name, paused)
+@schedule.command("next")
+@click.argument("name_or_cron")
+@click.argument("n", type=int, default=5)
+@click.option("--tz", "tz", default="UTC", show_default=True, help="Timezone for a cron line.")
+@click.option("--interval", "interval_s", type=float, help="Show an interval instead.")
+@click.pass_obj
+def next_(settings: Settings, name_or_cron: str, n: int, tz: str, interval_s: float | None) -> None:
+    """Upcoming fire times of a saved schedule, or of a cron line before saving it."""
+    with exit_on_error():
+        if len(name_or_cron.split()) == 5 or interval_s is not None:  # a cron line: no database needed
+            times = next_fires(datetime.now(_UTC), n, cron=None if interval_s else name_or_cron,
+                               interval_s=interval_s, tz=tz)
+            zone_name = tz
+        elif (api := from_context()) is not None:
+            times, zone_name = api.next_fires(name_or_cron, n)
         else:
-            async with Client(settings=settings) as client:
-                await Schedules(client).set_paused(name, paused)
-        click.echo(f"schedule {name}: {'paused' if paused else 'resumed'}")
+            times, zone_name = run(_upcoming(settings, name_or_cron, n))
+    for t in times:
+        click.echo(f"{_fmt_t(t, zone_name)}   ({_fmt_t(t.astimezone(_UTC))})")
 
-    @schedule.command("rm")
-    @click.argument("name")
-    @command
-    async def rm(settings: Settings, name: str) -> None:
-        """Remove a schedule (its runs stay)."""
-        from fencepost.client import Client
-        from fencepost.schedules import Schedules
 
-        if (api := from_context()) is not None:
-            api.remove_schedule(name)
-        else:
-            async with Client(settings=settings) as client:
-                await Schedules(client).remove(name)
-        click.echo(f"schedule {name}: removed")
+async def _upcoming(settings: Settings, name: str, n: int) -> tuple[Any, str]:
+    async with Client(settings=settings) as client:
+        store = Schedules(client)
+        s = await store.get(name)
+        return await store.upcoming(name, n), s["timezone"]
 
-    @schedule.command("next")
-    @click.argument("name_or_cron")
-    @click.argument("n", type=int, default=5)
-    @click.option("--tz", "tz", default="UTC", show_default=True, help="Timezone for a cron line.")
-    @click.option("--interval", "interval_s", type=float, help="Show an interval instead.")
-    @click.pass_obj
-    def next_(settings: Settings, name_or_cron: str, n: int, tz: str, interval_s: float | None) -> None:
-        """Upcoming fire times of a saved schedule, or of a cron line before saving it."""
-        import sys
 
-        from fencepost.core.errors import FencepostError
-        from fencepost.core.schedules import next_fires
-
-        try:
-            if len(name_or_cron.split()) == 5 or interval_s is not None:  # a cron line: no database needed
-                times = next_fires(datetime.now(_UTC), n, cron=None if interval_s else name_or_cron,
-                                   interval_s=interval_s, tz=tz)
-                zone_name = tz
-            elif (api := from_context()) is not None:
-                times, zone_name = api.next_fires(name_or_cron, n)
-            else:
-                times, zone_name = _upcoming(settings, name_or_cron, n)
-        except FencepostError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-        for t in times:
-            click.echo(f"{_fmt_t(t, zone_name)}   ({_fmt_t(t.astimezone(_UTC))})")
-
-    def _upcoming(settings: Settings, name: str, n: int) -> tuple[Any, str]:
-        from fencepost.cli.main import _run
-        from fencepost.client import Client
-        from fencepost.schedules import Schedules
-
-        async def go() -> tuple[Any, str]:
-            async with Client(settings=settings) as client:
-                store = Schedules(client)
-                s = await store.get(name)
-                return await store.upcoming(name, n), s["timezone"]
-
-        return _run(go())
-
-    @cli.command()
-    @click.option("--tick", "tick_s", type=float, default=0.25, show_default=True, help="Seconds between passes.")
-    @click.option("--batch", type=int, default=1000, show_default=True, help="Fires per transaction.")
-    @click.option("--lease", "lease_s", type=float, default=10.0, show_default=True,
-                  help="Leader lease; a standby takes over this long after the leader dies.")
-    @click.option("--lookahead", "lookahead_s", type=float, default=0.5, show_default=True,
-                  help="Create runs this early (they wait in Redis until due).")
-    @click.option("--metrics-port", type=int, default=0, envvar="FENCEPOST_METRICS_PORT",
-                  help="Serve Prometheus /metrics on this port (0: off).")
-    @command
-    async def trigger(settings: Settings, tick_s: float, batch: int, lease_s: float, lookahead_s: float,
-                      metrics_port: int) -> None:
-        """Run the trigger service: schedules -> runs (one leader; duplicates impossible)."""
-        from fencepost.apiclient import require_store
-        from fencepost.cli.main import serve_metrics
-        from fencepost.trigger import serve
-
-        require_store("trigger")
-        serve_metrics(metrics_port)
-        await serve(settings, tick_s=tick_s, batch=batch, lease_s=lease_s, lookahead_s=lookahead_s)
+@click.command()
+@click.option("--tick", "tick_s", type=float, default=0.25, show_default=True, help="Seconds between passes.")
+@click.option("--batch", type=int, default=1000, show_default=True, help="Fires per transaction.")
+@click.option("--lease", "lease_s", type=float, default=10.0, show_default=True,
+              help="Leader lease; a standby takes over this long after the leader dies.")
+@click.option("--lookahead", "lookahead_s", type=float, default=0.5, show_default=True,
+              help="Create runs this early (they wait in Redis until due).")
+@metrics_port_option
+@async_command
+async def trigger(settings: Settings, tick_s: float, batch: int, lease_s: float, lookahead_s: float,
+                  metrics_port: int) -> None:
+    """Run the trigger service: schedules -> runs (one leader; duplicates impossible)."""
+    require_store("trigger")
+    serve_metrics(metrics_port)
+    await serve(settings, tick_s=tick_s, batch=batch, lease_s=lease_s, lookahead_s=lookahead_s)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
 
+from fencepost.cli.common import async_command, from_context
+from fencepost.client import Client
 from fencepost.core.config import Settings
+from fencepost.workflows import layers
 
-__all__ = ["register", "draw"]
+__all__ = ["workflow", "draw"]
 
 _MARK = {"SUCCEEDED": "✔", "FAILED": "✘", "TIMED_OUT": "✘", "CANCELLED": "⊘", "RUNNING": "▶", "STOPPING": "▶",
          "PENDING": "◌", "RETRY_WAIT": "↻", "BLOCKED": "·", "PAUSED": "‖", "STOPPED": "■"}
@@ -18,8 +22,6 @@ _COLOUR = {"SUCCEEDED": "green", "FAILED": "red", "TIMED_OUT": "red", "CANCELLED
 
 def draw(wf: dict[str, Any], *, colour: bool = False) -> list[str]:
     """The graph as text: one band per depth, each node with its state and upstreams."""
-    from fencepost.workflows import layers
-
     nodes = wf["nodes"]
     counts: dict[str, int] = {}
     for n in nodes:
@@ -39,54 +41,46 @@ def draw(wf: dict[str, Any], *, colour: bool = False) -> list[str]:
             if colour and st in _COLOUR:
                 label = click.style(label, fg=_COLOUR[st])
             ups = n["depends_on"]
-            arrow = "" if not ups else "  ◀ " + (", ".join(ups) if len(ups) <= 6 else f"{', '.join(ups[:6])} +{len(ups) - 6}")
+            shown_ups = ", ".join(ups) if len(ups) <= 6 else f"{', '.join(ups[:6])} +{len(ups) - 6}"
+            arrow = f"  ◀ {shown_ups}" if ups else ""
             why = f" ({n['reason']})" if n.get("reason") and st in ("CANCELLED", "FAILED") else ""
             out.append(f"{lead}{n['name']:<{width}}  {label} run {n['id']}{why}{arrow}")
     return out
 
 
-def register(cli: click.Group) -> None:
-    from fencepost.cli.main import command
+@click.group()
+def workflow() -> None:
+    """DAG workflows."""
 
-    @cli.group()
-    def workflow() -> None:
-        """DAG workflows."""
 
-    @workflow.command("show")
-    @click.argument("workflow_id")
-    @command
-    async def show(settings: Settings, workflow_id: str) -> None:
-        """Draw the graph with the state of every node."""
-        import sys
+@workflow.command("show")
+@click.argument("workflow_id")
+@async_command
+async def show(settings: Settings, workflow_id: str) -> None:
+    """Draw the graph with the state of every node."""
+    if (api := from_context()) is not None:
+        wf = api.workflow(workflow_id)
+    else:
+        async with Client(settings=settings) as client:
+            wf = await client.workflow(workflow_id)
+    for line in draw(wf, colour=sys.stdout.isatty()):
+        click.echo(line)
 
-        from fencepost.apiclient import from_context
-        from fencepost.client import Client
 
-        if (api := from_context()) is not None:
-            wf = api.workflow(workflow_id)
-        else:
-            async with Client(settings=settings) as client:
-                wf = await client.workflow(workflow_id)
-        for line in draw(wf, colour=sys.stdout.isatty()):
-            click.echo(line)
-
-    @workflow.command("retry")
-    @click.argument("workflow_id")
-    @click.option("--recompute", multiple=True, help="Re-run this node and all its descendants (repeatable).")
-    @click.option("--reason", default="")
-    @command
-    async def retry(settings: Settings, workflow_id: str, recompute: tuple[str, ...], reason: str) -> None:
-        """Re-run failed/stopped/cancelled nodes and their descendants; succeeded nodes are kept."""
-        from fencepost.apiclient import from_context
-        from fencepost.client import Client
-
-        if (api := from_context()) is not None:
-            done = api.retry_workflow(workflow_id, recompute=recompute, reason=reason)
-        else:
-            async with Client(settings=settings, actor="cli") as client:
-                done = await client.retry_workflow(workflow_id, recompute=recompute, reason=reason)
-        if not any(done.values()):
-            click.echo("nothing to retry")
-        for k, v in done.items():
-            if v:
-                click.echo(f"{k}: {', '.join(v)}")
+@workflow.command("retry")
+@click.argument("workflow_id")
+@click.option("--recompute", multiple=True, help="Re-run this node and all its descendants (repeatable).")
+@click.option("--reason", default="")
+@async_command
+async def retry(settings: Settings, workflow_id: str, recompute: tuple[str, ...], reason: str) -> None:
+    """Re-run failed/stopped/cancelled nodes and their descendants; succeeded nodes are kept."""
+    if (api := from_context()) is not None:
+        done = api.retry_workflow(workflow_id, recompute=recompute, reason=reason)
+    else:
+        async with Client(settings=settings, actor="cli") as client:
+            done = await client.retry_workflow(workflow_id, recompute=recompute, reason=reason)
+    if not any(done.values()):
+        click.echo("nothing to retry")
+    for k, v in done.items():
+        if v:
+            click.echo(f"{k}: {', '.join(v)}")

@@ -1,17 +1,55 @@
-"""`fencepost demo`: set everything up and run example jobs end to end, then print what happened."""
+"""`fencepost demo`: set everything up, run the example jobs end to end and report what happened.
+
+The demo tells its story as it goes (schema, submit) and returns a DemoReport; the CLI prints
+the outcome table from it, so this module needs nothing from the CLI (which imports it)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
+import msgspec
 
+from fencepost.client import Client
 from fencepost.core.config import Settings
-from fencepost.core.models import Submit
+from fencepost.core.models import Submit, decode_result
+from fencepost.core.record import Database
+from fencepost.core.states import TERMINAL
+from fencepost.dev.embedded import resolve_urls
+from fencepost.dev.examples import registry
+from fencepost.reconciler.service import Reconciler
+from fencepost.worker.runtime import Worker, WorkerOptions
+
+__all__ = ["APP", "FINISH_WITHIN_S", "DemoReport", "DemoRun", "demo_settings", "run_demo"]
 
 APP = "fencepost.dev.examples:registry"
+FINISH_WITHIN_S = 90.0
+
+
+class DemoRun(msgspec.Struct, kw_only=True):
+    """One row of the outcome table."""
+
+    id: int
+    handler: str
+    status: str
+    attempt: int | None
+    outcome: str
+    """The result when it succeeded, else the first line of its last error."""
+
+
+class DemoReport(msgspec.Struct, kw_only=True):
+    """What the demo did: every run finished (or not, within FINISH_WITHIN_S), the runs worth
+    showing (every example, the first three 'add' runs) and the count of runs per final state."""
+
+    finished: bool
+    total: int = 0
+    shown: list[DemoRun] = []
+    counts: dict[str, int] = {}
 
 
 def _plan(jobs: int) -> list[Submit]:
@@ -22,14 +60,28 @@ def _plan(jobs: int) -> list[Submit]:
     return plan
 
 
-async def _demo(settings: Settings, jobs: int) -> int:
-    from fencepost.reconciler.service import Reconciler
-    from fencepost.worker.runtime import Worker, WorkerOptions
+@contextlib.contextmanager
+def demo_settings(base_dir: str, settings: Settings | None) -> Iterator[Settings]:
+    """Settings for the demo: the configured stores, or embedded servers kept in BASE_DIR (stopped
+    on exit). Service logs are quietened unless -v asked for debug: the demo prints its own story."""
+    if logging.getLogger().level < logging.WARNING and not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger().setLevel(logging.WARNING)
+    redis_url, database_url, servers = resolve_urls(base_dir)
+    if servers is not None:
+        click.echo(f"using embedded servers in {base_dir}/ "
+                   "(set FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL to use yours)")
+    base = settings or Settings.from_env()
+    try:
+        yield Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=base.prefix,
+                                backoff_base_ms=200, lease_ms=10_000)
+    finally:
+        if servers is not None:
+            servers.stop()
 
-    from fencepost.client import Client
-    from fencepost.core.record import Database
-    from fencepost.dev.examples import registry
 
+async def run_demo(settings: Settings, jobs: int) -> DemoReport:
+    """Migrate, start a reconciler and a worker in this process, submit JOBS example runs and wait
+    until every one is final in PostgreSQL."""
     database = await Database(settings.database_url, max_size=1).connect()
     applied = await database.upgrade()
     await database.close()
@@ -46,63 +98,31 @@ async def _demo(settings: Settings, jobs: int) -> int:
             ids = await client.submit_many(_plan(jobs))
             click.echo(f"submitted {len(ids)} runs in {1000 * (time.perf_counter() - t0):.1f} ms; "
                        "waiting for them to finish and reach PostgreSQL ...")
-            deadline = time.monotonic() + 90
-            terminal = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"}
+            deadline = time.monotonic() + FINISH_WITHIN_S
             while True:
                 rows = await client.stores.db.fetch("run_status", ids)
-                if all(r["status"] in terminal for r in rows):
+                if all(r["status"] in TERMINAL for r in rows):
                     break
                 if time.monotonic() > deadline or any(t.done() for t in services):
                     for t in services:
                         if t.done() and t.exception():
                             raise t.exception()  # type: ignore[misc]
-                    click.echo("demo: runs did not all finish within 90 s", err=True)
-                    return 1
+                    return DemoReport(finished=False)
                 await asyncio.sleep(0.2)
-            runs = {r["id"]: r for r in rows}
-            table: list[dict[str, Any]] = []
-            for run_id in ids:
-                row = await client.get(run_id)
-                table.append(row)
+            counts: dict[str, int] = {}
+            for r in rows:
+                counts[r["status"]] = counts.get(r["status"], 0) + 1
+            table = [await client.get(run_id) for run_id in ids]
     finally:
         worker.request_stop()
         reconciler.stop.set()
         await asyncio.gather(*services, return_exceptions=True)
 
-    from fencepost.cli.main import _table
-    from fencepost.core.models import decode_result
-
     shown = [r for r in table if r["handler"] != "add"] + [r for r in table if r["handler"] == "add"][:3]
-    for r in shown:
-        r["outcome"] = (str(decode_result(r["result"])) if r["status"] == "SUCCEEDED"
-                        else (r["last_error"] or "").splitlines()[0][:60] if r["last_error"] else "")
-    _table(shown, ["id", "handler", "status", "attempt", "outcome"])
-    counts: dict[str, int] = {}
-    for r in runs.values():
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    click.echo(f"\n{len(ids)} runs: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-               + f" ({len(ids) - len(shown)} more 'add' runs not shown)")
-    click.echo("every transition is in PostgreSQL: try `fencepost events <id>` and `fencepost dlq`")
-    return 0
+    return DemoReport(finished=True, total=len(ids), shown=[_row(r) for r in shown], counts=counts)
 
 
-def run_demo(base_dir: str, jobs: int, settings: Settings | None) -> int:
-    from fencepost.dev.embedded import resolve_urls
-
-    import logging
-
-    if logging.getLogger().level < logging.WARNING and not logging.getLogger().isEnabledFor(logging.DEBUG):
-        logging.getLogger().setLevel(logging.WARNING)  # the demo prints its own story; -v shows service logs
-    redis_url, database_url, servers = resolve_urls(base_dir)
-    if servers is not None:
-        click.echo(f"using embedded servers in {base_dir}/ (set FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL to use yours)")
-    base = settings or Settings.from_env()
-    demo_settings = Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=base.prefix,
-                                      backoff_base_ms=200, lease_ms=10_000)
-    from fencepost.cli.main import _run
-
-    try:
-        return _run(_demo(demo_settings, jobs))
-    finally:
-        if servers is not None:
-            servers.stop()
+def _row(r: dict[str, Any]) -> DemoRun:
+    outcome = (str(decode_result(r["result"])) if r["status"] == "SUCCEEDED"
+               else (r["last_error"] or "").splitlines()[0][:60] if r["last_error"] else "")
+    return DemoRun(id=r["id"], handler=r["handler"], status=r["status"], attempt=r["attempt"], outcome=outcome)

@@ -1,0 +1,96 @@
+"""`fencepost worker / reconciler / db upgrade / demo`: the services and the schema. Each needs
+the stores themselves, so none has an --api mode (`require_store` says so and exits 1)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import msgspec
+
+from fencepost.cli.common import (
+    EXIT_REFUSED,
+    async_command,
+    exit_on_error,
+    metrics_port_option,
+    require_store,
+    run,
+    serve_metrics,
+    table,
+)
+from fencepost.core.config import Settings
+from fencepost.core.record import Database
+from fencepost.core.registry import load_registry
+from fencepost.dev.demo import FINISH_WITHIN_S, demo_settings, run_demo
+from fencepost.reconciler.service import Reconciler
+from fencepost.worker.runtime import Worker, WorkerOptions
+
+__all__ = ["db", "worker", "reconciler", "demo"]
+
+@click.group()
+def db() -> None:
+    """Schema migrations."""
+
+
+@db.command("upgrade")
+@async_command
+async def db_upgrade(settings: Settings) -> None:
+    """Apply pending migrations (idempotent; safe from many replicas at once)."""
+    require_store("db upgrade")
+    database = await Database(settings.database_url, max_size=1).connect()
+    try:
+        applied = await database.upgrade()
+    finally:
+        await database.close()
+    click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
+
+
+@click.command()
+@click.option("--app", required=True, help="module:registry holding the handlers.")
+@click.option("--queue", "queues", multiple=True, default=["default"], show_default=True)
+@click.option("--concurrency", type=int, default=100, show_default=True)
+@click.option("--processes", type=int, default=None, help="Size of the process pool (default: CPU count).")
+@click.option("--grace", type=float, default=30.0, show_default=True, help="Seconds to finish running jobs on SIGTERM.")
+@click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
+@metrics_port_option
+@async_command
+async def worker(settings: Settings, app: str, queues: tuple[str, ...], concurrency: int, processes: int | None,
+                 grace: float, burst: bool, metrics_port: int) -> None:
+    """Run a worker."""
+    require_store("worker")
+    serve_metrics(metrics_port)
+    sys.path.insert(0, os.getcwd())  # --app names a module of the application in the working directory
+    registry = load_registry(app)
+    opts = WorkerOptions(queues=list(queues), concurrency=concurrency, grace_s=grace, burst=burst,
+                         processes=processes or os.cpu_count() or 1)
+    await Worker(registry, opts, settings=settings, app=app).run()
+
+
+@click.command()
+@metrics_port_option
+@async_command
+async def reconciler(settings: Settings, metrics_port: int) -> None:
+    """Run the recorder (Redis Streams -> PostgreSQL), stamps/rebuilds, reaper and outbox relay."""
+    require_store("reconciler")
+    serve_metrics(metrics_port)
+    await Reconciler(settings).run()
+
+
+@click.command()
+@click.option("--dir", "base_dir", default=".fencepost", show_default=True,
+              help="Where embedded servers keep their data when no URLs are configured.")
+@click.option("--jobs", type=int, default=40, show_default=True)
+@click.pass_obj
+def demo(settings: Settings, base_dir: str, jobs: int) -> None:
+    """Set up and run the example jobs end to end (embedded servers if none configured)."""
+    require_store("demo")
+    with exit_on_error(), demo_settings(base_dir, settings) as demo_config:
+        report = run(run_demo(demo_config, jobs))
+        if not report.finished:
+            click.echo(f"demo: runs did not all finish within {FINISH_WITHIN_S:g} s", err=True)
+            sys.exit(EXIT_REFUSED)
+        table([msgspec.structs.asdict(r) for r in report.shown], ["id", "handler", "status", "attempt", "outcome"])
+        click.echo(f"\n{report.total} runs: " + ", ".join(f"{v} {k}" for k, v in sorted(report.counts.items()))
+                   + f" ({report.total - len(report.shown)} more 'add' runs not shown)")
+        click.echo("every transition is in PostgreSQL: try `fencepost events <id>` and `fencepost dlq`")
