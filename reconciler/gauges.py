@@ -81,20 +81,15 @@ class Gauges:
         await self._from_postgres(now, queues)
 
     async def _from_postgres(self, now: float, queues: list[str]) -> None:
-        pool = self.stores.db.pool
-        if pool is None:
+        db = self.stores.db
+        if not db.connected:
             return
-        # depth by priority band (the starvation signal): Redis scores mix priority with
-        # enqueue time, so the bands are counted from the record (PENDING and due)
-        bands = {(r["queue"], r["band"]): r["n"] for r in await pool.fetch(
-            "SELECT queue, CASE WHEN priority >= 200 THEN 'high' WHEN priority >= 100 THEN 'normal' ELSE 'low' END "
-            "AS band, count(*) AS n FROM runs WHERE status = 'PENDING' AND run_at <= now() GROUP BY 1, 2")}
+        # depth by priority band (the starvation signal), counted from the record
+        bands = {(r["queue"], r["band"]): r["n"] for r in await db.fetch("gauge_due_bands")}
         for q in queues:
             for name, _, _ in BANDS:
                 DEPTH.labels(q, name, "due").set(bands.get((q, name), 0))
-        rows = await pool.fetch(
-            "SELECT queue, (reason = 'review') AS review, count(*) AS n FROM runs "
-            "WHERE status IN ('FAILED', 'TIMED_OUT') GROUP BY 1, 2")
+        rows = await db.fetch("gauge_dead_and_review")
         seen = {(r["queue"], bool(r["review"])): r["n"] for r in rows}
         for gauge, review in ((DEAD, False), (REVIEW, True)):  # series that emptied go back to 0
             for (q,) in list(gauge._metrics):
@@ -102,12 +97,7 @@ class Gauges:
                     gauge.labels(q).set(0)
         for (q, review), n in seen.items():
             (REVIEW if review else DEAD).labels(q).set(n)
-        stuck = await pool.fetch(
-            "SELECT id, queue, status FROM runs WHERE "
-            "(status = 'RUNNING' AND started_at < now() - make_interval(secs => $1)) OR "
-            "(status = 'STOPPING' AND updated_at < now() - make_interval(secs => $2)) OR "
-            "(status = 'PAUSED' AND updated_at < now() - make_interval(secs => $3)) LIMIT 10000",
-            self.sla["RUNNING"], self.sla["STOPPING"], self.sla["PAUSED"])
+        stuck = await db.fetch("gauge_stuck_runs", self.sla["RUNNING"], self.sla["STOPPING"], self.sla["PAUSED"])
         counts: dict[tuple[str, str], int] = {}
         fresh = []
         for r in stuck:
@@ -120,11 +110,9 @@ class Gauges:
         for (q, st), n in counts.items():
             STUCK.labels(q, st).set(n)
         if fresh:  # one event per run that crossed its SLA: what the SLA alerts and runbooks point at
-            await pool.executemany(
-                "INSERT INTO events (run_id, queue, type, to_status, actor, reason, at) "
-                "VALUES ($1, $2, 'stuck_detected', $3, 'reconciler', $4, now())",
-                [(r["id"], r["queue"], r["status"], f"{r['status']} beyond its SLA of {self.sla[r['status']]:g}s")
-                 for r in fresh])
+            await db.execute("stuck_detected_events", [r["id"] for r in fresh], [r["queue"] for r in fresh],
+                             [r["status"] for r in fresh],
+                             [f"{r['status']} beyond its SLA of {self.sla[r['status']]:g}s" for r in fresh])
             for r in fresh:
                 STUCK_EVENTS.labels(r["queue"], r["status"]).inc()
                 log.warning("run %s stuck in %s beyond its SLA", r["id"], r["status"],

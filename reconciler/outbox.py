@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import asyncpg
-
+from fencepost.core.record import Listener
 from fencepost.core.stores import Stores
 
 log = logging.getLogger("fencepost.reconciler")
@@ -21,10 +20,10 @@ class OutboxRelay:
         self.stores = stores
         self.wakeup = asyncio.Event()
         self.relayed = 0
-        self._conn: asyncpg.Connection | None = None
+        self._conn: Listener | None = None
 
     def listening(self) -> bool:
-        return self._conn is not None and not self._conn.is_closed()
+        return self._conn is not None and self._conn.alive()
 
     async def listen(self) -> None:
         """(Re)open the LISTEN connection; a notification missed while it was down is caught
@@ -32,9 +31,7 @@ class OutboxRelay:
         if self._conn is not None:
             self._conn.terminate()
         self._conn = None
-        conn = await asyncpg.connect(self.stores.settings.database_url, timeout=5)
-        await conn.add_listener(CHANNEL, lambda *_: self.wakeup.set())
-        self._conn = conn
+        self._conn = await self.stores.db.listen(CHANNEL, self.wakeup.set, timeout=5)
 
     async def close(self) -> None:
         if self._conn is not None:

@@ -26,7 +26,6 @@ import time
 from typing import Any
 
 from fencepost.core import fairness
-from fencepost.core.errors import DatabaseUnavailable
 from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import DriftRepair
 from fencepost.reconciler.metrics import REBUILD_SECONDS, REBUILDS, RESTORED
@@ -41,18 +40,15 @@ PAGE = 2000
 async def rebuild_queue(stores: Stores, queue: str, *, page: int = PAGE, force: bool = False) -> dict[str, Any]:
     """Rebuild one queue (one reconciler at a time: a PostgreSQL advisory lock). Returns stats,
     or {"skipped": 1} when another process holds the lock or has just rebuilt the queue."""
-    pool = stores.db.pool
-    if pool is None:
-        raise DatabaseUnavailable("database not connected")
-    async with pool.acquire() as conn:
-        if not (await stores.db.fetchrow("rebuild_try_lock", queue, conn=conn))["locked"]:
+    async with stores.db.session() as s:  # a session lock: taken and released on one connection
+        if not await s.fetchval("rebuild_try_lock", queue):
             return {"skipped": 1}
         try:
             if not force and queue not in await untrusted_queues(stores):
                 return {"skipped": 1}
             return await _rebuild(stores, queue, page)
         finally:
-            await stores.db.fetchrow("rebuild_unlock", queue, conn=conn)
+            await s.fetchval("rebuild_unlock", queue)
 
 
 async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:

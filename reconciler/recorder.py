@@ -16,11 +16,10 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-import asyncpg
 import msgspec
 from redis.exceptions import ResponseError
 
-from fencepost.core.record import query
+from fencepost.core.record import REFUSED
 
 from fencepost.core.metrics import Cached
 
@@ -164,8 +163,7 @@ class Recorder:
         never stalls the history of everything behind it."""
         try:
             await self._record(entries)
-        except (asyncpg.IntegrityConstraintViolationError, asyncpg.DataError,
-                ValueError, KeyError, UnicodeDecodeError) as exc:  # refused by PostgreSQL, or malformed
+        except (*REFUSED, ValueError, KeyError, UnicodeDecodeError) as exc:  # refused by PostgreSQL, or malformed
             if len(entries) > 1:
                 mid = len(entries) // 2
                 await self.record(entries[:mid])
@@ -199,20 +197,17 @@ class Recorder:
                          em.decode(errors="replace") if em else None, int(f[b"ts"]), stream,
                          stream_id_int(entry_id), actor.decode() if actor else None))
         events_json = _json.encode(rows).decode()
-        pool = self.stores.db.pool
-        assert pool is not None
-        async with pool.acquire() as conn:
-            async with conn.transaction():
-                fresh = await conn.fetch(query("insert_events_json"), events_json)
-                new = {(r["stream"], r["stream_id"]) for r in fresh}
-                runs, attempts = self._fold(entries, new if len(new) != len(entries) else None)
-                if runs:
-                    await conn.execute(query("apply_runs"), *runs)
-                    await workflows.on_recorded(conn, runs[0], runs[1])  # release / cancel dependents
-                if attempts:
-                    await conn.execute(query("apply_attempts"), *attempts)
-                if self._compensations:
-                    await conn.execute(query("insert_compensations"), *map(list, zip(*self._compensations)))
+        async with self.stores.db.transaction() as tx:
+            fresh = await tx.fetch("insert_events_json", events_json)
+            new = {(r["stream"], r["stream_id"]) for r in fresh}
+            runs, attempts = self._fold(entries, new if len(new) != len(entries) else None)
+            if runs:
+                await tx.execute("apply_runs", *runs)
+                await workflows.on_recorded(tx, runs[0], runs[1])  # release / cancel dependents
+            if attempts:
+                await tx.execute("apply_attempts", *attempts)
+            if self._compensations:
+                await tx.execute("insert_compensations", *map(list, zip(*self._compensations)))
         await self._acknowledge(entries, runs)
         self._observe(entries, new if len(new) != len(entries) else None)
         self.recorded += len(new)

@@ -2,7 +2,7 @@
 retention by partition drop (never a DELETE).
 
 The SQL lives in sql/007_history_partitions.sql (functions) and sql/queries_retention.sql.
-`fencepost retention` (cli_retention.py) drops old partitions; the reconciler runs
+`fencepost retention` (fencepost/cli/retention.py) drops old partitions; the reconciler runs
 `Maintenance.tick` each tick, which does real work about once an hour.
 """
 
@@ -17,10 +17,9 @@ from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
 
-import asyncpg
 import msgspec
 
-from fencepost.core.record import Database, query
+from fencepost.core.record import Conn, Database, Session
 from fencepost.core.errors import InvalidInput
 
 __all__ = ["parse_duration", "parse_archive_after", "month_of", "Partition", "Dropped", "ensure_partitions",
@@ -72,23 +71,24 @@ class Dropped(msgspec.Struct, frozen=True):
     archive: Path | None
 
 
-async def ensure_partitions(conn: asyncpg.Connection, month: date, ahead: int = 2) -> list[str]:
+async def ensure_partitions(conn: Conn, month: date, ahead: int = 2) -> list[str]:
     """Create `month` and the `ahead` months after it where missing; returns what was created."""
-    return [r["created"] for r in await conn.fetch(query("ensure_partitions"), month, ahead)]
+    return [r["created"] for r in await Session.of(conn).fetch("ensure_partitions", month, ahead)]
 
 
-async def archive_runs(conn: asyncpg.Connection, cutoff: datetime, batch: int = 5000) -> int:
+async def archive_runs(conn: Conn, cutoff: datetime, batch: int = 5000) -> int:
     """Move up to `batch` terminal runs finished before `cutoff` to runs_archive; returns how many."""
-    status = await conn.execute(query("archive_runs"), cutoff, batch)
+    status = await Session.of(conn).execute("archive_runs", cutoff, batch)
     return int(status.rsplit(" ", 1)[-1])  # INSERT 0 <n>
 
 
-async def expired_partitions(conn: asyncpg.Connection, cutoff: datetime, *, count: bool = False) -> list[Partition]:
+async def expired_partitions(conn: Conn, cutoff: datetime, *, count: bool = False) -> list[Partition]:
     """Monthly partitions whose whole range is older than `cutoff`, oldest first."""
+    s = Session.of(conn)
     parts = [Partition(r["parent"], r["name"], r["lower_bound"], r["upper_bound"])
-             for r in await conn.fetch(query("history_partitions")) if r["upper_bound"] <= cutoff]
+             for r in await s.fetch("history_partitions") if r["upper_bound"] <= cutoff]
     if count:
-        parts = [msgspec.structs.replace(p, rows=await conn.fetchval(query("partition_rows"), p.name, False))
+        parts = [msgspec.structs.replace(p, rows=await s.fetchval("partition_rows", p.name, False))
                  for p in parts]
     return parts
 
@@ -97,35 +97,36 @@ def archive_path(archive_dir: Path, part: Partition) -> Path:
     return archive_dir / f"{part.name}.csv.gz"
 
 
-async def drop_partition(conn: asyncpg.Connection, part: Partition, archive_dir: Path | None) -> Dropped | None:
+async def drop_partition(conn: Conn, part: Partition, archive_dir: Path | None) -> Dropped | None:
     """Detach and drop one partition, first copying it (client side, gzipped CSV with a
     header) into `archive_dir` when given. One transaction: the partition is locked against
     writes before the copy, so the archive holds exactly the rows dropped; the file is in
     place (fsynced, renamed) before the drop commits. None if the partition is already gone."""
-    async with conn.transaction():
-        await conn.execute(query("retention_lock"))
-        await conn.execute(query("retention_lock_timeout"))
-        rows = await conn.fetchval(query("partition_rows"), part.name, True)
+    s = Session.of(conn)
+    async with s.transaction():
+        await s.execute("retention_lock")
+        await s.execute("retention_lock_timeout")
+        rows = await s.fetchval("partition_rows", part.name, True)
         if rows is None:
             return None
         path = None
         if archive_dir is not None:
             path = archive_path(archive_dir, part)
-            copied = await _copy_out(conn, part.name, path)
+            copied = await _copy_out(s, part.name, path)
             if copied != rows:  # cannot happen under the SHARE lock; never drop what was not archived
                 raise RuntimeError(f"{part.name}: copied {copied} rows of {rows}; nothing dropped")
-        await conn.execute(query("drop_partition"), part.name)
+        await s.execute("drop_partition", part.name)
     return Dropped(part, rows, path)
 
 
-async def _copy_out(conn: asyncpg.Connection, table: str, path: Path) -> int:
+async def _copy_out(s: Session, table: str, path: Path) -> int:
     tmp = path.with_name(path.name + ".tmp")
     try:
         with gzip.open(tmp, "wb") as out:
             async def write(chunk: bytes) -> None:
                 out.write(chunk)
 
-            status = await conn.copy_from_table(table, output=write, format="csv", header=True)
+            copied = await s.copy_out(table, write, format="csv", header=True)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
     except BaseException:
@@ -137,7 +138,7 @@ async def _copy_out(conn: asyncpg.Connection, table: str, path: Path) -> int:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return int(status.rsplit(" ", 1)[-1])  # COPY <n>
+    return copied
 
 
 def _utcnow() -> datetime:
@@ -189,12 +190,9 @@ class Maintenance:
             log.info("archived %d finished runs", moved, extra={"event": "runs_archived"})
         return moved
 
-    async def _locked(self, fn: Callable[[asyncpg.Connection], Awaitable[_T]]) -> _T | None:
+    async def _locked(self, fn: Callable[[Session], Awaitable[_T]]) -> _T | None:
         """Run `fn` in a transaction holding the maintenance lock; None if another holds it."""
-        pool = self.db.pool
-        assert pool is not None
-        async with pool.acquire() as conn:
-            async with conn.transaction():
-                if not await conn.fetchval(query("retention_try_lock")):
-                    return None
-                return await fn(conn)
+        async with self.db.transaction() as tx:
+            if not await tx.fetchval("retention_try_lock"):
+                return None
+            return await fn(tx)

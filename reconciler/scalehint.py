@@ -41,11 +41,11 @@ class ScaleHints:
         if not force and time.monotonic() - self._last < self.every_s:
             return
         self._last = time.monotonic()
-        pool = self.stores.db.pool
-        if pool is None:
+        db = self.stores.db
+        if not db.connected:
             return
         for q in queues:
-            h = await scale_hint(pool, q, window_s=self.window_s, target_lag_s=self.target_lag_s,
+            h = await scale_hint(db, q, window_s=self.window_s, target_lag_s=self.target_lag_s,
                                  concurrency=self.concurrency)
             WORKERS.labels(q).set(h.replicas)
             IN_FLIGHT.labels(q).set(h.in_flight)

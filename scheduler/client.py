@@ -17,7 +17,7 @@ import msgspec
 
 from fencepost.core.config import Settings
 from fencepost.control import ControlMixin
-from fencepost.core.record import store_definitions
+from fencepost.core.record import Conn, store_definitions
 from fencepost.core.errors import InvalidInput, RedisUnavailable, PayloadTooLarge, UnknownHandler, UnknownRun, WaitTimeout
 from fencepost.core.keys import valid_queue_name
 from fencepost.core.models import JobSpec, Outcome, Submit, decode_result, encode_payload
@@ -177,7 +177,7 @@ class Client(ControlMixin, WorkflowMixin):
     """Chunks in flight to PostgreSQL at once."""
 
     async def _insert(self, requests: Sequence[Submit], rows_in: Sequence[tuple[Any, ...]],
-                      connection: asyncpg.Connection | None
+                      connection: Conn | None
                       ) -> tuple[list[int], list[int], list[list[Any]], dict[str, int]]:
         """One round trip to PostgreSQL for a batch of validated rows."""
         cols: list[list[Any]] = [list(c) for c in zip(*rows_in)]

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
-from fencepost.core.record import query
 from fencepost.core.release import sweep_blocked
 from fencepost.core.schedules import fires_between, next_fire_after
 from fencepost.core.states import Status
@@ -200,98 +199,95 @@ class Trigger:
     async def fire_batch(self) -> TickResult:
         now = self.clock.now()
         res = TickResult()
-        pool = self.stores.db.pool
-        assert pool is not None
         cols: list[list[Any]] = [[] for _ in range(14)]
         owner: list[int] = []  # schedule index per insert row
         skip_ev: list[list[Any]] = [[], [], [], []]
         skipped: dict[int, int] = defaultdict(int)
-        async with pool.acquire() as conn:
-            async with conn.transaction():
-                rows = await conn.fetch(query("trigger_due"), now + self.lookahead, self.batch)
-                res.schedules = len(rows)
-                if not rows:
-                    return res
-                nexts: list[datetime] = []
-                for i, s in enumerate(rows):
-                    fires, nxt, coalesced = plan_fires(s, now, self.lookahead, self.max_catchup)
-                    nexts.append(nxt)
-                    queue = s["queue"] or "default"
-                    if not fires:
-                        continue
-                    if coalesced != 0:
-                        res.coalesced += coalesced or 1
-                        skip_ev[0].append(queue)
-                        skip_ev[1].append("fires_coalesced")
-                        skip_ev[2].append("missed")
-                        skip_ev[3].append(json.dumps({"schedule_id": s["id"], "fire_time": fires[-1].isoformat(),
-                                                      "missed": coalesced}))
-                    if s["max_retries"] is None:  # handler no longer declared anywhere
-                        skip_ev[0].append(queue)
-                        skip_ev[1].append("fire_skipped")
-                        skip_ev[2].append("unknown_handler")
-                        skip_ev[3].append(json.dumps({"schedule_id": s["id"], "handler": s["handler"],
-                                                      "fire_time": fires[-1].isoformat()}))
-                        res.skipped += len(fires)
-                        skipped[i] += len(fires)
-                        continue
-                    if s["busy"]:
-                        skip_ev[0].append(queue)
-                        skip_ev[1].append("fire_skipped")
-                        skip_ev[2].append("overlap")
-                        skip_ev[3].append(json.dumps({"schedule_id": s["id"], "blocking_run": s["last_run_id"],
-                                                      "fire_times": [f.isoformat() for f in fires[-10:]],
-                                                      "count": len(fires)}))
-                        res.skipped += len(fires)
-                        skipped[i] += len(fires)
-                        continue
-                    offset = timedelta(milliseconds=s["offset_ms"])
-                    for f in fires:
-                        for c, v in zip(cols, (s["handler"], queue, s["priority"], s["payload"], f + offset,
-                                               s["max_retries"], s["timeout_s"], None, None,
-                                               Status.PENDING.value, None, s["id"], f, True)):
-                            c.append(v)
-                        owner.append(i)
-                last_run: dict[int, int] = {}
-                last_fire: dict[int, datetime] = {}
-                created_rows: list[int] = []
-                new_queues: dict[str, int] = {}
-                if owner:
-                    # schedules name no tenant or key: empty arrays, unnest pads them with NULLs
-                    out = await conn.fetch(query("insert_runs"), *cols, [], [], [], "trigger")
-                    missing: list[int] = []
-                    ids: list[int | None] = [None] * len(owner)
-                    for r in out:
-                        if r["ord"] is None:
-                            new_queues[r["queue"]] = r["epoch"]
-                        elif r["created"]:
-                            ids[r["ord"] - 1] = r["id"]
-                            created_rows.append(r["ord"] - 1)
-                        else:
-                            missing.append(r["ord"] - 1)
-                    if missing:  # another leader made these fires: point at its runs
-                        found = {(r["schedule_id"], r["fire_time"]): r["id"] for r in await conn.fetch(
-                            query("runs_by_fire"), [cols[11][k] for k in missing], [cols[12][k] for k in missing])}
-                        for k in missing:
-                            ids[k] = found.get((cols[11][k], cols[12][k]))
-                    for k, sidx in enumerate(owner):
-                        if ids[k] is not None:
-                            last_run[sidx] = ids[k]  # type: ignore[assignment]
-                            last_fire[sidx] = cols[12][k]
-                    res.created = len(created_rows)
-                    res.duplicates = len(missing)
-                    res.run_ids = [ids[k] for k in created_rows]  # type: ignore[misc]
-                fired: dict[int, int] = defaultdict(int)
-                for k in created_rows:
-                    fired[owner[k]] += 1
-                adv: list[list[Any]] = [[] for _ in range(7)]
-                for i, s in enumerate(rows):
-                    for c, v in zip(adv, (s["id"], s["next_fire_time"], nexts[i], last_fire.get(i),
-                                          last_run.get(i), fired[i], skipped[i])):
+        async with self.stores.db.transaction() as tx:
+            rows = await tx.fetch("trigger_due", now + self.lookahead, self.batch)
+            res.schedules = len(rows)
+            if not rows:
+                return res
+            nexts: list[datetime] = []
+            for i, s in enumerate(rows):
+                fires, nxt, coalesced = plan_fires(s, now, self.lookahead, self.max_catchup)
+                nexts.append(nxt)
+                queue = s["queue"] or "default"
+                if not fires:
+                    continue
+                if coalesced != 0:
+                    res.coalesced += coalesced or 1
+                    skip_ev[0].append(queue)
+                    skip_ev[1].append("fires_coalesced")
+                    skip_ev[2].append("missed")
+                    skip_ev[3].append(json.dumps({"schedule_id": s["id"], "fire_time": fires[-1].isoformat(),
+                                                  "missed": coalesced}))
+                if s["max_retries"] is None:  # handler no longer declared anywhere
+                    skip_ev[0].append(queue)
+                    skip_ev[1].append("fire_skipped")
+                    skip_ev[2].append("unknown_handler")
+                    skip_ev[3].append(json.dumps({"schedule_id": s["id"], "handler": s["handler"],
+                                                  "fire_time": fires[-1].isoformat()}))
+                    res.skipped += len(fires)
+                    skipped[i] += len(fires)
+                    continue
+                if s["busy"]:
+                    skip_ev[0].append(queue)
+                    skip_ev[1].append("fire_skipped")
+                    skip_ev[2].append("overlap")
+                    skip_ev[3].append(json.dumps({"schedule_id": s["id"], "blocking_run": s["last_run_id"],
+                                                  "fire_times": [f.isoformat() for f in fires[-10:]],
+                                                  "count": len(fires)}))
+                    res.skipped += len(fires)
+                    skipped[i] += len(fires)
+                    continue
+                offset = timedelta(milliseconds=s["offset_ms"])
+                for f in fires:
+                    for c, v in zip(cols, (s["handler"], queue, s["priority"], s["payload"], f + offset,
+                                           s["max_retries"], s["timeout_s"], None, None,
+                                           Status.PENDING.value, None, s["id"], f, True)):
                         c.append(v)
-                await conn.execute(query("trigger_advance"), *adv)
-                if skip_ev[0]:
-                    await conn.execute(query("trigger_skip_events"), *skip_ev)
+                    owner.append(i)
+            last_run: dict[int, int] = {}
+            last_fire: dict[int, datetime] = {}
+            created_rows: list[int] = []
+            new_queues: dict[str, int] = {}
+            if owner:
+                # schedules name no tenant or key: empty arrays, unnest pads them with NULLs
+                out = await tx.fetch("insert_runs", *cols, [], [], [], "trigger")
+                missing: list[int] = []
+                ids: list[int | None] = [None] * len(owner)
+                for r in out:
+                    if r["ord"] is None:
+                        new_queues[r["queue"]] = r["epoch"]
+                    elif r["created"]:
+                        ids[r["ord"] - 1] = r["id"]
+                        created_rows.append(r["ord"] - 1)
+                    else:
+                        missing.append(r["ord"] - 1)
+                if missing:  # another leader made these fires: point at its runs
+                    found = {(r["schedule_id"], r["fire_time"]): r["id"] for r in await tx.fetch(
+                        "runs_by_fire", [cols[11][k] for k in missing], [cols[12][k] for k in missing])}
+                    for k in missing:
+                        ids[k] = found.get((cols[11][k], cols[12][k]))
+                for k, sidx in enumerate(owner):
+                    if ids[k] is not None:
+                        last_run[sidx] = ids[k]  # type: ignore[assignment]
+                        last_fire[sidx] = cols[12][k]
+                res.created = len(created_rows)
+                res.duplicates = len(missing)
+                res.run_ids = [ids[k] for k in created_rows]  # type: ignore[misc]
+            fired: dict[int, int] = defaultdict(int)
+            for k in created_rows:
+                fired[owner[k]] += 1
+            adv: list[list[Any]] = [[] for _ in range(7)]
+            for i, s in enumerate(rows):
+                for c, v in zip(adv, (s["id"], s["next_fire_time"], nexts[i], last_fire.get(i),
+                                      last_run.get(i), fired[i], skipped[i])):
+                    c.append(v)
+            await tx.execute("trigger_advance", *adv)
+            if skip_ev[0]:
+                await tx.execute("trigger_skip_events", *skip_ev)
         if created_rows:
             await self._enqueue(cols, res.run_ids, created_rows, new_queues)
         return res
@@ -321,11 +317,8 @@ class Trigger:
         """Safety net for workflows: release or cancel BLOCKED runs whose upstreams settled in a
         way the recorder's hook did not see (e.g. a terminal state written by drift repair)."""
 
-        pool = self.stores.db.pool
-        assert pool is not None
-        async with pool.acquire() as conn:
-            async with conn.transaction():
-                return await sweep_blocked(conn)
+        async with self.stores.db.transaction() as tx:
+            return await sweep_blocked(tx)
 
     # -- service ---------------------------------------------------------------------------------
     async def run(self) -> None:

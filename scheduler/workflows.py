@@ -154,20 +154,16 @@ class WorkflowMixin:
             r[10] = wid
             r[13] = not blocked  # BLOCKED runs stay out of Redis until released
             rows.append(tuple(r))
-        pool = self.stores.db.pool
-        assert pool is not None
-        async with pool.acquire() as conn:
-            async with conn.transaction():
-                ids, created, cols, new_queues = await self._insert(
-                    [Submit(handler=n.handler) for n in nodes], rows, conn)
-                by_name = dict(zip((n.name for n in nodes), ids))
-                e_run, e_dep = [], []
-                for n in nodes:
-                    for d in dict.fromkeys(n.depends_on):
-                        e_run.append(by_name[n.name])
-                        e_dep.append(by_name[d])
-                await self.stores.db.execute("wf_insert", wid, name, list(by_name.values()), list(by_name),
-                                             e_run, e_dep, conn=conn)
+        async with self.stores.db.transaction() as tx:
+            ids, created, cols, new_queues = await self._insert(
+                [Submit(handler=n.handler) for n in nodes], rows, tx)
+            by_name = dict(zip((n.name for n in nodes), ids))
+            e_run, e_dep = [], []
+            for n in nodes:
+                for d in dict.fromkeys(n.depends_on):
+                    e_run.append(by_name[n.name])
+                    e_dep.append(by_name[d])
+            await tx.execute("wf_insert", wid, name, list(by_name.values()), list(by_name), e_run, e_dep)
         # After commit: roots to Redis now (the outbox relay would do it too).
         await self._stamp_new_queues(new_queues)
         roots = [i for i in created if cols[9][i] == Status.PENDING.value]
@@ -277,20 +273,16 @@ class WorkflowMixin:
                          None, None, pending, o.get("tenant") or "", o.get("concurrency_key"),
                          o.get("concurrency_limit")))
             reqs.append(Submit(handler=o["handler"]))
-        pool = self.stores.db.pool
-        assert pool is not None
-        async with pool.acquire() as conn:
-            async with conn.transaction():
-                await self.stores.db.execute("wf_supersede", [nodes[n]["id"] for n in sub], self.actor, conn=conn)
-                ids, created, cols, _ = await self._insert(reqs, rows, conn)
-                new = dict(zip(order, ids))
-                e_run, e_dep = [], []
-                for name in order:
-                    for u in nodes[name]["depends_on"]:
-                        e_run.append(new[name])
-                        e_dep.append(new.get(u, nodes[u]["id"]))
-                await self.stores.db.execute("wf_add_nodes", wid, list(new.values()), list(new), e_run, e_dep,
-                                             conn=conn)
+        async with self.stores.db.transaction() as tx:
+            await tx.execute("wf_supersede", [nodes[n]["id"] for n in sub], self.actor)
+            ids, created, cols, _ = await self._insert(reqs, rows, tx)
+            new = dict(zip(order, ids))
+            e_run, e_dep = [], []
+            for name in order:
+                for u in nodes[name]["depends_on"]:
+                    e_run.append(new[name])
+                    e_dep.append(new.get(u, nodes[u]["id"]))
+            await tx.execute("wf_add_nodes", wid, list(new.values()), list(new), e_run, e_dep)
         roots = [i for i in created if cols[9][i] == "PENDING"]
         await self._enqueue(roots, ids, cols)
         await self.stores.db.execute("clear_outbox", [ids[i] for i in roots])

@@ -1,4 +1,10 @@
--- Named queries. scheduler/db.py is the only module that runs SQL; it loads these by name.
+-- Named queries. fencepost/core/record.py (scheduler/core/record.py) is the only module that runs
+-- SQL; it loads these by name. One file per area; every name is used and every used name exists
+-- (tests/test_gateways.py).
+
+-- name: ping
+-- Readiness probe of the HTTP API.
+SELECT 1;
 
 -- name: insert_runs
 -- One round trip per batch: creates queues on first use, inserts the runs (skipping

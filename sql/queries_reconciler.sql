@@ -1,4 +1,5 @@
--- Named queries of the reconciler (drift repair and rebuild). Loaded by scheduler/db.py.
+-- Named queries of the reconciler (drift repair, rebuild, gauges, scale hint). Loaded by
+-- fencepost/core/record.py.
 
 -- name: drift_active_ids
 -- One keyset page of the runs Redis must hold (the incremental walk, a page per tick).
@@ -29,7 +30,7 @@ FROM runs WHERE id = ANY($1::bigint[]);
 -- name: drift_interrupt_lost
 -- Runs PostgreSQL has as leased whose Redis state is gone: the attempt is closed as
 -- interrupted; RUNNING goes back to PENDING (at least once), STOPPING becomes STOPPED
--- (the lease_expired edges of scheduler/states.py). Conditional on the leased state.
+-- (the lease_expired edges of fencepost/core/states.py). Conditional on the leased state.
 WITH r AS (
     UPDATE runs SET status = CASE WHEN status = 'RUNNING' THEN 'PENDING' ELSE 'STOPPED' END,
                     lease_owner = NULL, lease_expires_at = NULL, version = version + 1,
@@ -90,3 +91,45 @@ SELECT pg_advisory_unlock(hashtext('fencepost_rebuild:' || $1::text)) AS unlocke
 
 -- name: queue_epoch
 SELECT epoch, paused FROM queues WHERE name = $1;
+
+-- name: gauge_due_bands
+-- Depth by priority band (the starvation signal): Redis scores mix priority with enqueue
+-- time, so the bands are counted from the record (PENDING and due).
+SELECT queue, CASE WHEN priority >= 200 THEN 'high' WHEN priority >= 100 THEN 'normal' ELSE 'low' END AS band,
+       count(*) AS n
+FROM runs WHERE status = 'PENDING' AND run_at <= now() GROUP BY 1, 2;
+
+-- name: gauge_dead_and_review
+SELECT queue, (reason = 'review') AS review, count(*) AS n FROM runs
+WHERE status IN ('FAILED', 'TIMED_OUT') GROUP BY 1, 2;
+
+-- name: gauge_stuck_runs
+-- Runs beyond their SLA: $1 seconds RUNNING (since start), $2 STOPPING, $3 PAUSED (since
+-- the last change).
+SELECT id, queue, status FROM runs WHERE
+    (status = 'RUNNING' AND started_at < now() - make_interval(secs => $1)) OR
+    (status = 'STOPPING' AND updated_at < now() - make_interval(secs => $2)) OR
+    (status = 'PAUSED' AND updated_at < now() - make_interval(secs => $3))
+LIMIT 10000;
+
+-- name: stuck_detected_events
+-- One 'stuck_detected' event per run that crossed its SLA (one statement per pass).
+INSERT INTO events (run_id, queue, type, to_status, actor, reason, at)
+SELECT id, queue, 'stuck_detected', status, 'reconciler', reason, now()
+FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS s(id, queue, status, reason);
+
+-- name: scale_measure
+-- The scale hint's figures for queue $1 over the last $2 seconds (fencepost/core/scaling.py):
+-- runs created, attempts that ran the handler to an end ($3: those outcomes) and their mean
+-- duration, and the backlog due now.
+SELECT
+  (SELECT count(*) FROM runs
+    WHERE queue = $1 AND created_at > now() - make_interval(secs => $2))              AS created,
+  (SELECT count(*) FROM attempts a JOIN runs r ON r.id = a.run_id
+    WHERE r.queue = $1 AND a.finished_at > now() - make_interval(secs => $2)
+      AND a.outcome = ANY($3::text[]))                                                   AS attempts,
+  (SELECT avg(extract(epoch FROM a.finished_at - a.started_at)) FROM attempts a JOIN runs r ON r.id = a.run_id
+    WHERE r.queue = $1 AND a.finished_at > now() - make_interval(secs => $2)
+      AND a.outcome = ANY($3::text[]))::float8                                           AS mean_run_s,
+  (SELECT count(*) FROM runs
+    WHERE queue = $1 AND status = 'PENDING' AND run_at <= now())                         AS backlog;

@@ -1,4 +1,4 @@
--- Named queries of history maintenance (scheduler/retention.py): monthly partitions of
+-- Named queries of history maintenance (reconciler/retention.py): monthly partitions of
 -- events, attempts and runs_archive (functions in 007_history_partitions.sql), the move of
 -- finished runs out of the hot table, and retention by partition drop.
 

@@ -224,9 +224,7 @@ async def ready(ctx: Ctx) -> Any:
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         redis_ok = f"unreachable: {type(exc).__name__}"
     try:
-        pool = ctx.client.stores.db.pool
-        assert pool is not None
-        await pool.fetchval("SELECT 1")
+        await ctx.client.stores.db.fetchval("ping")
     except Exception as exc:  # noqa: BLE001
         pg_ok = f"unreachable: {type(exc).__name__}"
     ok = redis_ok == "ok" and pg_ok == "ok"

@@ -45,8 +45,7 @@ async def retention(settings: Settings, keep: str, archive_dir: Path | None, dry
     cutoff = _parse_now(now_) - parse_duration(keep)  # bad input fails before any connection
     db = await Database(settings.database_url, max_size=1).connect()
     try:
-        assert db.pool is not None
-        async with db.pool.acquire() as conn:
+        async with db.session() as conn:
             plan = await expired_partitions(conn, cutoff, count=dry_run)
             if archive_dir is not None:
                 taken = [archive_path(archive_dir, p) for p in plan if archive_path(archive_dir, p).exists()]

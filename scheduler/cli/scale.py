@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
-import asyncpg
 import click
 
 from fencepost.cli.common import async_command, require_store
 from fencepost.core.config import Settings
 from fencepost.core.errors import InvalidInput
+from fencepost.core.record import Database
 from fencepost.core.scaling import explain
 from fencepost.core.scaling import scale_hint as hint
 
@@ -36,15 +36,15 @@ async def scale_hint(settings: Settings, queue: str, target_lag: float, window: 
                      utilisation: float, run_time: float | None, min_replicas: int, as_json: bool) -> None:
     """Recommend the worker replica count for a queue from its arrival rate, run time and target lag."""
     require_store("scale-hint")
-    conn = await asyncpg.connect(settings.database_url)
+    db = await Database(settings.database_url, min_size=1, max_size=1).connect()
     try:
         try:
-            h = await hint(conn, queue, window_s=window, target_lag_s=target_lag, concurrency=concurrency,
+            h = await hint(db, queue, window_s=window, target_lag_s=target_lag, concurrency=concurrency,
                            utilisation=utilisation, min_replicas=min_replicas, run_time_s=run_time)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
     finally:
-        await conn.close()
+        await db.close()
     if as_json:
         click.echo(json.dumps(h.as_dict()))
         return

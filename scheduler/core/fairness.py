@@ -13,10 +13,9 @@ import math
 import re
 from typing import Any
 
-import asyncpg
 import msgspec
 
-from fencepost.core.record import query
+from fencepost.core.record import Session
 from fencepost.core.errors import InvalidInput, UnknownQueue
 from fencepost.core.stores import Stores
 
@@ -38,7 +37,7 @@ class QueueSettings(msgspec.Struct, kw_only=True):
     priority_age_ms: int | None = None
 
 
-async def load(stores: Stores, queue: str, *, conn: asyncpg.Connection | None = None) -> QueueSettings:
+async def load(stores: Stores, queue: str, *, conn: Session | None = None) -> QueueSettings:
     row = await stores.db.fetchrow("queue_settings", queue, conn=conn)
     if row is None:
         raise UnknownQueue(queue)
@@ -56,12 +55,10 @@ async def apply(stores: Stores, queue: str, *, rescore_from_ms: int | None = Non
 
     The queue's row stays locked (FOR UPDATE) until Redis holds the copy, so two changes
     at once cannot leave Redis with the older one."""
-    pool = stores.db.pool
-    assert pool is not None
-    async with pool.acquire() as conn, conn.transaction():
-        if await conn.fetchrow(query("lock_queue_settings"), queue) is None:
+    async with stores.db.transaction() as tx:
+        if await tx.fetchrow("lock_queue_settings", queue) is None:
             raise UnknownQueue(queue)
-        s = await load(stores, queue, conn=conn)
+        s = await load(stores, queue, conn=tx)
         await _copy(stores, queue, s)
     await refill_held(stores, queue)
     if rescore_from_ms is not None:

@@ -1,12 +1,21 @@
-"""The only module that runs SQL: migrations and the named queries of sql/queries.sql."""
+"""The record store: the only module that runs SQL.
+
+Every statement is a named query of sql/queries*.sql (`-- name: x`); callers pass the name
+and parameters, never SQL. Connection loss becomes DatabaseUnavailable in one place
+(`_unavailable`), for pool calls, sessions, transactions and COPY alike; a refusal by
+PostgreSQL (constraint, bad data) passes through as asyncpg raised it (see REFUSED).
+Migrations and their DDL are the one exception: they run here, from the numbered files.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
@@ -16,9 +25,21 @@ from fencepost.core.resources import resource_dir
 if TYPE_CHECKING:
     from fencepost.core.models import JobSpec
 
-__all__ = ["Database", "query", "migrations", "upgrade", "store_definitions"]
+__all__ = [
+    "REFUSED",
+    "Conn",
+    "Database",
+    "Listener",
+    "MigrationError",
+    "Session",
+    "migrations",
+    "psql_script",
+    "query_names",
+    "store_definitions",
+    "upgrade",
+]
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.M)
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION_LOCK = 0x46454E43  # "FENC": one upgrade at a time across replicas
 
 
@@ -36,7 +57,18 @@ def _queries() -> dict[str, str]:
 
 
 def query(name: str) -> str:
+    """The text of a named query (KeyError for an unknown name; a test checks every name used)."""
     return _queries()[name]
+
+
+def query_names() -> frozenset[str]:
+    return frozenset(_queries())
+
+
+def psql_script(name: str) -> str:
+    """A named query run by psql rather than asyncpg: the embedded server's bootstrap creates
+    the database before any pool can connect to it (psql variables, `\\gexec`)."""
+    return query(name) + "\n"
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -81,20 +113,146 @@ _UNAVAILABLE = (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError
 """Connection lost, server shutting down or restarting (pg_terminate_backend, failover); the
 last one is asyncpg's protocol state left behind by a connection killed mid-statement."""
 
+_MAPPED = (asyncpg.UndefinedTableError, *_UNAVAILABLE)
+"""What `_unavailable` turns into DatabaseUnavailable; every other error passes through."""
+
+REFUSED = (asyncpg.IntegrityConstraintViolationError, asyncpg.DataError)
+"""PostgreSQL refused the data (a constraint, a value it cannot hold): retrying it as it is
+will not help, unlike DatabaseUnavailable. Raised as asyncpg raised them."""
+
+
+def _unavailable(exc: BaseException) -> DatabaseUnavailable:
+    """The one error mapping: a missing schema or a lost connection, said in one line."""
+    if isinstance(exc, asyncpg.UndefinedTableError):
+        return DatabaseUnavailable(f"the Fencepost schema is missing ({exc}); run `fencepost db upgrade`")
+    return DatabaseUnavailable(f"postgresql: {exc}")
+
 
 class MigrationError(FencepostError):
     """The database's recorded migrations do not match the ones this version ships."""
 
 
+_Target: TypeAlias = "asyncpg.Pool | asyncpg.Connection"
+
+
+async def _fetch(target: _Target, name: str, args: tuple[Any, ...]) -> list[asyncpg.Record]:
+    try:
+        rows: list[asyncpg.Record] = await target.fetch(query(name), *args)
+    except _MAPPED as exc:
+        raise _unavailable(exc) from exc
+    return rows
+
+
+async def _execute(target: _Target, name: str, args: tuple[Any, ...]) -> str:
+    try:
+        status: str = await target.execute(query(name), *args)
+    except _MAPPED as exc:
+        raise _unavailable(exc) from exc
+    return status
+
+
+class Session:
+    """One connection: named queries on it, its transactions, COPY. Held from the pool by
+    `Database.session()` / `Database.transaction()`, or adopted from a caller (`Session.of`: a
+    producer's own transaction, an operator tool's connection). Session-level state (advisory
+    locks, a transaction) lives on the connection, which is why some callers need one."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    @classmethod
+    def of(cls, conn: Conn) -> Session:
+        return conn if isinstance(conn, Session) else cls(conn)
+
+    async def fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        return await _fetch(self.conn, name, args)
+
+    async def fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
+        rows = await _fetch(self.conn, name, args)
+        return rows[0] if rows else None
+
+    async def fetchval(self, name: str, *args: Any) -> Any:
+        """First column of the first row (None when no row)."""
+        rows = await _fetch(self.conn, name, args)
+        return rows[0][0] if rows else None
+
+    async def execute(self, name: str, *args: Any) -> str:
+        """Returns PostgreSQL's status line (`INSERT 0 5`)."""
+        return await _execute(self.conn, name, args)
+
+    async def copy_out(self, table: str, output: Callable[[bytes], Awaitable[None]], **options: Any) -> int:
+        """COPY a table to `output` (chunks of bytes; options as asyncpg's copy_from_table:
+        format, header...). Returns the rows copied."""
+        try:
+            status = await self.conn.copy_from_table(table, output=output, **options)
+        except _MAPPED as exc:
+            raise _unavailable(exc) from exc
+        return int(status.rsplit(" ", 1)[-1])  # COPY <n>
+
+    async def copy_in(self, table: str, records: Sequence[Sequence[Any]], columns: Sequence[str]) -> int:
+        """COPY rows into a table (binary, one round trip); returns the rows written."""
+        try:
+            status = await self.conn.copy_records_to_table(table, records=records, columns=list(columns))
+        except _MAPPED as exc:
+            raise _unavailable(exc) from exc
+        return int(status.rsplit(" ", 1)[-1])
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Session]:
+        """Commit when the block ends, roll back when it raises (a savepoint when nested).
+        An error of the block itself passes through unchanged, whatever its type."""
+        tx = self.conn.transaction()
+        try:
+            await tx.start()
+        except _MAPPED as exc:
+            raise _unavailable(exc) from exc
+        try:
+            yield self
+        except BaseException:
+            try:
+                await tx.rollback()
+            except _MAPPED:
+                pass  # the connection is gone and PostgreSQL rolled back; the block's error says why
+            raise
+        try:
+            await tx.commit()
+        except _MAPPED as exc:
+            raise _unavailable(exc) from exc
+
+
+Conn: TypeAlias = "Session | asyncpg.Connection"
+"""Where a statement may run besides the pool: a gateway session, or a caller's own connection."""
+
+
+class Listener:
+    """A connection of its own (not from the pool) LISTENing on one channel: PostgreSQL
+    NOTIFYs on commit, and a pooled connection would drop the subscription on release."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    def alive(self) -> bool:
+        return not self._conn.is_closed()
+
+    def terminate(self) -> None:
+        self._conn.terminate()
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+
 class Database:
-    """A small asyncpg pool wrapper; connection errors become DatabaseUnavailable."""
+    """The gateway: an asyncpg pool, named queries, sessions and transactions. Connection
+    errors become DatabaseUnavailable."""
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
         self.url = url
         self._min, self._max = min_size, max_size
         self.pool: asyncpg.Pool | None = None
 
-    async def connect(self) -> "Database":
+    async def connect(self) -> Database:
         if self.pool is None:
             try:
                 self.pool = await asyncpg.create_pool(self.url, min_size=self._min, max_size=self._max)
@@ -107,34 +265,73 @@ class Database:
             await self.pool.close()
             self.pool = None
 
+    @property
+    def connected(self) -> bool:
+        return self.pool is not None
+
     def _p(self) -> asyncpg.Pool:
         if self.pool is None:
             raise DatabaseUnavailable("database not connected")
         return self.pool
 
-    async def fetch(self, name: str, *args: Any, conn: asyncpg.Connection | None = None) -> list[asyncpg.Record]:
-        try:
-            return await (conn or self._p()).fetch(query(name), *args)
-        except asyncpg.UndefinedTableError as exc:
-            raise DatabaseUnavailable(f"the Fencepost schema is missing ({exc}); run `fencepost db upgrade`") from exc
-        except _UNAVAILABLE as exc:
-            raise DatabaseUnavailable(f"postgresql: {exc}") from exc
+    def _on(self, conn: Conn | None) -> _Target:
+        if conn is None:
+            return self._p()
+        return conn.conn if isinstance(conn, Session) else conn
 
-    async def fetchrow(self, name: str, *args: Any, conn: asyncpg.Connection | None = None) -> asyncpg.Record | None:
-        rows = await self.fetch(name, *args, conn=conn)
+    async def fetch(self, name: str, *args: Any, conn: Conn | None = None) -> list[asyncpg.Record]:
+        return await _fetch(self._on(conn), name, args)
+
+    async def fetchrow(self, name: str, *args: Any, conn: Conn | None = None) -> asyncpg.Record | None:
+        rows = await _fetch(self._on(conn), name, args)
         return rows[0] if rows else None
 
-    async def execute(self, name: str, *args: Any, conn: asyncpg.Connection | None = None) -> str:
+    async def fetchval(self, name: str, *args: Any, conn: Conn | None = None) -> Any:
+        """First column of the first row (None when no row)."""
+        rows = await _fetch(self._on(conn), name, args)
+        return rows[0][0] if rows else None
+
+    async def execute(self, name: str, *args: Any, conn: Conn | None = None) -> str:
+        return await _execute(self._on(conn), name, args)
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[Session]:
+        """One pooled connection for the block (session advisory locks, several statements)."""
+        pool = self._p()
         try:
-            return await (conn or self._p()).execute(query(name), *args)
-        except asyncpg.UndefinedTableError as exc:
-            raise DatabaseUnavailable(f"the Fencepost schema is missing ({exc}); run `fencepost db upgrade`") from exc
-        except _UNAVAILABLE as exc:
-            raise DatabaseUnavailable(f"postgresql: {exc}") from exc
+            conn = await pool.acquire()
+        except _MAPPED as exc:
+            raise _unavailable(exc) from exc
+        try:
+            yield Session(conn)
+        finally:
+            await pool.release(conn)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Session]:
+        """`async with db.transaction() as tx:` one pooled connection in one transaction;
+        `tx` takes query names like the Database does."""
+        async with self.session() as s, s.transaction():
+            yield s
+
+    async def listen(self, channel: str, wake: Callable[[], None], *, timeout: float = 5.0) -> Listener:
+        """Call `wake()` on every NOTIFY on `channel` (the payload is not needed: wake-ups only)."""
+        try:
+            conn = await asyncpg.connect(self.url, timeout=timeout)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            raise DatabaseUnavailable(f"postgresql unreachable at {_redact(self.url)}: {exc}") from exc
+        try:
+            await conn.add_listener(channel, lambda *_: wake())
+        except BaseException as exc:
+            conn.terminate()
+            if isinstance(exc, _MAPPED):
+                raise _unavailable(exc) from exc
+            raise
+        return Listener(conn)
 
     async def upgrade(self) -> list[str]:
-        async with self._p().acquire() as conn:
-            return await upgrade(conn)
+        async with self.session() as s:
+            return await upgrade(s.conn)
 
 
 def _redact(url: str) -> str:

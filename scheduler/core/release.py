@@ -12,54 +12,52 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import asyncpg
-
-from fencepost.core.record import query
+from fencepost.core.record import Session
 
 __all__ = ["on_recorded", "release_dependents", "cancel_descendants", "sweep_blocked"]
 
 FAILED_FOR_GOOD = frozenset({"FAILED", "TIMED_OUT", "CANCELLED"})
 
 
-async def release_dependents(conn: asyncpg.Connection, succeeded: Sequence[int], *,
+async def release_dependents(tx: Session, succeeded: Sequence[int], *,
                              actor: str = "recorder") -> list[int]:
     """Make PENDING the BLOCKED dependents of `succeeded` whose upstreams all SUCCEEDED."""
     if not succeeded:
         return []
-    cands = [r["id"] for r in await conn.fetch(query("wf_lock_dependents"), list(succeeded))]
+    cands = [r["id"] for r in await tx.fetch("wf_lock_dependents", list(succeeded))]
     if not cands:
         return []
-    return [r["id"] for r in await conn.fetch(query("wf_release"), cands, actor)]
+    return [r["id"] for r in await tx.fetch("wf_release", cands, actor)]
 
 
-async def cancel_descendants(conn: asyncpg.Connection, failed: Sequence[int], *,
+async def cancel_descendants(tx: Session, failed: Sequence[int], *,
                              actor: str = "recorder") -> list[int]:
     """CANCELLED (upstream_failed) for every BLOCKED descendant of runs that failed for good."""
     if not failed:
         return []
-    return [r["id"] for r in await conn.fetch(query("wf_cancel_descendants"), list(failed), actor)]
+    return [r["id"] for r in await tx.fetch("wf_cancel_descendants", list(failed), actor)]
 
 
-async def on_recorded(conn: asyncpg.Connection, run_ids: Sequence[int], statuses: Sequence[str]) -> None:
+async def on_recorded(tx: Session, run_ids: Sequence[int], statuses: Sequence[str]) -> None:
     """The recorder's hook: the batch's runs and the status each reached."""
     ok = [r for r, s in zip(run_ids, statuses) if s == "SUCCEEDED"]
     bad = [r for r, s in zip(run_ids, statuses) if s in FAILED_FOR_GOOD]
     if ok:
-        await release_dependents(conn, ok)
+        await release_dependents(tx, ok)
     if bad:
-        await cancel_descendants(conn, bad)
+        await cancel_descendants(tx, bad)
 
 
-async def sweep_blocked(conn: asyncpg.Connection, *, settled_s: float = 5.0, limit: int = 1000) -> int:
+async def sweep_blocked(tx: Session, *, settled_s: float = 5.0, limit: int = 1000) -> int:
     """Safety net (run by the trigger leader): BLOCKED runs whose upstreams settled without
     the hook seeing it (a terminal state written by drift repair, not by the recorder)."""
-    rows = await conn.fetch(query("wf_blocked_settled"), float(settled_s), limit)
+    rows = await tx.fetch("wf_blocked_settled", float(settled_s), limit)
     ok = [r["id"] for r in rows if r["all_ok"]]
     failed = sorted({u for r in rows if not r["all_ok"] for u in r["failed"] or []})
     n = 0
     if ok:
-        locked = [r["id"] for r in await conn.fetch(query("wf_lock_blocked"), ok)]
-        n += len(await conn.fetch(query("wf_release"), locked, "sweeper")) if locked else 0
+        locked = [r["id"] for r in await tx.fetch("wf_lock_blocked", ok)]
+        n += len(await tx.fetch("wf_release", locked, "sweeper")) if locked else 0
     if failed:
-        n += len(await cancel_descendants(conn, failed, actor="sweeper"))
+        n += len(await cancel_descendants(tx, failed, actor="sweeper"))
     return n

@@ -27,25 +27,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from fencepost.core.record import Database
+
 __all__ = ["Measured", "ScaleHint", "recommend", "measure", "scale_hint", "explain"]
 
 EXECUTED = ("succeeded", "error", "fatal", "timeout", "crash", "review", "policy", "stopped", "cancelled")
 """Attempt outcomes that ran the handler to an end (their duration is a run time)."""
-
-_MEASURE = """
-SELECT
-  (SELECT count(*) FROM runs
-    WHERE queue = $1 AND created_at > now() - make_interval(secs => $2))              AS created,
-  (SELECT count(*) FROM attempts a JOIN runs r ON r.id = a.run_id
-    WHERE r.queue = $1 AND a.finished_at > now() - make_interval(secs => $2)
-      AND a.outcome = ANY($3::text[]))                                                   AS attempts,
-  (SELECT avg(extract(epoch FROM a.finished_at - a.started_at)) FROM attempts a JOIN runs r ON r.id = a.run_id
-    WHERE r.queue = $1 AND a.finished_at > now() - make_interval(secs => $2)
-      AND a.outcome = ANY($3::text[]))::float8                                           AS mean_run_s,
-  (SELECT count(*) FROM runs
-    WHERE queue = $1 AND status = 'PENDING' AND run_at <= now())                         AS backlog
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class Measured:
@@ -98,9 +85,10 @@ def recommend(*, arrival_per_s: float, mean_run_s: float, backlog: int, target_l
     return required, in_flight, exact, max(min_replicas, math.ceil(exact - 1e-9))
 
 
-async def measure(pool: Any, queue: str, window_s: float) -> Measured:
-    """Arrival rate, mean run time and backlog of one queue from PostgreSQL (`pool`: asyncpg pool or connection)."""
-    row = await pool.fetchrow(_MEASURE, queue, float(window_s), list(EXECUTED))
+async def measure(db: Database, queue: str, window_s: float) -> Measured:
+    """Arrival rate, mean run time and backlog of one queue from PostgreSQL (query scale_measure)."""
+    row = await db.fetchrow("scale_measure", queue, float(window_s), list(EXECUTED))
+    assert row is not None  # one row of aggregates, always
     return Measured(queue, float(window_s), int(row["created"]), int(row["attempts"]), row["mean_run_s"],
                     int(row["backlog"]))
 
@@ -121,8 +109,8 @@ def hint_from(m: Measured, *, target_lag_s: float, concurrency: int, utilisation
                      concurrency, utilisation, required, in_flight, exact, n)
 
 
-async def scale_hint(pool: Any, queue: str, *, window_s: float = 300.0, **kw: Any) -> ScaleHint:
-    return hint_from(await measure(pool, queue, window_s), **kw)
+async def scale_hint(db: Database, queue: str, *, window_s: float = 300.0, **kw: Any) -> ScaleHint:
+    return hint_from(await measure(db, queue, window_s), **kw)
 
 
 def explain(h: ScaleHint) -> list[str]:

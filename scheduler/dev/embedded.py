@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from fencepost.core.errors import FencepostError
+from fencepost.core.record import psql_script
 
 __all__ = ["EmbeddedServerError", "EmbeddedServers", "resolve_urls"]
 
@@ -298,12 +299,9 @@ class EmbeddedServers:
         staging.rename(pgdata)
 
     def _create_database(self, port: int) -> None:
-        sql = (
-            f"SELECT 'CREATE DATABASE {DATABASE_NAME}' "
-            f"WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{DATABASE_NAME}')\\gexec\n"
-        )
+        sql = psql_script("bootstrap_create_database")
         cmd = [
-            str(_pg_bin("psql")), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+            str(_pg_bin("psql")), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"dbname={DATABASE_NAME}",
             "-h", HOST, "-p", str(port), "-U", PG_USER, "-d", "postgres",
         ]
         try:

@@ -33,10 +33,7 @@ from typing import Any, Callable  # noqa: E402
 from fencepost.client import Client
 from fencepost.core.config import Settings  # noqa: E402
 from fencepost.core.models import Submit, encode_payload
-from fencepost.core.record import (
-    Database,
-    query,  # noqa: E402
-)
+from fencepost.core.record import Database, Session  # noqa: E402
 from fencepost.core.schedules import spread_offset_ms
 
 _UTC = timezone.utc
@@ -97,8 +94,8 @@ class Harness:
         return errors
 
     # -- measuring --------------------------------------------------------------------------------
-    async def sizes(self, conn: Any) -> int:
-        return int(await conn.fetchval(query("loadtest_relation_size"), list(_TABLES)))
+    async def sizes(self, conn: Session) -> int:
+        return int(await conn.fetchval("loadtest_relation_size", list(_TABLES)))
 
     async def redis_memory(self, stores: Any) -> int:
         info = await stores.redis.info("memory")
@@ -112,12 +109,12 @@ class Harness:
         pipe.zcard(k.active)
         return sum(await pipe.execute())
 
-    async def watch(self, stores: Any, conn: Any, total: int, t0: float, label: str) -> tuple[bool, dict[str, int]]:
+    async def watch(self, stores: Any, conn: Session, total: int, t0: float, label: str) -> tuple[bool, dict[str, int]]:
         """Until every run is finished (or the timeout): a live progress line, memory samples."""
         counts: dict[str, int] = {}
         last_line = 0.0
         while True:
-            counts = {r["status"]: r["n"] for r in await conn.fetch(query("loadtest_status_counts"), self.queue)}
+            counts = {r["status"]: r["n"] for r in await conn.fetch("loadtest_status_counts", self.queue)}
             created = sum(counts.values())
             done = sum(counts.get(s, 0) for s in _DONE)
             pending = await self.pending_in_redis(stores)
@@ -138,10 +135,11 @@ class Harness:
                 return False, counts
             await asyncio.sleep(0.25)
 
-    async def report(self, conn: Any, *, total: int, t_start: datetime, base_mem: int, base_pg: int,
+    async def report(self, conn: Session, *, total: int, t_start: datetime, base_mem: int, base_pg: int,
                      ) -> dict[str, Any]:
         q = self.queue
-        r = await conn.fetchrow(query("loadtest_report"), q)
+        r = await conn.fetchrow("loadtest_report", q)
+        assert r is not None  # aggregates: always one row
         span = (r["c1"] - r["c0"]).total_seconds() if r["runs"] > 1 else 0.0
         peak = max(self.samples, key=lambda s: s[2]) if self.samples else (0, base_mem, 0)
         pg_after = await self.sizes(conn)
@@ -181,9 +179,8 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
     h = Harness(settings, workers=workers, concurrency=concurrency, timeout_s=timeout_s, progress=progress,
                 log_dir=log_dir)
     client = await _prepare(settings)
-    pool = client.stores.db.pool
     try:
-        async with pool.acquire() as conn:
+        async with client.stores.db.session() as conn:
             base_pg = await h.sizes(conn)
             now = datetime.now(_UTC)
             fire = (now + timedelta(seconds=lead_s + 60)).replace(second=0, microsecond=0)
@@ -196,9 +193,9 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
             made = 0
             while made < schedules:
                 n = min(10_000, schedules - made)
-                ids = [r[0] for r in await conn.fetch(query("loadtest_schedule_ids"), n)]
+                ids = [r[0] for r in await conn.fetch("loadtest_schedule_ids", n)]
                 offs = [spread_offset_ms(i, spread_s) for i in ids]
-                await conn.execute(query("loadtest_insert_schedules"), ids, h.queue, payload, cron, fire,
+                await conn.execute("loadtest_insert_schedules", ids, h.queue, payload, cron, fire,
                                    float(spread_s), offs)
                 made += n
             setup_s = time.monotonic() - t_setup
@@ -214,7 +211,7 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
             rep = await h.report(conn, total=schedules, t_start=fire, base_mem=base_mem, base_pg=base_pg)
             rep.update(mode="spike", schedules=schedules, workers=workers, spread_s=spread_s,
                        setup_s=round(setup_s, 2), fire_time=fire.isoformat(), completed=ok)
-            await conn.execute(query("loadtest_delete_schedules"), h.queue)
+            await conn.execute("loadtest_delete_schedules", h.queue)
     finally:
         errors = h.stop_services()
         await client.close()
@@ -230,9 +227,8 @@ async def burst(settings: Settings, *, jobs: int, workers: int, concurrency: int
     h = Harness(settings, workers=workers, concurrency=concurrency, timeout_s=timeout_s, progress=progress,
                 log_dir=log_dir)
     client = await _prepare(settings)
-    pool = client.stores.db.pool
     try:
-        async with pool.acquire() as conn:
+        async with client.stores.db.session() as conn:
             base_pg = await h.sizes(conn)
             h.start_services(trigger=False)
             await asyncio.sleep(4.0)  # workers up before the burst (start-up is not measured)
