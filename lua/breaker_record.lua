@@ -5,7 +5,10 @@
 -- KEYS[1] the breaker hash, KEYS[2] the probe lock, KEYS[3] the bucket key prefix
 -- ARGV[1] now (ms), ARGV[2] successes, ARGV[3] failures, ARGV[4] probe result ('' | 'ok' | 'fail'),
 -- ARGV[5] failure-rate threshold (0..1), ARGV[6] min calls, ARGV[7] window (ms), ARGV[8] cooldown (ms)
--- Returns: {mode, opened_until}
+-- Returns: {mode, until}: the mode after this call and its opened_until (ms, 0 if never opened)
+-- @keys state probe buckets
+-- @argv now successes failures probe threshold min_calls window_ms cooldown_ms
+-- @returns {mode until}
 local now, ok, bad, probe = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local threshold, min_calls, window, cooldown = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local width = math.max(math.floor(window / 10), 1)

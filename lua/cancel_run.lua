@@ -8,6 +8,9 @@
 --   needs_compensation. Nothing claims a rollback that did not happen.
 -- Returns: 'CANCELLED' or 'STOPPING'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> cancel (terminal states)
+-- @keys queue
+-- @argv now id actor reason expected compensate
+-- @returns str
 -- @include common
 local now, id, key, st, who = control_args('cancel')
 who[#who + 1] = 'ctl'; who[#who + 1] = 'cancel'
@@ -15,7 +18,7 @@ local compensate = ARGV[6]
 local started = tonumber(redis.call('HGET', key, 'attempt') or '0') > 0
 -- the compensate field is written only by a cancel that is accepted: a refused one changes nothing
 local function remember() if compensate ~= '' and started then redis.call('HSET', key, 'compensate', compensate) end end
-if st == 'PENDING' or st == 'PAUSED' or st == 'RETRY_WAIT' or st == 'BLOCKED' or st == 'STOPPED' then
+if CANCEL_AT_ONCE[st] then
   unqueue(id, key)
   redis.call('ZREM', K_DELAYED, id)
   if compensate ~= '' and started then

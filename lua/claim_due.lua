@@ -19,6 +19,9 @@
 --   (includes/common.lua, trusted_epoch): the dataset may have lost writes, so nothing
 --   is claimed until the reconciler has rebuilt and stamped it.
 -- Tokens are epoch * 2^40 + a per-queue counter, so they grow across failovers.
+-- @keys queue
+-- @argv now limit worker lease_ms promote
+-- @returns [id token attempt handler payload timeout_ms max_retries fire_time trace gen]
 -- @include common
 local epoch = trusted_epoch()
 if not epoch then return redis.error_reply('UNSTAMPED') end
@@ -105,7 +108,7 @@ local function slot_free(ckey)
   if redis.call('SCARD', set) < limit then return true end
   for _, m in ipairs(redis.call('SMEMBERS', set)) do
     local st = redis.call('HGET', run_key(m), 'state')
-    if st ~= 'RUNNING' and st ~= 'STOPPING' then redis.call('SREM', set, m) end
+    if not ACTIVE[st] then redis.call('SREM', set, m) end
   end
   return redis.call('SCARD', set) < limit
 end

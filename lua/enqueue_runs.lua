@@ -10,6 +10,11 @@
 -- so enqueueing twice never duplicates or rewinds a run, except a BLOCKED copy older
 -- than the given version (a workflow node PostgreSQL released since it was copied).
 -- No event is written: the submit event is committed to PostgreSQL with the run.
+-- @keys queue
+-- @argv now
+-- @each id state run_at priority handler payload max_retries timeout_ms
+-- @each attempt version fire_time trace gen tenant ckey climit
+-- @returns int
 -- @include common
 local now = tonumber(ARGV[1])
 local created = 0

@@ -4,6 +4,9 @@
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV[1] now (ms), ARGV[2] run id, ARGV[3] token, ARGV[4] worker id, ARGV[5] grace (s)
 -- Returns: 1 if recorded, 0 if the token no longer owns a STOPPING run.
+-- @keys queue
+-- @argv now id token worker grace
+-- @returns bool
 -- @include common
 local now, id, token = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local key = run_key(id)

@@ -18,6 +18,10 @@
 --   STOPPED, cancel -> CANCELLED; with no request (worker shutdown) it is PENDING again.
 -- Returns: one entry per item: the run's new state, or 'STALE' when the token is not
 --   the run's current one (nothing changes; counted in stats.stale_finish).
+-- @keys queue
+-- @argv now quarantine
+-- @each id token outcome data error_class delay_ms
+-- @returns [state]
 -- @include common
 local now, quarantine = tonumber(ARGV[1]), tonumber(ARGV[2])
 local ratio, floor_, window = budget_config()
@@ -27,7 +31,7 @@ for i = 3, #ARGV, 6 do
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'max_retries', 'worker', 'ctl', 'compensate', 'priority', 'tenant', 'ckey')
   local st = f[1]
-  if (st ~= 'RUNNING' and st ~= 'STOPPING') or f[2] ~= token then
+  if not ACTIVE[st] or f[2] ~= token then
     redis.call('HINCRBY', K_STATS, 'stale_finish', 1)
     out[#out + 1] = 'STALE'
   else

@@ -5,10 +5,13 @@
 -- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
 -- Returns: 'PAUSED' or 'REQUESTED'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> pause (any other state)
+-- @keys queue
+-- @argv now id actor reason expected
+-- @returns str
 -- @include common
 local now, id, key, st, who = control_args('pause')
 who[#who + 1] = 'ctl'; who[#who + 1] = 'pause'
-if st == 'PENDING' or st == 'RETRY_WAIT' then
+if PAUSE_AT_ONCE[st] then
   unqueue(id, key)
   redis.call('ZREM', K_DELAYED, id)
   transition(id, key, st, 'PAUSED', 'paused', now, who)

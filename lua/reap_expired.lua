@@ -5,6 +5,9 @@
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV[1] now (ms), ARGV[2] max runs to reap in this call
 -- Returns: the number of runs reaped.
+-- @keys queue
+-- @argv now limit
+-- @returns int
 -- @include common
 local now = tonumber(ARGV[1])
 local ids = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
@@ -14,7 +17,7 @@ for _, id in ipairs(ids) do
   local f = redis.call('HMGET', key, 'state', 'lease_until', 'attempt', 'token', 'worker', 'max_retries', 'priority',
                        'ctl', 'compensate', 'tenant', 'ckey')
   redis.call('ZREM', K_ACTIVE, id)
-  if (f[1] == 'RUNNING' or f[1] == 'STOPPING') and tonumber(f[2]) <= now then
+  if ACTIVE[f[1]] and tonumber(f[2]) <= now then
     lease_done(id, key, f[11] or false)
     local ev = {'attempt', f[3], 'token', f[4], 'worker', f[5], 'outcome', 'interrupted'}
     redis.call('HDEL', key, 'ctl')

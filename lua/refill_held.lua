@@ -6,6 +6,9 @@
 -- ARGV[1] cursor (SSCAN over the keys with held runs; '0' to start), ARGV[2] page size
 -- Returns: {next cursor ('0' when done), runs moved back to due}
 -- Errors: none.
+-- @keys queue
+-- @argv cursor page
+-- @returns {cursor count}
 -- @include common
 local page = redis.call('SSCAN', K_HELDKEYS, ARGV[1], 'COUNT', tonumber(ARGV[2]))
 local moved = 0

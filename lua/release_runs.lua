@@ -3,6 +3,10 @@
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV[1] now (ms), then pairs: run id, token
 -- Returns: the number of runs released (a run whose token moved on is skipped).
+-- @keys queue
+-- @argv now
+-- @each id token
+-- @returns int
 -- @include common
 local now = tonumber(ARGV[1])
 local released = 0

@@ -5,6 +5,10 @@
 --   0        lost: the run's token differs or it is no longer RUNNING/STOPPING; abandon it
 --   1        renewed
 --   'pause' | 'stop' | 'cancel'   renewed, and an operator asked for that (control flag)
+-- @keys queue
+-- @argv now lease_ms
+-- @each id token
+-- @returns [result]
 -- @include common
 local now, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local lease = now + lease_ms
@@ -13,7 +17,7 @@ for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'token', 'ctl')
-  if (f[1] == 'RUNNING' or f[1] == 'STOPPING') and f[2] == token then
+  if ACTIVE[f[1]] and f[2] == token then
     redis.call('HSET', key, 'lease_until', lease)
     redis.call('ZADD', K_ACTIVE, lease, id)
     out[#out + 1] = f[3] or 1

@@ -8,6 +8,9 @@
 --                  reads `version` ('' = the field is absent) (compare-and-set)
 -- Returns: the ids dropped.
 -- Errors: none.
+-- @keys queue
+-- @each id mode version
+-- @returns [int]
 -- @include common
 local out = {}
 for i = 1, #ARGV, 3 do

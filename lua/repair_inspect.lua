@@ -6,6 +6,10 @@
 --   lease_until, attempt, token, handler, error_class, error, reason, payload length,
 --   member of due, delayed, active ('1' | '').
 -- Errors: none. Changes nothing.
+-- @keys queue
+-- @each id
+-- @returns [exists state version run_at priority lease_until attempt token handler
+-- @returns error_class error reason payload_len due delayed active]
 -- @include common
 local out = {}
 local n = 0

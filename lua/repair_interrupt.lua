@@ -7,6 +7,10 @@
 -- ARGV[1] now (ms), then pairs: run id, version the reconciler read
 -- Returns: the ids interrupted (a run whose version moved on is skipped).
 -- Errors: ILLEGAL_TRANSITION only if the state table lost the lease_expired edges.
+-- @keys queue
+-- @argv now
+-- @each id version
+-- @returns [int]
 -- @include common
 local now = tonumber(ARGV[1])
 local out = {}
@@ -14,7 +18,7 @@ for i = 2, #ARGV, 2 do
   local id = ARGV[i]
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'version', 'attempt', 'token', 'worker', 'priority', 'tenant', 'ckey')
-  if f[2] == ARGV[i + 1] and (f[1] == 'RUNNING' or f[1] == 'STOPPING') then
+  if f[2] == ARGV[i + 1] and ACTIVE[f[1]] then
     redis.call('ZREM', K_ACTIVE, id)
     lease_done(id, key, f[8] or false)
     redis.call('HDEL', key, 'token')  -- the old token no longer vouches for anything (checkpoints check it)

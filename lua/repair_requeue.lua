@@ -6,6 +6,10 @@
 -- Returns: the ids put back. A run whose version moved on, or that is already in its set,
 --   is skipped (compare-and-set). No event and no transition: the state does not change.
 -- Errors: none.
+-- @keys queue
+-- @argv now
+-- @each id version
+-- @returns [int]
 -- @include common
 local now = tonumber(ARGV[1])
 local out = {}
@@ -29,7 +33,7 @@ for i = 2, #ARGV, 2 do
     elseif st == 'RETRY_WAIT' and not in_delayed then
       redis.call('ZADD', K_DELAYED, tonumber(f[3]) or now, id)
       fixed = true
-    elseif (st == 'RUNNING' or st == 'STOPPING') and not redis.call('ZSCORE', K_ACTIVE, id) then
+    elseif ACTIVE[st] and not redis.call('ZSCORE', K_ACTIVE, id) then
       redis.call('ZADD', K_ACTIVE, tonumber(f[5]) or now, id)
       if f[7] then redis.call('SADD', ck_key(f[7]), id) end
       fixed = true

@@ -10,6 +10,10 @@
 -- No event and no state-machine edge: the copy is rewritten to the record, which already
 -- holds the events.
 -- Errors: none.
+-- @keys queue
+-- @argv ttl_ms
+-- @each id seen_version status pg_version
+-- @returns [int]
 -- @include common
 local ttl = tonumber(ARGV[1])
 local out = {}

@@ -7,6 +7,9 @@
 -- ARGV[4] the step (ms) the current scores were made with (for runs without `qpos`)
 -- Returns: {next cursor ('0' when done), runs re-scored}
 -- Errors: BAD_SET when the suffix names no due or held set.
+-- @keys queue
+-- @argv suffix cursor page old_step_ms
+-- @returns {cursor count}
 -- @include common
 local suffix = ARGV[1]
 if suffix ~= 'due' and string.sub(suffix, 1, 6) ~= 'due:t:' and string.sub(suffix, 1, 5) ~= 'held:' then

@@ -8,6 +8,9 @@
 --   ARGV[6] 'succeeded' or 'failed'
 -- Returns: the new state
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> resolve
+-- @keys queue
+-- @argv now id actor reason expected outcome
+-- @returns str
 -- @include common
 local now, id, key, st, who = control_args('resolve')
 if st ~= 'FAILED' then refuse(id, st, 'resolve') end

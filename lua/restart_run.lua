@@ -5,9 +5,12 @@
 -- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
 -- Returns: 'PENDING'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> restart
+-- @keys queue
+-- @argv now id actor reason expected
+-- @returns str
 -- @include common
 local now, id, key, st, who = control_args('restart')
-if st == 'PAUSED' or st == 'STOPPED' or st == 'FAILED' or st == 'TIMED_OUT' or st == 'CANCELLED' then
+if RESTARTABLE[st] then
   redis.call('PERSIST', key)
   redis.call('HDEL', key, 'ctl', 'compensate', 'result', 'error', 'error_class')
   redis.call('HSET', key, 'fails', 0, 'crashes', 0)

@@ -6,9 +6,12 @@
 -- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
 -- Returns: 'PENDING'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> resume
+-- @keys queue
+-- @argv now id actor reason expected
+-- @returns str
 -- @include common
 local now, id, key, st, who = control_args('resume')
-if st == 'PAUSED' or st == 'STOPPED' then
+if RESUMABLE[st] then
   redis.call('HDEL', key, 'ctl')
   local f = redis.call('HMGET', key, 'priority', 'tenant')
   transition(id, key, st, 'PENDING', 'resumed', now, who)

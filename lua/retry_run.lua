@@ -4,9 +4,12 @@
 -- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
 -- Returns: 'PENDING'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> retry
+-- @keys queue
+-- @argv now id actor reason expected
+-- @returns str
 -- @include common
 local now, id, key, st, who = control_args('retry')
-if st == 'FAILED' or st == 'TIMED_OUT' or st == 'CANCELLED' then
+if FAILED_FOR_GOOD[st] then
   redis.call('PERSIST', key)
   redis.call('HDEL', key, 'ctl', 'compensate', 'result')
   redis.call('HSET', key, 'fails', 0, 'crashes', 0)

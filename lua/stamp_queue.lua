@@ -4,6 +4,9 @@
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV[1] epoch, ARGV[2] '1' to overwrite an existing stamp
 -- Returns: 1 if the stamp was written, 0 if one existed and force was not given.
+-- @keys queue
+-- @argv epoch force
+-- @returns bool
 -- @include common
 if ARGV[2] ~= '1' and redis.call('EXISTS', K_EPOCH) == 1 then return 0 end
 local server = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')

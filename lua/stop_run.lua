@@ -6,6 +6,9 @@
 -- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
 -- Returns: 'STOPPING'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> stop
+-- @keys queue
+-- @argv now id actor reason expected
+-- @returns str
 -- @include common
 local now, id, key, st, who = control_args('stop')
 who[#who + 1] = 'ctl'; who[#who + 1] = 'stop'

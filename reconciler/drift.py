@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from fencepost.core.fairness import due_and_held_sets, scan_queue
+from fencepost.core.hot import Drop, Inspected, Now, Sync, TtlArgs, Versioned
+from fencepost.core.models import run_row
 from fencepost.core.states import TERMINAL, Status
 from fencepost.core.stores import Stores
 
@@ -103,19 +105,18 @@ class DriftRepair:
         ids = sorted(set(ids))
         if not ids:
             return []
-        raw: list[Any] = []
+        seen: list[Inspected] = []
         for i in range(0, len(ids), INSPECT_BATCH):  # bounded time inside Redis per call
-            raw += await self.stores.scripts.run("repair_inspect", self.stores.keys(queue), ids[i:i + INSPECT_BATCH])
+            seen += await self.stores.scripts.repair_inspect(self.stores.keys(queue), ids[i:i + INSPECT_BATCH])
         grace = self.grace_s if grace_s is None else grace_s
         rows = {r["id"]: dict(r) for r in await self.stores.db.fetch("drift_runs_brief", ids, float(grace))}
         out: list[Drift] = []
-        for i, rid in enumerate(ids):
-            f = raw[16 * i: 16 * i + 16]
+        for rid, f in zip(ids, seen):
             h: dict[str, Any] | None = None
-            if f[0]:
-                h = {name: (v.decode(errors="replace") if v else None) for name, v in zip(_FIELDS, f[1:12])}
-                h["payload_len"] = f[12]
-            members = [n for n, m in zip(("due", "delayed", "active"), f[13:16]) if m]
+            if f.exists:
+                h = {name: getattr(f, name) for name in _FIELDS}
+                h["payload_len"] = f.payload_len
+            members = [n for n in ("due", "delayed", "active") if getattr(f, n)]
             d = self._classify(queue, rid, h, members, rows.get(rid), rebuild)
             if d is not None:
                 out.append(d)
@@ -267,39 +268,34 @@ class DriftRepair:
         """Apply the repairs; returns the drifts actually repaired (each compare-and-set may
         find that the run moved on, which is not drift any more)."""
         stores, keys = self.stores, self.stores.keys(queue)
-        run = stores.scripts.run
+        hot = stores.scripts
         done: list[Drift] = []
         by_kind: dict[str, list[Drift]] = {}
         for d in found:
             by_kind.setdefault(d.kind, []).append(d)
 
-        drop_args: list[Any] = []
-        for d in by_kind.get("orphan_member", []):
-            drop_args += [d.run_id, "member", ""]
+        drops = [Drop(d.run_id, "member", "") for d in by_kind.get("orphan_member", [])]
         for k in ("orphan_hash", "corrupt", "stale_hash"):
-            for d in by_kind.get(k, []):
-                drop_args += [d.run_id, "hash", d.seen_version]
+            drops += [Drop(d.run_id, "hash", d.seen_version) for d in by_kind.get(k, [])]
         dropped: set[int] = set()
-        if drop_args:
-            dropped = {int(x) for x in await run("repair_drop", keys, drop_args)}
+        if drops:
+            dropped = set(await hot.repair_drop(keys, drops))
         for k in ("orphan_member", "orphan_hash"):
             done += [d for d in by_kind.get(k, []) if d.run_id in dropped]
 
         sync = by_kind.get("terminal_in_pg", [])
         if sync:
-            args: list[Any] = [stores.settings.terminal_ttl_s * 1000]
+            items: list[Sync] = []
             for d in sync:
                 assert d.pg is not None
-                args += [d.run_id, d.seen_version, d.pg["status"], d.pg["version"]]
-            synced = {int(x) for x in await run("repair_sync", keys, args)}
+                items.append(Sync(d.run_id, d.seen_version, d.pg["status"], d.pg["version"]))
+            synced = set(await hot.repair_sync(keys, TtlArgs(stores.settings.terminal_ttl_s * 1000), items))
             done += [d for d in sync if d.run_id in synced]
 
         requeue = by_kind.get("unqueued", [])
         if requeue:
-            args = [int(time.time() * 1000)]
-            for d in requeue:
-                args += [d.run_id, d.seen_version]
-            back = {int(x) for x in await run("repair_requeue", keys, args)}
+            back = set(await hot.repair_requeue(keys, Now(int(time.time() * 1000)),
+                                                [Versioned(d.run_id, d.seen_version) for d in requeue]))
             done += [d for d in requeue if d.run_id in back]
 
         # Runs to restore from PostgreSQL: missing, lost leases, and dropped corrupt/stale hashes.
@@ -326,9 +322,9 @@ class DriftRepair:
         if leased:
             for r in await db.fetch("drift_interrupt_lost", leased):
                 fresh[r["id"]].update(status=r["status"], version=r["version"])
-        rows = [fresh[i] for i in ids if i in fresh and fresh[i]["status"] in WAITING]
-        await self.stores.scripts.enqueue_rows(self.stores.keys(queue), rows)
-        ok = {r["id"] for r in rows} | {i for i in leased if fresh[i]["status"] == "STOPPED"}
+        rows = [run_row(fresh[i]) for i in ids if i in fresh and fresh[i]["status"] in WAITING]
+        await self.stores.scripts.enqueue_runs(self.stores.keys(queue), rows)
+        ok = {r.id for r in rows} | {i for i in leased if fresh[i]["status"] == "STOPPED"}
         out = []
         for d in drifts:
             if d.run_id in ok:
@@ -354,11 +350,8 @@ class DriftRepair:
         written = {r["id"]: r["from_status"] for r in await self.stores.db.fetch("drift_record_terminal", *cols)}
         out = [d for d in drifts if d.run_id in written]
         if out:
-            ttl = self.stores.settings.terminal_ttl_s * 1000
-            args: list[Any] = [ttl]
-            for d in out:
-                args += [d.run_id, d.seen_version]
-            await self.stores.scripts.run("expire_finished", keys, args)
+            ttl = TtlArgs(self.stores.settings.terminal_ttl_s * 1000)
+            await self.stores.scripts.expire_finished(keys, ttl, [Versioned(d.run_id, d.seen_version) for d in out])
         return out
 
     async def _write_events(self, queue: str, done: list[Drift]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from fencepost.core.models import run_row
 from fencepost.core.record import Listener
 from fencepost.core.stores import Stores
 
@@ -47,7 +48,8 @@ class OutboxRelay:
                 rows = await db.fetch("outbox_runs", queue, 1000)
                 if not rows:
                     break
-                await self.stores.scripts.enqueue_rows(self.stores.keys(queue), [dict(r) for r in rows])
+                await self.stores.scripts.enqueue_runs(self.stores.keys(queue),
+                                                       [run_row(r, queue=queue) for r in rows])
                 await db.execute("clear_outbox", [r["id"] for r in rows])
                 moved += len(rows)
         self.relayed += moved

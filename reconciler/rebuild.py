@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from fencepost.core import fairness
+from fencepost.core.hot import Now, StampArgs, Versioned
 from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import DriftRepair
 from fencepost.reconciler.metrics import REBUILD_SECONDS, REBUILDS, RESTORED
@@ -73,16 +74,15 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
             await r.set(keys.paused, 1)
         await r.sadd(stores.queues_key, queue)
         await fairness.apply(stores, queue)  # weights and limits, before claims may start
-        await stores.scripts.run("stamp_queue", keys, [epoch, 1])
+        await stores.scripts.stamp_queue(keys, StampArgs(epoch, force=1))
         stamped_at = time.monotonic()
 
     async def apply(found: list[Any]) -> None:
         leases = [d for d in found if d.kind == "untrusted_lease"]
         if leases:
-            args: list[Any] = [int(time.time() * 1000)]
-            for d in leases:
-                args += [d.run_id, d.seen_version]
-            stats["interrupted"] += len(await stores.scripts.run("repair_interrupt", keys, args))
+            interrupted = await stores.scripts.repair_interrupt(
+                keys, Now(int(time.time() * 1000)), [Versioned(d.run_id, d.seen_version) for d in leases])
+            stats["interrupted"] += len(interrupted)
         done = await drift.repair(queue, [d for d in found if d.kind != "untrusted_lease"], record=False)
         for d in done:
             if d.kind in ("missing", "lost_lease", "stale_hash", "corrupt"):

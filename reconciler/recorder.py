@@ -24,6 +24,7 @@ from fencepost.core.record import REFUSED
 from fencepost.core.metrics import Cached
 
 from fencepost.reconciler import gauges
+from fencepost.core.hot import TtlArgs, Versioned
 from fencepost.core.models import encode_payload
 from fencepost.core.states import TERMINAL
 from fencepost.core.stores import Stores
@@ -326,14 +327,14 @@ class Recorder:
         by_stream: dict[str, list[bytes]] = {}
         for stream, entry_id, _ in entries:
             by_stream.setdefault(stream, []).append(entry_id)
-        finished: dict[str, list[Any]] = {}
+        finished: dict[str, list[Versioned]] = {}
         for rid, (stream, version, status) in self._versions.items():
             if status in _TERMINAL:
-                finished.setdefault(stream, []).extend((rid, version))
-        ttl = self.stores.settings.terminal_ttl_s * 1000
-        for stream, pairs in finished.items():  # before the ack: a crash in between replays the batch
+                finished.setdefault(stream, []).append(Versioned(rid, version))
+        ttl = TtlArgs(self.stores.settings.terminal_ttl_s * 1000)
+        for stream, runs_done in finished.items():  # before the ack: a crash in between replays the batch
             queue = stream[stream.index("{") + 1: stream.index("}")]
-            await self.stores.scripts.run("expire_finished", self.stores.keys(queue), [ttl, *pairs])
+            await self.stores.scripts.expire_finished(self.stores.keys(queue), ttl, runs_done)
         pipe = self.stores.redis.pipeline(transaction=False)
         for stream, ids in by_stream.items():
             pipe.xack(stream, GROUP, *ids)

@@ -30,6 +30,7 @@ import time
 from fencepost.core import fairness
 from fencepost.core.config import Settings
 from fencepost.core.errors import StoreUnavailable
+from fencepost.core.hot import ReapArgs
 from fencepost.core.metrics import LEASE_EXPIRIES
 from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import DriftRepair
@@ -113,7 +114,7 @@ class Reconciler:
         await each_queue("reap", [q for q in queues if not self.gate.suspect(q)], lambda q: self._reap(q, now))
 
     async def _reap(self, queue: str, now: int) -> None:
-        n = await self.stores.scripts.run("reap_expired", self.stores.keys(queue), [now, 1000])
+        n = await self.stores.scripts.reap_expired(self.stores.keys(queue), ReapArgs(now, 1000))
         if n:
             LEASE_EXPIRIES.labels(queue).inc(n)
 

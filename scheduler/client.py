@@ -20,7 +20,8 @@ from fencepost.control import ControlMixin
 from fencepost.core.record import Conn, store_definitions
 from fencepost.core.errors import InvalidInput, RedisUnavailable, PayloadTooLarge, UnknownHandler, UnknownRun, WaitTimeout
 from fencepost.core.keys import valid_queue_name
-from fencepost.core.models import JobSpec, Outcome, Submit, decode_result, encode_payload
+from fencepost.core.hot import StampArgs
+from fencepost.core.models import JobSpec, Outcome, RunRow, Submit, decode_result, encode_payload, run_columns
 from fencepost.core.registry import Handler, Registry
 from fencepost.core.states import RESTING, Status
 from fencepost.core.tracing import new_traceparent, traceparent_var, valid_traceparent
@@ -148,16 +149,16 @@ class Client(ControlMixin, WorkflowMixin):
         rows = [self._validated(r, now, outbox=outbox) for r in requests]
         if connection is None and len(requests) > self.chunk:
             return await self._submit_pipelined(requests, rows)
-        ids, created, cols, new_queues = await self._insert(requests, rows, connection)
+        ids, created, new_queues = await self._insert(requests, rows, connection)
         if connection is None:
             await self._stamp_new_queues(new_queues)
-            await self._enqueue(created, ids, cols)
+            await self._enqueue(created, ids, rows)
         return ids
 
     chunk = 2000
     """Large batches are split so chunk k reaches Redis while chunk k+1 is being committed."""
 
-    async def _submit_pipelined(self, requests: Sequence[Submit], rows: list[tuple[Any, ...]]) -> list[int]:
+    async def _submit_pipelined(self, requests: Sequence[Submit], rows: list[RunRow]) -> list[int]:
         """Chunks go through PostgreSQL then Redis, `self.parallel` at a time, so a chunk's
         enqueue overlaps the next chunk's commit. (A store failing mid-batch leaves the chunks
         committed so far: resubmitting with idempotency keys completes the batch exactly once.)"""
@@ -165,9 +166,9 @@ class Client(ControlMixin, WorkflowMixin):
 
         async def one(part: slice) -> list[int]:
             async with gate:
-                part_ids, created, cols, new_queues = await self._insert(requests[part], rows[part], None)
+                part_ids, created, new_queues = await self._insert(requests[part], rows[part], None)
                 await self._stamp_new_queues(new_queues)
-            await self._enqueue(created, part_ids, cols)
+            await self._enqueue(created, part_ids, rows[part])
             return part_ids
 
         parts = await asyncio.gather(*(one(slice(i, i + self.chunk)) for i in range(0, len(requests), self.chunk)))
@@ -176,18 +177,13 @@ class Client(ControlMixin, WorkflowMixin):
     parallel = 2
     """Chunks in flight to PostgreSQL at once."""
 
-    async def _insert(self, requests: Sequence[Submit], rows_in: Sequence[tuple[Any, ...]],
+    async def _insert(self, requests: Sequence[Submit], rows_in: Sequence[RunRow],
                       connection: Conn | None
-                      ) -> tuple[list[int], list[int], list[list[Any]], dict[str, int]]:
-        """One round trip to PostgreSQL for a batch of validated rows."""
-        cols: list[list[Any]] = [list(c) for c in zip(*rows_in)]
+                      ) -> tuple[list[int], list[int], dict[str, int]]:
+        """One round trip to PostgreSQL for a batch of validated rows: (run ids in request order,
+        indexes of the rows this call created, queues it created with their epochs)."""
         db = self.stores.db
-        args = cols
-        if not any(cols[14]) and not any(cols[15]):
-            # no tenant or key in the batch: empty arrays (unnest pads them with NULLs, the
-            # column defaults) cost PostgreSQL nothing; three full arrays cost ~7 % of the insert
-            args = cols[:14] + [[], [], []]
-        rows = await db.fetch("insert_runs", *args, self.actor, conn=connection)
+        rows = await db.fetch("insert_runs", *run_columns(rows_in), self.actor, conn=connection)
         ids: list[int | None] = [None] * len(requests)
         created: list[int] = []
         new_queues: dict[str, int] = {}
@@ -207,20 +203,17 @@ class Client(ControlMixin, WorkflowMixin):
                 if ids[i] is None:  # a concurrent submit with this key has not committed yet
                     raise InvalidInput(f"idempotency key {requests[i].idempotency_key!r} is being "
                                        "submitted concurrently and is not committed yet; retry", field="idempotency_key")
-        return ids, created, cols, new_queues  # type: ignore[return-value]
+        return ids, created, new_queues  # type: ignore[return-value]
 
-    async def _enqueue(self, created: list[int], ids: list[int], cols: list[list[Any]]) -> None:
-        by_queue: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    async def _enqueue(self, created: list[int], ids: list[int], rows: Sequence[RunRow]) -> None:
+        """The created rows to Redis, one enqueue_runs call per queue."""
+        by_queue: dict[str, list[RunRow]] = defaultdict(list)
         for i in created:
-            by_queue[cols[1][i]].append({
-                "id": ids[i], "handler": cols[0][i], "status": cols[9][i], "priority": cols[2][i],
-                "payload": cols[3][i], "run_at": cols[4][i], "attempt": 0, "max_retries": cols[5][i],
-                "timeout_s": cols[6][i], "fire_time": cols[12][i], "trace_id": cols[8][i], "version": 0,
-                "tenant": cols[14][i], "concurrency_key": cols[15][i], "concurrency_limit": cols[16][i],
-            })
+            row = rows[i]
+            by_queue[row.queue].append(msgspec.structs.replace(row, id=ids[i]))
         for queue, batch in by_queue.items():
             try:
-                await self.stores.scripts.enqueue_rows(self.stores.keys(queue), batch)
+                await self.stores.scripts.enqueue_runs(self.stores.keys(queue), batch)
             except RedisUnavailable as exc:
                 # PostgreSQL committed these runs, so the submit stands (failing it would invite a
                 # duplicate resubmit); the reconciler's drift repair enqueues them when Redis is back.
@@ -232,10 +225,10 @@ class Client(ControlMixin, WorkflowMixin):
         if not new_queues:
             return
         for queue, epoch in new_queues.items():
-            await self.stores.scripts.run("stamp_queue", self.stores.keys(queue), [epoch, 0])
+            await self.stores.scripts.stamp_queue(self.stores.keys(queue), StampArgs(epoch, force=0))
         await self.stores.redis.sadd(self.stores.queues_key, *new_queues)
 
-    def _validated(self, req: Submit, now: datetime, *, outbox: bool) -> tuple[Any, ...]:
+    def _validated(self, req: Submit, now: datetime, *, outbox: bool) -> RunRow:
         spec = self._defs[req.handler]
         queue = req.queue or spec.queue
         if not valid_queue_name(queue):
@@ -274,8 +267,10 @@ class Client(ControlMixin, WorkflowMixin):
         if tenant and (not isinstance(tenant, str) or not _LABEL_RE.fullmatch(tenant)):
             raise InvalidInput(f"tenant {tenant!r} must be 1-128 characters without spaces or braces", field="tenant")
         ckey, climit = _concurrency(spec, req)
-        return (spec.name, queue, priority, payload, run_at, retries, timeout, req.idempotency_key,
-                trace, Status.PENDING.value, None, None, None, outbox, tenant, ckey, climit)
+        return RunRow(handler=spec.name, queue=queue, priority=priority, payload=payload, run_at=run_at,
+                      max_retries=retries, timeout_s=timeout, idempotency_key=req.idempotency_key, trace_id=trace,
+                      status=Status.PENDING.value, outbox=outbox, tenant=tenant, concurrency_key=ckey,
+                      concurrency_limit=climit)
 
     # -- read ----------------------------------------------------------------------------------
     async def get(self, run_id: int) -> dict[str, Any]:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from fencepost.core.errors import BulkNotConfirmed, InvalidInput, ResumeRefused, UnknownQueue, UnknownRun
-from fencepost.core.models import decode_payload, decode_result
+from fencepost.core.hot import CancelArgs, ControlArgs, ControlVerb, ResolveArgs
+from fencepost.core.models import decode_payload, decode_result, run_row
 from fencepost.core.states import Status
 
 if TYPE_CHECKING:
@@ -41,7 +44,7 @@ class ControlMixin:
         compensate = ""
         if spec is not None and spec.side_effects:
             compensate = spec.compensate or "!"  # '!': flag needs_compensation, nothing to enqueue
-        return await self._command("cancel", run_id, reason, expected_version, [compensate], run=run)
+        return await self._command("cancel", run_id, reason, expected_version, run=run, compensate=compensate)
 
     async def resume(self: "Client", run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """PAUSED / STOPPED -> PENDING: same run, next attempt starts from the latest checkpoint."""
@@ -68,7 +71,7 @@ class ControlMixin:
                                f"reason {run.get('reason')})", field="run_id")
         if as_ == "retry":
             return await self.retry(run_id, reason=reason, expected_version=expected_version)
-        return await self._command("resolve", run_id, reason, expected_version, [as_], run=run)
+        return await self._command("resolve", run_id, reason, expected_version, run=run, outcome=as_)
 
     async def review_queue(self: "Client", *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         return [dict(r) for r in await self.stores.db.fetch("review_queue", queue, limit)]
@@ -162,20 +165,22 @@ class ControlMixin:
             if problem:
                 raise ResumeRefused(run_id, problem)
 
-    async def _command(self: "Client", verb: str, run_id: int, reason: str, expected_version: int | None,
-                       extra: list[Any] | None = None, *, run: dict[str, Any] | None = None) -> str:
+    async def _command(self: "Client", verb: ControlVerb, run_id: int, reason: str, expected_version: int | None,
+                       *, run: dict[str, Any] | None = None, compensate: str | None = None,
+                       outcome: str | None = None) -> str:
         run = run or await self._hot_run(run_id)
         keys = self.stores.keys(run["queue"])
-        args = [int(time.time() * 1000), run_id, self.actor, reason or "",
-                "" if expected_version is None else expected_version, *(extra or [])]
+        base = ControlArgs(int(time.time() * 1000), run_id, self.actor, reason or "",
+                           "" if expected_version is None else expected_version)
+        args = base
+        if compensate is not None:
+            args = CancelArgs(*msgspec.structs.astuple(base), compensate=compensate)
+        elif outcome is not None:
+            args = ResolveArgs(*msgspec.structs.astuple(base), outcome=outcome)
         try:
-            reply = await self.stores.scripts.run(f"{verb}_run", keys, args)
+            return await self.stores.scripts.control_run(verb, keys, args)
         except UnknownRun:
             # Redis no longer holds the run (a finished run's hash expired, or drift): put
             # PostgreSQL's copy back, then ask again; the Lua still decides (compare-and-set).
-            
-            row = dict(run)
-            row["trace_id"] = run.get("trace_id")
-            await self.stores.scripts.enqueue_rows(self.stores.keys(run["queue"]), [row])
-            reply = await self.stores.scripts.run(f"{verb}_run", keys, args)
-        return reply.decode() if isinstance(reply, bytes) else str(reply)
+            await self.stores.scripts.enqueue_runs(keys, [run_row(run)])
+            return await self.stores.scripts.control_run(verb, keys, args)

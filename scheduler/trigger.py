@@ -36,6 +36,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
+import msgspec
+
+from fencepost.core.hot import StampArgs
+from fencepost.core.models import RunRow, run_columns
 from fencepost.core.release import sweep_blocked
 from fencepost.core.schedules import fires_between, next_fire_after
 from fencepost.core.states import Status
@@ -199,7 +203,7 @@ class Trigger:
     async def fire_batch(self) -> TickResult:
         now = self.clock.now()
         res = TickResult()
-        cols: list[list[Any]] = [[] for _ in range(14)]
+        runs: list[RunRow] = []
         owner: list[int] = []  # schedule index per insert row
         skip_ev: list[list[Any]] = [[], [], [], []]
         skipped: dict[int, int] = defaultdict(int)
@@ -243,18 +247,17 @@ class Trigger:
                     continue
                 offset = timedelta(milliseconds=s["offset_ms"])
                 for f in fires:
-                    for c, v in zip(cols, (s["handler"], queue, s["priority"], s["payload"], f + offset,
-                                           s["max_retries"], s["timeout_s"], None, None,
-                                           Status.PENDING.value, None, s["id"], f, True)):
-                        c.append(v)
+                    runs.append(RunRow(handler=s["handler"], queue=queue, priority=s["priority"], payload=s["payload"],
+                                       run_at=f + offset, max_retries=s["max_retries"], timeout_s=s["timeout_s"],
+                                       status=Status.PENDING.value, schedule_id=s["id"], fire_time=f, outbox=True))
                     owner.append(i)
             last_run: dict[int, int] = {}
-            last_fire: dict[int, datetime] = {}
+            last_fire: dict[int, datetime | None] = {}
             created_rows: list[int] = []
             new_queues: dict[str, int] = {}
             if owner:
-                # schedules name no tenant or key: empty arrays, unnest pads them with NULLs
-                out = await tx.fetch("insert_runs", *cols, [], [], [], "trigger")
+                # schedules name no tenant or key: run_columns sends empty arrays (unnest pads them)
+                out = await tx.fetch("insert_runs", *run_columns(runs), "trigger")
                 missing: list[int] = []
                 ids: list[int | None] = [None] * len(owner)
                 for r in out:
@@ -267,13 +270,13 @@ class Trigger:
                         missing.append(r["ord"] - 1)
                 if missing:  # another leader made these fires: point at its runs
                     found = {(r["schedule_id"], r["fire_time"]): r["id"] for r in await tx.fetch(
-                        "runs_by_fire", [cols[11][k] for k in missing], [cols[12][k] for k in missing])}
+                        "runs_by_fire", [runs[k].schedule_id for k in missing], [runs[k].fire_time for k in missing])}
                     for k in missing:
-                        ids[k] = found.get((cols[11][k], cols[12][k]))
+                        ids[k] = found.get((runs[k].schedule_id, runs[k].fire_time))
                 for k, sidx in enumerate(owner):
                     if ids[k] is not None:
                         last_run[sidx] = ids[k]  # type: ignore[assignment]
-                        last_fire[sidx] = cols[12][k]
+                        last_fire[sidx] = runs[k].fire_time
                 res.created = len(created_rows)
                 res.duplicates = len(missing)
                 res.run_ids = [ids[k] for k in created_rows]  # type: ignore[misc]
@@ -289,25 +292,22 @@ class Trigger:
             if skip_ev[0]:
                 await tx.execute("trigger_skip_events", *skip_ev)
         if created_rows:
-            await self._enqueue(cols, res.run_ids, created_rows, new_queues)
+            await self._enqueue(runs, res.run_ids, created_rows, new_queues)
         return res
 
-    async def _enqueue(self, cols: list[list[Any]], ids: list[int], created: list[int],
+    async def _enqueue(self, runs: list[RunRow], ids: list[int], created: list[int],
                        new_queues: dict[str, int]) -> None:
         """Fast path after commit; if this fails or the process dies, the outbox relay does it."""
         try:
             for queue, epoch in new_queues.items():
-                await self.stores.scripts.run("stamp_queue", self.stores.keys(queue), [epoch, 0])
+                await self.stores.scripts.stamp_queue(self.stores.keys(queue), StampArgs(epoch, force=0))
             if new_queues:
                 await self.stores.redis.sadd(self.stores.queues_key, *new_queues)
-            by_queue: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            by_queue: dict[str, list[RunRow]] = defaultdict(list)
             for rid, k in zip(ids, created):
-                by_queue[cols[1][k]].append({
-                    "id": rid, "handler": cols[0][k], "status": cols[9][k], "priority": cols[2][k],
-                    "payload": cols[3][k], "run_at": cols[4][k], "attempt": 0, "max_retries": cols[5][k],
-                    "timeout_s": cols[6][k], "fire_time": cols[12][k], "trace_id": None, "version": 0})
+                by_queue[runs[k].queue].append(msgspec.structs.replace(runs[k], id=rid))
             for queue, batch in by_queue.items():
-                await self.stores.scripts.enqueue_rows(self.stores.keys(queue), batch)
+                await self.stores.scripts.enqueue_runs(self.stores.keys(queue), batch)
             await self.stores.db.execute("clear_outbox", ids)
         except Exception as exc:  # noqa: BLE001 - committed with outbox=true: the relay moves them
             log.warning("enqueue after commit failed; the outbox relay will move the runs: %s", exc,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import msgspec
 
 from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused
-from fencepost.core.models import Submit
+from fencepost.core.models import RunRow, Submit
 from fencepost.core.states import Status
 
 if TYPE_CHECKING:
@@ -143,19 +143,18 @@ class WorkflowMixin:
         await self._load_definitions({n.handler for n in nodes})
         now = datetime.now(_UTC)
         wid = uuid.uuid4()
-        rows = []
+        rows: list[RunRow] = []
         for n in nodes:
             req = Submit(handler=n.handler, args=tuple(n.args), kwargs=dict(n.kwargs), queue=n.queue,
                          priority=n.priority, timeout=n.timeout, max_retries=n.max_retries, trace=trace,
                          tenant=n.tenant)
-            r = list(self._validated(req, now, outbox=True))
             blocked = bool(n.depends_on)
-            r[9] = Status.BLOCKED.value if blocked else Status.PENDING.value
-            r[10] = wid
-            r[13] = not blocked  # BLOCKED runs stay out of Redis until released
-            rows.append(tuple(r))
+            rows.append(msgspec.structs.replace(
+                self._validated(req, now, outbox=True), workflow_id=wid,
+                status=Status.BLOCKED.value if blocked else Status.PENDING.value,
+                outbox=not blocked))  # BLOCKED runs stay out of Redis until released
         async with self.stores.db.transaction() as tx:
-            ids, created, cols, new_queues = await self._insert(
+            ids, created, new_queues = await self._insert(
                 [Submit(handler=n.handler) for n in nodes], rows, tx)
             by_name = dict(zip((n.name for n in nodes), ids))
             e_run, e_dep = [], []
@@ -166,8 +165,8 @@ class WorkflowMixin:
             await tx.execute("wf_insert", wid, name, list(by_name.values()), list(by_name), e_run, e_dep)
         # After commit: roots to Redis now (the outbox relay would do it too).
         await self._stamp_new_queues(new_queues)
-        roots = [i for i in created if cols[9][i] == Status.PENDING.value]
-        await self._enqueue(roots, ids, cols)
+        roots = [i for i in created if rows[i].status == Status.PENDING.value]
+        await self._enqueue(roots, ids, rows)
         await self.stores.db.execute("clear_outbox", [ids[i] for i in roots])
         return wid
 
@@ -262,20 +261,22 @@ class WorkflowMixin:
         order = [n for n in _check_graph([Node(name=k, handler="", depends_on=tuple(
             u for u in nodes[k]["depends_on"] if u in sub)) for k in sub])]
         now = datetime.now(_UTC)
-        rows, reqs = [], []
+        rows: list[RunRow] = []
+        reqs: list[Submit] = []
         for name in order:
             o = old[nodes[name]["id"]]
             outside_ok = all(nodes[u]["status"] == "SUCCEEDED" for u in nodes[name]["depends_on"] if u not in sub)
             inside = any(u in sub for u in nodes[name]["depends_on"])
             pending = outside_ok and not inside
-            rows.append((o["handler"], o["queue"], o["priority"], o["payload"], now, o["max_retries"],
-                         o["timeout_s"], None, o["trace_id"], "PENDING" if pending else "BLOCKED", wid,
-                         None, None, pending, o.get("tenant") or "", o.get("concurrency_key"),
-                         o.get("concurrency_limit")))
+            rows.append(RunRow(handler=o["handler"], queue=o["queue"], priority=o["priority"], payload=o["payload"],
+                               run_at=now, max_retries=o["max_retries"], timeout_s=o["timeout_s"],
+                               trace_id=o["trace_id"], status="PENDING" if pending else "BLOCKED", workflow_id=wid,
+                               outbox=pending, tenant=o.get("tenant") or "", concurrency_key=o.get("concurrency_key"),
+                               concurrency_limit=o.get("concurrency_limit")))
             reqs.append(Submit(handler=o["handler"]))
         async with self.stores.db.transaction() as tx:
             await tx.execute("wf_supersede", [nodes[n]["id"] for n in sub], self.actor)
-            ids, created, cols, _ = await self._insert(reqs, rows, tx)
+            ids, created, _ = await self._insert(reqs, rows, tx)
             new = dict(zip(order, ids))
             e_run, e_dep = [], []
             for name in order:
@@ -283,8 +284,8 @@ class WorkflowMixin:
                     e_run.append(new[name])
                     e_dep.append(new.get(u, nodes[u]["id"]))
             await tx.execute("wf_add_nodes", wid, list(new.values()), list(new), e_run, e_dep)
-        roots = [i for i in created if cols[9][i] == "PENDING"]
-        await self._enqueue(roots, ids, cols)
+        roots = [i for i in created if rows[i].status == "PENDING"]
+        await self._enqueue(roots, ids, rows)
         await self.stores.db.execute("clear_outbox", [ids[i] for i in roots])
         return {"recomputed": sorted(sub)}
 

@@ -1,14 +1,24 @@
 """The typed gateways are the only paths to the stores: every SQL statement is a named query run by
-fencepost.core.record (the record store)."""
+fencepost.core.record (the record store), and every Lua call goes through fencepost.core.hot (the hot
+store) with the layout its script's header declares."""
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import itertools
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+
+from fencepost.core.hot import CONTRACTS, SCRIPT_NAMES, Contract, ControlArgs, FinishArgs, Lease, Scripts
+from fencepost.core.keys import Keys
 from fencepost.core.record import query_names
+from fencepost.core.resources import resource_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "scheduler" / "core" / "record.py"
@@ -149,3 +159,86 @@ def test_every_named_query_is_used_and_every_used_name_exists() -> None:
     unknown = [v for path, tree in _sources() for v in _violations(path, tree, names) if "no named query" in v]
     assert not unknown, "\n".join(unknown)
     assert names - used == set(), f"named queries nobody runs: {sorted(names - used)}"
+
+
+# -- the hot store: every Lua call's layout declared once, checked against the script headers -----
+
+LUA = resource_dir("lua")
+_TAG = re.compile(r"^-- @(keys|argv|each|returns)(?: (.*))?$")
+_WIRE_TYPES = (int, str, bytes, float, int | str, bytes | str)
+"""What an ARGV field may hold: what Redis takes as an argument ('' where a script reads none)."""
+
+
+def _header_problems(name: str, source: str, contract: Contract) -> list[str]:
+    """Where one script's header or code disagrees with its contract in the gateway."""
+    lines = source.splitlines()
+    header = list(itertools.takewhile(lambda ln: ln.startswith("--"), lines))
+    problems: list[str] = []
+    tags: dict[str, str] = {}
+    for line in header:  # a tag repeated on the next line continues it
+        m = _TAG.match(line)
+        if m:
+            tags[m.group(1)] = " ".join(f"{tags.get(m.group(1), '')} {m.group(2) or ''}".split())
+    if tags != contract.layout():
+        problems.append(f"{name}.lua header says {tags}, the gateway {contract.layout()}")
+    code = "\n".join(ln.split("--")[0] for ln in lines[len(header):])
+    head = len(contract.head.__struct_fields__) if contract.head is not None else 0
+    each = len(contract.each.__struct_fields__) if contract.each is not None else 0
+    loops = re.findall(r"for i = (\d+), #ARGV(?:, (\d+))? do", code)
+    want = [(str(head + 1), str(each) if each > 1 else "")] if each else []
+    if loops != want:
+        problems.append(f"{name}.lua walks ARGV as {loops}, the gateway lays out {head} fields then {each} per item")
+    beyond = sorted(i for i in {int(x) for x in re.findall(r"ARGV\[(\d+)\]", code)} if i > head)
+    if beyond:
+        problems.append(f"{name}.lua reads ARGV{beyond}, beyond the {head} fixed fields")
+    used = {int(k) for k in re.findall(r"KEYS\[(\d+)\]", code)}
+    if contract.keys == ("queue",):
+        if "-- @include common" not in lines or used:
+            problems.append(f"{name}.lua takes the queue's keys: it includes common and names no KEYS[n] itself")
+    elif used != set(range(1, len(contract.keys) + 1)):
+        problems.append(f"{name}.lua uses KEYS{sorted(used)}, the gateway passes {contract.keys}")
+    for part in (contract.head, contract.each):
+        for f in msgspec.structs.fields(part) if part is not None else ():
+            if f.type not in _WIRE_TYPES:
+                problems.append(f"{name}: ARGV field {f.name} is {f.type}, not a value Redis takes")
+    return problems
+
+
+def test_lua_headers_match_gateway() -> None:
+    """Each lua/<script>.lua header states its calling convention in up to four tagged lines
+    (a long one goes on in a second line with the same tag):
+        -- @keys queue          the queue's keys (Keys.script_keys), or the explicit keys' names
+        -- @argv now limit ...  the fixed ARGV fields, in order (absent: none)
+        -- @each id token       the ARGV fields repeated per item after them (absent: no items)
+        -- @returns X           int | str | bool | [int] | {a b} (one record) | [a b c] (a record per stride)
+    fencepost.core.hot.CONTRACTS declares the same with Structs (field names and order), and the
+    code agrees: its ARGV loop starts after the head with the item's stride, and it reads no
+    fixed ARGV beyond the head."""
+    assert sorted(CONTRACTS) == sorted(SCRIPT_NAMES), "every script in lua/ has a contract, and only those"
+    problems = [p for name, c in CONTRACTS.items()
+                for p in _header_problems(name, (LUA / f"{name}.lua").read_text(), c)]
+    assert not problems, "\n".join(problems)
+
+
+def test_lua_header_check_catches_drift() -> None:
+    """The check itself: a renamed field, a changed stride or a missing line is reported."""
+    contract = CONTRACTS["renew_leases"]
+    good = (LUA / "renew_leases.lua").read_text()
+    assert _header_problems("renew_leases", good, contract) == []
+    for bad, needle in ((good.replace("-- @each id token", "-- @each id tok"), "header says"),
+                        (good.replace("-- @argv now lease_ms\n", ""), "header says"),
+                        (good.replace("for i = 3, #ARGV, 2 do", "for i = 3, #ARGV, 3 do"), "walks ARGV"),
+                        (good.replace("tonumber(ARGV[2])", "tonumber(ARGV[4])"), "beyond the 2 fixed"),
+                        (good.replace("-- @returns [result]", "-- @returns [result ctl]"), "header says")):
+        assert bad != good
+        assert any(needle in p for p in _header_problems("renew_leases", bad, contract)), needle
+
+
+def test_gateway_refuses_a_layout_it_does_not_declare() -> None:
+    """A typed method checks the Structs it is given against the script's contract (one place)."""
+    scripts = Scripts(aioredis.Redis())
+    keys = Keys("t", "q")
+    with pytest.raises(TypeError, match="cancel_run takes"):
+        asyncio.run(scripts.control_run("cancel", keys, ControlArgs(1, 2, "a", "", "")))
+    with pytest.raises(TypeError, match="finish_runs takes"):
+        asyncio.run(scripts.finish_runs(keys, FinishArgs(1, 3), [Lease(1, 2)]))  # type: ignore[list-item]

@@ -12,8 +12,8 @@ import logging
 import random
 import time
 from collections import defaultdict
-from typing import Any
 
+from fencepost.core.hot import Finish, FinishArgs
 from fencepost.core.stores import Stores
 
 log = logging.getLogger("fencepost.worker")
@@ -31,7 +31,7 @@ class Acknowledger:
         self.stores = stores
         s = stores.settings
         self._base, self._cap, self._quarantine = s.backoff_base_ms, s.backoff_cap_ms, s.quarantine_after
-        self._pending: dict[str, list[tuple[list[Any], asyncio.Future[str]]]] = defaultdict(list)
+        self._pending: dict[str, list[tuple[Finish, asyncio.Future[str]]]] = defaultdict(list)
         self._flushing: asyncio.Task[None] | None = None
         self.stale = 0
         self.finished: dict[str, int] = defaultdict(int)
@@ -44,7 +44,7 @@ class Acknowledger:
             delay = int(retry_after * 1000 * random.uniform(1.0, 1.2))
         else:
             delay = backoff_ms(attempt, self._base, self._cap) if kind != "ok" else 0
-        self._pending[queue].append(([run_id, token, kind, data, error_class, delay], fut))
+        self._pending[queue].append((Finish(run_id, token, kind, data, error_class, delay), fut))
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.ensure_future(self._flush_loop())
         return fut
@@ -55,26 +55,25 @@ class Acknowledger:
             await asyncio.gather(*(asyncio.shield(self._flush(q, items)) for q, items in batches.items()),
                                  return_exceptions=True)
 
-    async def _flush(self, queue: str, items: list[tuple[list[Any], asyncio.Future[str]]]) -> None:
-        args: list[Any] = [int(time.time() * 1000), self._quarantine]
-        for item, _ in items:
-            args.extend(item)
+    async def _flush(self, queue: str, items: list[tuple[Finish, asyncio.Future[str]]]) -> None:
+        args = FinishArgs(int(time.time() * 1000), self._quarantine)
+        finishes = [item for item, _ in items]
         delay = 0.05
         while True:
             try:
-                states = await self.stores.scripts.run("finish_runs", self.stores.keys(queue), args)
+                replies = await self.stores.scripts.finish_runs(self.stores.keys(queue), args, finishes)
                 break
             except Exception as exc:  # noqa: BLE001 - keep the outcome until Redis takes it
                 log.warning("finish of %d runs failed, retrying: %s", len(items), exc,
                             extra={"event": "finish_retry", "queue": queue})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        for (item, fut), state in zip(items, states):
-            state = state.decode() if isinstance(state, bytes) else state
+        for (item, fut), reply in zip(items, replies):
+            state = reply.state
             if state == "STALE":
                 self.stale += 1
-                log.warning("late finish of run %s discarded: its token %s is stale", item[0], item[1],
-                            extra={"event": "stale_finish", "run_id": item[0]})
+                log.warning("late finish of run %s discarded: its token %s is stale", item.id, item.token,
+                            extra={"event": "stale_finish", "run_id": item.id})
             self.finished[state] += 1
             if not fut.done():
                 fut.set_result(state)

@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from fencepost.core.hot import BreakerCheckArgs, BreakerRecordArgs
 from fencepost.core.keys import breaker_keys
 from fencepost.core.stores import Stores
 
@@ -58,10 +59,9 @@ class Breakers:
                 return True, None, False
             if mode == "open" and now * 1000 < until:
                 return False, until / 1000 - now, False
-        mode, until = await self.stores.scripts.run("breaker_check", self._keys(service)[:2],
-                                                    [int(now * 1000), self.policy.probe_ms])
-        mode = mode.decode() if isinstance(mode, bytes) else mode
-        until = float(until)
+        state = await self.stores.scripts.breaker_check(self._keys(service),
+                                                        BreakerCheckArgs(int(now * 1000), self.policy.probe_ms))
+        mode, until = state.mode, float(state.until)
         self._remember(service, mode, until)
         if mode == "open":
             return False, max(until / 1000 - now, 0.05), False
@@ -87,13 +87,12 @@ class Breakers:
         p = self.policy
         for service in set(counts) | set(probes):
             ok, bad = counts.get(service, [0, 0])
-            mode, until = await self.stores.scripts.run(
-                "breaker_record", self._keys(service),
-                [int(time.time() * 1000), ok, bad, probes.get(service, ""), p.threshold, p.min_calls, p.window_ms,
-                 p.cooldown_ms])
-            mode = mode.decode() if isinstance(mode, bytes) else mode
+            state = await self.stores.scripts.breaker_record(
+                self._keys(service), BreakerRecordArgs(int(time.time() * 1000), ok, bad, probes.get(service, ""),
+                                                       p.threshold, p.min_calls, p.window_ms, p.cooldown_ms))
+            mode = state.mode
             previous = self._seen.get(service, ("closed", 0, 0))[0]
-            self._remember(service, mode, float(until))
+            self._remember(service, mode, float(state.until))
             if mode != previous:
                 log.warning("breaker %s: %s -> %s", service, previous, mode,
                             extra={"event": "breaker_" + mode})

@@ -15,11 +15,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from math import inf
-from typing import Any
 
 from fencepost.core.record import store_definitions
 from fencepost.core.config import Settings
 from fencepost.core.errors import NotStamped, StoreUnavailable
+from fencepost.core.hot import ClaimArgs, EscalateArgs, Lease, Now, ReapArgs, RenewArgs
 from fencepost.core.models import Claimed
 from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
@@ -183,8 +183,8 @@ class Worker:
     async def _claim(self, queue: str, n: int) -> int:
         now = int(time.time() * 1000)
         try:
-            raw = await self.stores.scripts.run("claim_due", self.stores.keys(queue),
-                                                [now, n, self.id, self.lease_ms, max(n, 100)])
+            jobs = await self.stores.scripts.claim_due(self.stores.keys(queue),
+                                                       ClaimArgs(now, n, self.id, self.lease_ms, max(n, 100)))
         except NotStamped:
             log.warning("queue %s is not stamped; waiting for the reconciler", queue,
                         extra={"event": "claim_unstamped", "queue": queue})
@@ -194,12 +194,9 @@ class Worker:
             log.warning("claim failed: %s", exc, extra={"event": "claim_failed", "queue": queue})
             await asyncio.sleep(0.5)
             return 0
-        count = len(raw) // 10
+        count = len(jobs)
         loop = asyncio.get_running_loop()
-        for i in range(0, len(raw), 10):
-            job = Claimed(int(raw[i]), int(raw[i + 1]), int(raw[i + 2]), raw[i + 3].decode(), raw[i + 4],
-                          int(raw[i + 5]), int(raw[i + 6]), queue,
-                          int(raw[i + 7]) if raw[i + 7] else None, raw[i + 8].decode() or None, int(raw[i + 9]))
+        for job in jobs:
             model = self.executors.model(job.handler)
             if model == "async":
                 ctx = Context(job.id, job.attempt, job.token, queue, job.handler, job.fire_time, job.trace, self.id,
@@ -396,8 +393,8 @@ class Worker:
         log.warning("run %s ignored stop for %.0fs; forcing", job.id, grace,
                     extra={"event": "stop_escalated", "run_id": job.id, "attempt": job.attempt, "worker_id": self.id})
         try:
-            await self.stores.scripts.run("escalate_stop", self.stores.keys(job.queue),
-                                          [int(time.time() * 1000), job.id, job.token, self.id, f"{grace:g}"])
+            args = EscalateArgs(int(time.time() * 1000), job.id, job.token, self.id, f"{grace:g}")
+            await self.stores.scripts.escalate_stop(self.stores.keys(job.queue), args)
         except Exception as exc:  # noqa: BLE001 - the forced stop goes ahead; the finish records it
             log.warning("could not record stop escalation of run %s: %s", job.id, exc)
         if entry.task is not None:
@@ -413,23 +410,22 @@ class Worker:
                 if not entry.finishing:
                     by_queue.setdefault(entry.job.queue, []).append(entry)
             for queue, entries in by_queue.items():
-                args: list[Any] = [int(time.time() * 1000), self.lease_ms]
-                for e in entries:
-                    args += [e.job.id, e.job.token]
+                leases = [Lease(e.job.id, e.job.token) for e in entries]
                 t0 = time.monotonic()
                 try:
-                    replies = await self.stores.scripts.run("renew_leases", self.stores.keys(queue), args)
+                    replies = await self.stores.scripts.renew_leases(
+                        self.stores.keys(queue), RenewArgs(int(time.time() * 1000), self.lease_ms), leases)
                     metrics.HEARTBEAT.labels(queue).observe(time.monotonic() - t0)
-                    metrics.RENEWALS.labels(queue).inc(sum(1 for r in replies if r != 0))
+                    metrics.RENEWALS.labels(queue).inc(sum(1 for r in replies if not r.lost))
                 except Exception as exc:  # noqa: BLE001 - a missed renewal is retried next period
                     log.warning("lease renewal failed: %s", exc, extra={"event": "renew_failed", "queue": queue})
                     continue
                 for e, reply in zip(entries, replies):
-                    if reply == 0:
+                    if reply.lost:
                         metrics.LEASES_LOST.labels(queue).inc()
                         self._abandon(e)
-                    elif isinstance(reply, bytes):
-                        e.ctx._ctl = reply.decode()
+                    elif reply.ctl is not None:
+                        e.ctx._ctl = reply.ctl
                         if e.ctx._ctl in ("stop", "cancel") and e.stop_seen is None:
                             e.stop_seen = time.monotonic()
 
@@ -452,7 +448,8 @@ class Worker:
             await asyncio.sleep(self.opts.reap_every_s)
             for q in self.opts.queues:
                 try:
-                    n = await self.stores.scripts.run("reap_expired", self.stores.keys(q), [int(time.time() * 1000), 500])
+                    n = await self.stores.scripts.reap_expired(self.stores.keys(q),
+                                                               ReapArgs(int(time.time() * 1000), 500))
                     if n:
                         metrics.LEASE_EXPIRIES.labels(q).inc(n)
                 except Exception as exc:  # noqa: BLE001
@@ -477,11 +474,10 @@ class Worker:
             if e.task is not None:
                 e.task.cancel()
         for queue, entries in by_queue.items():
-            args: list[Any] = [int(time.time() * 1000)]
-            for e in entries:
-                args += [e.job.id, e.job.token]
+            leases = [Lease(e.job.id, e.job.token) for e in entries]
             try:
-                n = await self.stores.scripts.run("release_runs", self.stores.keys(queue), args)
+                n = await self.stores.scripts.release_runs(self.stores.keys(queue), Now(int(time.time() * 1000)),
+                                                           leases)
                 log.info("released %d runs of %s", n, queue, extra={"event": "runs_released", "queue": queue})
             except Exception as exc:  # noqa: BLE001 - their leases expire and the reaper returns them
                 log.warning("release failed (%s); leases will expire instead", exc)

@@ -1,4 +1,4 @@
--- common.lua: included at the top of every queue script by scheduler/scripts.py.
+-- common.lua: included at the top of every queue script by fencepost.core.hot.
 --
 -- Every queue script receives the same KEYS (scheduler/keys.py, Keys.script_keys):
 --   KEYS[1] due      ZSET  claimable runs of the default tenant (see "Dispatch order" below)
@@ -22,7 +22,8 @@ local function run_key(id)
   return BASE .. 'run:' .. id
 end
 
--- LEGAL['FROM>TO>event'] = true, rendered from scheduler/states.py (the only copy).
+-- LEGAL['FROM>TO>event'] = true and one set per state group (ACTIVE[st], TERMINAL[st], ...),
+-- rendered from fencepost/core/states.py (scheduler/core/states.py: the only copy).
 -- @states
 
 -- Move a run to a new state and append the event. Callers check the current state

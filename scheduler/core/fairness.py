@@ -17,6 +17,7 @@ import msgspec
 
 from fencepost.core.record import Session
 from fencepost.core.errors import InvalidInput, UnknownQueue
+from fencepost.core.hot import PageArgs, RescoreArgs
 from fencepost.core.stores import Stores
 
 __all__ = ["QueueSettings", "apply", "load", "due_summary", "refill_held", "due_and_held_sets", "scan_queue",
@@ -86,9 +87,9 @@ async def refill_held(stores: Stores, queue: str, page: int = 200) -> int:
     """Give every free concurrency slot of the queue to a held run (lua/refill_held.lua)."""
     keys, cursor, moved = stores.keys(queue), "0", 0
     while True:
-        cursor, n = await stores.scripts.run("refill_held", keys, [cursor, page])
-        moved += int(n)
-        cursor = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+        got = await stores.scripts.refill_held(keys, PageArgs(cursor, page))
+        moved += got.count
+        cursor = got.cursor
         if cursor == "0":
             return moved
 
@@ -98,9 +99,9 @@ async def _rescore(stores: Stores, queue: str, old_ms: int, page: int = 500) -> 
     for name in await due_and_held_sets(stores, queue, scan=True):
         suffix, cursor = name[len(keys.base):], "0"
         while True:
-            cursor, done = await stores.scripts.run("rescore_due", keys, [suffix, cursor, page, old_ms])
-            n += int(done)
-            cursor = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+            got = await stores.scripts.rescore_due(keys, RescoreArgs(suffix, cursor, page, old_ms))
+            n += got.count
+            cursor = got.cursor
             if cursor == "0":
                 break
     return n

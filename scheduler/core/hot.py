@@ -1,4 +1,5 @@
-"""Load lua/ once, run scripts by SHA (EVALSHA; redis-py reloads once on NOSCRIPT).
+"""The hot-store gateway: load lua/ once, run scripts by SHA (EVALSHA; redis-py reloads
+once on NOSCRIPT), one typed method per script over its declared contract (CONTRACTS).
 
 Includes are inlined here (`-- @include name`), and the state table from
 `states.py` is rendered into them (`-- @states`), so Lua cannot drift from Python.
@@ -8,10 +9,13 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from functools import cache
-from typing import Any, Iterable, Sequence
+from itertools import repeat
+from typing import Any, Literal
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ClusterDownError, ClusterError, ResponseError, TryAgainError
@@ -19,10 +23,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fencepost.core.errors import NotStamped, RedisUnavailable, decode_lua_error
 from fencepost.core.keys import Keys
+from fencepost.core.models import Claimed, RunRow
 from fencepost.core.resources import resource_dir
-from fencepost.core.states import edges
+from fencepost.core.states import lua_source
 
-__all__ = ["Scripts", "render", "SCRIPT_NAMES"]
+__all__ = ["Scripts", "render", "SCRIPT_NAMES", "CONTRACTS", "Contract", "ControlVerb", "enqueue_item",
+           "Now", "TtlArgs", "ClaimArgs", "FinishArgs", "Finish", "FinishReply", "RenewArgs", "Lease", "Renewal",
+           "ReapArgs", "EscalateArgs", "StampArgs", "ControlArgs", "CancelArgs", "ResolveArgs", "EnqueueItem",
+           "Versioned", "RunRef", "Drop", "Sync", "Inspected", "PageArgs", "RescoreArgs", "Page",
+           "BreakerCheckArgs", "BreakerRecordArgs", "BreakerState"]
 
 # replies that mean "this node cannot serve now" (failover in progress), not a script error
 _UNAVAILABLE = ("CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN", "READONLY", "NOREPLICAS")
@@ -32,8 +41,7 @@ SCRIPT_NAMES = tuple(sorted(p.stem for p in resource_dir("lua").glob("*.lua")))
 
 
 def _states_lua() -> str:
-    entries = ", ".join(f"['{f}>{t}>{e}'] = true" for f, t, e in sorted(edges()) if f)
-    return f"local LEGAL = {{{entries}}}"
+    return lua_source()
 
 
 @cache
@@ -48,12 +56,387 @@ def render(name: str) -> str:
     return _INCLUDE.sub(include, src)
 
 
+# -- contracts ---------------------------------------------------------------------------------
+# Each script's KEYS, ARGV and reply, declared once (CONTRACTS) and checked against the
+# script's header lines (`-- @keys`, `-- @argv`, `-- @each`, `-- @returns`) by
+# tests/test_gateways.py. ARGV Structs hold wire values (ints, strings, bytes; '' where a
+# script reads "none") and are flattened in field order: the fixed head, then each item.
+# Replies are decoded column by column (a C-level map over a strided slice per field), so a
+# batch of claimed runs costs no per-field Python loop.
+
+
+class Now(msgspec.Struct, frozen=True):
+    now: int
+    """Milliseconds since the epoch, from the caller's clock (scripts take time as an argument)."""
+
+
+class TtlArgs(msgspec.Struct, frozen=True):
+    ttl_ms: int
+    """How long a recorded terminal run's hash stays in Redis."""
+
+
+class ClaimArgs(msgspec.Struct, frozen=True):
+    now: int
+    limit: int
+    """At most this many runs."""
+    worker: str
+    lease_ms: int
+    promote: int
+    """At most this many delayed runs promoted to due first."""
+
+
+class FinishArgs(msgspec.Struct, frozen=True):
+    now: int
+    quarantine: int
+    """Crashes after which a run is quarantined (FAILED, reason quarantined)."""
+
+
+class Finish(msgspec.Struct, frozen=True):
+    """One attempt's outcome (lua/finish_runs.lua lists the outcomes)."""
+
+    id: int
+    token: int
+    outcome: str
+    data: bytes | str
+    """The encoded result for ok, else the error message ('forced' for a forced interrupt)."""
+    error_class: str
+    delay_ms: int
+    """Retry delay (backoff and jitter, computed by the worker)."""
+
+
+class FinishReply(msgspec.Struct, frozen=True):
+    state: str
+    """The run's new state, or 'STALE' when the token was not the run's current one."""
+
+
+class RenewArgs(msgspec.Struct, frozen=True):
+    now: int
+    lease_ms: int
+
+
+class Lease(msgspec.Struct, frozen=True):
+    """A lease a worker holds: renewed by renew_leases, given back by release_runs."""
+
+    id: int
+    token: int
+
+
+class Renewal(msgspec.Struct, frozen=True):
+    result: int | str
+    """0 lost, 1 renewed, or renewed with an operator's request: 'pause' | 'stop' | 'cancel'."""
+
+    @property
+    def lost(self) -> bool:
+        return self.result == 0
+
+    @property
+    def ctl(self) -> str | None:
+        return self.result if isinstance(self.result, str) else None
+
+
+class ReapArgs(msgspec.Struct, frozen=True):
+    now: int
+    limit: int
+
+
+class EscalateArgs(msgspec.Struct, frozen=True):
+    now: int
+    id: int
+    token: int
+    worker: str
+    grace: str
+    """The grace period as the event states it (seconds, e.g. '30')."""
+
+
+class StampArgs(msgspec.Struct, frozen=True):
+    epoch: int
+    force: int
+    """1: overwrite an existing stamp (the reconciler after a rebuild); 0: only a new queue's."""
+
+
+class ControlArgs(msgspec.Struct, frozen=True):
+    """An operator command on one run (includes/common.lua, control_args)."""
+
+    now: int
+    id: int
+    actor: str
+    reason: str
+    expected: int | str
+    """The version the operator acted on ('' = any): compare-and-set."""
+
+
+class CancelArgs(ControlArgs, frozen=True):
+    compensate: str
+    """Compensation handler ('' = none, '!' = flag needs_compensation only)."""
+
+
+class ResolveArgs(ControlArgs, frozen=True):
+    outcome: str
+    """'succeeded' or 'failed'."""
+
+
+class EnqueueItem(msgspec.Struct, frozen=True):
+    """One run as enqueue_runs reads it (made from a RunRow by `enqueue_item`)."""
+
+    id: int
+    state: str
+    run_at: int
+    priority: int
+    handler: str
+    payload: bytes
+    max_retries: int
+    timeout_ms: int
+    attempt: int
+    version: int
+    fire_time: int | str
+    trace: str
+    gen: int
+    tenant: str
+    ckey: str
+    climit: int | str
+
+
+class Versioned(msgspec.Struct, frozen=True):
+    """A run and the version its caller read or committed (compare-and-set)."""
+
+    id: int
+    version: int | str
+
+
+class RunRef(msgspec.Struct, frozen=True):
+    id: int
+
+
+class Drop(msgspec.Struct, frozen=True):
+    id: int
+    mode: str
+    """'member': drop set members while no hash exists; 'hash': delete the hash at `version`."""
+    version: int | str
+
+
+class Sync(msgspec.Struct, frozen=True):
+    id: int
+    seen_version: int | str
+    status: str
+    pg_version: int
+
+
+class Inspected(msgspec.Struct, frozen=True):
+    """What drift repair reads of one run: hash fields as stored (None when absent), so a
+    corrupt hash stays visible as such."""
+
+    exists: bool
+    state: str | None
+    version: str | None
+    run_at: str | None
+    priority: str | None
+    lease_until: str | None
+    attempt: str | None
+    token: str | None
+    handler: str | None
+    error_class: str | None
+    error: str | None
+    reason: str | None
+    payload_len: int
+    due: bool
+    delayed: bool
+    active: bool
+
+
+class PageArgs(msgspec.Struct, frozen=True):
+    cursor: str
+    page: int
+
+
+class RescoreArgs(msgspec.Struct, frozen=True):
+    suffix: str
+    """The set after the queue base: 'due', 'due:t:<tenant>' or 'held:<key>'."""
+    cursor: str
+    page: int
+    old_step_ms: int
+
+
+class Page(msgspec.Struct, frozen=True):
+    cursor: str
+    """'0' when the scan is done."""
+    count: int
+
+
+class BreakerCheckArgs(msgspec.Struct, frozen=True):
+    now: int
+    probe_ms: int
+
+
+class BreakerRecordArgs(msgspec.Struct, frozen=True):
+    now: int
+    successes: int
+    failures: int
+    probe: str
+    """'' | 'ok' | 'fail': the half-open probe's outcome."""
+    threshold: float
+    min_calls: int
+    window_ms: int
+    cooldown_ms: int
+
+
+class BreakerState(msgspec.Struct, frozen=True):
+    mode: str
+    until: int
+    """Open until (ms); 0 when not open."""
+
+
+def _opt_int(v: Any) -> int | None:
+    return int(v) if v else None
+
+
+def _opt_str(v: Any) -> str | None:
+    return v.decode(errors="replace") if v else None
+
+
+def _int_or_str(v: Any) -> int | str:
+    return v.decode() if v.__class__ is bytes else v
+
+
+# How one reply field is read from the raw reply (None: as Redis gave it).
+_READ: dict[Any, Callable[[Any], Any] | None] = {
+    int: int, float: float, str: bytes.decode, bytes: None, bool: bool,
+    int | None: _opt_int, str | None: _opt_str, int | str: _int_or_str,
+}
+_WIRE = (int, str, bytes, float, int | str, bytes | str)
+"""The only ARGV field types: what Redis takes as an argument, with '' for none."""
+
+
+def _rows(cls: type[msgspec.Struct], fill: tuple[str, ...]) -> Callable[..., list[Any]]:
+    """Decoder of a flat reply holding one record of `cls` per stride (fields named in
+    `fill` are not in the reply: the gateway passes them)."""
+    plan: list[tuple[int, Callable[[Any], Any] | None]] = []
+    stride = 0
+    for f in msgspec.structs.fields(cls):
+        if f.name in fill:
+            plan.append((-1 - fill.index(f.name), None))
+        else:
+            plan.append((stride, _READ[f.type]))
+            stride += 1
+
+    def decode(raw: list[Any], *given: Any) -> list[Any]:
+        cols: list[Any] = []
+        for pos, read in plan:
+            if pos < 0:
+                cols.append(repeat(given[-1 - pos]))
+            else:
+                col = raw[pos::stride]
+                cols.append(col if read is None else map(read, col))
+        return list(map(cls, *cols))
+
+    return decode
+
+
+def _scalar(tp: Any) -> Callable[..., Any]:
+    if tp is str:
+        return lambda raw: raw.decode() if isinstance(raw, bytes) else str(raw)
+    if tp == list[int]:
+        return lambda raw: list(map(int, raw))
+    return tp  # type: ignore[no-any-return]  # int, bool
+
+
+class Contract(msgspec.Struct, frozen=True):
+    """One script's calling convention."""
+
+    keys: tuple[str, ...]
+    """('queue',): the queue's keys (Keys.script_keys); else the names of explicit keys."""
+    head: Any
+    """Struct of the fixed ARGV fields (None: none)."""
+    each: Any
+    """Struct of the ARGV fields repeated per item (None: no items)."""
+    reply: Any
+    """int | str | bool | list[int] | a Struct (one record) | list[Struct] (one record per stride)."""
+    fill: tuple[str, ...]
+    """Reply Struct fields the gateway fills in (not in the script's reply)."""
+    decode: Callable[..., Any]
+
+    def layout(self) -> dict[str, str]:
+        """The header lines this contract asks for, as `name: value` (tests/test_gateways.py)."""
+        out = {"keys": " ".join(self.keys)}
+        if self.head is not None:
+            out["argv"] = " ".join(self.head.__struct_fields__)
+        if self.each is not None:
+            out["each"] = " ".join(self.each.__struct_fields__)
+        out["returns"] = _layout(self.reply, self.fill)
+        return out
+
+
+def _layout(reply: Any, fill: tuple[str, ...]) -> str:
+    many = getattr(reply, "__origin__", None) is list
+    inner = reply.__args__[0] if many else reply
+    if isinstance(inner, type) and issubclass(inner, msgspec.Struct):
+        names = " ".join(f for f in inner.__struct_fields__ if f not in fill)
+        return f"[{names}]" if many else f"{{{names}}}"
+    return f"[{inner.__name__}]" if many else inner.__name__
+
+
+def _contract(reply: Any, head: Any = None, each: Any = None, *, keys: tuple[str, ...] = ("queue",),
+              fill: tuple[str, ...] = ()) -> Contract:
+    many = getattr(reply, "__origin__", None) is list
+    inner = reply.__args__[0] if many else reply
+    if isinstance(inner, type) and issubclass(inner, msgspec.Struct):
+        rows = _rows(inner, fill)
+        decode: Callable[..., Any] = rows if many else (lambda raw: rows(raw)[0])
+    else:
+        decode = _scalar(reply)
+    return Contract(keys, head, each, reply, fill, decode)
+
+
+_BREAKER = ("state", "probe")
+CONTRACTS: dict[str, Contract] = {
+    "claim_due": _contract(list[Claimed], ClaimArgs, fill=("queue",)),
+    "finish_runs": _contract(list[FinishReply], FinishArgs, Finish),
+    "renew_leases": _contract(list[Renewal], RenewArgs, Lease),
+    "release_runs": _contract(int, Now, Lease),
+    "reap_expired": _contract(int, ReapArgs),
+    "escalate_stop": _contract(bool, EscalateArgs),
+    "enqueue_runs": _contract(int, Now, EnqueueItem),
+    "stamp_queue": _contract(bool, StampArgs),
+    "expire_finished": _contract(int, TtlArgs, Versioned),
+    "pause_run": _contract(str, ControlArgs),
+    "stop_run": _contract(str, ControlArgs),
+    "cancel_run": _contract(str, CancelArgs),
+    "resume_run": _contract(str, ControlArgs),
+    "restart_run": _contract(str, ControlArgs),
+    "retry_run": _contract(str, ControlArgs),
+    "resolve_run": _contract(str, ResolveArgs),
+    "repair_inspect": _contract(list[Inspected], None, RunRef),
+    "repair_drop": _contract(list[int], None, Drop),
+    "repair_sync": _contract(list[int], TtlArgs, Sync),
+    "repair_requeue": _contract(list[int], Now, Versioned),
+    "repair_interrupt": _contract(list[int], Now, Versioned),
+    "refill_held": _contract(Page, PageArgs),
+    "rescore_due": _contract(Page, RescoreArgs),
+    "breaker_check": _contract(BreakerState, BreakerCheckArgs, keys=_BREAKER),
+    "breaker_record": _contract(BreakerState, BreakerRecordArgs, keys=(*_BREAKER, "buckets")),
+}
+"""Every script in lua/, by name."""
+
+ControlVerb = Literal["pause", "stop", "cancel", "resume", "restart", "retry", "resolve"]
+
+
 def _ms(dt: datetime) -> int:
     return int(dt.timestamp() * 1000)
 
 
+def enqueue_item(r: RunRow) -> EnqueueItem:
+    """How enqueue_runs reads a run row (times in ms, '' for none)."""
+    ft = r.fire_time
+    return EnqueueItem(r.id, r.status, _ms(r.run_at), r.priority, r.handler, r.payload, r.max_retries,
+                       int(r.timeout_s * 1000), r.attempt, r.version, _ms(ft) if ft is not None else "",
+                       r.trace_id or "", r.gen, r.tenant or "", r.concurrency_key or "",
+                       r.concurrency_limit or "")
+
+
 class Scripts:
-    """All scripts registered on one Redis client."""
+    """The hot-store gateway: every script registered on one Redis client, one typed method each.
+
+    `run` is the untyped call underneath (errors decoded in one place); code above the
+    core calls the typed methods and sees Structs, never an ARGV list or a reply index."""
 
     def __init__(self, redis: aioredis.Redis) -> None:
         self._scripts = {name: redis.register_script(render(name)) for name in SCRIPT_NAMES}
@@ -73,20 +456,82 @@ class Scripts:
         except (RedisConnectionError, RedisTimeoutError, ClusterError, OSError) as exc:
             raise RedisUnavailable(f"redis unreachable: {exc}") from exc
 
-    async def enqueue_rows(self, keys: Keys, rows: Iterable[Any]) -> int:
-        """Make committed runs claimable: one Lua call for a batch (submit, outbox relay, repair).
+    async def _call(self, name: str, keys: Keys | Sequence[str], head: msgspec.Struct | None,
+                    items: Sequence[msgspec.Struct] = (), fill: tuple[Any, ...] = ()) -> Any:
+        """Flatten the head and items into ARGV as the contract lays them out, run, decode."""
+        c = CONTRACTS[name]
+        if head.__class__ is not (c.head or type(None)) or (items and items[0].__class__ is not c.each):
+            raise TypeError(f"{name} takes {c.layout()}, not {head!r} / {items[:1]!r}")
+        args: list[Any] = [] if head is None else list(msgspec.structs.astuple(head))
+        for item in items:
+            args += msgspec.structs.astuple(item)
+        key_arg = keys if isinstance(keys, Keys) else list(keys)[:len(c.keys)]
+        return c.decode(await self.run(name, key_arg, args), *fill)
 
-        Each row needs id, handler, status, priority, payload, run_at, attempt, max_retries,
-        timeout_s, fire_time, trace_id, version (and gen, tenant, concurrency_key, concurrency_limit,
-        absent = none): the reconciler's `drift_runs`.
-        """
-        args: list[Any] = [int(time.time() * 1000)]
-        for r in rows:
-            ft = r["fire_time"]
-            args += (r["id"], r["status"], _ms(r["run_at"]), r["priority"], r["handler"], r["payload"],
-                     r["max_retries"], int(r["timeout_s"] * 1000), r["attempt"], r["version"],
-                     _ms(ft) if ft is not None else "", r["trace_id"] or "", r.get("gen") or 0,
-                     r.get("tenant") or "", r.get("concurrency_key") or "", r.get("concurrency_limit") or "")
-        if len(args) == 1:
+    # -- worker --------------------------------------------------------------------------------
+    async def claim_due(self, keys: Keys, args: ClaimArgs) -> list[Claimed]:
+        return await self._call("claim_due", keys, args, fill=(keys.queue,))  # type: ignore[no-any-return]
+
+    async def finish_runs(self, keys: Keys, args: FinishArgs, items: Sequence[Finish]) -> list[FinishReply]:
+        return await self._call("finish_runs", keys, args, items)  # type: ignore[no-any-return]
+
+    async def renew_leases(self, keys: Keys, args: RenewArgs, leases: Sequence[Lease]) -> list[Renewal]:
+        return await self._call("renew_leases", keys, args, leases)  # type: ignore[no-any-return]
+
+    async def release_runs(self, keys: Keys, args: Now, leases: Sequence[Lease]) -> int:
+        return await self._call("release_runs", keys, args, leases)  # type: ignore[no-any-return]
+
+    async def reap_expired(self, keys: Keys, args: ReapArgs) -> int:
+        return await self._call("reap_expired", keys, args)  # type: ignore[no-any-return]
+
+    async def escalate_stop(self, keys: Keys, args: EscalateArgs) -> bool:
+        return await self._call("escalate_stop", keys, args)  # type: ignore[no-any-return]
+
+    async def breaker_check(self, keys: Sequence[str], args: BreakerCheckArgs) -> BreakerState:
+        """`keys`: the breaker's keys (keys.breaker_keys)."""
+        return await self._call("breaker_check", keys, args)  # type: ignore[no-any-return]
+
+    async def breaker_record(self, keys: Sequence[str], args: BreakerRecordArgs) -> BreakerState:
+        return await self._call("breaker_record", keys, args)  # type: ignore[no-any-return]
+
+    # -- submit, commands ----------------------------------------------------------------------
+    async def enqueue_runs(self, keys: Keys, rows: Iterable[RunRow]) -> int:
+        """Make committed runs claimable: one call for a batch (submit, outbox relay, repair)."""
+        items = [enqueue_item(r) for r in rows]
+        if not items:
             return 0
-        return await self.run("enqueue_runs", keys, args)
+        now = Now(int(time.time() * 1000))
+        return await self._call("enqueue_runs", keys, now, items)  # type: ignore[no-any-return]
+
+    async def stamp_queue(self, keys: Keys, args: StampArgs) -> bool:
+        return await self._call("stamp_queue", keys, args)  # type: ignore[no-any-return]
+
+    async def control_run(self, verb: ControlVerb, keys: Keys, args: ControlArgs) -> str:
+        """pause_run, stop_run, cancel_run (CancelArgs), resume_run, restart_run, retry_run,
+        resolve_run (ResolveArgs): the run's new state (or 'REQUESTED' for a pause of a running run)."""
+        return await self._call(f"{verb}_run", keys, args)  # type: ignore[no-any-return]
+
+    # -- reconciler ----------------------------------------------------------------------------
+    async def expire_finished(self, keys: Keys, args: TtlArgs, runs: Sequence[Versioned]) -> int:
+        return await self._call("expire_finished", keys, args, runs)  # type: ignore[no-any-return]
+
+    async def repair_inspect(self, keys: Keys, ids: Iterable[int]) -> list[Inspected]:
+        return await self._call("repair_inspect", keys, None, [RunRef(i) for i in ids])  # type: ignore[no-any-return]
+
+    async def repair_drop(self, keys: Keys, items: Sequence[Drop]) -> list[int]:
+        return await self._call("repair_drop", keys, None, items)  # type: ignore[no-any-return]
+
+    async def repair_sync(self, keys: Keys, args: TtlArgs, items: Sequence[Sync]) -> list[int]:
+        return await self._call("repair_sync", keys, args, items)  # type: ignore[no-any-return]
+
+    async def repair_requeue(self, keys: Keys, args: Now, runs: Sequence[Versioned]) -> list[int]:
+        return await self._call("repair_requeue", keys, args, runs)  # type: ignore[no-any-return]
+
+    async def repair_interrupt(self, keys: Keys, args: Now, runs: Sequence[Versioned]) -> list[int]:
+        return await self._call("repair_interrupt", keys, args, runs)  # type: ignore[no-any-return]
+
+    async def refill_held(self, keys: Keys, args: PageArgs) -> Page:
+        return await self._call("refill_held", keys, args)  # type: ignore[no-any-return]
+
+    async def rescore_due(self, keys: Keys, args: RescoreArgs) -> Page:
+        return await self._call("rescore_due", keys, args)  # type: ignore[no-any-return]
