@@ -242,3 +242,33 @@ def test_gateway_refuses_a_layout_it_does_not_declare() -> None:
         asyncio.run(scripts.control_run("cancel", keys, ControlArgs(1, 2, "a", "", "")))
     with pytest.raises(TypeError, match="finish_runs takes"):
         asyncio.run(scripts.finish_runs(keys, FinishArgs(1, 3), [Lease(1, 2)]))  # type: ignore[list-item]
+
+
+_HOT = ROOT / "scheduler" / "core" / "hot.py"
+_RAW_REDIS_SCRIPTING = {"register_script", "eval", "evalsha", "eval_ro", "evalsha_ro", "script_load", "fcall"}
+
+
+def _lua_bypasses(path: Path, tree: ast.Module) -> Iterator[str]:
+    where = path.relative_to(ROOT)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        fn = node.func
+        if fn.attr in _RAW_REDIS_SCRIPTING:
+            yield f"{where}:{node.lineno} calls .{fn.attr}(): Lua runs only through fencepost.core.hot"
+        if fn.attr == "run" and isinstance(fn.value, ast.Attribute) and fn.value.attr == "scripts":
+            yield f"{where}:{node.lineno} calls scripts.run(): use the gateway's typed method"
+        if fn.attr == "run" and node.args and isinstance(node.args[0], ast.Constant) \
+                and node.args[0].value in SCRIPT_NAMES:
+            yield f"{where}:{node.lineno} runs {node.args[0].value!r} by name: use the gateway's typed method"
+
+
+def test_lua_only_through_typed_methods() -> None:
+    """Above the core nothing builds an ARGV list or reads a reply by index: no code outside
+    fencepost/core/hot.py runs a script by name or registers one."""
+    problems = [p for path, tree in _sources() if path != _HOT for p in _lua_bypasses(path, tree)]
+    assert not problems, "\n".join(problems)
+    caught = list(_lua_bypasses(ROOT / "worker" / "x.py", ast.parse(
+        'await stores.scripts.run("claim_due", k, [1])\nawait s.run("finish_runs", k, [])\nr.register_script("")\n'
+        'await stores.scripts.claim_due(k, args)\n')))
+    assert len(caught) == 4 and not any(":4 " in c for c in caught), caught
