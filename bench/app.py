@@ -1,8 +1,48 @@
-"""No-op handlers for the throughput benchmark."""
+"""Benchmark handlers. The peers' harness (bench/peers/run_peer.py) defines the same jobs.
+
+- `bench.tiny` (the default): a realistic tiny job, one async Redis round trip that records
+  its run id and start time (`HSET bench:done <id> <time>` on the bench's results DB).
+- `bench.slow`: 20 ms of work, then `HINCRBY bench:runs <id> 1` (kill -9 mode counts re-runs).
+- `bench.noop`: does nothing (the old figures, `--noop`).
+
+Handlers use the job declaration's defaults (retries, timeout) except the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from redis.asyncio import Redis
 
 from fencepost.core.registry import Registry
 
+DONE_URL = os.environ.get("BENCH_DONE_URL", "redis://127.0.0.1:6379/15")
+DONE_KEY = "bench:done"
+RUNS_KEY = "bench:runs"
+
 registry = Registry()
+_done: Redis | None = None
+
+
+def done() -> Redis:
+    """One connection pool per process, made on first use (after the worker's event loop started)."""
+    global _done
+    if _done is None:
+        _done = Redis.from_url(DONE_URL)
+    return _done
+
+
+@registry.job("bench.tiny", queue="bench")
+async def tiny(ctx) -> None:
+    await done().hset(DONE_KEY, str(ctx.run_id), repr(time.time()))
+
+
+@registry.job("bench.slow", queue="bench")
+async def slow(ctx) -> None:
+    await asyncio.sleep(0.02)
+    await done().hincrby(RUNS_KEY, str(ctx.run_id), 1)
 
 
 @registry.job("bench.noop", queue="bench", max_retries=0)

@@ -1,15 +1,36 @@
-"""Throughput: bulk submit, then drain N no-op jobs with 1 and 2 worker processes while the
-recorder persists every transition to PostgreSQL; compared with peers run the same way.
+"""Throughput, CPU per job, latency and recovery: Fencepost beside pgqueuer and SAQ, run the same way.
 
-    python bench/throughput.py --jobs 20000 --workers 1 2            # Fencepost only
-    python bench/throughput.py --jobs 20000 --workers 1 2 --peers    # + arq, SAQ, pgqueuer
+    python bench/throughput.py --repeats 2             # the default table (realistic tiny job)
+    python bench/throughput.py --noop                  # the old no-op / high-concurrency table
+    python bench/throughput.py --open-loop 4000        # fixed-rate producer, submit->start lag
+    python bench/throughput.py --find-max --duration 15
+    python bench/throughput.py --spike 5000            # N runs due at one instant T
+    python bench/throughput.py --kill                  # SIGKILL a worker mid-drain
+    python bench/throughput.py --systems fencepost     # any mode, fewer systems
 
-Method (the same for every system): submit N jobs with the fastest bulk API (submit/s);
-start W worker processes; drain/s = N / (time from the start signal to the last job
-finished). Fencepost workers start on a paused queue and the clock starts at unpause,
-so process start-up is not counted; peers are started and timed by bench/peers/run_peer.py.
-Fencepost's history lag = time from the last job finished until PostgreSQL holds every
-transition (the recorder runs during the drain, on the same two cores).
+Method, the same for every system (peers run in .venv-bench through bench/peers/run_peer.py):
+
+- The job is a realistic tiny one: the handler makes one async Redis round trip recording its id
+  and start time (`HSET bench:done <id> <time>` on Redis DB 15), so every system pays the same
+  handler cost and completions are counted outside each system's own bookkeeping.
+- Default worker settings: Fencepost `worker` without --concurrency (100), plus one reconciler
+  (it persists every transition to PostgreSQL); pgqueuer `QueueManager.run()` defaults (batch 10)
+  and a second row at batch 100 (what the README used); SAQ `Worker` defaults (concurrency 10).
+- Bulk submit: N jobs in calls of 1,000 (pgqueuer: list enqueue; SAQ has no bulk call, so 1,000
+  concurrent `enqueue`s per call). Single submit: 2,000 submits awaited one at a time.
+- Drain: workers are started and idle first (Fencepost on a paused queue, peers behind a go
+  event), then the clock starts; drain/s = N / (until the system's own state holds no job).
+- CPU-us per job per process, from the kernel (/proc/<pid>/stat utime+stime), from the start
+  signal until PostgreSQL holds every outcome: worker processes (with their children), the
+  recorder (Fencepost's reconciler), the Redis server, the PostgreSQL backends connected to the
+  bench database (the harness's own connections excluded), and PostgreSQL's shared helpers
+  (postmaster, WAL writer, checkpointer...). Redis and the helpers serve other people too, so
+  their idle rate, measured for 1 s just before the start signal, is subtracted.
+- Systems are interleaved (fencepost, pgqueuer, pgqueuer b100, saq, fencepost, ...) and medians
+  of --repeats are printed, with ratios fencepost / peer (for CPU, lower is better).
+
+Redis DB 14 holds the queues, DB 15 the handler's records; PostgreSQL databases bench_fencepost
+and bench_peers are dropped and recreated for every case.
 """
 
 from __future__ import annotations
@@ -17,26 +38,51 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import asyncpg
+from redis.asyncio import Redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fencepost.client import Client  # noqa: E402
 from fencepost.core.config import Settings  # noqa: E402
-from fencepost.core.record import upgrade  # noqa: E402
 from fencepost.core.models import Submit  # noqa: E402
+from fencepost.core.record import upgrade  # noqa: E402
 
-from bench.app import registry  # noqa: E402
+from bench.app import DONE_KEY, RUNS_KEY, registry  # noqa: E402
+from bench.measure import (  # noqa: E402
+    CpuMeter,
+    commandstats_delta,
+    median,
+    parent_pid,
+    percentile,
+    pg_aux_pids,
+    pg_backend_pids,
+    settle,
+    tree,
+)
 
 QUEUE = "bench"
+FP_DB = "bench_fencepost"
+PEER_DB = "bench_peers"
+PEER_PY = ROOT / ".venv-bench" / "bin" / "python"
+POLL_S = 0.01
+ROLES = ("worker", "recorder", "redis", "pg", "pg_shared")
+SYSTEMS = ("fencepost", "pgqueuer", "pgqueuer-b100", "saq")
 
+
+# --------------------------------------------------------------------------- shared helpers
 
 async def fresh_database(admin_url: str, name: str) -> str:
     admin = await asyncpg.connect(admin_url)
@@ -58,23 +104,16 @@ def spawn(settings: Settings, *args: str) -> subprocess.Popen[bytes]:
 
 
 async def drain_and_record(client: Client, queue_keys: list, workers: int) -> tuple[float, float]:
-    """Unpause the queues the (already started) workers wait on; return (seconds until Redis
-    holds no due, delayed or active run, then seconds until PostgreSQL has every run SUCCEEDED)."""
+    """(Used by bench/scale.py.) Unpause the queues the already started workers wait on; return
+    (seconds until Redis holds no due, delayed or active run, then seconds until PostgreSQL has
+    every run SUCCEEDED)."""
     redis = client.stores.redis
     await asyncio.sleep(3)  # let the processes import and connect (not timed)
     t1 = time.perf_counter()
     for k in queue_keys:
         await redis.delete(k.paused)
         await redis.rpush(k.wake, *([1] * workers))
-    while True:
-        pipe = redis.pipeline(transaction=False)
-        for k in queue_keys:
-            pipe.zcard(k.due)
-            pipe.zcard(k.active)
-            pipe.zcard(k.delayed)
-        if sum(await pipe.execute()) == 0:
-            break
-        await asyncio.sleep(0.005)
+    await wait_queues_empty(redis, queue_keys)
     drain_s = time.perf_counter() - t1
     t2 = time.perf_counter()
     pool = client.stores.db.pool
@@ -84,88 +123,556 @@ async def drain_and_record(client: Client, queue_keys: list, workers: int) -> tu
     return drain_s, time.perf_counter() - t2
 
 
-async def run_fencepost(jobs: int, workers: int, redis_url: str, admin_url: str, concurrency: int) -> dict:
-    db_url = await fresh_database(admin_url, "fencepost_bench")
-    settings = Settings(redis_url=redis_url, database_url=db_url, prefix=f"bench{os.getpid()}")
-    client = await Client(settings=settings).connect()
-    redis = client.stores.redis
-    keys = client.stores.keys(QUEUE)
-    await redis.flushdb()
-    await client.register(registry)
-    await redis.set(keys.paused, 1)  # workers start idle; the clock starts at unpause
+async def wait_queues_empty(redis: Any, queue_keys: list, timeout: float = 600.0) -> None:
     t0 = time.perf_counter()
-    batch = 10_000
-    for i in range(0, jobs, batch):
-        await client.submit_many([Submit(handler="bench.noop")] * min(batch, jobs - i))
-    submit_s = time.perf_counter() - t0
+    while True:
+        pipe = redis.pipeline(transaction=False)
+        for k in queue_keys:
+            pipe.zcard(k.due)
+            pipe.zcard(k.active)
+            pipe.zcard(k.delayed)
+        if sum(await pipe.execute()) == 0:
+            return
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError("the queue did not drain")
+        await asyncio.sleep(POLL_S)
 
-    procs = [spawn(settings, "reconciler")]
-    procs += [spawn(settings, "worker", "--app", "bench.app:registry", "--queue", QUEUE,
-                    "--concurrency", str(concurrency)) for _ in range(workers)]
-    try:
-        drain_s, lag_s = await drain_and_record(client, [keys], workers)
-        pool = client.stores.db.pool
-        events = await pool.fetchval("SELECT count(*) FROM events")
-    finally:
-        for p in procs:
+
+def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
             p.terminate()
-        for p in procs:
-            p.wait(10)
-        await client.close()
-    return {"system": "fencepost", "jobs": jobs, "workers": workers, "submit_per_s": round(jobs / submit_s),
-            "drain_per_s": round(jobs / drain_s), "history_lag_s": round(lag_s, 2), "events": events}
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
 
 
-def run_peer(peer: str, jobs: int, workers: int, redis_url: str, admin_url: str) -> dict:
-    py = ROOT / ".venv-bench" / "bin" / "python"
-    if not py.exists():
+class Fencepost:
+    """One Fencepost case: a fresh database and Redis DB, a client, spawned services, a CPU meter."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    async def __aenter__(self) -> "Fencepost":
+        a = self.a
+        db_url = await fresh_database(a.admin_url, FP_DB)
+        self.settings = Settings(redis_url=a.redis_url, database_url=db_url, prefix="bench")
+        self.client = await Client(settings=self.settings).connect()
+        self.redis = self.client.stores.redis
+        self.keys = self.client.stores.keys(QUEUE)
+        await self.redis.flushdb()
+        self.done = Redis.from_url(a.done_url)
+        await self.done.delete(DONE_KEY, RUNS_KEY)
+        await self.client.register(registry)
+        self.poll = await asyncpg.connect(db_url)  # the harness's own completion polls (excluded from CPU)
+        self.postmaster = parent_pid(await self.poll.fetchval("SELECT pg_backend_pid()")) or 0
+        self.redis_pid = int((await self.redis.info("server"))["process_id"])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        stop(self.procs)
+        await self.poll.close()
+        await self.done.aclose()
+        await self.client.close()
+
+    def start(self, workers: int, *worker_args: str, reconciler: bool = True) -> None:
+        """Spawn the reconciler and `workers` workers; snapshot the harness's PostgreSQL backends first."""
+        self.harness_backends = pg_backend_pids(self.postmaster, FP_DB)()
+        if reconciler:
+            self.procs.append(spawn(self.settings, "reconciler"))
+        for _ in range(workers):
+            self.add_worker(*worker_args)
+
+    def add_worker(self, *worker_args: str) -> subprocess.Popen[bytes]:
+        p = spawn(self.settings, "worker", "--app", "bench.app:registry", "--queue", QUEUE, *worker_args)
+        self.procs.append(p)
+        self.workers.append(p)
+        return p
+
+    def meter(self) -> CpuMeter:
+        workers = self.workers
+        recon = [p for p in self.procs if p not in workers]
+        return CpuMeter({
+            "worker": lambda: [q for p in workers for q in tree(p.pid)()],
+            "recorder": lambda: [q for p in recon for q in tree(p.pid)()],
+            "redis": lambda: [self.redis_pid],
+            "pg": pg_backend_pids(self.postmaster, FP_DB, exclude=self.harness_backends),
+            "pg_shared": pg_aux_pids(self.postmaster),
+        }, shared=("redis", "pg_shared"))
+
+    async def settle(self) -> None:
+        procs = self.procs
+        await asyncio.to_thread(settle, lambda: [q for p in procs for q in tree(p.pid)()])
+
+    async def go(self, workers: int) -> None:
+        await self.redis.delete(self.keys.paused)
+        await self.redis.rpush(self.keys.wake, *([1] * workers))
+
+    async def wait_history(self, timeout: float = 300.0) -> None:
+        t0 = time.perf_counter()
+        while await self.poll.fetchval("SELECT count(*) FROM runs WHERE status NOT IN "
+                                       "('SUCCEEDED', 'FAILED', 'CANCELLED', 'TIMED_OUT', 'STOPPED')") > 0:
+            if time.perf_counter() - t0 > timeout:
+                raise TimeoutError("PostgreSQL did not receive every outcome")
+            await asyncio.sleep(0.02)
+
+    async def wait_done(self, n: int, key: str = DONE_KEY, timeout: float = 120.0) -> int:
+        t0 = time.perf_counter()
+        while (got := await self.done.hlen(key)) < n and time.perf_counter() - t0 < timeout:
+            await asyncio.sleep(POLL_S)
+        return got
+
+    async def starts(self, key: str = DONE_KEY) -> dict[int, float]:
+        return {int(k): float(v) for k, v in (await self.done.hgetall(key)).items()}
+
+
+def per_job_cpu(cpu: dict[str, float], jobs: int) -> dict[str, float]:
+    out = {r: round(cpu.get(r, 0.0) / jobs * 1e6, 1) for r in ROLES}
+    out["total"] = round(sum(out[r] for r in ROLES), 1)
+    return out
+
+
+# --------------------------------------------------------------------------- Fencepost cases
+
+async def fp_drain(a: argparse.Namespace, workers: int) -> dict[str, Any]:
+    """Bulk submit onto a paused queue, start the services, then drain; CPU over the drain and the
+    recorder's catch-up."""
+    handler = "bench.noop" if a.noop else "bench.tiny"
+    call = a.call_size or (10_000 if a.noop else 1_000)
+    wargs = ("--concurrency", str(a.concurrency)) if a.concurrency else ()
+    async with Fencepost(a) as fp:
+        await fp.redis.set(fp.keys.paused, 1)  # workers start idle; the clock starts at unpause
+        t0 = time.perf_counter()
+        for i in range(0, a.jobs, call):
+            await fp.client.submit_many([Submit(handler=handler)] * min(call, a.jobs - i))
+        submit_s = time.perf_counter() - t0
+        fp.start(workers, *wargs)
+        await fp.settle()
+        meter = fp.meter()
+        await asyncio.to_thread(meter.baseline, 1.0)
+        stats0 = await fp.redis.info("commandstats")
+        meter.start()
+        t1 = time.perf_counter()
+        await fp.go(workers)
+        await wait_queues_empty(fp.redis, [fp.keys])
+        drain_s = time.perf_counter() - t1
+        await fp.wait_history()
+        lag_s = time.perf_counter() - t1 - drain_s
+        cpu = meter.stop()
+        stats = commandstats_delta(stats0, await fp.redis.info("commandstats"))
+        recorded = a.jobs if a.noop else await fp.done.hlen(DONE_KEY)
+        events = await fp.poll.fetchval("SELECT count(*) FROM events")
+        failed = await fp.poll.fetchval("SELECT count(*) FROM runs WHERE status <> 'SUCCEEDED'")
+    out = {"system": "fencepost", "workers": workers, "jobs": a.jobs, "submit_per_s": a.jobs / submit_s,
+           "drain_per_s": a.jobs / drain_s, "history_lag_s": lag_s, "cpu_us": per_job_cpu(cpu, a.jobs),
+           "cpu_raw": cpu, "commandstats": stats, "events": events,
+           "notes": f"concurrency={a.concurrency or 'default'}; calls of {call}"}
+    if recorded != a.jobs or failed:
+        out["error"] = f"handler recorded {recorded} of {a.jobs} jobs; {failed} runs not SUCCEEDED"
+    return out
+
+
+async def fp_single(a: argparse.Namespace) -> dict[str, Any]:
+    """Sequential single submits: each awaited before the next (no workers running)."""
+    async with Fencepost(a) as fp:
+        await fp.client.submit("bench.tiny")  # warm the definition cache and the connections
+        t0 = time.perf_counter()
+        for _ in range(a.single):
+            await fp.client.submit("bench.tiny")
+        s = time.perf_counter() - t0
+    return {"system": "fencepost", "single_per_s": a.single / s}
+
+
+def lag_summary(intended: dict[int, float], starts: dict[int, float]) -> dict[str, float]:
+    lags = [(starts[i] - t) * 1000 for i, t in intended.items() if i in starts]
+    return {"p50_ms": percentile(lags, 50), "p99_ms": percentile(lags, 99), "p999_ms": percentile(lags, 99.9),
+            "max_ms": max(lags, default=float("nan")), "started": len(lags), "missing": len(intended) - len(lags)}
+
+
+async def produce(rate: float, duration: float, submit: Any) -> tuple[dict[int, float], float]:
+    """Submit at `rate` jobs/s in 10 ms ticks for `duration` s; each tick submits every job due by now
+    (so a slow call makes the next one bigger, not the rate lower). Returns run id -> intended submit
+    time (epoch s; lag is measured from it, so a producer falling behind shows as lag) and the seconds
+    the producer took."""
+    intended: dict[int, float] = {}
+    t0, w0 = time.perf_counter(), time.time()
+    sent, tick = 0, 0
+    total = int(rate * duration)
+    while sent < total:
+        due = min(total, int(rate * (time.perf_counter() - t0)))
+        if due > sent:
+            ids = await submit(due - sent)
+            for j, run_id in enumerate(ids):
+                intended[run_id] = w0 + (sent + j) / rate
+            sent = due
+        tick += 1
+        delay = t0 + tick * 0.01 - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            tick = int((time.perf_counter() - t0) / 0.01)
+    return intended, time.perf_counter() - t0
+
+
+async def fp_open_loop(a: argparse.Namespace, rate: float) -> dict[str, Any]:
+    async with Fencepost(a) as fp:
+        fp.start(2)
+        await fp.settle()
+        meter = fp.meter()
+        await asyncio.to_thread(meter.baseline, 1.0)
+        meter.start()
+
+        async def submit(n: int) -> list[int]:
+            return await fp.client.submit_many([Submit(handler="bench.tiny")] * n)
+
+        intended, took = await produce(rate, a.duration, submit)
+        got = await fp.wait_done(len(intended), timeout=60)
+        await fp.wait_history(timeout=120)
+        cpu = meter.stop()
+        starts = await fp.starts()
+        rows = await fp.poll.fetch("SELECT run_id, extract(epoch FROM recorded_at)::float8 AS t FROM events "
+                                   "WHERE to_status = 'SUCCEEDED'")
+    hist = [r["t"] - starts[r["run_id"]] for r in rows if r["run_id"] in starts]
+    return {"system": "fencepost", "rate": rate, "achieved": len(intended) / took, "done": got,
+            **lag_summary(intended, starts), "history_p50_s": percentile(hist, 50),
+            "history_p99_s": percentile(hist, 99), "history_max_s": max(hist, default=float("nan")),
+            "cpu_us": per_job_cpu(cpu, max(1, len(intended)))}
+
+
+async def fp_spike(a: argparse.Namespace) -> dict[str, Any]:
+    """N runs due at one instant T (submitted beforehand with run_at=T), 2 idle workers."""
+    n = a.spike
+    async with Fencepost(a) as fp:
+        fp.start(2)
+        await fp.settle()
+        lead = 3.0 + n / 5000
+        at = float(math.ceil(time.time() + lead))  # a whole second, as for the peers (SAQ schedules in seconds)
+        run_at = datetime.fromtimestamp(at, timezone.utc)
+        for i in range(0, n, 1000):
+            await fp.client.submit_many([Submit(handler="bench.tiny", run_at=run_at)] * min(1000, n - i))
+        margin = at - time.time()
+        got = await fp.wait_done(n, timeout=lead + 120)
+        starts = sorted(v - at for v in (await fp.starts()).values())
+    return spike_result("fencepost", n, starts, got, margin)
+
+
+def spike_result(system: str, n: int, starts: list[float], got: int, margin: float) -> dict[str, Any]:
+    return {"system": system, "jobs": n, "started": got, "submitted_s_before_T": margin,
+            "first_s": starts[0] if starts else float("nan"), "median_s": median(starts),
+            "p99_s": percentile(starts, 99), "last_s": starts[-1] if starts else float("nan")}
+
+
+async def fp_kill(a: argparse.Namespace) -> dict[str, Any]:
+    """5,000 jobs of 20 ms, 2 workers; SIGKILL one when half have run, restart it at once."""
+    n = a.kill_jobs
+    async with Fencepost(a) as fp:
+        await fp.redis.set(fp.keys.paused, 1)
+        ids = []
+        for i in range(0, n, 1000):
+            ids += await fp.client.submit_many([Submit(handler="bench.slow")] * min(1000, n - i))
+        fp.start(2)
+        await fp.settle()
+        await fp.go(2)
+        await fp.wait_done(n // 2, key=RUNS_KEY)
+        victim = fp.workers[0]
+        victim.send_signal(signal.SIGKILL)
+        t_kill = time.perf_counter()
+        fp.add_worker()
+        victim.wait()
+        timeout = 120.0
+        while time.perf_counter() - t_kill < timeout:
+            left = await fp.poll.fetchval("SELECT count(*) FROM runs WHERE status NOT IN ('SUCCEEDED', 'FAILED')")
+            if left == 0 and await fp.done.hlen(RUNS_KEY) >= n:
+                break
+            await asyncio.sleep(0.05)
+        drained = time.perf_counter() - t_kill
+        counts = {int(k): int(v) for k, v in (await fp.done.hgetall(RUNS_KEY)).items()}
+        status = dict(await fp.poll.fetch("SELECT status, count(*) FROM runs GROUP BY status"))
+    lost = sum(1 for i in ids if i not in counts)
+    return {"system": "fencepost", "jobs": n, "lost": lost, "reruns": sum(c - 1 for c in counts.values() if c > 1),
+            "drain_after_restart_s": drained, "timed_out": drained >= timeout, "status": status}
+
+
+# --------------------------------------------------------------------------- peers
+
+def run_peer(a: argparse.Namespace, peer: str, mode: str, *extra: str) -> dict[str, Any]:
+    """Run one peer case in the peers' venv; its last JSON line is the result."""
+    if not PEER_PY.exists():
         return {"system": peer, "error": "peers not installed: python3 -m venv .venv-bench && "
                                          ".venv-bench/bin/pip install -r bench/peers/requirements.txt"}
-    out = subprocess.run([str(py), str(ROOT / "bench" / "peers" / "run_peer.py"), "--peer", peer, "--jobs", str(jobs),
-                          "--workers", str(workers), "--redis-url", redis_url, "--database-url",
-                          admin_url.rsplit("/", 1)[0] + "/bench_peers"],
-                         capture_output=True, text=True, timeout=900)
+    name, batch = (peer.split("-b") + [""])[:2]
+    cmd = [str(PEER_PY), str(ROOT / "bench" / "peers" / "run_peer.py"), "--peer", name, "--mode", mode,
+           "--redis-url", a.redis_url, "--done-url", a.done_url,
+           "--database-url", a.admin_url.rsplit("/", 1)[0] + "/" + PEER_DB, *extra]
+    if batch:
+        cmd += ["--batch", batch]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     for line in reversed(out.stdout.splitlines()):
         if line.startswith("{"):
             data = json.loads(line)
-            data["system"] = data.pop("peer", peer)
+            data["system"] = peer
             return data
-    return {"system": peer, "error": (out.stderr or out.stdout)[-300:]}
+    return {"system": peer, "error": (out.stderr or out.stdout)[-400:]}
+
+
+def peer_drain(a: argparse.Namespace, peer: str, workers: int) -> dict[str, Any]:
+    extra = ["--jobs", str(a.jobs), "--workers", str(workers)]
+    if a.noop:
+        extra += ["--job", "noop", "--call-size", str(a.call_size or 10_000), "--old-defaults"]
+    else:
+        extra += ["--call-size", str(a.call_size or 1_000)]
+    return run_peer(a, peer, "drain", *extra)
+
+
+# --------------------------------------------------------------------------- modes and tables
+
+def fmt(v: Any, digits: int = 0) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    if isinstance(v, (int, float)):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def drain_table(a: argparse.Namespace) -> None:
+    systems = [s for s in a.systems if not (a.noop and s == "pgqueuer-b100")]
+    results: list[dict[str, Any]] = []
+    for rep in range(a.repeats):
+        for system in systems:
+            for w in a.workers:
+                r = asyncio.run(fp_drain(a, w)) if system == "fencepost" else peer_drain(a, system, w)
+                r.update(repeat=rep, workers=w, system=system)
+                results.append(r)
+                progress(r)
+            if a.single and not a.noop and system != "pgqueuer-b100":
+                r = asyncio.run(fp_single(a)) if system == "fencepost" else \
+                    run_peer(a, system, "single", "--jobs", str(a.single))
+                r.update(repeat=rep, system=system)
+                results.append(r)
+                progress(r)
+    if a.save:
+        Path(a.save).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.save).write_text(json.dumps(results, indent=1, default=str))
+    print_drain(a, systems, results)
+
+
+def progress(r: dict[str, Any]) -> None:
+    keep = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()
+            if k not in ("commandstats", "cpu_raw", "status")}
+    print("  " + json.dumps(keep, default=str), file=sys.stderr, flush=True)
+
+
+def med(results: list[dict[str, Any]], system: str, key: str, workers: int | None = None,
+        sub: str | None = None) -> float:
+    vals = []
+    for r in results:
+        if r.get("system") != system or "error" in r or key not in r:
+            continue
+        if workers is not None and r.get("workers") != workers:
+            continue
+        v = r[key][sub] if sub else r[key]
+        vals.append(float(v))
+    return median(vals)
+
+
+def print_drain(a: argparse.Namespace, systems: list[str], results: list[dict[str, Any]]) -> None:
+    peers = [s for s in systems if s != "fencepost"]
+    job = "no-op job, --concurrency 500 for Fencepost, peers' old settings" if a.noop else \
+        "tiny job (one Redis round trip), default worker settings"
+    print(f"\n{os.cpu_count()} cores; {a.jobs:,} jobs; {job}; medians of {a.repeats} interleaved runs; "
+          "every Fencepost transition persisted to PostgreSQL by one reconciler")
+    short = {"pgqueuer": "pgq", "pgqueuer-b100": "pgq-b100"}
+    cols = systems + ([f"fp/{short.get(p, p)}" for p in peers] if "fencepost" in systems else [])
+    print(f"{'':34}" + "".join(f"{c:>15}" for c in cols))
+
+    def row(label: str, key: str, workers: int | None = None, sub: str | None = None, digits: int = 0) -> None:
+        vals = {s: med(results, s, key, workers, sub) for s in systems}
+        cells = [fmt(vals[s], digits) for s in systems]
+        if "fencepost" in systems:
+            for p in peers:
+                f, v = vals["fencepost"], vals[p]
+                cells.append(f"x{f / v:.2f}" if f == f and v == v and v else "-")
+        print(f"{label:34}" + "".join(f"{c:>15}" for c in cells))
+
+    for w in a.workers:
+        row(f"drain jobs/s, {w} worker{'s' if w > 1 else ''}", "drain_per_s", w)
+    bulk = a.call_size or (10_000 if a.noop else 1_000)
+    row(f"bulk submit/s (calls of {bulk:,})", "submit_per_s", a.workers[0])
+    if a.single and not a.noop:
+        row(f"single submit/s ({a.single:,} sequential)", "single_per_s")
+    for w in a.workers:
+        print(f"CPU-us per job, {w} worker{'s' if w > 1 else ''} (lower is better)")
+        for role, label in (("worker", "worker process(es)"), ("recorder", "recorder (reconciler)"),
+                            ("redis", "Redis server"), ("pg", "PostgreSQL backends"),
+                            ("pg_shared", "PostgreSQL shared helpers"), ("total", "total")):
+            row(f"  {label}", "cpu_us", w, role, 1)
+    for w in a.workers:
+        row(f"history lag after drain s, {w}w", "history_lag_s", w, digits=2)
+    idle = {s: (median(r["cpu_raw"].get("redis_idle_per_s", 0) for r in results if r.get("system") == s and "cpu_raw" in r),
+                median(r["cpu_raw"].get("pg_shared_idle_per_s", 0) for r in results if r.get("system") == s and "cpu_raw" in r))
+            for s in systems}
+    print("idle CPU subtracted (median, CPU-s per s; Redis / PostgreSQL helpers): "
+          + ", ".join(f"{s} {fmt(i[0], 3)} / {fmt(i[1], 3)}" for s, i in idle.items()))
+    errors = [r for r in results if "error" in r]
+    for r in errors:
+        print(f"error: {r['system']} {r.get('workers', '')}: {r['error']}")
+    fp = [r for r in results if r.get("system") == "fencepost" and "commandstats" in r and r.get("workers") == a.workers[0]]
+    if fp:
+        r = fp[-1]
+        top = sorted(r["commandstats"].items(), key=lambda kv: -kv[1]["usec"])[:12]
+        print(f"\nFencepost Redis INFO commandstats per job (last run, {r['workers']} worker; whole server, "
+              "so other users' commands may show):")
+        for name, s in top:
+            print(f"  {name:22} {s['calls'] / r['jobs']:6.2f} calls  {s['usec'] / r['jobs']:7.1f} us")
+        print(f"  events rows: {r['events']:,} ({r['events'] / r['jobs']:.2f} per job)")
+
+
+def open_loop(a: argparse.Namespace) -> None:
+    systems = [s for s in a.systems if s in ("fencepost", "pgqueuer", "pgqueuer-b100")]
+    if a.find_max:
+        for s in systems:
+            best = find_max(a, s)
+            print(f"{s}: highest offered rate with p99 submit->start < {a.p99_target_ms:g} ms: {fmt(best)} jobs/s")
+        return
+    rows = []
+    for _ in range(a.repeats):
+        for s in systems:
+            rows.append(one_open_loop(a, s, a.open_loop))
+            progress(rows[-1])
+    print(f"\nopen loop: one producer, {a.open_loop:,} jobs/s offered in 10 ms ticks for {a.duration:g} s, 2 workers; "
+          "lag from each job's intended submit time to its handler's start")
+    print_open(rows)
+
+
+def one_open_loop(a: argparse.Namespace, system: str, rate: float) -> dict[str, Any]:
+    if system == "fencepost":
+        return asyncio.run(fp_open_loop(a, rate))
+    return run_peer(a, system, "open", "--rate", str(rate), "--duration", str(a.duration), "--workers", "2")
+
+
+def print_open(rows: list[dict[str, Any]]) -> None:
+    print(f"{'system':15}{'offered':>9}{'achieved':>9}{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>9}{'max ms':>9}"
+          f"{'missing':>8}{'hist p99 s':>11}{'hist max s':>11}{'CPU us/job':>11}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['system']:15} error: {r['error']}")
+            continue
+        print(f"{r['system']:15}{fmt(r['rate']):>9}{fmt(r['achieved']):>9}{fmt(r['p50_ms'], 1):>9}"
+              f"{fmt(r['p99_ms'], 1):>9}{fmt(r['p999_ms'], 1):>9}{fmt(r['max_ms'], 1):>9}{r['missing']:>8}"
+              f"{fmt(r.get('history_p99_s'), 2):>11}{fmt(r.get('history_max_s'), 2):>11}"
+              f"{fmt(r.get('cpu_us', {}).get('total'), 1):>11}")
+
+
+def find_max(a: argparse.Namespace, system: str) -> float:
+    """Double the offered rate until p99 >= target (or the producer falls 5% short), then bisect."""
+
+    def ok(rate: float) -> bool:
+        r = one_open_loop(a, system, rate)
+        progress(r)
+        return "error" not in r and r["missing"] == 0 and r["p99_ms"] < a.p99_target_ms and r["achieved"] >= 0.95 * rate
+
+    good, bad, rate = 0.0, 0.0, float(a.start_rate)
+    while rate <= 64_000:
+        if ok(rate):
+            good, rate = rate, rate * 2
+        else:
+            bad = rate
+            break
+    if not bad:
+        return good
+    for _ in range(a.bisect):
+        mid = round((good + bad) / 2, -2)
+        if mid in (good, bad):
+            break
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def spike(a: argparse.Namespace) -> None:
+    rows = []
+    for _ in range(a.repeats):
+        for s in a.systems:
+            if s == "pgqueuer-b100":
+                continue
+            r = asyncio.run(fp_spike(a)) if s == "fencepost" else run_peer(a, s, "spike", "--jobs", str(a.spike),
+                                                                         "--workers", "2")
+            rows.append(r)
+            progress(r)
+    print(f"\nspike: {a.spike:,} runs due at one instant T, 2 idle workers; start time after T (s)")
+    print(f"{'system':15}{'started':>9}{'first':>9}{'median':>9}{'p99':>9}{'last':>9}{'submitted before T':>20}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['system']:15} error: {r['error']}")
+            continue
+        print(f"{r['system']:15}{r['started']:>9}{fmt(r['first_s'], 3):>9}{fmt(r['median_s'], 3):>9}"
+              f"{fmt(r['p99_s'], 3):>9}{fmt(r['last_s'], 3):>9}{fmt(r['submitted_s_before_T'], 2):>20}")
+
+
+def kill(a: argparse.Namespace) -> None:
+    rows = []
+    for _ in range(a.repeats):
+        for s in a.systems:
+            if s == "pgqueuer-b100":
+                continue
+            r = asyncio.run(fp_kill(a)) if s == "fencepost" else run_peer(a, s, "kill", "--jobs", str(a.kill_jobs),
+                                                                        "--workers", "2")
+            rows.append(r)
+            progress(r)
+    print(f"\nkill -9: {a.kill_jobs:,} jobs of 20 ms, 2 workers, one SIGKILLed when half have run and restarted "
+          "at once")
+    print(f"{'system':15}{'lost':>7}{'re-runs':>9}{'drained s after restart':>25}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['system']:15} error: {r['error']}")
+            continue
+        flag = " (timed out)" if r.get("timed_out") else ""
+        print(f"{r['system']:15}{r['lost']:>7}{r['reruns']:>9}{fmt(r['drain_after_restart_s'], 2):>25}{flag}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=20_000)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--concurrency", type=int, default=500)
-    ap.add_argument("--peers", action="store_true", help="also run arq, saq and pgqueuer")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=(*SYSTEMS, "arq"))
+    ap.add_argument("--single", type=int, default=2_000, help="sequential single submits per system (0: skip)")
+    ap.add_argument("--call-size", type=int, default=None, help="jobs per bulk submit call (default 1,000; --noop 10,000)")
+    ap.add_argument("--concurrency", type=int, default=None, help="Fencepost worker --concurrency (default: none given)")
+    ap.add_argument("--noop", action="store_true", help="the old table: no-op jobs, Fencepost --concurrency 500, "
+                    "calls of 10,000, peers at the README's settings (arq 200, SAQ 100, pgqueuer batch 100)")
+    ap.add_argument("--open-loop", type=float, default=None, metavar="R", help="offered rate, jobs/s")
+    ap.add_argument("--find-max", action="store_true", help="search the highest R with p99 below --p99-target-ms")
+    ap.add_argument("--p99-target-ms", type=float, default=50.0)
+    ap.add_argument("--start-rate", type=float, default=1000.0)
+    ap.add_argument("--bisect", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=60.0, help="open-loop seconds")
+    ap.add_argument("--spike", type=int, default=None, metavar="N")
+    ap.add_argument("--kill", action="store_true")
+    ap.add_argument("--kill-jobs", type=int, default=5_000)
     ap.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"))
+    ap.add_argument("--done-url", default=os.environ.get("BENCH_DONE_URL", "redis://127.0.0.1:6379/15"))
     ap.add_argument("--admin-url", default=os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--save", default=None, help="write every case's JSON here (e.g. bench/results/x.json)")
     a = ap.parse_args()
-    results = []
-    for w in a.workers:
-        results.append(asyncio.run(run_fencepost(a.jobs, w, a.redis_url, a.admin_url, a.concurrency)))
-        if a.peers:
-            for peer in ("arq", "saq", "pgqueuer"):
-                results.append(run_peer(peer, a.jobs, w, a.redis_url, a.admin_url))
-    if a.json:
-        print(json.dumps(results))
-        return
-    print(f"{os.cpu_count()} cores; {a.jobs} no-op jobs; every Fencepost transition persisted to PostgreSQL")
-    print(f"{'system':10} {'workers':>7} {'submit/s':>9} {'drain/s':>8} {'hist lag s':>10}")
-    for r in results:
-        if "error" in r:
-            print(f"{r['system']:10} error: {r['error']}")
-            continue
-        print(f"{r['system']:10} {r['workers']:>7} {r['submit_per_s']:>9} {r['drain_per_s']:>8} "
-              f"{r.get('history_lag_s', ''):>10}")
-    fp = {r["workers"]: r for r in results if r["system"] == "fencepost"}
-    for r in results:
-        if r["system"] != "fencepost" and "error" not in r and r["workers"] in fp:
-            f = fp[r["workers"]]
-            print(f"fencepost / {r['system']} ({r['workers']} worker): submit x{f['submit_per_s'] / r['submit_per_s']:.2f}, "
-                  f"drain x{f['drain_per_s'] / r['drain_per_s']:.2f}")
+    os.environ["BENCH_DONE_URL"] = a.done_url  # the spawned workers' handlers write here
+    if a.noop and a.concurrency is None:
+        a.concurrency = 500
+    if a.open_loop is not None or a.find_max:
+        open_loop(a)
+    elif a.spike:
+        spike(a)
+    elif a.kill:
+        kill(a)
+    else:
+        drain_table(a)
 
 
 if __name__ == "__main__":
