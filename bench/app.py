@@ -14,9 +14,8 @@ import asyncio
 import os
 import time
 
-from redis.asyncio import Redis
-
 from fencepost.core.registry import Registry
+from redis.asyncio import Redis
 
 DONE_URL = os.environ.get("BENCH_DONE_URL", "redis://127.0.0.1:6379/15")
 DONE_KEY = "bench:done"

@@ -10,14 +10,27 @@ inside the window still counts up to its last sample.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-__all__ = ["CpuMeter", "cpu_seconds", "descendants", "parent_pid", "pg_aux_pids", "pg_backend_pids",
-           "percentile", "median", "settle", "commandstats_delta", "tree"]
+__all__ = [
+    "CpuMeter",
+    "commandstats_delta",
+    "cpu_seconds",
+    "descendants",
+    "machine_busy_seconds",
+    "median",
+    "parent_pid",
+    "percentile",
+    "pg_aux_pids",
+    "pg_backend_pids",
+    "settle",
+    "tree",
+]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -42,6 +55,13 @@ def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float | None:
     if reaped_children:
         ticks += int(f[13]) + int(f[14])
     return ticks / _TICK
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (all cores, every process: /proc/stat less idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK  # user..steal, less idle and iowait
 
 
 def parent_pid(pid: int) -> int | None:
@@ -164,6 +184,7 @@ class CpuMeter:
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
+        self.machine0 = machine_busy_seconds()
         for role in self.roles:
             self.base[role], self.last[role] = {}, {}
             self._sample(role, first=True)
@@ -177,13 +198,15 @@ class CpuMeter:
                 self._sample(role, first=False)
 
     def stop(self) -> dict[str, float]:
-        """CPU seconds per role over the window (shared roles less their idle rate), and 'wall'."""
+        """CPU seconds per role over the window (shared roles less their idle rate), 'wall', and 'machine'
+        (the whole machine's busy CPU seconds over the window, as a cross-check)."""
         self._stop.set()
         if self._thread:
             self._thread.join()
         for role in self.roles:
             self._sample(role, first=False)
         self.t1 = time.perf_counter()
+        machine = machine_busy_seconds() - self.machine0
         wall = self.t1 - self.t0
         out = {}
         for role in self.roles:
@@ -193,6 +216,7 @@ class CpuMeter:
                 out[role + "_raw"] = raw
                 out[role + "_idle_per_s"] = self.idle_rate[role]
         out["wall"] = wall
+        out["machine"] = machine  # everything, other people's work included: an upper bound
         return out
 
 
@@ -216,12 +240,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
-    k = max(0, min(len(s) - 1, int(round(q / 100 * len(s) + 0.5)) - 1))
+    k = max(0, min(len(s) - 1, round(q / 100 * len(s) + 0.5) - 1))
     return s[k]
 
 
 def median(values: Iterable[float]) -> float:
-    vals = [v for v in values if v == v]
+    vals = [v for v in values if not math.isnan(v)]
     return statistics.median(vals) if vals else float("nan")
 
 

@@ -45,9 +45,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import asyncpg
 from redis.asyncio import Redis
@@ -55,13 +55,13 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fencepost.client import Client  # noqa: E402
-from fencepost.core.config import Settings  # noqa: E402
-from fencepost.core.models import Submit  # noqa: E402
-from fencepost.core.record import upgrade  # noqa: E402
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.models import Submit
+from fencepost.core.record import upgrade
 
-from bench.app import DONE_KEY, RUNS_KEY, registry  # noqa: E402
-from bench.measure import (  # noqa: E402
+from bench.app import DONE_KEY, RUNS_KEY, registry
+from bench.measure import (
     CpuMeter,
     commandstats_delta,
     median,
@@ -158,7 +158,7 @@ class Fencepost:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.workers: list[subprocess.Popen[bytes]] = []
 
-    async def __aenter__(self) -> "Fencepost":
+    async def __aenter__(self) -> Self:
         a = self.a
         db_url = await fresh_database(a.admin_url, FP_DB)
         self.settings = Settings(redis_url=a.redis_url, database_url=db_url, prefix="bench")
@@ -234,6 +234,7 @@ class Fencepost:
 def per_job_cpu(cpu: dict[str, float], jobs: int) -> dict[str, float]:
     out = {r: round(cpu.get(r, 0.0) / jobs * 1e6, 1) for r in ROLES}
     out["total"] = round(sum(out[r] for r in ROLES), 1)
+    out["machine"] = round(cpu.get("machine", 0.0) / jobs * 1e6, 1)
     return out
 
 
@@ -269,7 +270,8 @@ async def fp_drain(a: argparse.Namespace, workers: int) -> dict[str, Any]:
         events = await fp.poll.fetchval("SELECT count(*) FROM events")
         failed = await fp.poll.fetchval("SELECT count(*) FROM runs WHERE status <> 'SUCCEEDED'")
     out = {"system": "fencepost", "workers": workers, "jobs": a.jobs, "submit_per_s": a.jobs / submit_s,
-           "drain_per_s": a.jobs / drain_s, "history_lag_s": lag_s, "cpu_us": per_job_cpu(cpu, a.jobs),
+           "drain_per_s": a.jobs / drain_s, "durable_per_s": a.jobs / (drain_s + lag_s), "history_lag_s": lag_s,
+           "cpu_us": per_job_cpu(cpu, a.jobs),
            "cpu_raw": cpu, "commandstats": stats, "events": events,
            "notes": f"concurrency={a.concurrency or 'default'}; calls of {call}"}
     if recorded != a.jobs or failed:
@@ -352,7 +354,7 @@ async def fp_spike(a: argparse.Namespace) -> dict[str, Any]:
         await fp.settle()
         lead = 3.0 + n / 5000
         at = float(math.ceil(time.time() + lead))  # a whole second, as for the peers (SAQ schedules in seconds)
-        run_at = datetime.fromtimestamp(at, timezone.utc)
+        run_at = datetime.fromtimestamp(at, UTC)
         for i in range(0, n, 1000):
             await fp.client.submit_many([Submit(handler="bench.tiny", run_at=run_at)] * min(1000, n - i))
         margin = at - time.time()
@@ -411,7 +413,7 @@ def run_peer(a: argparse.Namespace, peer: str, mode: str, *extra: str) -> dict[s
            "--database-url", a.admin_url.rsplit("/", 1)[0] + "/" + PEER_DB, *extra]
     if batch:
         cmd += ["--batch", batch]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     for line in reversed(out.stdout.splitlines()):
         if line.startswith("{"):
             data = json.loads(line)
@@ -432,7 +434,7 @@ def peer_drain(a: argparse.Namespace, peer: str, workers: int) -> dict[str, Any]
 # --------------------------------------------------------------------------- modes and tables
 
 def fmt(v: Any, digits: int = 0) -> str:
-    if v is None or (isinstance(v, float) and v != v):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if isinstance(v, (int, float)):
         return f"{v:,.{digits}f}"
@@ -476,7 +478,8 @@ def med(results: list[dict[str, Any]], system: str, key: str, workers: int | Non
         if workers is not None and r.get("workers") != workers:
             continue
         v = r[key][sub] if sub else r[key]
-        vals.append(float(v))
+        if v is not None:
+            vals.append(float(v))
     return median(vals)
 
 
@@ -496,11 +499,13 @@ def print_drain(a: argparse.Namespace, systems: list[str], results: list[dict[st
         if "fencepost" in systems:
             for p in peers:
                 f, v = vals["fencepost"], vals[p]
-                cells.append(f"x{f / v:.2f}" if f == f and v == v and v else "-")
+                cells.append(f"x{f / v:.2f}" if not (math.isnan(f) or math.isnan(v)) and v else "-")
         print(f"{label:34}" + "".join(f"{c:>15}" for c in cells))
 
     for w in a.workers:
         row(f"drain jobs/s, {w} worker{'s' if w > 1 else ''}", "drain_per_s", w)
+    for w in a.workers:
+        row(f"  to durable history, {w}w", "durable_per_s", w)
     bulk = a.call_size or (10_000 if a.noop else 1_000)
     row(f"bulk submit/s (calls of {bulk:,})", "submit_per_s", a.workers[0])
     if a.single and not a.noop:
@@ -509,7 +514,8 @@ def print_drain(a: argparse.Namespace, systems: list[str], results: list[dict[st
         print(f"CPU-us per job, {w} worker{'s' if w > 1 else ''} (lower is better)")
         for role, label in (("worker", "worker process(es)"), ("recorder", "recorder (reconciler)"),
                             ("redis", "Redis server"), ("pg", "PostgreSQL backends"),
-                            ("pg_shared", "PostgreSQL shared helpers"), ("total", "total")):
+                            ("pg_shared", "PostgreSQL shared helpers"), ("total", "total"),
+                            ("machine", "whole machine (cross-check)")):
             row(f"  {label}", "cpu_us", w, role, 1)
     for w in a.workers:
         row(f"history lag after drain s, {w}w", "history_lag_s", w, digits=2)

@@ -23,7 +23,7 @@ PEERS = ("arq", "saq", "pgqueuer")
 def run_case(python: str, peer: str, jobs: int, workers: int, extra: list[str]) -> dict[str, Any]:
     """Run one case and return its JSON line (or an error record)."""
     cmd = [python, str(HERE / "run_peer.py"), "--peer", peer, "--jobs", str(jobs), "--workers", str(workers), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         return {"peer": peer, "workers": workers, "error": proc.stderr.strip()[-300:] or "no output"}

@@ -45,13 +45,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.measure import (  # noqa: E402
+from bench.measure import (
     CpuMeter,
     commandstats_delta,
     median,
@@ -173,7 +173,7 @@ async def saq_worker(cfg: Cfg) -> None:
 class SaqClient:
     """SAQ has no bulk enqueue: a call of K jobs is K concurrent ``Queue.enqueue`` (one Lua call each)."""
 
-    async def __aenter__(self) -> "SaqClient":
+    async def __aenter__(self) -> Self:
         self.q = saq_queue(CFG)
         await self.q.connect()
         return self
@@ -220,7 +220,7 @@ async def arq_worker(cfg: Cfg) -> None:
 class ArqClient:
     """``ArqRedis.enqueue_job`` is per job (WATCH/MULTI); a call of K jobs is K concurrent enqueues."""
 
-    async def __aenter__(self) -> "ArqClient":
+    async def __aenter__(self) -> Self:
         from arq import create_pool
         from arq.connections import RedisSettings
 
@@ -289,7 +289,7 @@ async def pgq_worker(cfg: Cfg) -> None:
 class PgqClient:
     """``Queries.enqueue`` with list arguments: one UNNEST insert per call."""
 
-    async def __aenter__(self) -> "PgqClient":
+    async def __aenter__(self) -> Self:
         import asyncpg
         from pgqueuer.queries import Queries
 
@@ -373,7 +373,7 @@ class Case:
         procs = self.procs
         self.meter = CpuMeter({
             "worker": lambda: [p.pid for p in procs if p.pid],
-            "recorder": lambda: [],
+            "recorder": list,
             "redis": lambda: [self.redis_pid],
             "pg": pg_backend_pids(self.postmaster, self.dbname, exclude=exclude),
             "pg_shared": pg_aux_pids(self.postmaster),
@@ -410,6 +410,7 @@ async def reset(cfg: Cfg) -> None:
 def per_job_cpu(cpu: dict[str, float], jobs: int) -> dict[str, float]:
     out = {r: round(cpu.get(r, 0.0) / jobs * 1e6, 1) for r in ROLES}
     out["total"] = round(sum(out[r] for r in ROLES), 1)
+    out["machine"] = round(cpu.get("machine", 0.0) / jobs * 1e6, 1)
     return out
 
 
@@ -459,7 +460,9 @@ async def mode_drain(cfg: Cfg) -> dict[str, Any]:
             await case.stop()
     recorded = cfg.jobs if cfg.job == "noop" else await done_count(cfg)
     out = {"jobs": cfg.jobs, "workers": cfg.workers, "submit_per_s": cfg.jobs / submit_s,
-           "drain_per_s": cfg.jobs / (t1 - t0), "cpu_us": per_job_cpu(cpu, cfg.jobs), "cpu_raw": cpu,
+           "drain_per_s": cfg.jobs / (t1 - t0),
+           "durable_per_s": cfg.jobs / (t1 - t0) if cfg.peer == "pgqueuer" else None,
+           "cpu_us": per_job_cpu(cpu, cfg.jobs), "cpu_raw": cpu,
            "commandstats": stats, "notes": notes(cfg)}
     if recorded != cfg.jobs:
         out["error"] = f"handler recorded {recorded} of {cfg.jobs} jobs"
@@ -633,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         out = run_async(MODES[cfg.mode](cfg))
-    except Exception as e:  # report, don't crash the caller's table
+    except Exception as e:  # noqa: BLE001 - report, don't crash the caller's table
         out = {"error": f"{type(e).__name__}: {e}"}
     out = {"peer": cfg.peer, "mode": cfg.mode, **out}
     print(json.dumps(out, default=str), flush=True)
