@@ -1,6 +1,8 @@
 -- common.lua: included at the top of every queue script by fencepost.core.hot.
 --
--- Every queue script receives the same KEYS (scheduler/keys.py, Keys.script_keys):
+-- Each script's header ends with its calling convention (`-- @keys`, `-- @argv`, `-- @each`,
+-- `-- @returns`), the layout fencepost.core.hot.CONTRACTS declares (tests/test_gateways.py).
+-- Every queue script (`-- @keys queue`) receives the same KEYS (fencepost.core.keys, Keys.script_keys):
 --   KEYS[1] due      ZSET  claimable runs of the default tenant (see "Dispatch order" below)
 --   KEYS[2] delayed  ZSET  delayed and RETRY_WAIT runs, score = run_at (ms)
 --   KEYS[3] active   ZSET  RUNNING / STOPPING runs, score = lease expiry (ms)
