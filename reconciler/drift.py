@@ -33,12 +33,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from fencepost.core import states
 from fencepost.core.fairness import due_and_held_sets, scan_queue
 from fencepost.core.hot import Drop, Inspected, Now, Sync, TtlArgs, Versioned
 from fencepost.core.models import run_row
-from fencepost.core.states import TERMINAL, Status
+from fencepost.core.states import ACTIVE, TERMINAL, Status
 from fencepost.core.stores import Stores
-
 from fencepost.reconciler.metrics import DRIFT_FOUND, DRIFT_REPAIRED
 
 log = logging.getLogger("fencepost.reconciler")
@@ -47,8 +47,8 @@ __all__ = ["Drift", "DriftRepair", "KINDS"]
 
 KINDS = ("missing", "lost_lease", "unqueued", "unrecorded", "terminal_in_pg", "stale_hash", "corrupt",
          "orphan_hash", "orphan_member")
-WAITING = frozenset({"PENDING", "RETRY_WAIT", "PAUSED", "BLOCKED"})
-LEASED = frozenset({"RUNNING", "STOPPING"})
+WAITING = frozenset(s.value for s in states.WAITING)
+LEASED = frozenset(s.value for s in ACTIVE)
 DONE = frozenset({s.value for s in TERMINAL})
 KNOWN = frozenset(s.value for s in Status)
 _FIELDS = ("state", "version", "run_at", "priority", "lease_until", "attempt", "token", "handler",

@@ -17,7 +17,7 @@ import msgspec
 
 from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused
 from fencepost.core.models import RunRow, Submit
-from fencepost.core.states import Status
+from fencepost.core.states import LIVE, UNSUCCESSFUL, Status
 
 if TYPE_CHECKING:
     from fencepost.client import Client
@@ -201,7 +201,7 @@ class WorkflowMixin:
         for n in nodes.values():
             for u in n["depends_on"]:
                 down[u].append(n["name"])
-        rerun_states = {"FAILED", "TIMED_OUT", "STOPPED", "CANCELLED"}
+        rerun_states = {s.value for s in UNSUCCESSFUL}
 
         def ups_ok(n: dict[str, Any]) -> bool:
             return all(nodes[u]["status"] == "SUCCEEDED" for u in n["depends_on"])
@@ -252,7 +252,7 @@ class WorkflowMixin:
             if n not in sub:
                 sub.add(n)
                 todo += down[n]
-        active = {"PENDING", "RETRY_WAIT", "RUNNING", "STOPPING", "PAUSED"}
+        active = {s.value for s in LIVE - {Status.BLOCKED}}
         busy = sorted(n for n in sub if nodes[n]["status"] in active)
         if busy:
             raise IllegalTransition(nodes[busy[0]]["id"], nodes[busy[0]]["status"],

@@ -10,12 +10,14 @@ import click
 from fencepost.cli.common import async_command, from_context
 from fencepost.client import Client
 from fencepost.core.config import Settings
+from fencepost.core.states import Status
 from fencepost.workflows import layers
 
 __all__ = ["workflow", "draw"]
 
 _MARK = {"SUCCEEDED": "✔", "FAILED": "✘", "TIMED_OUT": "✘", "CANCELLED": "⊘", "RUNNING": "▶", "STOPPING": "▶",
          "PENDING": "◌", "RETRY_WAIT": "↻", "BLOCKED": "·", "PAUSED": "‖", "STOPPED": "■"}
+_WITH_REASON = frozenset({Status.CANCELLED, Status.FAILED})  # shown with why they ended
 _COLOUR = {"SUCCEEDED": "green", "FAILED": "red", "TIMED_OUT": "red", "CANCELLED": "yellow", "RUNNING": "cyan",
            "STOPPING": "cyan", "RETRY_WAIT": "magenta"}
 
@@ -43,7 +45,7 @@ def draw(wf: dict[str, Any], *, colour: bool = False) -> list[str]:
             ups = n["depends_on"]
             shown_ups = ", ".join(ups) if len(ups) <= 6 else f"{', '.join(ups[:6])} +{len(ups) - 6}"
             arrow = f"  ◀ {shown_ups}" if ups else ""
-            why = f" ({n['reason']})" if n.get("reason") and st in ("CANCELLED", "FAILED") else ""
+            why = f" ({n['reason']})" if n.get("reason") and st in _WITH_REASON else ""
             out.append(f"{lead}{n['name']:<{width}}  {label} run {n['id']}{why}{arrow}")
     return out
 

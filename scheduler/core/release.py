@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from fencepost.core.record import Session
+from fencepost.core.states import FAILED_FOR_GOOD
 
 __all__ = ["on_recorded", "release_dependents", "cancel_descendants", "sweep_blocked"]
 
-FAILED_FOR_GOOD = frozenset({"FAILED", "TIMED_OUT", "CANCELLED"})
 
 
 async def release_dependents(tx: Session, succeeded: Sequence[int], *,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fencepost.core.registry import Registry
+from fencepost.core.states import TERMINAL
 
 registry = Registry()
 
@@ -38,7 +39,7 @@ from fencepost.core.schedules import spread_offset_ms
 
 _UTC = timezone.utc
 _TABLES = ("runs", "events", "attempts")
-_DONE = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED")
+_DONE = tuple(sorted(s.value for s in TERMINAL))
 
 
 class Harness:
