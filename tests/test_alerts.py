@@ -110,7 +110,7 @@ def test_the_seeds_alerts_all_exist() -> None:
 
 
 def test_every_metric_the_rules_use_is_defined_in_the_code() -> None:
-    code = "\n".join(p.read_text() for d in ("worker", "reconciler", "scheduler") for p in (ROOT / d).glob("*.py"))
+    code = "\n".join(p.read_text() for d in ("worker", "reconciler", "scheduler") for p in (ROOT / d).rglob("*.py"))
     defined = set(re.findall(r'(?:Counter|Gauge|Histogram)\(\s*"(fencepost_\w+)"', code))
     used = set(re.findall(r"\b(fencepost_[a-z_]+)", RULES.read_text()))
     recorded = set(re.findall(r"record: (fencepost_\w+)", RULES.read_text()))
