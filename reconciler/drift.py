@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from fencepost.core import states
 from fencepost.core.fairness import due_and_held_sets, scan_queue
@@ -43,7 +44,7 @@ from fencepost.reconciler.metrics import DRIFT_FOUND, DRIFT_REPAIRED
 
 log = logging.getLogger("fencepost.reconciler")
 
-__all__ = ["Drift", "DriftRepair", "KINDS"]
+__all__ = ["KINDS", "Drift", "DriftRepair"]
 
 KINDS = ("missing", "lost_lease", "unqueued", "unrecorded", "terminal_in_pg", "stale_hash", "corrupt",
          "orphan_hash", "orphan_member")
@@ -176,7 +177,7 @@ class DriftRepair:
         start = "-"
         while True:
             entries = await self.stores.redis.xrange(stream, min=start, max="+", count=10_000)
-            for eid, f in entries:
+            for _eid, f in entries:
                 if b"run" in f:
                     pending.add(int(f[b"run"]))
             if len(entries) < 10_000:

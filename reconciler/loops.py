@@ -46,7 +46,7 @@ async def each_queue(loop: str, queues: Iterable[str], fn: Callable[[str], Await
     for q in queues:
         try:
             await fn(q)
-        except Exception as exc:  # noqa: BLE001 - isolated per queue; the next pass retries
+        except Exception as exc:
             failed.append(q)
             log.warning("%s failed on queue %s: %s", loop, q, exc, extra={"event": f"{loop}_failed", "queue": q})
     if failed:
@@ -73,7 +73,7 @@ class Loop:
             delay = await self.step()
         except QueueFailures:
             outcome = "error"  # each queue's failure was logged by each_queue
-        except Exception as exc:  # noqa: BLE001 - isolated per loop; the next pass retries
+        except Exception as exc:
             outcome = "error"
             log.warning("%s failed: %s", self.name, exc, extra={"event": f"{self.name}_failed"})
         else:

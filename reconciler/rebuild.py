@@ -31,7 +31,7 @@ from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import DriftRepair
 from fencepost.reconciler.metrics import REBUILD_SECONDS, REBUILDS, RESTORED
 
-__all__ = ["rebuild_queue", "untrusted_queues", "ensure_stamped"]
+__all__ = ["ensure_stamped", "rebuild_queue", "untrusted_queues"]
 
 log = logging.getLogger("fencepost.reconciler")
 

@@ -10,32 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import os
+import socket
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 from redis.exceptions import ResponseError
 
-from fencepost.core.record import REFUSED
-
-from fencepost.core.metrics import Cached
-
-from fencepost.reconciler import gauges
+from fencepost.core import release as workflows
 from fencepost.core.hot import TtlArgs, Versioned
+from fencepost.core.metrics import Cached
 from fencepost.core.models import encode_payload
+from fencepost.core.record import REFUSED
 from fencepost.core.states import TERMINAL
 from fencepost.core.stores import Stores
-
-from fencepost.core import release as workflows
+from fencepost.reconciler import gauges
 
 log = logging.getLogger("fencepost.recorder")
 
 GROUP = "recorder"
 _json = msgspec.json.Encoder()
-_UTC = timezone.utc
+_UTC = UTC
 _TERMINAL = {s.value for s in TERMINAL}
 
 
@@ -138,7 +135,7 @@ class Recorder:
             try:
                 if await self.run_once(pending=True) == 0:
                     break
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.warning("recorder replay failed: %s", exc)
                 self._groups.clear()  # Redis may have lost the stream and its group (restart, failover)
                 await asyncio.sleep(1)
@@ -152,7 +149,7 @@ class Recorder:
                     last_adopt = time.monotonic()
                     await self.adopt_orphans()
                 await self.run_once()
-            except Exception as exc:  # noqa: BLE001 - the stream keeps the entries; retry
+            except Exception as exc:
                 log.warning("recorder batch failed, will retry: %s", exc, extra={"event": "recorder_retry"})
                 self._groups.clear()  # Redis may have lost the stream and its group (restart, failover)
                 replay = True

@@ -13,21 +13,33 @@ import logging
 import os
 import re
 import time
-from datetime import date, datetime, timedelta, timezone
+from collections.abc import Awaitable, Callable
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
 import msgspec
 
-from fencepost.core.record import Conn, Database, Session
 from fencepost.core.errors import InvalidInput
+from fencepost.core.record import Conn, Database, Session
 
-__all__ = ["parse_duration", "parse_archive_after", "month_of", "Partition", "Dropped", "ensure_partitions",
-           "archive_runs", "expired_partitions", "archive_path", "drop_partition", "Maintenance"]
+__all__ = [
+    "Dropped",
+    "Maintenance",
+    "Partition",
+    "archive_path",
+    "archive_runs",
+    "drop_partition",
+    "ensure_partitions",
+    "expired_partitions",
+    "month_of",
+    "parse_archive_after",
+    "parse_duration",
+]
 
 log = logging.getLogger("fencepost.retention")
 
-_UTC = timezone.utc
+_UTC = UTC
 _T = TypeVar("_T")
 _DURATION = re.compile(r"(\d+)([mhdw])")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -127,7 +139,7 @@ async def _copy_out(s: Session, table: str, path: Path) -> int:
                 out.write(chunk)
 
             copied = await s.copy_out(table, write, format="csv", header=True)
-        with open(tmp, "rb") as f:
+        with open(tmp, "rb") as f:  # noqa: ASYNC230 - one local fsync before the rename that publishes it
             os.fsync(f.fileno())
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -20,7 +20,7 @@ from prometheus_client import Gauge
 from fencepost.core.scaling import scale_hint
 from fencepost.core.stores import Stores
 
-__all__ = ["ScaleHints", "WORKERS"]
+__all__ = ["WORKERS", "ScaleHints"]
 
 WORKERS = Gauge("fencepost_scale_hint_workers", "Worker replicas the queue needs now (Little's law: "
                 "(arrival rate + backlog / target lag) x mean run time / (concurrency x utilisation))", ["queue"])

@@ -187,7 +187,7 @@ class Reconciler:
         await self.stores.check_redis()
         try:
             await self.outbox.listen()
-        except Exception as exc:  # noqa: BLE001 - the outbox loop re-opens it
+        except Exception as exc:
             log.warning("outbox_listen failed: %s", exc, extra={"event": "outbox_listen_failed"})
         log.info("reconciler started", extra={"event": "reconciler_started"})
         recorder = asyncio.create_task(self.recorder.run(self.stop), name="fencepost-recorder")

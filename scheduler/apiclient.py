@@ -38,7 +38,7 @@ def _parse_times(row: Any) -> Any:
     if isinstance(row, dict):
         out = {}
         for k, v in row.items():
-            if isinstance(v, str) and k.endswith(("_at", "run_at", "_time")) or k == "at":
+            if (isinstance(v, str) and k.endswith(("_at", "run_at", "_time"))) or k == "at":
                 try:
                     v = datetime.fromisoformat(v) if isinstance(v, str) else v
                 except ValueError:
@@ -73,7 +73,7 @@ class ApiClient:
         for k, v in (headers or {}).items():
             req.add_header(k, v)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 - operator-given URL
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             raw = exc.read()

@@ -9,23 +9,31 @@ import re
 import threading
 import time
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
 
-from fencepost.core.config import Settings
 from fencepost.control import ControlMixin
-from fencepost.core.record import Conn, store_definitions
-from fencepost.core.errors import InvalidInput, RedisUnavailable, PayloadTooLarge, UnknownHandler, UnknownRun, WaitTimeout
-from fencepost.core.keys import valid_queue_name
+from fencepost.core.config import Settings
+from fencepost.core.errors import (
+    InvalidInput,
+    PayloadTooLarge,
+    RedisUnavailable,
+    UnknownHandler,
+    UnknownRun,
+    WaitTimeout,
+)
 from fencepost.core.hot import StampArgs
+from fencepost.core.keys import valid_queue_name
 from fencepost.core.models import JobSpec, Outcome, RunRow, Submit, decode_result, encode_payload, run_columns
+from fencepost.core.record import Conn, store_definitions
 from fencepost.core.registry import Handler, Registry
 from fencepost.core.states import RESTING, Status
-from fencepost.core.tracing import new_traceparent, traceparent_var, valid_traceparent
 from fencepost.core.stores import Stores
+from fencepost.core.tracing import new_traceparent, traceparent_var, valid_traceparent
 from fencepost.workflows import WorkflowMixin
 
 __all__ = ["Client", "SyncClient"]
@@ -33,7 +41,7 @@ __all__ = ["Client", "SyncClient"]
 log = logging.getLogger("fencepost.client")
 
 T = TypeVar("T")
-_UTC = timezone.utc
+_UTC = UTC
 
 
 _LABEL_RE = re.compile(r"[^\s{}]{1,128}")  # fullmatch: a trailing newline is not a new tenant
@@ -89,14 +97,14 @@ class Client(ControlMixin, WorkflowMixin):
         self.registry: Registry | None = None
         self._defs: dict[str, JobSpec] = {}
 
-    async def connect(self) -> "Client":
+    async def connect(self) -> Client:
         await self.stores.connect()
         return self
 
     async def close(self) -> None:
         await self.stores.close()
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         return await self.connect()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -346,7 +354,7 @@ class SyncClient:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> "SyncClient":
+    def __enter__(self) -> SyncClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

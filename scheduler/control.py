@@ -20,7 +20,7 @@ from fencepost.core.states import Status
 if TYPE_CHECKING:
     from fencepost.client import Client
 
-__all__ = ["ControlMixin", "COMMANDS", "BULK_DEFAULT_LIMIT"]
+__all__ = ["BULK_DEFAULT_LIMIT", "COMMANDS", "ControlMixin"]
 
 COMMANDS = ("pause", "stop", "cancel", "resume", "restart", "retry")
 BULK_DEFAULT_LIMIT = 100
@@ -29,15 +29,15 @@ BULK_DEFAULT_LIMIT = 100
 class ControlMixin:
     """Mixed into Client."""
 
-    async def pause(self: "Client", run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def pause(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """PENDING / RETRY_WAIT -> PAUSED now ('PAUSED'); RUNNING -> pause requested ('REQUESTED')."""
         return await self._command("pause", run_id, reason, expected_version)
 
-    async def stop(self: "Client", run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def stop(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """RUNNING -> STOPPING; the run becomes STOPPED when the handler lets go (or is forced)."""
         return await self._command("stop", run_id, reason, expected_version)
 
-    async def cancel(self: "Client", run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def cancel(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """Not running: CANCELLED now. Running: stopped first, then CANCELLED ('STOPPING')."""
         run = await self._hot_run(run_id)
         spec = (await self._specs([run["handler"]])).get(run["handler"])
@@ -46,21 +46,21 @@ class ControlMixin:
             compensate = spec.compensate or "!"  # '!': flag needs_compensation, nothing to enqueue
         return await self._command("cancel", run_id, reason, expected_version, run=run, compensate=compensate)
 
-    async def resume(self: "Client", run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def resume(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """PAUSED / STOPPED -> PENDING: same run, next attempt starts from the latest checkpoint."""
         run = await self._hot_run(run_id)
         await self._check_resumable(run)
         return await self._command("resume", run_id, reason, expected_version, run=run)
 
-    async def restart(self: "Client", run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def restart(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """From the beginning: the checkpoint is discarded (its generation is bumped)."""
         return await self._command("restart", run_id, reason, expected_version)
 
-    async def retry(self: "Client", run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def retry(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """A dead-lettered run (FAILED / TIMED_OUT / CANCELLED) -> PENDING, keeping its checkpoint."""
         return await self._command("retry", run_id, reason, expected_version)
 
-    async def resolve(self: "Client", run_id: int, *, as_: str, reason: str = "",
+    async def resolve(self: Client, run_id: int, *, as_: str, reason: str = "",
                       expected_version: int | None = None) -> str:
         """Close a review-queue run: `as_` is 'succeeded' or 'failed' (or 'retry' to run it again)."""
         if as_ not in ("succeeded", "failed", "retry"):
@@ -73,18 +73,18 @@ class ControlMixin:
             return await self.retry(run_id, reason=reason, expected_version=expected_version)
         return await self._command("resolve", run_id, reason, expected_version, run=run, outcome=as_)
 
-    async def review_queue(self: "Client", *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    async def review_queue(self: Client, *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         return [dict(r) for r in await self.stores.db.fetch("review_queue", queue, limit)]
 
     # -- queues --------------------------------------------------------------------------------
-    async def pause_queue(self: "Client", queue: str, *, reason: str = "") -> None:
+    async def pause_queue(self: Client, queue: str, *, reason: str = "") -> None:
         """Nothing new is dispatched from the queue; running runs carry on."""
         await self._set_queue_paused(queue, True, reason)
 
-    async def resume_queue(self: "Client", queue: str, *, reason: str = "") -> None:
+    async def resume_queue(self: Client, queue: str, *, reason: str = "") -> None:
         await self._set_queue_paused(queue, False, reason)
 
-    async def _set_queue_paused(self: "Client", queue: str, paused: bool, reason: str) -> None:
+    async def _set_queue_paused(self: Client, queue: str, paused: bool, reason: str) -> None:
         db = self.stores.db
         if await db.fetchrow("queue_exists", queue) is None:
             raise UnknownQueue(queue)
@@ -98,7 +98,7 @@ class ControlMixin:
         await db.execute("queue_event", queue, "queue_paused" if paused else "queue_resumed", self.actor, reason or None)
 
     # -- bulk ----------------------------------------------------------------------------------
-    async def bulk(self: "Client", command: str, *, queue: str, status: str | None = None, handler: str | None = None,
+    async def bulk(self: Client, command: str, *, queue: str, status: str | None = None, handler: str | None = None,
                    limit: int = BULK_DEFAULT_LIMIT, confirm: bool = False, reason: str = "") -> dict[str, Any]:
         """Apply a command to the runs of a queue that match; without `confirm` nothing changes
         and BulkNotConfirmed says how many match. At most `limit` runs are touched."""
@@ -120,12 +120,12 @@ class ControlMixin:
                 done[state] = done.get(state, 0) + 1
             except (InvalidInput, UnknownRun, ResumeRefused) as exc:
                 refused[run_id] = str(exc)
-            except Exception as exc:  # noqa: BLE001 - one run's refusal does not stop the rest
+            except Exception as exc:
                 refused[run_id] = str(exc)
         return {"matched": matched, "acted": len(ids), "results": done, "refused": refused}
 
     # -- internals -----------------------------------------------------------------------------
-    async def _hot_run(self: "Client", run_id: int) -> dict[str, Any]:
+    async def _hot_run(self: Client, run_id: int) -> dict[str, Any]:
         """The run from the hot table only: an archived run (finished, moved to runs_archive) is
         history, and re-enqueuing it would run it with no row to record into; UnknownRun."""
         row = await self.stores.db.fetchrow("get_hot_run", run_id)
@@ -133,14 +133,14 @@ class ControlMixin:
             raise UnknownRun(run_id)
         return dict(row)
 
-    async def _specs(self: "Client", names: list[str]) -> dict[str, Any]:
+    async def _specs(self: Client, names: list[str]) -> dict[str, Any]:
         try:
             await self._load_definitions(set(names))
         except InvalidInput:
             pass
         return {n: self._defs[n] for n in names if n in self._defs}
 
-    async def _check_resumable(self: "Client", run: dict[str, Any]) -> None:
+    async def _check_resumable(self: Client, run: dict[str, Any]) -> None:
         """Refuse, with the reason, what cannot be resumed safely; restart stays available."""
         run_id, name = run["id"], run["handler"]
         spec = (await self._specs([name])).get(name)
@@ -165,7 +165,7 @@ class ControlMixin:
             if problem:
                 raise ResumeRefused(run_id, problem)
 
-    async def _command(self: "Client", verb: ControlVerb, run_id: int, reason: str, expected_version: int | None,
+    async def _command(self: Client, verb: ControlVerb, run_id: int, reason: str, expected_version: int | None,
                        *, run: dict[str, Any] | None = None, compensate: str | None = None,
                        outcome: str | None = None) -> str:
         run = run or await self._hot_run(run_id)

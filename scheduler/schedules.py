@@ -3,28 +3,36 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from fencepost.core.errors import InvalidInput
 from fencepost.core.models import encode_payload
-from fencepost.core.schedules import (ScheduleExists, ScheduleSpec, UnknownSchedule, validated, next_fire_after,
-                                      next_fires, spread_offset_ms)
+from fencepost.core.schedules import (
+    ScheduleExists,
+    ScheduleSpec,
+    UnknownSchedule,
+    next_fire_after,
+    next_fires,
+    spread_offset_ms,
+    validated,
+)
 
 if TYPE_CHECKING:
     from fencepost.client import Client
 
 __all__ = ["Schedules"]
 
-_UTC = timezone.utc
+_UTC = UTC
 
 
 class Schedules:
     """Add, list, pause, resume and remove schedules (validated before anything is written)."""
 
-    def __init__(self, client: "Client") -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
         self.db = client.stores.db
 

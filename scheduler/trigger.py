@@ -33,10 +33,11 @@ import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import msgspec
+from prometheus_client import Counter, Gauge
 
 from fencepost.core.hot import StampArgs
 from fencepost.core.models import RunRow, run_columns
@@ -44,12 +45,11 @@ from fencepost.core.release import sweep_blocked
 from fencepost.core.schedules import fires_between, next_fire_after
 from fencepost.core.states import Status
 from fencepost.core.stores import Stores
-from prometheus_client import Counter, Gauge
 
-__all__ = ["Trigger", "Clock", "SystemClock", "ManualClock", "TickResult", "LEASE_NAME"]
+__all__ = ["LEASE_NAME", "Clock", "ManualClock", "SystemClock", "TickResult", "Trigger"]
 
 log = logging.getLogger("fencepost.trigger")
-_UTC = timezone.utc
+_UTC = UTC
 LEASE_NAME = "trigger"
 
 
@@ -88,7 +88,7 @@ class TickResult:
     schedules: int = 0
     run_ids: list[int] = field(default_factory=list)
 
-    def __iadd__(self, o: "TickResult") -> "TickResult":
+    def __iadd__(self, o: TickResult) -> TickResult:
         self.created += o.created
         self.duplicates += o.duplicates
         self.skipped += o.skipped
@@ -309,7 +309,7 @@ class Trigger:
             for queue, batch in by_queue.items():
                 await self.stores.scripts.enqueue_runs(self.stores.keys(queue), batch)
             await self.stores.db.execute("clear_outbox", ids)
-        except Exception as exc:  # noqa: BLE001 - committed with outbox=true: the relay moves them
+        except Exception as exc:
             log.warning("enqueue after commit failed; the outbox relay will move the runs: %s", exc,
                         extra={"event": "trigger_enqueue_failed"})
 
@@ -335,7 +335,7 @@ class Trigger:
                     if time.monotonic() - last_sweep > self.sweep_every_s:
                         last_sweep = time.monotonic()
                         await self.sweep()
-            except Exception as exc:  # noqa: BLE001 - a store restart: retry on the next tick
+            except Exception as exc:
                 log.warning("trigger tick failed: %s", exc, extra={"event": "trigger_tick_failed"})
                 self.lease_token = None
             if not busy:
@@ -346,7 +346,7 @@ class Trigger:
         if self.use_lease and self.lease_token is not None:
             try:
                 await self.release()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -22,9 +23,9 @@ from fencepost.core.states import LIVE, UNSUCCESSFUL, Status
 if TYPE_CHECKING:
     from fencepost.client import Client
 
-__all__ = ["Node", "WorkflowMixin", "WorkflowCycle", "UnknownDependency", "UnknownWorkflow", "layers"]
+__all__ = ["Node", "UnknownDependency", "UnknownWorkflow", "WorkflowCycle", "WorkflowMixin", "layers"]
 
-_UTC = timezone.utc
+_UTC = UTC
 
 
 class Node(msgspec.Struct, kw_only=True, frozen=True):
@@ -95,7 +96,7 @@ def _check_graph(nodes: Sequence[Node]) -> list[str]:
                 d = deps[n][i]
                 c = colour.get(d, 0)
                 if c == 1:
-                    cyc = path[path.index(d):] + [d]
+                    cyc = [*path[path.index(d):], d]
                     cyc.reverse()  # as upstream -> dependent
                     raise WorkflowCycle((d, n), cyc)
                 if c == 0:
@@ -133,7 +134,7 @@ def layers(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 class WorkflowMixin:
     """Mixed into Client."""
 
-    async def submit_workflow(self: "Client", nodes: Sequence[Node], *, name: str | None = None,
+    async def submit_workflow(self: Client, nodes: Sequence[Node], *, name: str | None = None,
                               trace: str | None = None) -> uuid.UUID:
         """Insert every node atomically under one workflow id; returns it. Cycles and unknown
         dependencies raise (WorkflowCycle, UnknownDependency) naming the edge; nothing is stored."""
@@ -170,7 +171,7 @@ class WorkflowMixin:
         await self.stores.db.execute("clear_outbox", [ids[i] for i in roots])
         return wid
 
-    async def workflow(self: "Client", workflow_id: uuid.UUID | str) -> dict[str, Any]:
+    async def workflow(self: Client, workflow_id: uuid.UUID | str) -> dict[str, Any]:
         """The workflow and its current nodes (name, run id, status, upstream names)."""
         wid = _uuid(workflow_id)
         row = await self.stores.db.fetchrow("wf_get", wid)
@@ -181,7 +182,7 @@ class WorkflowMixin:
             n["depends_on"] = list(n["depends_on"])
         return {**dict(row), "nodes": nodes}
 
-    async def retry_workflow(self: "Client", workflow_id: uuid.UUID | str, *, recompute: Sequence[str] = (),
+    async def retry_workflow(self: Client, workflow_id: uuid.UUID | str, *, recompute: Sequence[str] = (),
                              reason: str = "") -> dict[str, list[str]]:
         """Re-run what did not succeed, keeping succeeded nodes.
 
@@ -239,7 +240,7 @@ class WorkflowMixin:
                 done["refused"].append(f"{n['name']}: {exc}")
         return done
 
-    async def _recompute(self: "Client", wid: uuid.UUID, nodes: dict[str, dict[str, Any]],
+    async def _recompute(self: Client, wid: uuid.UUID, nodes: dict[str, dict[str, Any]],
                          names: Sequence[str]) -> dict[str, list[str]]:
         down: dict[str, list[str]] = defaultdict(list)
         for n in nodes.values():

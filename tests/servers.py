@@ -32,7 +32,7 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server on 127.0.0.1 without persistence (unless asked), in a private dir."""
 
-    def __init__(self, port: int | None = None, *, replicaof: "RedisServer | None" = None,
+    def __init__(self, port: int | None = None, *, replicaof: RedisServer | None = None,
                  extra: tuple[str, ...] = ()) -> None:
         self.port = port or free_port()
         self.replicaof = replicaof
@@ -52,7 +52,7 @@ class RedisServer:
     def client(self, **kw: Any) -> aioredis.Redis:
         return aioredis.Redis(host=HOST, port=self.port, **kw)
 
-    async def start(self, timeout: float = 10.0) -> "RedisServer":
+    async def start(self, timeout: float = 10.0) -> RedisServer:
         args = ["redis-server", "--bind", HOST, "--port", str(self.port), "--save", "", "--appendonly", "no",
                 "--dir", self.dir, "--protected-mode", "yes", "--enable-debug-command", "local",
                 "--maxmemory-policy", "noeviction", *self.extra]
@@ -107,7 +107,7 @@ class TcpProxy:
     def url(self) -> str:
         return f"redis://{HOST}:{self.port}/0"
 
-    async def start(self) -> "TcpProxy":
+    async def start(self) -> TcpProxy:
         self._server = await asyncio.start_server(self._handle, HOST, self.port)
         return self
 
@@ -156,7 +156,7 @@ class SentinelServer(RedisServer):
         super().__init__()
         self.primary, self.service = primary, service
 
-    async def start(self, timeout: float = 10.0) -> "SentinelServer":
+    async def start(self, timeout: float = 10.0) -> SentinelServer:
         conf = os.path.join(self.dir, "sentinel.conf")
         with open(conf, "w") as f:
             f.write(f"bind {HOST}\nport {self.port}\ndir {self.dir}\n"
@@ -218,7 +218,7 @@ class RedisClusterServers:
     def by_port(self, port: int) -> RedisServer:
         return next(n for n in self.nodes if n.port == port)
 
-    async def start(self, timeout: float = 30.0) -> "RedisClusterServers":
+    async def start(self, timeout: float = 30.0) -> RedisClusterServers:
         try:
             await asyncio.gather(*(n.start() for n in self.nodes))
             out = subprocess.run(["redis-cli", "--cluster", "create", *(f"{HOST}:{n.port}" for n in self.nodes),

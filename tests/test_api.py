@@ -11,8 +11,9 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -22,7 +23,6 @@ from fencepost.api.auth import create_token, hash_secret
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.stores import Stores
-
 from tests.conftest import ROOT, record_all, worker_env
 
 PROBLEM = "application/problem+json"
@@ -216,7 +216,7 @@ async def test_submit_idempotent_over_http_and_read_back(api: Api, client: Clien
     mine = (await api.req("GET", "/v1/runs?limit=2", "producer")).json()
     assert [r["id"] for r in mine] == sorted(b1.json()["ids"], reverse=True)[:2]
     assert len((await api.req("GET", "/v1/runs?status=pending&handler=t.echo&queue=tq", "admin")).json()) == 4
-    future = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     assert (await api.req("GET", "/v1/runs", "admin", params={"since": future})).json() == []
     assert len((await api.req("GET", "/v1/runs", "admin", params={"until": future})).json()) == 4
     _problem(await api.req("GET", "/v1/runs?status=NOPE", "admin"), 422, field="status")
@@ -576,7 +576,7 @@ async def test_schemathesis_finds_no_server_error(settings: Settings, client: Cl
                     return
                 try:
                     case.validate_response(resp, checks=[status_code_conformance, response_schema_conformance])
-                except Exception as exc:  # noqa: BLE001 - collected and reported together
+                except Exception as exc:
                     failures.append(f"{where}: {str(exc)[:400]}")
 
             check()

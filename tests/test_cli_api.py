@@ -11,8 +11,8 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 import pytest
 
@@ -22,7 +22,6 @@ from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.stores import Stores
 from fencepost.workflows import Node
-
 from tests.conftest import ROOT, record_all, worker_env
 from tests.test_api import serve_in_thread
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -24,7 +25,6 @@ import pytest_asyncio
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
-
 from tests.apps import registry
 from tests.conftest import spawn, wait_until
 from tests.servers import RedisClusterServers

@@ -11,8 +11,9 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -24,9 +25,8 @@ from fencepost.core.stores import Stores
 from fencepost.worker.checkpoints import Checkpoints
 from fencepost.worker.context import Context, LeaseLost
 from fencepost.worker.runtime import Worker, WorkerOptions
-
 from tests.apps import registry
-from tests.conftest import log_tail, run_state, wait_state, ROOT, record_all, spawn, wait_until, worker_env
+from tests.conftest import ROOT, log_tail, record_all, run_state, spawn, wait_state, wait_until, worker_env
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +132,7 @@ async def _worker(settings: Settings, **opts: Any) -> AsyncIterator[Worker]:
         w.request_stop()
         try:
             await asyncio.wait_for(task, 20)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
@@ -141,7 +141,7 @@ async def _ready(w: Worker, task: asyncio.Task[None]) -> bool:
     if task.done():
         task.result()  # surface a startup failure
     procs = w.executors.procs
-    return procs is None or len(procs._children) >= 1  # noqa: SLF001
+    return procs is None or len(procs._children) >= 1
 
 
 @pytest.fixture
@@ -292,7 +292,7 @@ async def test_stop_of_a_non_cooperative_process_job_escalates_kills_it_and_is_f
         assert procs is not None
         rid = await client.submit("t.stubborn")
         await wait_state(stores, rid, {"RUNNING"}, 20)
-        (child,) = list(procs._children)  # noqa: SLF001 - one child: the one running the job
+        (child,) = list(procs._children)
         assert child.proc.is_alive()
         t0 = time.monotonic()
         assert await client.stop(rid, reason="taking too long") == "STOPPING"
@@ -473,7 +473,7 @@ async def test_cancel_racing_a_claim_never_both_claims_and_cancels(client: Clien
     for i in range(50):
         rid = await client.submit("t.noop")
 
-        async def claim() -> list[Any]:
+        async def claim(i: int = i) -> list[Any]:
             await asyncio.sleep(random.random() * 0.004)  # land on either side of the cancel
             return await _claim(stores, 5, worker=f"w{i}")
 
@@ -577,7 +577,7 @@ async def test_stale_attempts_late_checkpoint_is_rejected_and_not_read(client: C
     token1 = int(raw[1])
     cps = Checkpoints(stores, registry)
     old = Context(rid, 1, token1, "tq", "t.items", worker_id="old-worker", gen=0)
-    old._writer = cps.write  # noqa: SLF001 - what the worker wires up
+    old._writer = cps.write
     assert await old.checkpoint({"next": 500}, processed=500) == 1
 
     # the old worker stalls; its lease expires and a new attempt takes over
@@ -588,7 +588,7 @@ async def test_stale_attempts_late_checkpoint_is_rejected_and_not_read(client: C
     token2 = int(raw[1])
     assert token2 > token1
     new = Context(rid, 2, token2, "tq", "t.items", worker_id="new-worker", gen=0)
-    new._writer = cps.write  # noqa: SLF001
+    new._writer = cps.write
     await cps.load(new)
     assert new.checkpoint_data == {"next": 500} and new.checkpoint_version == 1
 

@@ -15,15 +15,14 @@ from typing import Any
 import asyncpg
 import pytest
 
-from fencepost.reconciler.recorder import GROUP, Recorder, stream_id_int
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.models import Submit, decode_result
 from fencepost.core.stores import Stores
+from fencepost.reconciler.recorder import GROUP, Recorder, stream_id_int
 from fencepost.worker.runtime import Worker, WorkerOptions
-
 from tests.apps import registry
-from tests.conftest import log_tail, run_state, wait_state, record_all, spawn, wait_until
+from tests.conftest import log_tail, record_all, run_state, spawn, wait_state, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import os
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 
@@ -18,7 +18,6 @@ from fencepost.api.auth import create_token
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.stores import Stores
-
 from tests.conftest import ROOT
 from tests.test_api import serve_in_thread
 from tests.test_control import _worker

@@ -105,4 +105,4 @@ async def test_scale_hint_cli_and_reconciler_gauge(client: Client, settings: Set
     hints.target_lag_s, hints.concurrency = 5.0, 10
     await hints.observe(["tq"], force=True)
     # no finished attempts yet: the default 1 s run time -> ceil((40/300 + 8) x 1 / 8)
-    assert WORKERS.labels("tq")._value.get() == math.ceil((40 / 300 + 8) / 8)  # noqa: SLF001
+    assert WORKERS.labels("tq")._value.get() == math.ceil((40 / 300 + 8) / 8)

@@ -13,13 +13,12 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from fencepost.reconciler.rebuild import rebuild_queue
-from fencepost.reconciler.service import Reconciler
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.models import Submit
 from fencepost.core.stores import Stores
-
+from fencepost.reconciler.rebuild import rebuild_queue
+from fencepost.reconciler.service import Reconciler
 from tests.conftest import ROOT, record_all, wait_until, worker_env
 from tests.test_state_machine import CLAIM_FIELDS
 
@@ -196,7 +195,7 @@ async def test_rebuild_restores_queue_pause_and_bumps_the_epoch(client: Client, 
     assert await stores.redis.exists(k.paused)
     assert await claim(stores) == []  # paused: nothing claimed, no error (stamped)
     await stores.redis.delete(k.paused)
-    [(rid, token)] = await claim(stores)
+    [(_rid, token)] = await claim(stores)
     assert token >> 40 == epoch + 1
 
 

@@ -15,8 +15,9 @@ import asyncio
 import contextlib
 import logging
 import random
-from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import msgspec
 import pytest
@@ -24,17 +25,16 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import fencepost.reconciler.service  # noqa: F401 - what the reconciler process imports (drift metrics)
-from fencepost.reconciler.gauges import Gauges
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.keys import breaker_keys
 from fencepost.core.models import decode_result
 from fencepost.core.stores import Stores
 from fencepost.core.tracing import new_traceparent, trace_id
+from fencepost.reconciler.gauges import Gauges
 from fencepost.worker.acks import backoff_ms
 from fencepost.worker.breakers import BreakerPolicy, Breakers
 from fencepost.worker.runtime import Worker, WorkerOptions
-
 from tests import apps
 from tests.apps import registry
 from tests.conftest import record_all, wait_until
@@ -60,7 +60,7 @@ async def _running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
         worker.request_stop()
         try:
             await asyncio.wait_for(asyncio.shield(task), 20)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
@@ -197,7 +197,7 @@ async def test_invalid_input_and_policy_fail_at_once_mapping_applies_unknown_exc
     assert _sample("fencepost_handler_info", handler="t.err.policy", queue="tq", owner="team-errors",
                    model="async") == 1
     # the fleet history answers `fencepost events --since 10m --type failed`
-    since = await stores.db.fetch("events_since", datetime.now(timezone.utc) - timedelta(minutes=10), "failed",
+    since = await stores.db.fetch("events_since", datetime.now(UTC) - timedelta(minutes=10), "failed",
                                   "tq", 100)
     assert {(e["run_id"], e["reason"]) for e in since} >= {(policy, "policy"), (invalid, "fatal")}
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import pytest
@@ -29,7 +30,6 @@ from fencepost.core.config import Settings
 from fencepost.core.errors import DatabaseUnavailable, FencepostError
 from fencepost.core.models import Submit
 from fencepost.core.stores import Stores
-
 from tests.apps import registry
 from tests.conftest import spawn, wait_until
 from tests.servers import RedisServer, TcpProxy
@@ -52,7 +52,7 @@ class Load:
         self.stop = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         self.task = asyncio.create_task(self._run())
         return self
 

@@ -11,14 +11,15 @@ from collections import Counter
 
 import pytest
 import redis as sync_redis
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from redis.exceptions import ResponseError
 
-from fencepost.core.keys import Keys
 from fencepost.core.hot import SCRIPT_NAMES, render
+from fencepost.core.keys import Keys
 from fencepost.core.stores import Stores
-
 from tests.conftest import REDIS_URL
 from tests.test_fencing import T0, Queue
 from tests.test_state_machine import enqueue_args

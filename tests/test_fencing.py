@@ -12,7 +12,6 @@ import pytest
 from fencepost.core.errors import NotStamped
 from fencepost.core.keys import Keys
 from fencepost.core.stores import Stores
-
 from tests.test_state_machine import claimed_runs, enqueue_args
 
 T0 = 1_700_000_000_000
@@ -37,7 +36,7 @@ class Queue:
         self.stamp = stamp
         self.last_event = "0-0"
 
-    async def setup(self) -> "Queue":
+    async def setup(self) -> Queue:
         if self.stamp is not None:
             await self.stamp_epoch(self.stamp)
         return self

@@ -15,7 +15,6 @@ from fencepost.core.config import Settings
 from fencepost.core.errors import InvalidInput
 from fencepost.core.models import Submit
 from fencepost.core.stores import Stores
-
 from tests.conftest import log_tail, record_all, spawn, wait_until
 
 pytestmark = pytest.mark.slow

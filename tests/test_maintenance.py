@@ -17,7 +17,6 @@ from fencepost.core.stores import Stores
 from fencepost.reconciler import service
 from fencepost.reconciler.loops import QueueGate
 from fencepost.reconciler.service import Reconciler
-
 from tests.conftest import run_state
 from tests.test_drift import Q, claim
 

@@ -11,7 +11,6 @@ import asyncpg
 import pytest
 
 from fencepost.core.record import migrations, upgrade
-
 from tests.conftest import ADMIN_URL, ROOT, _db_url
 
 

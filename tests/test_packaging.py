@@ -24,7 +24,6 @@ from fencepost import __version__
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.errors import WaitTimeout
-
 from tests.conftest import ROOT, log_tail
 
 QUEUE = "appq"

@@ -6,7 +6,6 @@ import time
 
 from fencepost.client import Client
 from fencepost.core.stores import Stores
-
 from tests.conftest import record_all
 
 
@@ -30,7 +29,7 @@ async def test_a_poison_entry_is_quarantined_and_the_rest_recorded(client: Clien
     await stores.redis.xadd(keys.events, paused(good[2]))
     await record_all(stores)
 
-    statuses = {r["id"]: r["status"] for r in await stores.db.fetch("run_status", good + [bad])}
+    statuses = {r["id"]: r["status"] for r in await stores.db.fetch("run_status", [*good, bad])}
     assert [statuses[g] for g in good] == ["PAUSED"] * 3, "entries around the poison one are recorded"
     assert statuses[bad] == "PENDING", "the refused transition changed nothing"
     poison = await stores.redis.xrange(f"{stores.settings.prefix}:recorder:poison")

@@ -11,7 +11,7 @@ import gzip
 import subprocess
 import sys
 import time
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +19,25 @@ import asyncpg
 import msgspec
 import pytest
 
-from fencepost.reconciler.recorder import Recorder
-from fencepost.reconciler.service import Reconciler
 from fencepost.client import Client, Submit
 from fencepost.core.config import Settings
 from fencepost.core.errors import InvalidInput, UnknownRun
-from fencepost.reconciler.retention import Maintenance, archive_runs, ensure_partitions, parse_archive_after, parse_duration
 from fencepost.core.stores import Stores
-from fencepost.workflows import Node
+from fencepost.reconciler.recorder import Recorder
+from fencepost.reconciler.retention import (
+    Maintenance,
+    archive_runs,
+    ensure_partitions,
+    parse_archive_after,
+    parse_duration,
+)
+from fencepost.reconciler.service import Reconciler
 from fencepost.worker.runtime import Worker, WorkerOptions
-
+from fencepost.workflows import Node
 from tests.apps import registry
 from tests.conftest import ROOT, record_all, worker_env
 
-UTC = timezone.utc
+UTC = UTC
 MONTHS = [date(2024, 1, 1), date(2024, 2, 1), date(2024, 3, 1), date(2024, 4, 1)]
 TABLES = ("events", "attempts", "runs_archive")
 
@@ -275,7 +280,7 @@ async def test_archiving_moves_only_old_terminal_runs_and_they_are_still_found_b
     wf_run = await pool.fetchval("SELECT id FROM runs WHERE workflow_id = $1", wf)
     assert await pool.fetchval("SELECT status FROM runs WHERE id = $1", wf_run) == "SUCCEEDED"
     ten_days_ago = datetime.now(UTC) - timedelta(days=10)
-    await pool.execute("UPDATE runs SET finished_at = $2 WHERE id = ANY($1)", old + [wf_run], ten_days_ago)
+    await pool.execute("UPDATE runs SET finished_at = $2 WHERE id = ANY($1)", [*old, wf_run], ten_days_ago)
     await pool.execute("UPDATE runs SET created_at = $2 WHERE id = $1", pending, ten_days_ago)
     await pool.execute("INSERT INTO checkpoints (run_id, attempt) VALUES ($1, 1)", old[0])
     history = {rid: (await client.events(rid), await client.attempts(rid)) for rid in old}

@@ -8,7 +8,7 @@ import json
 import signal
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -17,10 +17,9 @@ from fencepost.client import Client
 from fencepost.core.schedules import InvalidCron, InvalidTimezone, ScheduleSpec, next_fires, spread_offset_ms, zone
 from fencepost.schedules import Schedules
 from fencepost.trigger import ManualClock, Trigger
-
 from tests.conftest import ROOT, spawn, wait_until, worker_env
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2030, 1, 7, 12, 0, 0, tzinfo=UTC)
 
 
@@ -169,7 +168,7 @@ async def test_downtime_coalesces_by_default_and_catchup_backfills_within_window
     await trig.tick()
     co = [r["fire_time"] for r in await _runs(client, "co")]
     cu = [r["fire_time"] for r in await _runs(client, "cu")]
-    m = lambda k: T0 + timedelta(minutes=k)  # noqa: E731
+    m = lambda k: T0 + timedelta(minutes=k)
     assert co == [m(1), m(11)], "missed fires coalesced into one, at the latest missed fire time"
     assert cu == [m(0), m(1), m(7), m(8), m(9), m(10), m(11)], "backfilled, bounded by the 5-minute window"
     evs = await client.stores.db.pool.fetch("SELECT run_id, queue, data FROM events WHERE type = 'fires_coalesced' "

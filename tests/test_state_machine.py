@@ -17,17 +17,25 @@ from dataclasses import dataclass, field
 
 import pytest
 import redis
-from hypothesis import HealthCheck, event as note, settings as hsettings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
-    run_state_machine_as_test
+from hypothesis import HealthCheck
+from hypothesis import event as note
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from redis.exceptions import ResponseError
 
+from fencepost.core.hot import SCRIPT_NAMES, _states_lua, render
 from fencepost.core.keys import Keys
 from fencepost.core.resources import resource_dir
-from fencepost.core.hot import SCRIPT_NAMES, _states_lua, render
 from fencepost.core.states import ACTIVE, TERMINAL, TRANSITIONS, Status, edges, is_legal
 from fencepost.core.stores import Stores
-
 from tests.conftest import REDIS_URL
 
 LUA = resource_dir("lua")
@@ -664,7 +672,7 @@ async def test_control_script_from_every_state(stores: Stores, name: str) -> Non
                 # a version the run has moved past: refused, nothing written
                 err, _ = await sc.check(name, rid, state, [NOW, rid, "op", "why", "4", "comp.undo"])
                 assert isinstance(err, str) and err.startswith("STALE_VERSION"), (name, state, err)
-                out, ev = await sc.check(name, rid, state, [NOW, rid, "op", "why", "5", "comp.undo"])
+                _out, ev = await sc.check(name, rid, state, [NOW, rid, "op", "why", "5", "comp.undo"])
                 if ev is None:
                     continue
                 took.add((state.value, ev["to"], ev["type"]))
@@ -678,7 +686,7 @@ async def test_control_script_from_every_state(stores: Stores, name: str) -> Non
 @pytest.mark.parametrize("state", sorted(ACTIVE))
 async def test_finish_from_active_states(stores: Stores, state: Status) -> None:
     sc = Scratch(stores)
-    for ctl in _variants(state) + [None]:
+    for ctl in [*_variants(state), None]:
         for outcome in ("ok", "error", "fatal", "timeout", "crash", "interrupted"):
             for data in (["x", "forced"] if outcome == "interrupted" else ["x"]):
                 for fails in (0, 2):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -12,7 +12,6 @@ from fencepost.client import Client
 from fencepost.core.errors import InvalidInput, PayloadTooLarge, UnknownHandler
 from fencepost.core.models import Submit
 from fencepost.worker.runtime import Worker, WorkerOptions
-
 from tests.apps import registry
 from tests.conftest import record_all
 
@@ -84,7 +83,7 @@ async def test_bad_input_is_a_typed_error_and_changes_nothing(client: Client, ba
 
 
 async def test_delayed_run_is_not_claimable_before_run_at(client: Client) -> None:
-    run_id = await client.submit("t.echo", 1, run_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    run_id = await client.submit("t.echo", 1, run_at=datetime.now(UTC) + timedelta(hours=1))
     keys = client.stores.keys("tq")
     assert await client.stores.redis.zscore(keys.delayed, run_id) is not None
     got = await client.stores.scripts.run("claim_due", keys, [int(datetime.now().timestamp() * 1000), 10, "w", 1000, 10])

@@ -6,15 +6,15 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from fencepost.client import Client
 from fencepost.dev.examples import registry as examples
 from fencepost.workflows import Node, UnknownDependency, WorkflowCycle
-
 from tests.conftest import ROOT, record_all, spawn, wait_until, worker_env
 
 

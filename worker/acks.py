@@ -63,7 +63,7 @@ class Acknowledger:
             try:
                 replies = await self.stores.scripts.finish_runs(self.stores.keys(queue), args, finishes)
                 break
-            except Exception as exc:  # noqa: BLE001 - keep the outcome until Redis takes it
+            except Exception as exc:
                 log.warning("finish of %d runs failed, retrying: %s", len(items), exc,
                             extra={"event": "finish_retry", "queue": queue})
                 await asyncio.sleep(delay)

@@ -12,15 +12,14 @@ import logging
 import time
 from dataclasses import dataclass
 
+from fencepost.core import metrics
 from fencepost.core.hot import BreakerCheckArgs, BreakerRecordArgs
 from fencepost.core.keys import breaker_keys
 from fencepost.core.stores import Stores
 
-from fencepost.core import metrics
-
 log = logging.getLogger("fencepost.worker.breakers")
 
-__all__ = ["Breakers", "BreakerPolicy"]
+__all__ = ["BreakerPolicy", "Breakers"]
 
 _CODE = {"closed": 0, "half_open": 1, "probe": 1, "open": 2}
 
@@ -78,7 +77,7 @@ class Breakers:
             await asyncio.sleep(self.flush_s)
             try:
                 await self.flush()
-            except Exception as exc:  # noqa: BLE001 - counts are retried on the next flush
+            except Exception as exc:
                 log.warning("breaker flush failed: %s", exc)
 
     async def flush(self) -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from fencepost.core import metrics
 from fencepost.core.models import decode_result, encode_result
 from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
-
-from fencepost.core import metrics
 from fencepost.worker.context import Context, Interrupt, LeaseLost
 
 __all__ = ["Checkpoints"]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fencepost.core.tracing import trace_id
-from typing import Any, Awaitable, Callable
 
-__all__ = ["Context", "SyncContext", "Interrupt", "LeaseLost"]
+__all__ = ["Context", "Interrupt", "LeaseLost", "SyncContext"]
 
 
 class Interrupt(BaseException):
@@ -33,9 +34,25 @@ class Context:
     overwrite a newer attempt's effects.
     """
 
-    __slots__ = ("run_id", "attempt", "token", "queue", "handler", "fire_time", "trace", "worker_id", "gen",
-                 "checkpoint_data", "checkpoint_version", "processed", "checkpointed_at", "_log", "_stop", "_ctl",
-                 "_writer")
+    __slots__ = (
+        "_ctl",
+        "_log",
+        "_stop",
+        "_writer",
+        "attempt",
+        "checkpoint_data",
+        "checkpoint_version",
+        "checkpointed_at",
+        "fire_time",
+        "gen",
+        "handler",
+        "processed",
+        "queue",
+        "run_id",
+        "token",
+        "trace",
+        "worker_id",
+    )
 
     def __init__(self, run_id: int, attempt: int, token: int, queue: str, handler: str,
                  fire_time: int | None = None, trace: str | None = None, worker_id: str = "", gen: int = 0) -> None:

@@ -17,17 +17,16 @@ from typing import Any
 
 import msgspec
 
+from fencepost.core.classify import OUTCOME_OF_KIND, classify
 from fencepost.core.errors import InvalidInput
 from fencepost.core.models import Claimed, decode_payload, encode_result
 from fencepost.core.registry import Registry
 from fencepost.core.tracing import traceparent_var
-
 from fencepost.worker.checkpoints import Checkpoints
-from fencepost.core.classify import OUTCOME_OF_KIND, classify
 from fencepost.worker.context import Context, Interrupt, LeaseLost
 from fencepost.worker.procpool import ChildCrashed, ProcessPool, RemoteError
 
-__all__ = ["Outcome", "Executors"]
+__all__ = ["Executors", "Outcome"]
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -101,7 +100,7 @@ class Executors:
             return Outcome("fatal", str(exc), type(exc).__name__)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - every handler error becomes an outcome
+        except Exception as exc:
             kind, retry_after = classify(exc, handler.errors)
             return Outcome(OUTCOME_OF_KIND[kind], f"{exc}\n{traceback.format_exc(limit=5)}"[:4000],
                            type(exc).__name__, retry_after, kind)

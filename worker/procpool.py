@@ -13,9 +13,10 @@ import multiprocessing as mp
 import os
 import signal
 import traceback
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from fencepost.core import metrics
 from fencepost.core.classify import classify
@@ -84,14 +85,14 @@ def _child_main(app: str, conn: Connection) -> None:
             conn.send(("interrupted", exc.kind))
         except LeaseLost as exc:
             conn.send(("lost", str(exc)))
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent, never raised here
+        except BaseException as exc:
 
             kind, retry_after = classify(exc, registry[handler].errors if handler in registry else None)
             conn.send(("err", type(exc).__name__, f"{exc}\n{traceback.format_exc(limit=5)}"[:4000], kind, retry_after))
 
 
 class _Child:
-    __slots__ = ("proc", "conn")
+    __slots__ = ("conn", "proc")
 
     def __init__(self, app: str) -> None:
         parent, child = _CTX.Pipe()

@@ -16,15 +16,14 @@ import uuid
 from dataclasses import dataclass, field
 from math import inf
 
-from fencepost.core.record import store_definitions
+from fencepost.core import metrics
 from fencepost.core.config import Settings
 from fencepost.core.errors import NotStamped, StoreUnavailable
 from fencepost.core.hot import ClaimArgs, EscalateArgs, Lease, Now, ReapArgs, RenewArgs
 from fencepost.core.models import Claimed
+from fencepost.core.record import store_definitions
 from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
-
-from fencepost.core import metrics
 from fencepost.worker.acks import Acknowledger
 from fencepost.worker.breakers import Breakers
 from fencepost.worker.checkpoints import Checkpoints
@@ -58,7 +57,7 @@ def _band(attempt: int) -> str:
 
 
 class _Running:
-    __slots__ = ("job", "ctx", "task", "deadline", "timed_out", "stop_seen", "forced", "finishing")
+    __slots__ = ("ctx", "deadline", "finishing", "forced", "job", "stop_seen", "task", "timed_out")
 
     def __init__(self, job: Claimed, ctx: Context, deadline: float) -> None:
         self.job, self.ctx = job, ctx
@@ -88,6 +87,7 @@ class Worker:
         self.breakers = Breakers(self.stores)
         self.m = metrics.Cached()
         self.running: dict[int, _Running] = {}
+        self._escalations: set[asyncio.Task[None]] = set()
         self.lost = 0
         self.claimed = 0
         self._stopping = asyncio.Event()
@@ -241,7 +241,7 @@ class Worker:
                         failed = waiter.exception()
             if failed is not None and not woke and not self._stopping.is_set():
                 raise failed  # Redis unreachable (a failover): back off below instead of spinning
-        except Exception as exc:  # noqa: BLE001 - idle wait is best effort
+        except Exception as exc:
             log.debug("idle wait failed: %s", exc)
             await asyncio.sleep(self.opts.idle_wait_s)
 
@@ -331,7 +331,7 @@ class Worker:
             await self.stores.redis.set(self.stores.keys(queue).throttle, max(1, in_queue // 2),
                                         px=max(int(retry_after * 1000), 1))
             metrics.THROTTLED.labels(queue).inc()
-        except Exception as exc:  # noqa: BLE001 - throttling is advisory
+        except Exception as exc:
             log.debug("could not throttle %s: %s", queue, exc)
 
     # -- gauges --------------------------------------------------------------------------------
@@ -379,7 +379,9 @@ class Worker:
                     grace = self._grace(entry.job.handler)
                     if now - entry.stop_seen > grace:
                         entry.forced = True
-                        asyncio.ensure_future(self._escalate(entry, grace))
+                        task = asyncio.ensure_future(self._escalate(entry, grace))
+                        self._escalations.add(task)  # a task nobody references can be collected mid-run
+                        task.add_done_callback(self._escalations.discard)
 
     def _grace(self, handler: str) -> float:
         h = self.registry.handlers.get(handler)
@@ -395,7 +397,7 @@ class Worker:
         try:
             args = EscalateArgs(int(time.time() * 1000), job.id, job.token, self.id, f"{grace:g}")
             await self.stores.scripts.escalate_stop(self.stores.keys(job.queue), args)
-        except Exception as exc:  # noqa: BLE001 - the forced stop goes ahead; the finish records it
+        except Exception as exc:
             log.warning("could not record stop escalation of run %s: %s", job.id, exc)
         if entry.task is not None:
             entry.task.cancel()
@@ -417,7 +419,7 @@ class Worker:
                         self.stores.keys(queue), RenewArgs(int(time.time() * 1000), self.lease_ms), leases)
                     metrics.HEARTBEAT.labels(queue).observe(time.monotonic() - t0)
                     metrics.RENEWALS.labels(queue).inc(sum(1 for r in replies if not r.lost))
-                except Exception as exc:  # noqa: BLE001 - a missed renewal is retried next period
+                except Exception as exc:
                     log.warning("lease renewal failed: %s", exc, extra={"event": "renew_failed", "queue": queue})
                     continue
                 for e, reply in zip(entries, replies):
@@ -452,7 +454,7 @@ class Worker:
                                                                ReapArgs(int(time.time() * 1000), 500))
                     if n:
                         metrics.LEASE_EXPIRIES.labels(q).inc(n)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     log.debug("reap failed: %s", exc)
 
     # -- shutdown ------------------------------------------------------------------------------
@@ -479,6 +481,6 @@ class Worker:
                 n = await self.stores.scripts.release_runs(self.stores.keys(queue), Now(int(time.time() * 1000)),
                                                            leases)
                 log.info("released %d runs of %s", n, queue, extra={"event": "runs_released", "queue": queue})
-            except Exception as exc:  # noqa: BLE001 - their leases expire and the reaper returns them
+            except Exception as exc:
                 log.warning("release failed (%s); leases will expire instead", exc)
         self.running.clear()

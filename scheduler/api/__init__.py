@@ -2,4 +2,4 @@
 
 from fencepost.api.app import Api, ApiConfig, create_app
 
-__all__ = ["create_app", "ApiConfig", "Api"]
+__all__ = ["Api", "ApiConfig", "create_app"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -23,7 +24,7 @@ from fencepost.api.routes import ROUTES, wrap
 from fencepost.client import Client
 from fencepost.core.config import Settings
 
-__all__ = ["ApiConfig", "Api", "create_app", "STATIC_DIR"]
+__all__ = ["STATIC_DIR", "Api", "ApiConfig", "create_app"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -45,7 +46,7 @@ class ApiConfig(msgspec.Struct, kw_only=True):
     /metrics on a private network (queue and handler names are its only labels)."""
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> "ApiConfig":
+    def from_env(cls, **overrides: Any) -> ApiConfig:
         env: dict[str, Any] = {}
         for f in cls.__struct_fields__:
             raw = os.environ.get(f"FENCEPOST_API_{f.upper()}")

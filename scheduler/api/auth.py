@@ -9,12 +9,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fencepost.core.record import Database
+from fencepost.api.problems import Forbidden, RateLimited, Unauthorized
 from fencepost.core.errors import InvalidInput
 from fencepost.core.keys import valid_queue_name
-from fencepost.api.problems import Forbidden, RateLimited, Unauthorized
+from fencepost.core.record import Database
 
-__all__ = ["Principal", "Tokens", "ROLES", "hash_secret", "new_secret", "RateLimiter", "create_token"]
+__all__ = ["ROLES", "Principal", "RateLimiter", "Tokens", "create_token", "hash_secret", "new_secret"]
 
 ROLES = ("producer", "operator", "admin")
 _RANK = {"producer": 0, "operator": 1, "admin": 2}

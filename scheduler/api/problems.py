@@ -15,8 +15,19 @@ from fencepost.core import errors as E
 from fencepost.core.schedules import ScheduleExists, UnknownSchedule
 from fencepost.workflows import UnknownWorkflow
 
-__all__ = ["ApiError", "Unauthorized", "Forbidden", "TooLarge", "RateLimited", "BadRequest", "BulkTooLarge",
-           "UnsupportedMediaType", "problem_response", "problem_for", "PROBLEM_TYPE"]
+__all__ = [
+    "PROBLEM_TYPE",
+    "ApiError",
+    "BadRequest",
+    "BulkTooLarge",
+    "Forbidden",
+    "RateLimited",
+    "TooLarge",
+    "Unauthorized",
+    "UnsupportedMediaType",
+    "problem_for",
+    "problem_response",
+]
 
 PROBLEM_TYPE = "application/problem+json"
 _BASE = "urn:fencepost:problem:"
@@ -111,7 +122,7 @@ def problem_for(exc: BaseException) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, ApiError):
         status, slug, title = exc.status, exc.slug, exc.title
     else:
-        for cls, status, slug, title in _TABLE:
+        for cls, status, slug, title in _TABLE:  # noqa: B007 - the matching row is used after the loop
             if isinstance(exc, cls):
                 break
         else:

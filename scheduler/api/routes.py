@@ -15,9 +15,10 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -44,10 +45,10 @@ from fencepost.core.models import Submit, decode_result
 from fencepost.core.states import RESTING, Status
 from fencepost.schedules import Schedules
 
-__all__ = ["ROUTES", "RouteSpec", "Ctx"]
+__all__ = ["ROUTES", "Ctx", "RouteSpec"]
 
 log = logging.getLogger("fencepost.api")
-_UTC = timezone.utc
+_UTC = UTC
 _enc = msgspec.json.Encoder()
 _BIGINT = 2**63 - 1
 READ = ("operator", "admin")
@@ -58,7 +59,7 @@ ANY = ("producer", "operator", "admin")
 class RouteSpec:
     method: str
     path: str
-    fn: Callable[["Ctx"], Awaitable[Any]]
+    fn: Callable[[Ctx], Awaitable[Any]]
     summary: str
     roles: tuple[str, ...] = ANY
     body: type | None = None
@@ -194,8 +195,8 @@ async def _live(ctx: Ctx, run: dict[str, Any]) -> dict[str, Any]:
 async def _queue_of(client: Client, handler: str, queue: str | None) -> str:
     if queue is not None:
         return queue
-    await client._load_definitions({handler})  # noqa: SLF001 - raises UnknownHandler (422)
-    return client._defs[handler].queue  # noqa: SLF001
+    await client._load_definitions({handler})
+    return client._defs[handler].queue
 
 
 def _submit(req: S.SubmitRequest, key: str | None) -> Submit:
@@ -221,11 +222,11 @@ async def ready(ctx: Ctx) -> Any:
     redis_ok, pg_ok = "ok", "ok"
     try:
         await ctx.client.stores.redis.ping()
-    except Exception as exc:  # noqa: BLE001 - reported, not raised
+    except Exception as exc:
         redis_ok = f"unreachable: {type(exc).__name__}"
     try:
         await ctx.client.stores.db.fetchval("ping")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         pg_ok = f"unreachable: {type(exc).__name__}"
     ok = redis_ok == "ok" and pg_ok == "ok"
     return _json(S.Readiness(status="ready" if ok else "not ready", redis=redis_ok, postgres=pg_ok),
@@ -688,12 +689,12 @@ def wrap(spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
             client = copy.copy(api.client)
             client.actor = principal.actor if principal else "api"
             out = await spec.fn(Ctx(request, principal, client, body))
-            if client._defs is not api.client._defs:  # noqa: SLF001 - keep refreshed handler declarations
-                api.client._defs = client._defs  # noqa: SLF001
+            if client._defs is not api.client._defs:
+                api.client._defs = client._defs
             resp = out if isinstance(out, Response) else _json(out, spec.status)
         except (asyncpg.DataError, OverflowError) as exc:  # NUL bytes, values PostgreSQL cannot hold
             resp = problem_response(InvalidInput(f"a value cannot be stored: {exc}"), request.url.path)
-        except Exception as exc:  # noqa: BLE001 - every failure is a problem+json answer
+        except Exception as exc:
             resp = problem_response(exc, request.url.path)
             if resp.status_code >= 500 and resp.status_code not in (503, 504):
                 log.exception("unhandled error on %s %s", spec.method, spec.path, extra={"event": "api_error"})

@@ -41,9 +41,25 @@ try:
 except ImportError:  # no uvloop on this platform: the default loop
     uvloop = None  # type: ignore[assignment]
 
-__all__ = ["EXIT_CODES", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "EXIT_LOADTEST_ERRORS", "EXIT_INTERRUPTED",
-           "actor", "async_command", "exit_on_error", "fmt", "from_context", "json_arg", "metrics_port_option",
-           "require_store", "run", "serve_metrics", "table"]
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_INTERRUPTED",
+    "EXIT_LOADTEST_ERRORS",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_USAGE",
+    "actor",
+    "async_command",
+    "exit_on_error",
+    "fmt",
+    "from_context",
+    "json_arg",
+    "metrics_port_option",
+    "require_store",
+    "run",
+    "serve_metrics",
+    "table",
+]
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_LOADTEST_ERRORS = EXIT_USAGE  # shares 2 with click's usage errors, as it always has (CI scripts test for it)
@@ -101,7 +117,7 @@ def actor() -> str:
     """Who a control command is recorded as acting for: `cli:<login>`."""
     try:
         return f"cli:{getpass.getuser()}"
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+    except Exception:
         return "cli"
 
 

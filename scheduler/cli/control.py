@@ -16,7 +16,7 @@ from fencepost.control import BULK_DEFAULT_LIMIT
 from fencepost.core.config import Settings
 from fencepost.core.errors import BulkNotConfirmed
 
-__all__ = ["RUN_COMMANDS", "pause", "stop", "cancel", "resume", "restart", "retry"]
+__all__ = ["RUN_COMMANDS", "cancel", "pause", "restart", "resume", "retry", "stop"]
 
 
 def _run_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -5,7 +5,7 @@ and there are no dead rows to vacuum. The work is in fencepost.reconciler.retent
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -21,13 +21,13 @@ __all__ = ["retention"]
 
 def _parse_now(value: str | None) -> datetime:
     if value is None:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
     try:
         at = datetime.fromisoformat(value)
     except ValueError:
         raise InvalidInput(f"--now must be an ISO 8601 time such as 2026-11-29T12:00:00+00:00, not {value!r}",
                            field="now") from None
-    return at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 @click.command("retention")
@@ -61,7 +61,7 @@ async def retention(settings: Settings, keep: str, archive_dir: Path | None, dry
                     click.echo(f"would drop {p.name}: {p.rows} rows before {p.upper.isoformat()}{where}")
                     continue
                 if archive_dir is not None:
-                    archive_dir.mkdir(parents=True, exist_ok=True)
+                    archive_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - a local mkdir, once
                 done = await drop_partition(conn, p, archive_dir)
                 if done is None:
                     click.echo(f"skipped {p.name}: already gone")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -14,7 +14,7 @@ from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.models import decode_result
 
-__all__ = ["submit", "status", "ls", "events", "dlq"]
+__all__ = ["dlq", "events", "ls", "status", "submit"]
 
 _RUN_COLS = ["id", "handler", "queue", "status", "attempt", "created_at", "finished_at", "last_error_class"]
 _DLQ_COLS = ["id", "handler", "queue", "status", "attempt", "finished_at", "reason", "last_error_class", "last_error"]
@@ -133,7 +133,7 @@ def _since(value: str) -> datetime:
     if not m:
         raise click.BadParameter(f"--since must look like 30s, 10m, 2h or 1d, not {value!r}")
     unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
-    return datetime.now(timezone.utc) - timedelta(**{unit: int(m.group(1))})
+    return datetime.now(UTC) - timedelta(**{unit: int(m.group(1))})
 
 
 @click.command()

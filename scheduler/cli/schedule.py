@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -28,7 +28,7 @@ from fencepost.trigger import serve
 
 __all__ = ["schedule", "trigger"]
 
-_UTC = timezone.utc
+_UTC = UTC
 
 
 def _fmt_t(t: datetime | None, tz: str | None = None) -> str:

@@ -26,7 +26,7 @@ from fencepost.dev.demo import FINISH_WITHIN_S, demo_settings, run_demo
 from fencepost.reconciler.service import Reconciler
 from fencepost.worker.runtime import Worker, WorkerOptions
 
-__all__ = ["db", "worker", "reconciler", "demo"]
+__all__ = ["db", "demo", "reconciler", "worker"]
 
 @click.group()
 def db() -> None:

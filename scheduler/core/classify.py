@@ -6,7 +6,7 @@ from typing import Any
 
 from fencepost.core.errors import ERROR_KINDS, JobError
 
-__all__ = ["classify", "OUTCOME_OF_KIND"]
+__all__ = ["OUTCOME_OF_KIND", "classify"]
 
 # error kind -> finish_runs outcome
 OUTCOME_OF_KIND = {

@@ -37,7 +37,7 @@ class Settings(msgspec.Struct, kw_only=True):
     reconciler moves them; `30d`, `12h`, `90m`, `2w`; `0` or empty: never)."""
 
     @classmethod
-    def from_env(cls, **overrides: object) -> "Settings":
+    def from_env(cls, **overrides: object) -> Settings:
         env = {}
         for field in cls.__struct_fields__:
             raw = os.environ.get(f"FENCEPOST_{field.upper()}")

@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 __all__ = [
-    "FencepostError", "InvalidInput", "UnknownHandler", "PayloadTooLarge", "UnknownRun",
-    "IllegalTransition", "StaleToken", "StoreUnavailable", "RedisUnavailable",
-    "DatabaseUnavailable", "NotStamped", "WaitTimeout", "decode_lua_error", "ResumeRefused",
-    "ConcurrentModification", "UnknownQueue", "BulkNotConfirmed",
+    "BulkNotConfirmed",
+    "ConcurrentModification",
+    "DatabaseUnavailable",
+    "FencepostError",
+    "IllegalTransition",
+    "InvalidInput",
+    "NotStamped",
+    "PayloadTooLarge",
+    "RedisUnavailable",
+    "ResumeRefused",
+    "StaleToken",
+    "StoreUnavailable",
+    "UnknownHandler",
+    "UnknownQueue",
+    "UnknownRun",
+    "WaitTimeout",
+    "decode_lua_error",
 ]
 
 

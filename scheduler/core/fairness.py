@@ -15,13 +15,25 @@ from typing import Any
 
 import msgspec
 
-from fencepost.core.record import Session
 from fencepost.core.errors import InvalidInput, UnknownQueue
 from fencepost.core.hot import PageArgs, RescoreArgs
+from fencepost.core.record import Session
 from fencepost.core.stores import Stores
 
-__all__ = ["QueueSettings", "apply", "load", "due_summary", "refill_held", "due_and_held_sets", "scan_queue",
-           "set_weight", "set_limit", "set_max_running", "set_aging", "describe"]
+__all__ = [
+    "QueueSettings",
+    "apply",
+    "describe",
+    "due_and_held_sets",
+    "due_summary",
+    "load",
+    "refill_held",
+    "scan_queue",
+    "set_aging",
+    "set_limit",
+    "set_max_running",
+    "set_weight",
+]
 
 _LABEL_RE = re.compile(r"[^\s{}]{1,128}")  # fullmatch: no trailing newline sneaks through
 DEFAULT_AGE_MS = 60_000
@@ -183,7 +195,7 @@ async def set_aging(stores: Stores, queue: str, seconds: float | None) -> QueueS
                                     and 0.001 <= seconds <= MAX_AGE_MS / 1000):
         raise InvalidInput(f"aging step must be between 0.001 s and {MAX_AGE_MS // 1000} s, not {seconds}",
                            field="aging")
-    ms = None if seconds is None else int(round(seconds * 1000))
+    ms = None if seconds is None else round(seconds * 1000)
     old = (await load(stores, queue)).priority_age_ms or DEFAULT_AGE_MS
     await _update(stores, queue, "set_queue_aging", ms)
     return await apply(stores, queue, rescore_from_ms=old)

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ClusterDownError, ClusterError, ResponseError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fencepost.core.errors import NotStamped, RedisUnavailable, decode_lua_error
@@ -27,11 +27,42 @@ from fencepost.core.models import Claimed, RunRow
 from fencepost.core.resources import resource_dir
 from fencepost.core.states import lua_source
 
-__all__ = ["Scripts", "render", "SCRIPT_NAMES", "CONTRACTS", "Contract", "ControlVerb", "enqueue_item",
-           "Now", "TtlArgs", "ClaimArgs", "FinishArgs", "Finish", "FinishReply", "RenewArgs", "Lease", "Renewal",
-           "ReapArgs", "EscalateArgs", "StampArgs", "ControlArgs", "CancelArgs", "ResolveArgs", "EnqueueItem",
-           "Versioned", "RunRef", "Drop", "Sync", "Inspected", "PageArgs", "RescoreArgs", "Page",
-           "BreakerCheckArgs", "BreakerRecordArgs", "BreakerState"]
+__all__ = [
+    "CONTRACTS",
+    "SCRIPT_NAMES",
+    "BreakerCheckArgs",
+    "BreakerRecordArgs",
+    "BreakerState",
+    "CancelArgs",
+    "ClaimArgs",
+    "Contract",
+    "ControlArgs",
+    "ControlVerb",
+    "Drop",
+    "EnqueueItem",
+    "EscalateArgs",
+    "Finish",
+    "FinishArgs",
+    "FinishReply",
+    "Inspected",
+    "Lease",
+    "Now",
+    "Page",
+    "PageArgs",
+    "ReapArgs",
+    "RenewArgs",
+    "Renewal",
+    "RescoreArgs",
+    "ResolveArgs",
+    "RunRef",
+    "Scripts",
+    "StampArgs",
+    "Sync",
+    "TtlArgs",
+    "Versioned",
+    "enqueue_item",
+    "render",
+]
 
 # replies that mean "this node cannot serve now" (failover in progress), not a script error
 _UNAVAILABLE = ("CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN", "READONLY", "NOREPLICAS")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["Keys", "QUEUES_KEY", "valid_queue_name", "breaker_keys"]
+__all__ = ["QUEUES_KEY", "Keys", "breaker_keys", "valid_queue_name"]
 
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -23,7 +23,7 @@ def valid_queue_name(name: str) -> bool:
     return bool(_QUEUE_RE.match(name))
 
 
-def QUEUES_KEY(prefix: str) -> str:  # noqa: N802 - a key template, read like a constant
+def QUEUES_KEY(prefix: str) -> str:
     """Set of known queue names (discovery only; not tagged, not on the hot path)."""
     return f"{prefix}:queues"
 
@@ -37,9 +37,26 @@ def breaker_keys(prefix: str, service: str) -> list[str]:
 class Keys:
     """The keys of one queue."""
 
-    __slots__ = ("queue", "base", "due", "delayed", "active", "events", "seq", "token",
-                 "epoch", "paused", "wake", "stats", "config", "throttle", "tenants", "weights", "limits",
-                 "heldkeys")
+    __slots__ = (
+        "active",
+        "base",
+        "config",
+        "delayed",
+        "due",
+        "epoch",
+        "events",
+        "heldkeys",
+        "limits",
+        "paused",
+        "queue",
+        "seq",
+        "stats",
+        "tenants",
+        "throttle",
+        "token",
+        "wake",
+        "weights",
+    )
 
     def __init__(self, prefix: str, queue: str) -> None:
         self.queue = queue

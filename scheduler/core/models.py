@@ -9,8 +9,20 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["Submit", "JobSpec", "RunRow", "run_row", "run_columns", "Claimed", "Outcome", "encode_payload",
-           "decode_payload", "encode_result", "decode_result", "Model"]
+__all__ = [
+    "Claimed",
+    "JobSpec",
+    "Model",
+    "Outcome",
+    "RunRow",
+    "Submit",
+    "decode_payload",
+    "decode_result",
+    "encode_payload",
+    "encode_result",
+    "run_columns",
+    "run_row",
+]
 
 Model = Literal["async", "thread", "process"]
 

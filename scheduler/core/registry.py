@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fencepost.core.classify import validate_mapping
 from fencepost.core.errors import InvalidInput
 from fencepost.core.models import JobSpec, Model
 
-__all__ = ["Registry", "Handler", "load_registry"]
+__all__ = ["Handler", "Registry", "load_registry"]
 
 
 class Handler:
-    __slots__ = ("spec", "fn", "migrate", "resume_check", "errors")
+    __slots__ = ("errors", "fn", "migrate", "resume_check", "spec")
 
     def __init__(self, spec: JobSpec, fn: Callable[..., Any], migrate: Callable[[int, Any], Any] | None = None,
                  resume_check: Callable[..., str | None] | None = None,

@@ -10,12 +10,12 @@ idempotent (they act only on runs still BLOCKED and check the upstreams' recorde
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from fencepost.core.record import Session
 from fencepost.core.states import FAILED_FOR_GOOD
 
-__all__ = ["on_recorded", "release_dependents", "cancel_descendants", "sweep_blocked"]
+__all__ = ["cancel_descendants", "on_recorded", "release_dependents", "sweep_blocked"]
 
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from fencepost.core.record import Database
 
-__all__ = ["Measured", "ScaleHint", "recommend", "measure", "scale_hint", "explain"]
+__all__ = ["Measured", "ScaleHint", "explain", "measure", "recommend", "scale_hint"]
 
 EXECUTED = ("succeeded", "error", "fatal", "timeout", "crash", "review", "policy", "stopped", "cancelled")
 """Attempt outcomes that ran the handler to an end (their duration is a run time)."""

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
@@ -30,10 +31,20 @@ from croniter import croniter
 from fencepost.core.errors import FencepostError, InvalidInput
 from fencepost.core.keys import valid_queue_name
 
-__all__ = ["ScheduleSpec", "InvalidCron", "InvalidTimezone", "UnknownSchedule", "ScheduleExists",
-           "next_fires", "next_fire_after", "spread_offset_ms", "zone", "validated"]
+__all__ = [
+    "InvalidCron",
+    "InvalidTimezone",
+    "ScheduleExists",
+    "ScheduleSpec",
+    "UnknownSchedule",
+    "next_fire_after",
+    "next_fires",
+    "spread_offset_ms",
+    "validated",
+    "zone",
+]
 
-_UTC = timezone.utc
+_UTC = UTC
 
 
 class InvalidCron(InvalidInput):

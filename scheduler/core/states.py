@@ -11,9 +11,29 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Status", "TRANSITIONS", "GROUPS", "TERMINAL", "FINISHED", "RESTING", "ACTIVE", "LIVE", "WAITING", "UNSUCCESSFUL", "FAILED_FOR_GOOD", "DEAD", "STOP_ENDS",
-           "RESUMABLE", "RESTARTABLE", "CANCEL_AT_ONCE", "PAUSE_AT_ONCE", "UNCLAIMED", "is_legal", "edges",
-           "lua_source"]
+__all__ = [
+    "ACTIVE",
+    "CANCEL_AT_ONCE",
+    "DEAD",
+    "FAILED_FOR_GOOD",
+    "FINISHED",
+    "GROUPS",
+    "LIVE",
+    "PAUSE_AT_ONCE",
+    "RESTARTABLE",
+    "RESTING",
+    "RESUMABLE",
+    "STOP_ENDS",
+    "TERMINAL",
+    "TRANSITIONS",
+    "UNCLAIMED",
+    "UNSUCCESSFUL",
+    "WAITING",
+    "Status",
+    "edges",
+    "is_legal",
+    "lua_source",
+]
 
 
 class Status(enum.StrEnum):

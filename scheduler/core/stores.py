@@ -9,11 +9,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from fencepost.core.config import Settings
-from fencepost.core.record import Database
 from fencepost.core.errors import RedisUnavailable
-from fencepost.core.keys import QUEUES_KEY, Keys
-from fencepost.core.redisconn import connect
 from fencepost.core.hot import Scripts
+from fencepost.core.keys import QUEUES_KEY, Keys
+from fencepost.core.record import Database
+from fencepost.core.redisconn import connect
 
 __all__ = ["Stores"]
 
@@ -63,7 +63,7 @@ class Stores:
     def queues_key(self) -> str:
         return QUEUES_KEY(self.settings.prefix)
 
-    async def connect(self, *, database: bool = True) -> "Stores":
+    async def connect(self, *, database: bool = True) -> Stores:
         try:
             await self.redis.ping()
         except (RedisError, OSError) as exc:

@@ -11,7 +11,7 @@ import os
 import re
 from contextvars import ContextVar
 
-__all__ = ["traceparent_var", "new_traceparent", "trace_id", "valid_traceparent"]
+__all__ = ["new_traceparent", "trace_id", "traceparent_var", "valid_traceparent"]
 
 traceparent_var: ContextVar[str | None] = ContextVar("fencepost_traceparent", default=None)
 _TP = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")

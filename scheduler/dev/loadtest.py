@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.models import Submit, encode_payload
+from fencepost.core.record import Database, Session
 from fencepost.core.registry import Registry
+from fencepost.core.schedules import spread_offset_ms
 from fencepost.core.states import TERMINAL
 
 registry = Registry()
@@ -20,24 +37,7 @@ async def fire_time(ctx) -> int | None:
 
 
 # -- the harness -------------------------------------------------------------------------------
-import asyncio  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from datetime import datetime, timedelta, timezone  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any, Callable  # noqa: E402
-
-from fencepost.client import Client
-from fencepost.core.config import Settings  # noqa: E402
-from fencepost.core.models import Submit, encode_payload
-from fencepost.core.record import Database, Session  # noqa: E402
-from fencepost.core.schedules import spread_offset_ms
-
-_UTC = timezone.utc
+_UTC = UTC
 _TABLES = ("runs", "events", "attempts")
 _DONE = tuple(sorted(s.value for s in TERMINAL))
 
@@ -62,7 +62,8 @@ class Harness:
         root = Path(__file__).resolve().parent.parent
         env = dict(os.environ, FENCEPOST_REDIS_URL=self.settings.redis_url,
                    FENCEPOST_DATABASE_URL=self.settings.database_url, FENCEPOST_PREFIX=self.settings.prefix,
-                   FENCEPOST_LOG_FORMAT="json", PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+                   FENCEPOST_LOG_FORMAT="json",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
         out: Any = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,7 @@ class Harness:
                 errors.append(f"{name} exited early with code {p.returncode}")
             else:
                 p.send_signal(signal.SIGTERM)
-        for name, p in self.procs:
+        for _name, p in self.procs:
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:
@@ -205,8 +206,7 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
             h.progress(f"{schedules} schedules created in {setup_s:.1f}s; all fire at {fire.isoformat()} "
                        f"(spread {spread_s:g}s); waiting {max(0.0, (fire - datetime.now(_UTC)).total_seconds()):.0f}s",
                        True)
-            while datetime.now(_UTC) < fire - timedelta(seconds=lookahead_s + 1):
-                await asyncio.sleep(0.2)
+            await asyncio.sleep(max(0.0, (fire - timedelta(seconds=lookahead_s + 1) - datetime.now(_UTC)).total_seconds()))
             ok, counts = await h.watch(client.stores, conn, schedules, time.monotonic(), "spike")
             await asyncio.sleep(1.0)  # let the recorder finish the last batch before sizing
             rep = await h.report(conn, total=schedules, t_start=fire, base_mem=base_mem, base_pg=base_pg)
