@@ -21,6 +21,7 @@ from fencepost.core.config import Settings
 from fencepost.core.errors import NotStamped, StoreUnavailable
 from fencepost.core.hot import ClaimArgs, EscalateArgs, Lease, Now, ReapArgs, RenewArgs
 from fencepost.core.models import Claimed
+from fencepost.core.queues import declare_queues
 from fencepost.core.record import store_definitions
 from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
@@ -32,7 +33,10 @@ from fencepost.worker.executors import Executors, Outcome
 
 log = logging.getLogger("fencepost.worker")
 
-__all__ = ["Worker", "WorkerOptions"]
+__all__ = ["UNSTAMPED_RECHECK_S", "Worker", "WorkerOptions"]
+
+UNSTAMPED_RECHECK_S = 0.5
+"""How often an unstamped queue is asked again (it is skipped, not waited for, in between)."""
 
 
 @dataclass
@@ -92,6 +96,9 @@ class Worker:
         self.claimed = 0
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        self._unstamped: dict[str, float] = {}
+        """Queues whose last claim found no trusted stamp -> when to ask again (monotonic): skipped
+        by the round-robin meanwhile, so they never delay the other queues' claims."""
 
     # -- lifecycle -----------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -117,6 +124,7 @@ class Worker:
         await self.stores.check_redis()
         if self.registry.handlers:  # declare our handlers so producers can validate submits
             await store_definitions(self.stores.db, self.registry.specs())
+            await declare_queues(self.stores, self.opts.queues)  # queues we serve exist (stamped) before any job
         await self.executors.start()
         for h in self.registry.handlers.values():
             metrics.HANDLER_INFO.labels(h.spec.name, h.spec.queue, h.spec.owner or "unowned", h.spec.model).set(1)
@@ -169,6 +177,8 @@ class Worker:
                 free = self._free()
                 if free <= 0:
                     break
+                if self._unstamped.get(queue, 0.0) > time.monotonic():
+                    continue
                 got += await self._claim(queue, free)
             turn += 1
             if got:
@@ -186,14 +196,18 @@ class Worker:
             jobs = await self.stores.scripts.claim_due(self.stores.keys(queue),
                                                        ClaimArgs(now, n, self.id, self.lease_ms, max(n, 100)))
         except NotStamped:
-            log.warning("queue %s is not stamped; waiting for the reconciler", queue,
-                        extra={"event": "claim_unstamped", "queue": queue})
-            await asyncio.sleep(0.5)
+            if queue not in self._unstamped:  # once per state change, not on every round
+                log.warning("queue %s is not stamped with the current epoch; not claiming from it until the "
+                            "reconciler rebuilds it", queue, extra={"event": "claim_unstamped", "queue": queue})
+            self._unstamped[queue] = time.monotonic() + UNSTAMPED_RECHECK_S
             return 0
         except StoreUnavailable as exc:
             log.warning("claim failed: %s", exc, extra={"event": "claim_failed", "queue": queue})
             await asyncio.sleep(0.5)
             return 0
+        if self._unstamped.pop(queue, None) is not None:
+            log.info("queue %s is stamped again; claiming from it", queue,
+                     extra={"event": "claim_stamped", "queue": queue})
         count = len(jobs)
         loop = asyncio.get_running_loop()
         for job in jobs:

@@ -1,0 +1,23 @@
+-- Queues as their own thing: declared by workers and registered handlers before any run exists,
+-- listed and checked by the CLI.
+
+-- name: declare_queues
+-- Create the named queues that do not exist yet; returns the ones this call created (their
+-- creator may stamp them: a queue with no history has nothing Redis could have lost).
+INSERT INTO queues (name) SELECT DISTINCT unnest($1::text[]) ORDER BY 1
+ON CONFLICT (name) DO NOTHING RETURNING name, epoch;
+
+-- name: queue_row
+SELECT name, epoch, paused, created_at FROM queues WHERE name = $1;
+
+-- name: queue_list
+SELECT name AS queue, paused, epoch, created_at FROM queues ORDER BY name;
+
+-- name: queue_status_counts
+-- Runs per queue and state in the hot table (archived runs are history); the CLI groups them.
+SELECT queue, status, count(*) AS n FROM runs GROUP BY queue, status;
+
+-- name: workflow_ids_by_prefix
+-- The workflows whose id starts with $1 (a shortened id as `workflow ls` prints it); at most 2,
+-- enough to tell "unique" from "ambiguous".
+SELECT id FROM workflows WHERE id::text LIKE $1 || '%' ORDER BY id LIMIT 2;
