@@ -21,7 +21,8 @@ from fencepost.core.models import RunRow, Submit
 from fencepost.core.states import LIVE, UNSUCCESSFUL, Status
 
 if TYPE_CHECKING:
-    from fencepost.client import Client
+    from fencepost.core.record import Conn
+    from fencepost.core.stores import Stores
 
 __all__ = ["Node", "UnknownDependency", "UnknownWorkflow", "WorkflowCycle", "WorkflowMixin", "layers"]
 
@@ -134,7 +135,21 @@ def layers(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 class WorkflowMixin:
     """Mixed into Client."""
 
-    async def submit_workflow(self: Client, nodes: Sequence[Node], *, name: str | None = None,
+    if TYPE_CHECKING:  # provided by Client and ControlMixin (mypy checks that their definitions agree)
+        stores: Stores
+        actor: str
+
+        async def _load_definitions(self, names: set[str]) -> None: ...
+        def _validated(self, req: Submit, now: datetime, *, outbox: bool) -> RunRow: ...
+        async def _insert(self, requests: Sequence[Submit], rows_in: Sequence[RunRow],
+                          connection: Conn | None) -> tuple[list[int], list[int], dict[str, int]]: ...
+        async def _stamp_new_queues(self, new_queues: dict[str, int]) -> None: ...
+        async def _enqueue(self, created: list[int], ids: list[int], rows: Sequence[RunRow]) -> None: ...
+        async def resume(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str: ...
+        async def restart(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str: ...
+        async def retry(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str: ...
+
+    async def submit_workflow(self, nodes: Sequence[Node], *, name: str | None = None,
                               trace: str | None = None) -> uuid.UUID:
         """Insert every node atomically under one workflow id; returns it. Cycles and unknown
         dependencies raise (WorkflowCycle, UnknownDependency) naming the edge; nothing is stored."""
@@ -171,7 +186,7 @@ class WorkflowMixin:
         await self.stores.db.execute("clear_outbox", [ids[i] for i in roots])
         return wid
 
-    async def workflow(self: Client, workflow_id: uuid.UUID | str) -> dict[str, Any]:
+    async def workflow(self, workflow_id: uuid.UUID | str) -> dict[str, Any]:
         """The workflow and its current nodes (name, run id, status, upstream names)."""
         wid = _uuid(workflow_id)
         row = await self.stores.db.fetchrow("wf_get", wid)
@@ -182,7 +197,7 @@ class WorkflowMixin:
             n["depends_on"] = list(n["depends_on"])
         return {**dict(row), "nodes": nodes}
 
-    async def retry_workflow(self: Client, workflow_id: uuid.UUID | str, *, recompute: Sequence[str] = (),
+    async def retry_workflow(self, workflow_id: uuid.UUID | str, *, recompute: Sequence[str] = (),
                              reason: str = "") -> dict[str, list[str]]:
         """Re-run what did not succeed, keeping succeeded nodes.
 
@@ -240,12 +255,12 @@ class WorkflowMixin:
                 done["refused"].append(f"{n['name']}: {exc}")
         return done
 
-    async def _recompute(self: Client, wid: uuid.UUID, nodes: dict[str, dict[str, Any]],
+    async def _recompute(self, wid: uuid.UUID, nodes: dict[str, dict[str, Any]],
                          names: Sequence[str]) -> dict[str, list[str]]:
         down: dict[str, list[str]] = defaultdict(list)
-        for n in nodes.values():
-            for u in n["depends_on"]:
-                down[u].append(n["name"])
+        for node in nodes.values():
+            for u in node["depends_on"]:
+                down[u].append(node["name"])
         sub: set[str] = set()
         todo = list(names)
         while todo:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 from fencepost.core import metrics
 from fencepost.core.models import decode_result, encode_result
@@ -31,7 +31,8 @@ class Checkpoints:
     async def write_encoded(self, ctx: Context, raw: bytes, processed: int | None) -> int:
         """`write` for a state already encoded (a process-model child sends it encoded)."""
         key = self.stores.keys(ctx.queue).run(ctx.run_id)
-        state, token, ctl = await self.stores.redis.hmget(key, "state", "token", "ctl")
+        # Stores opens Redis with decode_responses=False: replies are bytes (redis-py types them bytes | str).
+        state, token, ctl = cast(list[bytes | None], await self.stores.redis.hmget(key, "state", "token", "ctl"))
         if token is None or int(token) != ctx.token or state not in (b"RUNNING", b"STOPPING"):
             self.refused += 1
             ctx._stop = True
@@ -50,7 +51,8 @@ class Checkpoints:
         ctx._ctl = ctl.decode() if ctl else None
         if ctx._ctl in ("pause", "stop", "cancel"):
             raise Interrupt(ctx._ctl)
-        return row["version"]
+        version: int = row["version"]
+        return version
 
     async def load(self, ctx: Context) -> None:
         """For a retried / resumed attempt: fence off older attempts and read the checkpoint.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fencepost.core.tracing import trace_id
@@ -67,7 +67,7 @@ class Context:
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
         self._stop = False
         self._ctl: str | None = None
-        self._writer: Callable[[Context, Any, int | None], Awaitable[int]] | None = None
+        self._writer: Callable[[Context, Any, int | None], Coroutine[Any, Any, int]] | None = None
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:

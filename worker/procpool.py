@@ -48,6 +48,7 @@ class _ChildContext(SyncContext):
     """The handler's context inside a child process: checkpoints go through the parent."""
 
     __slots__ = ("_conn",)
+    _conn: Connection
 
     def checkpoint(self, state: Any, *, processed: int | None = None) -> int:  # type: ignore[override]
         self._conn.send(("ckpt", encode_result(state), processed))
@@ -102,7 +103,7 @@ class _Child:
         self.conn = parent
 
     def kill(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.is_alive() and self.proc.pid is not None:  # alive: started, so it has a pid
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.join(5)
         self.conn.close()
@@ -170,7 +171,8 @@ class ProcessPool:
                 self._children.add(replacement)
                 self._idle.put_nowait(replacement)
         if reply[0] == "ok":
-            return reply[1]
+            result: bytes = reply[1]  # the child's encode_result(...)
+            return result
         if reply[0] == "interrupted":
             raise Interrupt(reply[1])
         if reply[0] == "lost":

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fencepost.api.auth import RateLimiter, Tokens
 from fencepost.api.openapi import document
@@ -24,7 +26,7 @@ from fencepost.api.routes import ROUTES, wrap
 from fencepost.client import Client
 from fencepost.core.config import Settings
 
-__all__ = ["STATIC_DIR", "Api", "ApiConfig", "create_app"]
+__all__ = ["SECURITY_HEADERS", "STATIC_DIR", "Api", "ApiConfig", "SecurityHeaders", "create_app"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -41,6 +43,9 @@ class ApiConfig(msgspec.Struct, kw_only=True):
     """A bulk action refuses to act when more runs than this match."""
     token_cache_s: float = 5.0
     """How long a token lookup is cached (a revoke reaches other replicas within this time)."""
+    auth_fail_limit: int = 20
+    """Failed authentications per client address per window before it gets 429 (0: off)."""
+    auth_fail_window_s: int = 60
     metrics_token: bool = False
     """/metrics asks for a token (any role) too; off by default, as scrapers usually reach
     /metrics on a private network (queue and handler names are its only labels)."""
@@ -62,7 +67,9 @@ class Api:
     def __init__(self, settings: Settings, config: ApiConfig) -> None:
         self.settings, self.config = settings, config
         self.client = Client(settings=settings, actor="api")
-        self.tokens = Tokens(self.client.stores.db, cache_s=config.token_cache_s)
+        self.tokens = Tokens(self.client.stores.db, cache_s=config.token_cache_s, redis=self.client.stores.redis,
+                             prefix=settings.prefix, fail_limit=config.auth_fail_limit,
+                             fail_window_s=config.auth_fail_window_s)
         self.limiter = RateLimiter(self.client.stores.redis, settings.prefix, limit=config.rate_limit,
                                    window_s=config.rate_window_s)
 
@@ -91,7 +98,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     err: ApiError = (_MethodNotAllowed if exc.status_code == 405 else _NotFound if exc.status_code == 404
                      else ApiError)(str(exc.detail))
     if not isinstance(err, (_NotFound, _MethodNotAllowed)):
-        err.status = exc.status_code  # type: ignore[misc]
+        err.status = exc.status_code
     return problem_response(err, request.url.path, headers=dict(exc.headers or {}))
 
 
@@ -111,9 +118,63 @@ def create_app(settings: Settings | None = None, config: ApiConfig | None = None
     async def home(request: Request) -> Response:
         return RedirectResponse("/ui/")
 
-    routes: list[Any] = [Route(r.path, wrap(r), methods=[r.method]) for r in ROUTES]
+    routes: list[Any] = [Route(path, _by_method({r.method: wrap(r) for r in specs}), methods=[r.method for r in specs])
+                         for path, specs in _by_path().items()]
     routes += [Route("/", home, methods=["GET"]),
                Mount("/ui", app=StaticFiles(directory=STATIC_DIR, html=True), name="ui")]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error},
+                    middleware=[Middleware(SecurityHeaders)])
     app.state.api = api
     return app
+
+
+def _by_path() -> dict[str, list[Any]]:
+    """The route table grouped by path: one Starlette route per path, so a 405 lists in `Allow`
+    every method the path has."""
+    out: dict[str, list[Any]] = {}
+    for r in ROUTES:
+        out.setdefault(r.path, []).append(r)
+    return out
+
+
+def _by_method(endpoints: dict[str, Callable[[Request], Awaitable[Response]]]
+               ) -> Callable[[Request], Awaitable[Response]]:
+    if len(endpoints) == 1:
+        return next(iter(endpoints.values()))
+
+    async def endpoint(request: Request) -> Response:
+        return await endpoints["GET" if request.method == "HEAD" else request.method](request)
+
+    return endpoint
+
+
+SECURITY_HEADERS = [
+    (b"content-security-policy", b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                                 b"connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+                                 b"frame-ancestors 'none'"),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
+"""On every response (the dashboard's files, its redirects and errors, and the API): the dashboard
+holds a token, so it must never run a foreign script or be framed."""
+
+
+class SecurityHeaders:
+    """Plain ASGI middleware adding SECURITY_HEADERS (cheaper than BaseHTTPMiddleware, no body buffering)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                have = {k.lower() for k, _ in message.get("headers", [])}
+                message["headers"] = [*message.get("headers", []), *(h for h in SECURITY_HEADERS if h[0] not in have)]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)

@@ -99,6 +99,7 @@ async def _act(verb: str, settings: Settings, *, run_id: int | None, reason: str
             state = await getattr(client, verb)(run_id, reason=reason, expected_version=expected_version)
             click.echo(f"run {run_id}: {state}")
             return
+        assert queue is not None  # exactly one of RUN_ID and --queue (checked above)
         try:
             out = await client.bulk(verb, queue=queue, status=status_.upper() if status_ else None,
                                     handler=handler, limit=limit, confirm=yes, reason=reason)

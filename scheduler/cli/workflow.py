@@ -32,7 +32,7 @@ def draw(wf: dict[str, Any], *, colour: bool = False) -> list[str]:
     out = [f"workflow {wf['id']}" + (f" ({wf['name']})" if wf.get("name") else "") + f": {len(nodes)} nodes, {summary}"]
     width = max((len(n["name"]) for n in nodes), default=4)
     for depth, band in enumerate(layers(nodes)):
-        shown = band if len(band) <= 40 else [*band[:20], None, *band[-5:]]  # type: ignore[list-item]
+        shown = band if len(band) <= 40 else [*band[:20], None, *band[-5:]]
         for i, n in enumerate(shown):
             lead = f"{depth:>3} ┃ " if i == 0 else "    ┃ "
             if n is None:

@@ -11,7 +11,7 @@ from redis.exceptions import DataError
 try:
     import hiredis
 except ImportError:  # pragma: no cover - hiredis is a declared dependency
-    hiredis = None
+    hiredis = None  # type: ignore[assignment]  # the module or None; checked before use
 
 __all__ = ["connect"]
 

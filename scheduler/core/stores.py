@@ -36,7 +36,8 @@ def _redis_client(settings: Settings) -> aioredis.Redis:
             hosts.append((host, int(port)))
         db = int(url.path.lstrip("/") or 0) if url.path.lstrip("/").isdigit() else 0
         sentinel = Sentinel(hosts, socket_connect_timeout=5)
-        return sentinel.master_for(settings.redis_service, password=url.password, db=db, **opts)
+        master: aioredis.Redis = sentinel.master_for(settings.redis_service, password=url.password, db=db, **opts)
+        return master
     if settings.redis_cluster:
         from redis.asyncio.cluster import RedisCluster
 

@@ -23,7 +23,7 @@ def new_traceparent() -> str:
 
 def valid_traceparent(value: str) -> bool:
     m = _TP.match(value)
-    return bool(m) and m.group(1) != "0" * 32
+    return m is not None and m.group(1) != "0" * 32
 
 
 def trace_id(traceparent: str | None) -> str | None:

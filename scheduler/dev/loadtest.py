@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
@@ -22,16 +22,19 @@ from fencepost.core.registry import Registry
 from fencepost.core.schedules import spread_offset_ms
 from fencepost.core.states import TERMINAL
 
+if TYPE_CHECKING:
+    from fencepost.worker.context import Context
+
 registry = Registry()
 
 
 @registry.job("loadtest.noop", queue="loadtest", max_retries=0, timeout=60)
-async def noop(ctx) -> None:
+async def noop(ctx: Context) -> None:
     return None
 
 
 @registry.job("loadtest.fire_time", queue="loadtest", max_retries=0, timeout=60)
-async def fire_time(ctx) -> int | None:
+async def fire_time(ctx: Context) -> int | None:
     """Returns the logical fire time it was given (ms since the epoch)."""
     return ctx.fire_time
 
