@@ -69,13 +69,22 @@ def parent_pid(pid: int) -> int | None:
     return int(f[1]) if f else None
 
 
+_kids_cache: tuple[float, dict[int, list[int]]] = (0.0, {})
+
+
 def _children_map() -> dict[int, list[int]]:
+    """ppid -> child pids, from one scan of /proc (reused for 50 ms: one meter poll asks several times)."""
+    global _kids_cache
+    now = time.monotonic()
+    if now - _kids_cache[0] < 0.05:
+        return _kids_cache[1]
     kids: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             ppid = parent_pid(int(name))
             if ppid is not None:
                 kids.setdefault(ppid, []).append(int(name))
+    _kids_cache = (now, kids)
     return kids
 
 
@@ -146,15 +155,16 @@ class CpuMeter:
     A pid first seen after `start()` counts from zero (it was born inside the window); a pid that
     disappears keeps its last sample. `baseline(seconds)` first measures the idle rate of the roles
     named in `shared` (processes other people use too: Redis, the PostgreSQL helpers) so `stop()`
-    can subtract rate x window from them.
+    can subtract rate x window from them (the lower of the rates before and after the window).
     """
 
     def __init__(self, roles: dict[str, Callable[[], Sequence[int]]], *, shared: Iterable[str] = (),
-                 interval: float = 0.1) -> None:
+                 interval: float = 0.25) -> None:
         self.roles, self.shared, self.interval = roles, set(shared), interval
         self.base: dict[str, dict[int, float]] = {}
         self.last: dict[str, dict[int, float]] = {}
-        self.idle_rate: dict[str, float] = {}
+        self.idle_before: dict[str, float] = {}
+        self.idle_s = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.t0 = self.t1 = 0.0
@@ -173,14 +183,20 @@ class CpuMeter:
         return sum(self.last[role][p] - self.base[role][p] for p in self.last[role])
 
     def baseline(self, seconds: float) -> None:
-        """Idle CPU rate of the shared roles, measured now over `seconds`."""
+        """Idle CPU rate of the shared roles, measured now over `seconds` (call before `start()`)."""
+        self.idle_before = self._idle_rates(seconds)
+        self.idle_s = seconds
+
+    def _idle_rates(self, seconds: float) -> dict[str, float]:
         if not self.shared:
-            return
+            return {}
         before = {r: {p: cpu_seconds(p) or 0.0 for p in self.roles[r]()} for r in self.shared}
         time.sleep(seconds)
+        rates = {}
         for r in self.shared:
             after = {p: cpu_seconds(p) for p in self.roles[r]()}
-            self.idle_rate[r] = sum(max(0.0, (c or 0.0) - before[r].get(p, c or 0.0)) for p, c in after.items()) / seconds
+            rates[r] = sum(max(0.0, (c or 0.0) - before[r].get(p, c or 0.0)) for p, c in after.items()) / seconds
+        return rates
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
@@ -198,8 +214,12 @@ class CpuMeter:
                 self._sample(role, first=False)
 
     def stop(self) -> dict[str, float]:
-        """CPU seconds per role over the window (shared roles less their idle rate), 'wall', and 'machine'
-        (the whole machine's busy CPU seconds over the window, as a cross-check)."""
+        """CPU seconds per role over the window, 'wall', and 'machine' (the whole machine's busy CPU
+        seconds over the window, other people's work included: a cross-check and an upper bound).
+
+        The shared roles are then measured idle again for as long as `baseline()` did, and the lower
+        of the two idle rates is subtracted: a burst of someone else's load during one of them must
+        not make the system under test look cheaper than it is."""
         self._stop.set()
         if self._thread:
             self._thread.join()
@@ -208,15 +228,18 @@ class CpuMeter:
         self.t1 = time.perf_counter()
         machine = machine_busy_seconds() - self.machine0
         wall = self.t1 - self.t0
+        after = self._idle_rates(self.idle_s) if self.idle_before else {}
         out = {}
         for role in self.roles:
             raw = self._total(role)
-            out[role] = max(0.0, raw - self.idle_rate.get(role, 0.0) * wall)
-            if role in self.idle_rate:
+            idle = min(self.idle_before[role], after[role]) if role in self.idle_before else 0.0
+            out[role] = max(0.0, raw - idle * wall)
+            if role in self.idle_before:
                 out[role + "_raw"] = raw
-                out[role + "_idle_per_s"] = self.idle_rate[role]
+                out[role + "_idle_per_s"] = idle
+                out[role + "_idle_before_after"] = [self.idle_before[role], after[role]]  # type: ignore[assignment]
         out["wall"] = wall
-        out["machine"] = machine  # everything, other people's work included: an upper bound
+        out["machine"] = machine
         return out
 
 

@@ -41,6 +41,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,11 +56,6 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fencepost.client import Client
-from fencepost.core.config import Settings
-from fencepost.core.models import Submit
-from fencepost.core.record import upgrade
-
 from bench.app import DONE_KEY, RUNS_KEY, registry
 from bench.measure import (
     CpuMeter,
@@ -72,6 +68,10 @@ from bench.measure import (
     settle,
     tree,
 )
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.models import Submit
+from fencepost.core.record import upgrade
 
 QUEUE = "bench"
 FP_DB = "bench_fencepost"
@@ -215,8 +215,9 @@ class Fencepost:
 
     async def wait_history(self, timeout: float = 300.0) -> None:
         t0 = time.perf_counter()
-        while await self.poll.fetchval("SELECT count(*) FROM runs WHERE status NOT IN "
-                                       "('SUCCEEDED', 'FAILED', 'CANCELLED', 'TIMED_OUT', 'STOPPED')") > 0:
+        # the partial index runs_active holds exactly the unfinished runs: a cheap poll
+        while await self.poll.fetchval("SELECT EXISTS (SELECT 1 FROM runs WHERE status IN ('PENDING', "
+                                       "'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED'))"):
             if time.perf_counter() - t0 > timeout:
                 raise TimeoutError("PostgreSQL did not receive every outcome")
             await asyncio.sleep(0.02)
@@ -264,8 +265,8 @@ async def fp_drain(a: argparse.Namespace, workers: int) -> dict[str, Any]:
         drain_s = time.perf_counter() - t1
         await fp.wait_history()
         lag_s = time.perf_counter() - t1 - drain_s
-        cpu = meter.stop()
         stats = commandstats_delta(stats0, await fp.redis.info("commandstats"))
+        cpu = meter.stop()
         recorded = a.jobs if a.noop else await fp.done.hlen(DONE_KEY)
         events = await fp.poll.fetchval("SELECT count(*) FROM events")
         failed = await fp.poll.fetchval("SELECT count(*) FROM runs WHERE status <> 'SUCCEEDED'")
@@ -407,7 +408,7 @@ def run_peer(a: argparse.Namespace, peer: str, mode: str, *extra: str) -> dict[s
     if not PEER_PY.exists():
         return {"system": peer, "error": "peers not installed: python3 -m venv .venv-bench && "
                                          ".venv-bench/bin/pip install -r bench/peers/requirements.txt"}
-    name, batch = (peer.split("-b") + [""])[:2]
+    name, batch = ([*peer.split("-b"), ""])[:2]
     cmd = [str(PEER_PY), str(ROOT / "bench" / "peers" / "run_peer.py"), "--peer", name, "--mode", mode,
            "--redis-url", a.redis_url, "--done-url", a.done_url,
            "--database-url", a.admin_url.rsplit("/", 1)[0] + "/" + PEER_DB, *extra]
@@ -531,8 +532,8 @@ def print_drain(a: argparse.Namespace, systems: list[str], results: list[dict[st
     if fp:
         r = fp[-1]
         top = sorted(r["commandstats"].items(), key=lambda kv: -kv[1]["usec"])[:12]
-        print(f"\nFencepost Redis INFO commandstats per job (last run, {r['workers']} worker; whole server, "
-              "so other users' commands may show):")
+        where = "a private server" if a.private_redis else "the whole shared server: other users' commands may show"
+        print(f"\nFencepost Redis INFO commandstats per job (last run, {r['workers']} worker; {where}):")
         for name, s in top:
             print(f"  {name:22} {s['calls'] / r['jobs']:6.2f} calls  {s['usec'] / r['jobs']:7.1f} us")
         print(f"  events rows: {r['events']:,} ({r['events'] / r['jobs']:.2f} per job)")
@@ -643,6 +644,24 @@ def kill(a: argparse.Namespace) -> None:
         print(f"{r['system']:15}{r['lost']:>7}{r['reruns']:>9}{fmt(r['drain_after_restart_s'], 2):>25}{flag}")
 
 
+def private_redis() -> tuple[subprocess.Popen[bytes], int]:
+    """A redis-server of our own (no persistence, noeviction) on a free port, so its CPU is ours alone."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--maxmemory-policy", "noeviction"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("redis-server did not start")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=20_000)
@@ -666,9 +685,26 @@ def main() -> None:
     ap.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"))
     ap.add_argument("--done-url", default=os.environ.get("BENCH_DONE_URL", "redis://127.0.0.1:6379/15"))
     ap.add_argument("--admin-url", default=os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    ap.add_argument("--peers", action="store_true", help="(peers now run by default; kept for old commands)")
     ap.add_argument("--save", default=None, help="write every case's JSON here (e.g. bench/results/x.json)")
+    ap.add_argument("--private-redis", action="store_true",
+                    help="start a redis-server of our own for the run (exact Redis CPU; other people's "
+                    "commands on the shared server are then not in the figures)")
     a = ap.parse_args()
+    server = None
+    if a.private_redis:
+        server, port = private_redis()
+        a.redis_url, a.done_url = f"redis://127.0.0.1:{port}/14", f"redis://127.0.0.1:{port}/15"
     os.environ["BENCH_DONE_URL"] = a.done_url  # the spawned workers' handlers write here
+    try:
+        run_mode(a)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+
+
+def run_mode(a: argparse.Namespace) -> None:
     if a.noop and a.concurrency is None:
         a.concurrency = 500
     if a.open_loop is not None or a.find_max:

@@ -393,7 +393,13 @@ class Case:
             await self.poll.close()
 
 
-async def wait_remaining(client: Any, t0: float, timeout: float = TIMEOUT_S) -> float:
+async def wait_remaining(client: Any, t0: float, timeout: float = TIMEOUT_S, recorded: int = 0) -> float:
+    """Poll the peer's own state until no job is left. With `recorded`, first wait (cheaply, in Redis)
+    until the handlers recorded that many jobs: a pgqueuer poll counts a table full of dead rows
+    (autovacuum is off here), which would tax the very cores the peer runs on."""
+    if recorded:
+        while await done_count(CFG) < recorded and time.perf_counter() - t0 < timeout:
+            await asyncio.sleep(POLL_S)
     while await client.remaining():
         if time.perf_counter() - t0 > timeout:
             raise TimeoutError("drain did not finish")
@@ -414,13 +420,17 @@ def per_job_cpu(cpu: dict[str, float], jobs: int) -> dict[str, float]:
     return out
 
 
-async def done_count(cfg: Cfg, key: str = DONE_KEY) -> int:
-    from redis.asyncio import Redis
+_poll: Any = None
 
-    r = Redis.from_url(cfg.done_url)
-    n = int(await r.hlen(key))
-    await r.aclose()
-    return n
+
+async def done_count(cfg: Cfg, key: str = DONE_KEY) -> int:
+    """How many jobs the handlers recorded (one persistent harness connection: polls are every 10 ms)."""
+    global _poll
+    if _poll is None:
+        from redis.asyncio import Redis
+
+        _poll = Redis.from_url(cfg.done_url)
+    return int(await _poll.hlen(key))
 
 
 async def done_map(cfg: Cfg, key: str = DONE_KEY) -> dict[str, float]:
@@ -453,9 +463,9 @@ async def mode_drain(cfg: Cfg) -> dict[str, Any]:
             case.meter.start()
             t0 = time.perf_counter()
             case.go.set()
-            t1 = await wait_remaining(client, t0)
-            cpu = case.meter.stop()
+            t1 = await wait_remaining(client, t0, recorded=0 if cfg.job == "noop" else cfg.jobs)
             stats = commandstats_delta(stats0, await case.redis.info("commandstats"))
+            cpu = case.meter.stop()
         finally:
             await case.stop()
     recorded = cfg.jobs if cfg.job == "noop" else await done_count(cfg)
@@ -636,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         out = run_async(MODES[cfg.mode](cfg))
-    except Exception as e:  # noqa: BLE001 - report, don't crash the caller's table
+    except Exception as e:
         out = {"error": f"{type(e).__name__}: {e}"}
     out = {"peer": cfg.peer, "mode": cfg.mode, **out}
     print(json.dumps(out, default=str), flush=True)
