@@ -66,9 +66,11 @@ def dev_up(base_dir: str) -> None:
 
 @dev.command("down")
 @dir_option
-def dev_down(base_dir: str) -> None:
-    """Stop the pair (PostgreSQL's data stays in the folder for the next `up`)."""
-    click.echo("stopped" if down(base_dir) else f"not running in {base_dir}/")
+@click.option("--purge", is_flag=True, help="Also delete the data (the folder, and its copy under /var/tmp as root).")
+def dev_down(base_dir: str, purge: bool) -> None:
+    """Stop the pair (PostgreSQL's data stays in the folder for the next `up`, unless --purge)."""
+    stopped = down(base_dir, purge=purge)
+    click.echo(("stopped" if stopped else f"not running in {base_dir}/") + ("; data deleted" if purge else ""))
 
 
 @dev.command("env")

@@ -512,13 +512,18 @@ def up(base_dir: str | os.PathLike[str] = ".fencepost") -> EmbeddedPair:
         return msgspec.structs.replace(pair, started=True)
 
 
-def down(base_dir: str | os.PathLike[str] = ".fencepost") -> bool:
-    """Stop the pair recorded in base_dir (postgres: fast shutdown); False when none was running."""
+def down(base_dir: str | os.PathLike[str] = ".fencepost", *, purge: bool = False) -> bool:
+    """Stop the pair recorded in base_dir (postgres: fast shutdown); False when none was running.
+    With PURGE, also delete its data: base_dir and, under root, its folder in RUNTIME_ROOT."""
     root = Path(base_dir).expanduser().resolve()
-    if not (root / STATE_FILE).exists():
-        return False
-    with _locked(root / ".up.lock"):
-        return _stop_recorded(root)
+    stopped = False
+    if (root / STATE_FILE).exists():
+        with _locked(root / ".up.lock"):
+            stopped = _stop_recorded(root)
+    if purge and root.exists():
+        for path in reversed(EmbeddedServers(root).data_dirs()):
+            shutil.rmtree(path, ignore_errors=True)
+    return stopped
 
 
 def _stop_recorded(root: Path) -> bool:
