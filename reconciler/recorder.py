@@ -14,7 +14,7 @@ import os
 import socket
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import msgspec
 from redis.exceptions import ResponseError
@@ -28,9 +28,14 @@ from fencepost.core.states import TERMINAL
 from fencepost.core.stores import Stores
 from fencepost.reconciler import gauges
 
+if TYPE_CHECKING:
+    from redis.typing import EncodableT, FieldT
+
 log = logging.getLogger("fencepost.recorder")
 
 GROUP = "recorder"
+_StreamReply: TypeAlias = list[tuple[bytes | str, list[tuple[bytes, dict[bytes, bytes]]]]]
+"""XREADGROUP's reply: (stream, [(entry id, fields)]), bytes since Stores sets decode_responses=False."""
 _json = msgspec.json.Encoder()
 _UTC = UTC
 _TERMINAL = {s.value for s in TERMINAL}
@@ -38,6 +43,15 @@ _TERMINAL = {s.value for s in TERMINAL}
 
 def _ts(ms: Any) -> datetime:
     return datetime.fromtimestamp(int(ms) / 1000, _UTC)
+
+
+_TEXT_FIELDS = frozenset({b"actor", b"reason", b"error", b"error_class", b"worker"})
+
+
+def _storable(raw: bytes) -> bytes:
+    """Text PostgreSQL accepts: valid UTF-8, no NUL (control characters shown as \\xNN escapes)."""
+    text = raw.decode("utf-8", errors="replace")
+    return "".join(ch if ch >= " " and ch != "\x7f" else f"\\x{ord(ch):02x}" for ch in text).encode()
 
 
 def stream_id_int(entry_id: bytes) -> int:
@@ -75,7 +89,7 @@ class Recorder:
         return streams
 
     async def queues(self) -> list[str]:
-        names = await self.stores.redis.smembers(self.stores.queues_key)
+        names = cast("set[bytes]", await self.stores.redis.smembers(self.stores.queues_key))  # decode_responses=False
         return sorted(n.decode() for n in names)
 
     async def run_once(self, *, block_ms: int = 200, pending: bool = False) -> int:
@@ -93,12 +107,14 @@ class Recorder:
             # poll: sleep up to block_ms when every stream was empty.
             replies = await asyncio.gather(*(self.stores.redis.xreadgroup(GROUP, self.consumer, {s: start},
                                                                           count=self.batch) for s in streams))
-            reply = [item for r in replies for item in (r or [])]
-            if not pending and not any(items for _, items in reply):
+            merged: _StreamReply = [item for r in cast("list[_StreamReply | None]", replies) for item in (r or [])]
+            reply: _StreamReply | None = merged
+            if not pending and not any(items for _, items in merged):
                 await asyncio.sleep(min(block_ms, 50) / 1000)
         else:
-            reply = await self.stores.redis.xreadgroup(GROUP, self.consumer, {s: start for s in streams},
-                                                       count=self.batch, block=None if pending else block_ms)
+            reply = cast("_StreamReply | None", await self.stores.redis.xreadgroup(
+                GROUP, self.consumer, {s: start for s in streams}, count=self.batch,
+                block=None if pending else block_ms))
         entries: list[tuple[str, bytes, dict[bytes, bytes]]] = []
         for stream, items in reply or []:
             s = stream.decode() if isinstance(stream, bytes) else stream
@@ -171,12 +187,25 @@ class Recorder:
 
     async def _quarantine(self, entry: tuple[str, bytes, dict[bytes, bytes]], exc: Exception) -> None:
         """Keep an unrecordable entry where an operator can see it (never drop history), then
-        acknowledge it so the stream moves on."""
+        acknowledge it so the stream moves on. An operator's command (an entry with an actor) is
+        audited whatever its text: it is recorded with its text made storable first, and only
+        quarantined (an alert) if even that is refused."""
         stream, entry_id, fields = entry
+        if fields.get(b"actor") and not fields.get(b"sanitized"):
+            clean = {k: (_storable(v) if k in _TEXT_FIELDS else v) for k, v in fields.items()}
+            clean[b"sanitized"] = b"1"
+            try:
+                await self._record([(stream, entry_id, clean)])
+                log.error("command %s of %s had text PostgreSQL refused (%s); recorded with it escaped", entry_id,
+                          stream, exc, extra={"event": "recorder_sanitized",
+                                              "run_id": int(fields.get(b"run", b"0") or 0)})
+                return
+            except (*REFUSED, ValueError, KeyError, UnicodeDecodeError):
+                pass  # quarantined below, with the alert
         log.error("transition %s of %s cannot be recorded (%s); kept in %s", entry_id, stream, exc,
                   self.poison_key, extra={"event": "recorder_poison", "run_id": int(fields.get(b"run", b"0") or 0)})
-        await self.stores.redis.xadd(self.poison_key, {**fields, b"stream": stream, b"entry": entry_id,
-                                                       b"error": str(exc)[:500]})
+        poison = {**fields, b"stream": stream, b"entry": entry_id, b"error": str(exc)[:500]}
+        await self.stores.redis.xadd(self.poison_key, cast("dict[FieldT, EncodableT]", poison))  # dict is invariant
         gauges.POISON.inc()
         pipe = self.stores.redis.pipeline(transaction=False)
         pipe.xack(stream, GROUP, entry_id)
@@ -239,6 +268,7 @@ class Recorder:
                 p["lease"] = _ts(f[b"lease"])
                 p["started_at"] = at
                 p["result"] = None
+                a = cast(bytes, a)  # a claim always carries its attempt
                 atts[(run_id, int(a))] = {"token": int(f[b"token"]), "worker": f[b"worker"].decode(),
                                           "started": at, "finished": None, "outcome": None,
                                           "eclass": None, "emsg": None}
