@@ -605,7 +605,7 @@ def _unreachable(run_as: pwd.struct_passwd, *, traverse: list[Path], write: list
     """The first path RUN_AS cannot traverse (or write, for WRITE), or None when it reaches them all."""
     script = 'for p; do m=${p%%:*}; p=${p#?:}; test -x "$p" && { [ "$m" = x ] || test -w "$p"; } || { echo "$p"; exit 1; }; done'
     args = [f"x:{p}" for p in traverse] + [f"w:{p}" for p in write]
-    result = subprocess.run(
+    result: subprocess.CompletedProcess[bytes] = subprocess.run(  # **_demote(...) hides the overload's bytes
         ["/bin/sh", "-c", script, "sh", *args], capture_output=True, timeout=10, cwd="/", **_demote(run_as)
     )
     if result.returncode == 0:
