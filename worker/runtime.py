@@ -96,6 +96,10 @@ class Worker:
         self.claimed = 0
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        self._due_seen: dict[str, int] = {}
+        """Per queue, the run_at (ms) up to which delayed runs were already offered to a claim: the
+        idle wait sets its timer for the first delayed run after it (`_next_due`)."""
+        self._rings: set[asyncio.Task[None]] = set()
         self._unstamped: dict[str, float] = {}
         """Queues whose last claim found no trusted stamp -> when to ask again (monotonic): skipped
         by the round-robin meanwhile, so they never delay the other queues' claims."""
@@ -128,11 +132,7 @@ class Worker:
         await self.executors.start()
         for h in self.registry.handlers.values():
             metrics.HANDLER_INFO.labels(h.spec.name, h.spec.queue, h.spec.owner or "unowned", h.spec.model).set(1)
-        s = self.settings
-        for q in self.opts.queues:  # the retry budget is per queue, shared by its workers
-            await self.stores.redis.hset(self.stores.keys(q).config, mapping={
-                "budget_ratio": s.retry_budget_ratio, "budget_floor": s.retry_budget_floor,
-                "budget_window_ms": s.retry_budget_window_ms})
+        await self._seed_retry_budget()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -156,6 +156,24 @@ class Worker:
             await self.executors.close()
             await self.stores.close()
             log.info("worker %s stopped", self.id, extra={"event": "worker_stopped", "worker_id": self.id})
+
+    async def _seed_retry_budget(self) -> None:
+        """The retry budget is per queue, shared by its workers: a worker only fills in settings the
+        queue does not have yet (HSETNX), so workers started with other environments never
+        overwrite each other (the last to start used to win); a differing one says so."""
+        s = self.settings
+        mine = {"budget_ratio": str(s.retry_budget_ratio), "budget_floor": str(s.retry_budget_floor),
+                "budget_window_ms": str(s.retry_budget_window_ms)}
+        for q in self.opts.queues:
+            key = self.stores.keys(q).config
+            pipe = self.stores.redis.pipeline(transaction=False)
+            for name, value in mine.items():
+                pipe.hsetnx(key, name, value)
+            pipe.hmget(key, *mine)
+            live = dict(zip(mine, (v.decode() if v is not None else None for v in (await pipe.execute())[-1])))
+            if any(live[n] is not None and float(live[n]) != float(mine[n]) for n in mine):
+                log.warning("queue %s keeps its retry budget %s; this worker's settings %s are not applied",
+                            q, live, mine, extra={"event": "retry_budget_differs", "queue": q, "worker_id": self.id})
 
     # -- claimer -------------------------------------------------------------------------------
     def _free(self) -> int:
@@ -192,9 +210,13 @@ class Worker:
 
     async def _claim(self, queue: str, n: int) -> int:
         now = int(time.time() * 1000)
+        keys = self.stores.keys(queue)
+        args = ClaimArgs(now, n, self.id, self.lease_ms, max(n, 100))
         try:
-            jobs = await self.stores.scripts.claim_due(self.stores.keys(queue),
-                                                       ClaimArgs(now, n, self.id, self.lease_ms, max(n, 100)))
+            if self.settings.claim_replicas > 0:
+                jobs = await self._claim_durably(queue, args)
+            else:
+                jobs = await self.stores.scripts.claim_due(keys, args)
         except NotStamped:
             if queue not in self._unstamped:  # once per state change, not on every round
                 log.warning("queue %s is not stamped with the current epoch; not claiming from it until the "
@@ -205,6 +227,7 @@ class Worker:
             log.warning("claim failed: %s", exc, extra={"event": "claim_failed", "queue": queue})
             await asyncio.sleep(0.5)
             return 0
+        self._due_seen[queue] = now
         if self._unstamped.pop(queue, None) is not None:
             log.info("queue %s is stamped again; claiming from it", queue,
                      extra={"event": "claim_stamped", "queue": queue})
@@ -228,9 +251,61 @@ class Worker:
             self.m.count(metrics.CLAIMED, queue, n=count)
         return count
 
-    async def _wait_for_work(self) -> None:
-        wake = [self.stores.keys(q).wake for q in self.opts.queues]
+    async def _claim_durably(self, queue: str, args: ClaimArgs) -> list[Claimed]:
+        """Durable-claim mode: handlers start only once `claim_replicas` replicas acknowledged
+        the claim (WAIT on the claim's connection), so a promoted replica holds every lease an
+        execution runs under. A batch not acknowledged in time is released unrun."""
+        s = self.settings
+        batch = await self.stores.scripts.claim_due_replicated(self.stores.keys(queue), args, s.claim_replicas,
+                                                               s.claim_wait_ms)
+        if batch.replicas >= s.claim_replicas or not batch.claimed:
+            return batch.claimed
+        log.warning("claim of %d runs of %s reached %d of %d replicas in %d ms; releasing them unrun",
+                    len(batch.claimed), queue, batch.replicas, s.claim_replicas, s.claim_wait_ms,
+                    extra={"event": "claim_not_replicated", "queue": queue, "worker_id": self.id})
         try:
+            await self.stores.scripts.release_runs(self.stores.keys(queue), Now(int(time.time() * 1000)),
+                                                   [Lease(j.id, j.token) for j in batch.claimed])
+        except StoreUnavailable as exc:  # the leases expire instead; nothing ran under them
+            log.warning("release failed (%s); leases will expire instead", exc)
+        await asyncio.sleep(0.5)
+        return []
+
+    async def _next_due(self) -> tuple[int, str] | None:
+        """The earliest delayed or retry-wait run of our queues that no claim was offered yet:
+        (run_at in ms, queue). One pipelined read per idle wait, not per job."""
+        pipe = self.stores.redis.pipeline(transaction=False)
+        queues = self.opts.queues
+        for q in queues:
+            pipe.zrangebyscore(self.stores.keys(q).delayed, f"({self._due_seen.get(q, 0)}", "+inf",
+                               start=0, num=1, withscores=True)
+        best: tuple[int, str] | None = None
+        for q, head in zip(queues, await pipe.execute(), strict=True):
+            if head and (best is None or head[0][1] < best[0]):
+                best = (int(head[0][1]), q)
+        return best
+
+    def _ring(self, run_at: int, queue: str) -> None:
+        """A delayed run is due: push the queue's wake list so an idle worker (this one, blocked
+        on it) claims now. Redis times a BLPOP out only at its own tick (up to 100 ms late)."""
+        # everything due by now counts as offered: a queue we cannot claim from (paused, unstamped)
+        # is rung once, not once per waiting run
+        self._due_seen[queue] = max(self._due_seen.get(queue, 0), run_at, int(time.time() * 1000))
+        task = asyncio.ensure_future(self.stores.redis.rpush(self.stores.keys(queue).wake, 1))
+        self._rings.add(task)  # referenced until done, like the escalations
+        task.add_done_callback(self._rings.discard)
+
+    async def _wait_for_work(self) -> None:
+        """Block until a wake push (a submit, a freed slot...), the earliest delayed or retry-wait
+        run of our queues is due (a timer of our own pushes the wake), a stop, or idle_wait_s."""
+        wake = [self.stores.keys(q).wake for q in self.opts.queues]
+        timer: asyncio.TimerHandle | None = None
+        try:
+            nxt = await self._next_due()
+            if nxt is not None:
+                delay = nxt[0] / 1000 - time.time()
+                if delay < self.opts.idle_wait_s:
+                    timer = asyncio.get_running_loop().call_later(max(delay, 0.0), self._ring, *nxt)
             if self.settings.redis_cluster:
                 # Redis Cluster: the wake keys of different queues live in different hash slots
                 # (usually on different nodes), so one multi-key BLPOP fails with CROSSSLOT. Block
@@ -258,6 +333,9 @@ class Worker:
         except Exception as exc:
             log.debug("idle wait failed: %s", exc)
             await asyncio.sleep(self.opts.idle_wait_s)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def _queues_empty(self) -> bool:
         pipe = self.stores.redis.pipeline(transaction=False)

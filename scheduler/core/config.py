@@ -30,15 +30,23 @@ class Settings(msgspec.Struct, kw_only=True):
     """Retries of a queue may not exceed floor + ratio x first attempts over the window (0: off)."""
     retry_budget_floor: int = 10
     retry_budget_window_ms: int = 60_000
+    claim_replicas: int = 0
+    """Durable claims: after each claim batch, wait until this many replicas acknowledged it
+    (`WAIT`) before any handler starts; a batch they do not acknowledge within
+    `claim_wait_ms` is released unrun. 0: off (a promoted replica may lack recent claims)."""
+    claim_wait_ms: int = 1_000
     terminal_ttl_s: int = 3_600
     """How long a finished run's hash stays in Redis after the recorder committed it."""
     archive_after: str = "7d"
     """Finished runs older than this leave the hot `runs` table for `runs_archive` (the
     reconciler moves them; `30d`, `12h`, `90m`, `2w`; `0` or empty: never)."""
+    idempotency_window: str = "7d"
+    """How long an idempotency key is honoured after its submit, archived run or not (the
+    reconciler prunes older keys; same format as archive_after)."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        env = {}
+        env: dict[str, object] = {}
         for field in cls.__struct_fields__:
             raw = os.environ.get(f"FENCEPOST_{field.upper()}")
             if raw is not None:

@@ -52,6 +52,7 @@ __all__ = [
     "ReapArgs",
     "RenewArgs",
     "Renewal",
+    "ReplicatedClaims",
     "RescoreArgs",
     "ResolveArgs",
     "RunRef",
@@ -250,6 +251,14 @@ class Sync(msgspec.Struct, frozen=True):
     seen_version: int | str
     status: str
     pg_version: int
+
+
+class ReplicatedClaims(msgspec.Struct, frozen=True):
+    """A durable claim batch (claim_due, then WAIT on the same connection): the runs, and how
+    many replicas acknowledged every write up to and including the claim."""
+
+    claimed: list[Claimed]
+    replicas: int
 
 
 class Inspected(msgspec.Struct, frozen=True):
@@ -463,6 +472,16 @@ def enqueue_item(r: RunRow) -> EnqueueItem:
                        r.concurrency_limit or "")
 
 
+def _script_error(exc: ResponseError, keys: Keys | Sequence[str]) -> Exception:
+    """A script's error reply as a typed error (one place for every script call)."""
+    msg = str(exc)
+    if isinstance(exc, (ClusterDownError, TryAgainError)) or msg.startswith(_UNAVAILABLE):
+        return RedisUnavailable(f"redis unavailable: {msg}")
+    if msg.startswith("UNSTAMPED"):
+        return NotStamped(keys.queue if isinstance(keys, Keys) else "?")
+    return decode_lua_error(msg)
+
+
 class Scripts:
     """The hot-store gateway: every script registered on one Redis client, one typed method each.
 
@@ -470,6 +489,7 @@ class Scripts:
     core calls the typed methods and sees Structs, never an ARGV list or a reply index."""
 
     def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
         self._scripts = {name: redis.register_script(render(name)) for name in SCRIPT_NAMES}
 
     async def run(self, name: str, keys: Keys | list[str], args: Sequence[Any]) -> Any:
@@ -478,14 +498,29 @@ class Scripts:
         try:
             return await self._scripts[name](keys=key_list, args=args)
         except ResponseError as exc:
-            msg = str(exc)
-            if isinstance(exc, (ClusterDownError, TryAgainError)) or msg.startswith(_UNAVAILABLE):
-                raise RedisUnavailable(f"redis unavailable: {msg}") from exc
-            if msg.startswith("UNSTAMPED"):
-                raise NotStamped(keys.queue if isinstance(keys, Keys) else "?") from None
-            raise decode_lua_error(msg) from None
+            err = _script_error(exc, keys)
+            raise err from (exc if isinstance(err, RedisUnavailable) else None)
         except (RedisConnectionError, RedisTimeoutError, ClusterError, OSError) as exc:
             raise RedisUnavailable(f"redis unreachable: {exc}") from exc
+
+    async def claim_due_replicated(self, keys: Keys, args: ClaimArgs, replicas: int, timeout_ms: int) -> ReplicatedClaims:
+        """claim_due, then `WAIT replicas timeout_ms` pipelined on the same connection (WAIT
+        counts the replicas that acknowledged this connection's writes): the durable-claim mode."""
+        pipe = self._redis.pipeline(transaction=False)
+        try:
+            await self._scripts["claim_due"](keys=keys.script_keys(), args=list(msgspec.structs.astuple(args)),
+                                             client=pipe)
+            pipe.execute_command("WAIT", replicas, timeout_ms)
+            raw, acked = await pipe.execute(raise_on_error=False)
+        except ResponseError as exc:
+            raise _script_error(exc, keys) from None
+        except (RedisConnectionError, RedisTimeoutError, ClusterError, OSError) as exc:
+            raise RedisUnavailable(f"redis unreachable: {exc}") from exc
+        if isinstance(raw, ResponseError):
+            raise _script_error(raw, keys)
+        if isinstance(acked, Exception):
+            raise RedisUnavailable(f"redis WAIT failed: {acked}")
+        return ReplicatedClaims(CONTRACTS["claim_due"].decode(raw, keys.queue), int(acked))
 
     async def _call(self, name: str, keys: Keys | Sequence[str], head: msgspec.Struct | None,
                     items: Sequence[msgspec.Struct] = (), fill: tuple[Any, ...] = ()) -> Any:
