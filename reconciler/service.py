@@ -39,7 +39,7 @@ from fencepost.reconciler.loops import Loop, QueueGate, each_queue, run_loops
 from fencepost.reconciler.outbox import OutboxRelay
 from fencepost.reconciler.rebuild import rebuild_queue, untrusted_queues
 from fencepost.reconciler.recorder import Recorder
-from fencepost.reconciler.retention import Maintenance, parse_archive_after
+from fencepost.reconciler.retention import Maintenance, parse_archive_after, parse_duration
 from fencepost.reconciler.scalehint import ScaleHints
 
 log = logging.getLogger("fencepost.reconciler")
@@ -61,6 +61,9 @@ class Reconciler:
         self.scale_hints = ScaleHints(self.stores)
         self.history = Maintenance(self.stores.db,
                                    archive_after=parse_archive_after(self.stores.settings.archive_after))
+        self.idempotency_window = parse_duration(self.stores.settings.idempotency_window,
+                                                 what="FENCEPOST_IDEMPOTENCY_WINDOW")
+        """Idempotency keys older than this are pruned (the `idempotency` loop, at the archive interval)."""
         self.tick_s = min(tick_s, 1.0)
         self.stop_grace_s = stop_grace_s
         """After stop, passes in flight get this long to finish before they are cancelled."""
@@ -77,6 +80,7 @@ class Reconciler:
             Loop("gauges", self._observe, GAUGES_EVERY_S),
             Loop("scale_hint", self._scale_hint, self.scale_hints.every_s),
             Loop("partitions", self._partitions, self.history.every_s),
+            Loop("idempotency", self._prune_keys, self.history.every_s),
         ]
         if self.history.archive_after is not None:
             loops.append(Loop("archive", self._archive, self.history.every_s))
@@ -155,6 +159,11 @@ class Reconciler:
 
     async def _partitions(self) -> None:
         await self.history.partitions()
+
+    async def _prune_keys(self, batch: int = 10_000) -> float | None:
+        """Forget idempotency keys older than FENCEPOST_IDEMPOTENCY_WINDOW, a bounded batch a pass."""
+        status = await self.stores.db.execute("idempotency_prune", self.idempotency_window.total_seconds(), batch)
+        return self.tick_s if status.endswith(f" {batch}") else None
 
     async def _archive(self) -> float | None:
         moved = await self.history.archive()

@@ -82,7 +82,10 @@ class ApiClient:
             except ValueError:
                 problem = {"detail": raw.decode(errors="replace")[:200] or exc.reason}
             if exc.code == 428 and "matched" in problem:
-                raise BulkNotConfirmed(int(problem["matched"]), int(problem.get("limit") or 0)) from None
+                refused = BulkNotConfirmed(int(problem["matched"]), int(problem.get("limit") or 0))
+                refused.until_id = problem.get("until_id")  # type: ignore[attr-defined]  # the set as counted
+                refused.acting = problem.get("acting", problem["matched"])  # type: ignore[attr-defined]
+                raise refused from None
             raise ApiProblem(exc.code, problem) from None
         except (urllib.error.URLError, OSError) as exc:
             raise StoreUnavailable(f"the API at {self.url} is unreachable: {getattr(exc, 'reason', exc)}") from None
@@ -169,7 +172,13 @@ class ApiClient:
         out = self.request("GET", f"/v1/schedules/{self._name(name)}/next", query={"n": n})
         return [datetime.fromisoformat(t) for t in out["fires"]], out.get("timezone") or "UTC"
 
+    def queues(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/queues")
+
     # -- workflows -----------------------------------------------------------------------------
+    def workflows(self, *, limit: int = 50) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/workflows", query={"limit": limit})
+
     def workflow(self, workflow_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/workflows/{self._name(workflow_id)}")
 
@@ -195,8 +204,9 @@ class ApiClient:
         self.request("POST", f"/v1/queues/{urllib.parse.quote(queue, safe='')}/resume", {"reason": reason})
 
     def bulk(self, verb: str, *, queue: str, status: str | None, handler: str | None, confirm: int,
-             reason: str = "") -> dict[str, Any]:
-        body = {"command": verb, "status": status, "handler": handler, "confirm": confirm, "reason": reason}
+             reason: str = "", limit: int | None = None, until_id: int | None = None) -> dict[str, Any]:
+        body = {"command": verb, "status": status, "handler": handler, "confirm": confirm, "reason": reason,
+                "limit": limit, "until_id": until_id}
         return self.request("POST", f"/v1/queues/{urllib.parse.quote(queue, safe='')}/bulk",
                             {k: v for k, v in body.items() if v is not None})
 

@@ -3,48 +3,49 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
-import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import asyncpg
 import msgspec
 
 from fencepost.control import ControlMixin
+from fencepost.core import validate
 from fencepost.core.config import Settings
 from fencepost.core.errors import (
+    FencepostError,
+    IdempotencyConflict,
     InvalidInput,
     PayloadTooLarge,
     RedisUnavailable,
+    StoreUnavailable,
     UnknownHandler,
     UnknownRun,
     WaitTimeout,
 )
-from fencepost.core.hot import StampArgs
 from fencepost.core.keys import valid_queue_name
 from fencepost.core.models import JobSpec, Outcome, RunRow, Submit, decode_result, encode_payload, run_columns
-from fencepost.core.record import Conn, store_definitions
+from fencepost.core.queues import declare_queues, stamp_created
+from fencepost.core.record import REFUSED, Conn, store_definitions
 from fencepost.core.registry import Handler, Registry
-from fencepost.core.states import RESTING, Status
+from fencepost.core.states import DEAD, RESTING, Status
 from fencepost.core.stores import Stores
 from fencepost.core.tracing import new_traceparent, traceparent_var, valid_traceparent
 from fencepost.workflows import WorkflowMixin
 
-__all__ = ["Client", "SyncClient"]
+__all__ = ["Client", "SyncClient", "idempotency_scope", "request_fingerprint"]
 
 log = logging.getLogger("fencepost.client")
 
 T = TypeVar("T")
 _UTC = UTC
-
-
-_LABEL_RE = re.compile(r"[^\s{}]{1,128}")  # fullmatch: a trailing newline is not a new tenant
 
 
 def _concurrency(spec: JobSpec, req: Submit) -> tuple[str | None, int | None]:
@@ -62,20 +63,72 @@ def _concurrency(spec: JobSpec, req: Submit) -> tuple[str | None, int | None]:
                                "does not give", field="kwargs")
         key = f"{spec.name}:{value}"
     limit = req.concurrency_limit if req.concurrency_limit is not None else spec.concurrency_limit
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1_000_000):
-        raise InvalidInput(f"concurrency_limit must be a whole number from 1 to 1000000, not {limit!r}",
-                           field="concurrency_limit")
+    if limit is not None:
+        validate.integer("concurrency_limit", limit)
     if key is None:
         if req.concurrency_limit is not None:
             raise InvalidInput("concurrency_limit needs a concurrency_key", field="concurrency_limit")
         return None, None
-    if not isinstance(key, str) or not _LABEL_RE.fullmatch(key):
-        raise InvalidInput(f"concurrency key {key!r} must be 1-128 characters without spaces or braces",
-                           field="concurrency_key")
+    validate.label("concurrency_key", key)
     if limit is None:
         raise InvalidInput(f"concurrency key {key!r} needs a concurrency_limit",
                            field="concurrency_limit")
     return key, limit
+
+
+def _inserted(rows: Sequence[Any], n: int) -> tuple[list[int | None], list[int], dict[str, int]]:
+    """insert_runs' answer: ids in request order (None: not created), created indexes, new queues."""
+    ids: list[int | None] = [None] * n
+    created: list[int] = []
+    new_queues: dict[str, int] = {}
+    for r in rows:
+        if r["ord"] is None:
+            new_queues[r["queue"]] = r["epoch"]
+        elif r["created"]:
+            ids[r["ord"] - 1] = r["id"]
+            created.append(r["ord"] - 1)
+    return ids, created, new_queues
+
+
+def idempotency_scope(row: RunRow) -> str:
+    """Where an idempotency key is unique: the run's queue, or `queue/tenant` when the submit
+    names a tenant (a queue name has no '/'). A producer can only reach keys of its own scope."""
+    return f"{row.queue}/{row.tenant}" if row.tenant else row.queue
+
+
+def request_fingerprint(req: Submit, row: RunRow) -> str:
+    """sha256 of the request as given (handler, queue, tenant, arguments, options; a delay,
+    not the time it resolves to), so a retry matches and a different request does not."""
+    when: Any = req.run_at.isoformat() if isinstance(req.run_at, datetime) else None
+    data = [row.handler, row.queue, row.tenant, row.payload, row.priority, row.max_retries, row.timeout_s,
+            row.concurrency_key, row.concurrency_limit, when, req.delay]
+    return hashlib.sha256(msgspec.json.encode(data)).hexdigest()
+
+
+_ENDING_PAGE, _ENDING_SCAN = 500, 10_000
+"""wait() looks for the run's ending event this far back in its queue's stream, a page at a time."""
+
+
+def _outcome_from_event(run_id: int, status: str, result: Any, f: dict[bytes, bytes]) -> Outcome:
+    """The outcome from the event that ended the run: its error is that transition's own."""
+    def text(name: bytes) -> str | None:
+        v = f.get(name)
+        return v.decode(errors="replace") if v else None
+
+    reason = None if status == Status.SUCCEEDED else (text(b"reason") or text(b"outcome"))
+    return Outcome(run_id, status, result, text(b"error"), text(b"error_class"), reason)
+
+
+def _outcome_from_row(run_id: int, status: str, result: Any, row: dict[str, Any], hot_error: str | None) -> Outcome:
+    """The outcome from PostgreSQL's row once the ending event was recorded. The row keeps the last
+    error of any attempt, so it is reported only where the final attempt is the one that failed."""
+    if row["status"] != status:  # the projection is behind (a very busy stream): no reason to give
+        failed = status in DEAD
+        return Outcome(run_id, status, result, hot_error if failed else None, None, None)
+    reason = None if status == Status.SUCCEEDED else row.get("reason")
+    failed = status in DEAD or reason == "paused_after_error"
+    return Outcome(run_id, status, result, row["last_error"] if failed else None,
+                   row["last_error_class"] if failed else None, reason)
 
 
 def _spec(row: Any) -> JobSpec:
@@ -84,6 +137,101 @@ def _spec(row: Any) -> JobSpec:
     if isinstance(options, str):
         options = json.loads(options)
     return msgspec.convert({**data, **options}, JobSpec)
+
+
+class _Pending(msgspec.Struct):
+    req: Submit
+    row: RunRow
+    fut: asyncio.Future[int]
+
+
+class _Coalescer:
+    """Group commit for `Client.submit`: concurrent single submits of one client process become
+    one insert_runs statement and one enqueue_runs call per queue.
+
+    A submit joins the pending list; a flush starts at the end of the current event-loop turn
+    (plus `Client.coalesce_window` seconds when set), and while `Client.parallel` flushes are in
+    flight new submits accumulate, so batches grow with load and an idle client pays one loop
+    turn. Each caller still returns only after PostgreSQL committed its run. Flushes run as
+    tasks of their own: a caller giving up never cancels its neighbours' commit."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.pending: list[_Pending] = []
+        self.inflight: set[asyncio.Task[None]] = set()
+        self.scheduled = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def submit(self, req: Submit) -> int:
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:  # a new event loop (asyncio.run again): nothing of the old one survives
+            self.loop, self.pending, self.inflight, self.scheduled = loop, [], set(), False
+        row = (await self.client._prepare([req], outbox=False))[0]  # bad input fails this caller only
+        fut: asyncio.Future[int] = loop.create_future()
+        self.pending.append(_Pending(req, row, fut))
+        self._schedule()
+        return await fut
+
+    def _schedule(self) -> None:
+        if self.scheduled or not self.pending or len(self.inflight) >= self.client.parallel:
+            return
+        self.scheduled = True
+        assert self.loop is not None
+        window = self.client.coalesce_window
+        if window > 0:
+            self.loop.call_later(window, self._start)
+        else:
+            self.loop.call_soon(self._start)
+
+    def _start(self) -> None:
+        self.scheduled = False
+        while self.pending and len(self.inflight) < self.client.parallel:
+            batch = [p for p in self.pending[:self.client.chunk] if not p.fut.done()]  # done: the caller gave up
+            del self.pending[:self.client.chunk]
+            if batch:
+                task = asyncio.ensure_future(self._flush(batch))
+                self.inflight.add(task)
+                task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.inflight.discard(task)
+        self._schedule()
+
+    async def _flush(self, batch: list[_Pending]) -> None:
+        client = self.client
+        reqs, rows = [p.req for p in batch], [p.row for p in batch]
+        try:
+            try:
+                ids, created, new_queues = await client._insert(reqs, rows, None)
+            except (FencepostError, *REFUSED) as exc:
+                if len(batch) == 1 or isinstance(exc, StoreUnavailable):
+                    raise
+                # One request's refusal (a key conflict, data PostgreSQL rejects) must not fail its
+                # neighbours. The batch's statement wrote nothing, so each goes again on its own.
+                await asyncio.gather(*(self._flush([p]) for p in batch))
+                return
+            await client._stamp_new_queues(new_queues)
+            await client._enqueue(created, ids, rows)
+        except BaseException as exc:
+            for p in batch:
+                if not p.fut.done():
+                    p.fut.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for p, run_id in zip(batch, ids, strict=True):
+            if not p.fut.done():
+                p.fut.set_result(run_id)
+
+    async def drain(self) -> None:
+        """Flush what is pending and wait for every flush in flight (close)."""
+        while self.pending or self.inflight:
+            if self.pending and not self.scheduled:
+                self._start()
+            if self.inflight:
+                await asyncio.gather(*self.inflight, return_exceptions=True)
+            else:
+                await asyncio.sleep(0)
 
 
 class Client(ControlMixin, WorkflowMixin):
@@ -96,12 +244,15 @@ class Client(ControlMixin, WorkflowMixin):
         self.actor = actor
         self.registry: Registry | None = None
         self._defs: dict[str, JobSpec] = {}
+        self._coalescer = _Coalescer(self)
 
     async def connect(self) -> Client:
         await self.stores.connect()
         return self
 
     async def close(self) -> None:
+        if self._coalescer.loop is asyncio.get_running_loop():
+            await self._coalescer.drain()
         await self.stores.close()
 
     async def __aenter__(self) -> Client:
@@ -112,11 +263,13 @@ class Client(ControlMixin, WorkflowMixin):
 
     # -- definitions ---------------------------------------------------------------------------
     async def register(self, registry: Registry | Iterable[JobSpec]) -> None:
-        """Store handler declarations so submits can be validated without a worker running."""
+        """Store handler declarations so submits can be validated without a worker running, and
+        declare their queues (created and stamped now, so `queue pause` works before the first job)."""
         specs = registry.specs() if isinstance(registry, Registry) else list(registry)
         if isinstance(registry, Registry):
             self.registry = registry
         await store_definitions(self.stores.db, specs)
+        await declare_queues(self.stores, {s.queue for s in specs})
         self._defs.update({s.name: s for s in specs})
 
     async def _load_definitions(self, names: set[str]) -> None:
@@ -139,32 +292,48 @@ class Client(ControlMixin, WorkflowMixin):
                      delay=delay, timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key,
                      trace=trace, tenant=tenant, concurrency_key=concurrency_key,
                      concurrency_limit=concurrency_limit)
-        return (await self.submit_many([req], connection=connection))[0]
+        if connection is not None:
+            return (await self.submit_many([req], connection=connection))[0]
+        return await self._coalescer.submit(req)
 
     async def submit_many(self, requests: Sequence[Submit], *, connection: asyncpg.Connection | None = None) -> list[int]:
         """Submit a batch: one round trip to PostgreSQL, then one Lua call per queue.
 
         With `connection`, the runs are written inside the caller's transaction (an outbox):
         they exist if and only if it commits, and the reconciler moves them to Redis on commit.
-        Returns run ids in request order; an existing idempotency key yields the existing run.
+        Returns run ids in request order. An idempotency key is unique per scope (the queue, or
+        queue/tenant): the same request again yields the run it created, a different request with
+        the key raises IdempotencyConflict (and writes nothing), within FENCEPOST_IDEMPOTENCY_WINDOW.
         """
         if not requests:
             return []
-        # Validate everything before writing anything: bad input changes nothing.
-        await self._load_definitions({r.handler for r in requests})
-        now = datetime.now(_UTC)
-        outbox = connection is not None
-        rows = [self._validated(r, now, outbox=outbox) for r in requests]
+        rows = await self._prepare(requests, outbox=connection is not None)
         if connection is None and len(requests) > self.chunk:
             return await self._submit_pipelined(requests, rows)
         ids, created, new_queues = await self._insert(requests, rows, connection)
+        # Stamped now even inside a caller's transaction: the queue is new, so Redis has nothing of
+        # it to lose, and the reconciler must not take it for a forgotten queue and "rebuild" it.
+        # (Rolled back, the stamp vouches for an empty queue: harmless.)
+        await self._stamp_new_queues(new_queues)
         if connection is None:
-            await self._stamp_new_queues(new_queues)
             await self._enqueue(created, ids, rows)
         return ids
 
+    async def _prepare(self, requests: Sequence[Submit], *, outbox: bool) -> list[RunRow]:
+        """Validate everything before writing anything: bad input changes nothing."""
+        for r in requests:
+            validate.text("handler", r.handler)
+        await self._load_definitions({r.handler for r in requests})
+        now = datetime.now(_UTC)
+        return [self._validated(r, now, outbox=outbox) for r in requests]
+
     chunk = 2000
-    """Large batches are split so chunk k reaches Redis while chunk k+1 is being committed."""
+    """Large batches are split so chunk k reaches Redis while chunk k+1 is being committed;
+    also the largest batch of coalesced single submits."""
+
+    coalesce_window = 0.0
+    """Seconds a coalesced flush waits for more submits once one is pending (0: to the end of the
+    current event-loop turn; submits arriving while a flush is in flight wait for it anyway)."""
 
     async def _submit_pipelined(self, requests: Sequence[Submit], rows: list[RunRow]) -> list[int]:
         """Chunks go through PostgreSQL then Redis, `self.parallel` at a time, so a chunk's
@@ -183,34 +352,53 @@ class Client(ControlMixin, WorkflowMixin):
         return [run_id for part in parts for run_id in part]
 
     parallel = 2
-    """Chunks in flight to PostgreSQL at once."""
+    """Chunks (or coalesced batches of single submits) in flight to PostgreSQL at once."""
 
     async def _insert(self, requests: Sequence[Submit], rows_in: Sequence[RunRow],
                       connection: Conn | None
                       ) -> tuple[list[int], list[int], dict[str, int]]:
         """One round trip to PostgreSQL for a batch of validated rows: (run ids in request order,
-        indexes of the rows this call created, queues it created with their epochs)."""
+        indexes of the rows this call created, queues it created with their epochs). A batch with
+        idempotency keys claims them in its scope first (`_insert_keyed`)."""
+        if any(r.idempotency_key is not None for r in rows_in):
+            if connection is not None:
+                return await self._insert_keyed(requests, rows_in, connection)
+            async with self.stores.db.transaction() as tx:  # a conflict rolls back the whole batch
+                return await self._insert_keyed(requests, rows_in, tx)
+        rows = await self.stores.db.fetch("insert_runs", *run_columns(rows_in), self.actor, conn=connection)
+        ids, created, new_queues = _inserted(rows, len(requests))
+        return ids, created, new_queues  # type: ignore[return-value]
+
+    async def _insert_keyed(self, requests: Sequence[Submit], rows_in: Sequence[RunRow], conn: Conn
+                            ) -> tuple[list[int], list[int], dict[str, int]]:
+        """Idempotent submit: a key is unique per scope (the queue, or queue/tenant); the same
+        request again returns its run, a different one raises IdempotencyConflict and, as the
+        caller's transaction rolls back, writes nothing."""
         db = self.stores.db
-        rows = await db.fetch("insert_runs", *run_columns(rows_in), self.actor, conn=connection)
-        ids: list[int | None] = [None] * len(requests)
-        created: list[int] = []
-        new_queues: dict[str, int] = {}
-        for r in rows:
-            if r["ord"] is None:
-                new_queues[r["queue"]] = r["epoch"]
-            elif r["created"]:
-                ids[r["ord"] - 1] = r["id"]
-                created.append(r["ord"] - 1)
+        scopes = [idempotency_scope(r) if r.idempotency_key is not None else None for r in rows_in]
+        prints = [request_fingerprint(q, r) if r.idempotency_key is not None else None
+                  for q, r in zip(requests, rows_in, strict=True)]
+        seen: dict[tuple[str, str], str] = {}
+        for scope, row, fp in zip(scopes, rows_in, prints, strict=True):
+            if scope is not None and row.idempotency_key is not None and fp is not None:
+                if seen.setdefault((scope, row.idempotency_key), fp) != fp:
+                    raise IdempotencyConflict(row.idempotency_key, scope, 0)
+        rows = await db.fetch("insert_runs_keyed", *run_columns(rows_in), self.actor, prints, scopes, conn=conn)
+        ids, created, new_queues = _inserted(rows, len(requests))
         missing = [i for i, v in enumerate(ids) if v is None]
         if missing:
-            keys = [requests[i].idempotency_key for i in missing]
-            found = {r["idempotency_key"]: r["id"] for r in
-                     await db.fetch("runs_by_idempotency_key", keys, conn=connection)}
+            found = {(r["scope"], r["key"]): r for r in await db.fetch(
+                "idempotency_lookup", [scopes[i] for i in missing], [rows_in[i].idempotency_key for i in missing],
+                conn=conn)}
             for i in missing:
-                ids[i] = found.get(requests[i].idempotency_key)
-                if ids[i] is None:  # a concurrent submit with this key has not committed yet
-                    raise InvalidInput(f"idempotency key {requests[i].idempotency_key!r} is being "
-                                       "submitted concurrently and is not committed yet; retry", field="idempotency_key")
+                key = rows_in[i].idempotency_key
+                hit = found.get((scopes[i], key))
+                if hit is None:  # a concurrent submit with this key has not committed yet
+                    raise InvalidInput(f"idempotency key {key!r} is being submitted concurrently and is not "
+                                       "committed yet; retry", field="idempotency_key")
+                if hit["request_sha256"] and hit["request_sha256"] != prints[i]:
+                    raise IdempotencyConflict(key or "", scopes[i] or "", hit["run_id"])
+                ids[i] = hit["run_id"]
         return ids, created, new_queues  # type: ignore[return-value]
 
     async def _enqueue(self, created: list[int], ids: list[int], rows: Sequence[RunRow]) -> None:
@@ -230,50 +418,39 @@ class Client(ControlMixin, WorkflowMixin):
 
     async def _stamp_new_queues(self, new_queues: dict[str, int]) -> None:
         """A queue this submit created has no history to lose, so its creator may stamp it."""
-        if not new_queues:
-            return
-        for queue, epoch in new_queues.items():
-            await self.stores.scripts.stamp_queue(self.stores.keys(queue), StampArgs(epoch, force=0))
-        await self.stores.redis.sadd(self.stores.queues_key, *new_queues)
+        await stamp_created(self.stores, new_queues)
 
     def _validated(self, req: Submit, now: datetime, *, outbox: bool) -> RunRow:
         spec = self._defs[req.handler]
         queue = req.queue or spec.queue
         if not valid_queue_name(queue):
             raise InvalidInput(f"queue name {queue!r} must be 1-64 of letters, digits, '_', '-', '.'", field="queue")
-        priority = spec.priority if req.priority is None else req.priority
-        if not 0 <= priority <= 255:
-            raise InvalidInput(f"priority {priority} is outside 0..255", field="priority")
-        timeout = spec.timeout_s if req.timeout is None else float(req.timeout)
-        if not timeout > 0:
-            raise InvalidInput(f"timeout must be positive, not {timeout}", field="timeout")
-        retries = spec.max_retries if req.max_retries is None else req.max_retries
-        if retries < 0:
-            raise InvalidInput(f"max_retries must be >= 0, not {retries}", field="max_retries")
+        priority = validate.integer("priority", spec.priority if req.priority is None else req.priority)
+        timeout = validate.number("timeout", spec.timeout_s if req.timeout is None else req.timeout)
+        retries = validate.integer("max_retries", spec.max_retries if req.max_retries is None else req.max_retries)
+        if req.idempotency_key is not None:
+            validate.text("idempotency_key", req.idempotency_key)
         if req.run_at is not None and req.delay is not None:
             raise InvalidInput("give run_at or delay, not both", field="run_at")
         run_at = now
         if req.run_at is not None:
-            if req.run_at.tzinfo is None:
+            if not isinstance(req.run_at, datetime) or req.run_at.tzinfo is None:
                 raise InvalidInput("run_at must be timezone-aware", field="run_at")
             run_at = req.run_at
         elif req.delay is not None:
-            if req.delay < 0:
-                raise InvalidInput(f"delay must be >= 0, not {req.delay}", field="delay")
-            run_at = now + timedelta(seconds=req.delay)
+            run_at = now + timedelta(seconds=validate.number("delay", req.delay))
         try:
             payload = encode_payload(tuple(req.args), dict(req.kwargs))
-        except (TypeError, msgspec.EncodeError) as exc:
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
             raise InvalidInput(f"arguments cannot be encoded: {exc}", field="args") from exc
         if len(payload) > self.settings.max_payload_bytes:
             raise PayloadTooLarge(len(payload), self.settings.max_payload_bytes)
         trace = req.trace or traceparent_var.get() or new_traceparent()
-        if req.trace is not None and not valid_traceparent(req.trace):
+        if req.trace is not None and (not isinstance(req.trace, str) or len(req.trace) != 55
+                                      or not valid_traceparent(req.trace)):
             raise InvalidInput(f"trace must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>), not {req.trace!r}",
                                field="trace")
-        tenant = req.tenant or ""
-        if tenant and (not isinstance(tenant, str) or not _LABEL_RE.fullmatch(tenant)):
-            raise InvalidInput(f"tenant {tenant!r} must be 1-128 characters without spaces or braces", field="tenant")
+        tenant = validate.label("tenant", req.tenant) if req.tenant is not None and req.tenant != "" else ""
         ckey, climit = _concurrency(spec, req)
         return RunRow(handler=spec.name, queue=queue, priority=priority, payload=payload, run_at=run_at,
                       max_retries=retries, timeout_s=timeout, idempotency_key=req.idempotency_key, trace_id=trace,
@@ -288,7 +465,8 @@ class Client(ControlMixin, WorkflowMixin):
         return dict(row)
 
     async def wait(self, run_id: int, timeout: float | None = None) -> Outcome:
-        """Wait until the run is terminal, PAUSED or STOPPED; return its state and decoded result.
+        """Wait until the run is terminal, PAUSED or STOPPED; return its state, decoded result, and
+        the error and reason of the transition that put it there (never an earlier attempt's error).
 
         Polls the run's Redis hash (the hot state, ahead of PostgreSQL's projection) and
         reads PostgreSQL only when Redis no longer holds the run (recorded and expired).
@@ -296,22 +474,47 @@ class Client(ControlMixin, WorkflowMixin):
         deadline = None if timeout is None else time.monotonic() + timeout
         resting = {s.value.encode() for s in RESTING}
         run = await self.get(run_id)
-        key = self.stores.keys(run["queue"]).run(run_id)
+        queue = run["queue"]
+        key = self.stores.keys(queue).run(run_id)
         delay = 0.005
         while True:
-            state, result, error, eclass = await self.stores.redis.hmget(key, "state", "result", "error", "error_class")
+            # Stores opens Redis with decode_responses=False: replies are bytes (redis-py types them bytes | str).
+            state, result, error, version = cast("list[bytes | None]", await self.stores.redis.hmget(
+                key, "state", "result", "error", "version"))
             if state in resting:
-                return Outcome(run_id, state.decode(), decode_result(result),
-                               error.decode() if error else None, eclass.decode() if eclass else None)
+                status = state.decode()
+                ending = await self._ending_event(queue, run_id, status, version)
+                if ending is not None:
+                    return _outcome_from_event(run_id, status, decode_result(result), ending)
+                # the recorder has it (it deletes an entry only once PostgreSQL committed it)
+                return _outcome_from_row(run_id, status, decode_result(result), await self.get(run_id),
+                                         error.decode(errors="replace") if error else None)
             if state is None:
                 run = await self.get(run_id)
                 if run["status"] in RESTING:
-                    return Outcome(run_id, run["status"], decode_result(run["result"]), run["last_error"],
-                                   run["last_error_class"])
+                    return _outcome_from_row(run_id, run["status"], decode_result(run["result"]), run, None)
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(run_id, state.decode() if state else run["status"])
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
+
+    async def _ending_event(self, queue: str, run_id: int, status: str, version: bytes | None
+                            ) -> dict[bytes, bytes] | None:
+        """The event that put the run in STATUS at VERSION while it is still in the queue's stream,
+        newest first, at most `_ENDING_SCAN` entries back; None once the recorder took it."""
+        events = self.stores.keys(queue).events
+        rid, to = str(run_id).encode(), status.encode()
+        top = "+"
+        for _ in range(_ENDING_SCAN // _ENDING_PAGE):
+            entries = cast("list[tuple[bytes, dict[bytes, bytes]]]",  # bytes: decode_responses=False
+                           await self.stores.redis.xrevrange(events, max=top, min="-", count=_ENDING_PAGE))
+            for _, f in entries:
+                if f.get(b"run") == rid and f.get(b"to") == to and (version is None or f.get(b"v") == version):
+                    return f
+            if len(entries) < _ENDING_PAGE:
+                return None
+            top = "(" + entries[-1][0].decode()
+        return None
 
     async def list_runs(self, *, queue: str | None = None, status: str | None = None,
                         handler: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
@@ -340,11 +543,11 @@ class SyncClient:
         self._client = Client(*args, **kwargs)
         self._call(self._client.connect)
 
-    def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    def _call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
         return asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self._loop).result()
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        attr = getattr(self._client, name)
+        attr: Callable[..., Any] = getattr(self._client, name)
         if not asyncio.iscoroutinefunction(attr):
             return attr
         return lambda *a, **kw: self._call(attr, *a, **kw)

@@ -12,32 +12,58 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from fencepost.core import audit
 from fencepost.core.errors import BulkNotConfirmed, InvalidInput, ResumeRefused, UnknownQueue, UnknownRun
 from fencepost.core.hot import CancelArgs, ControlArgs, ControlVerb, ResolveArgs
 from fencepost.core.models import decode_payload, decode_result, run_row
 from fencepost.core.states import Status
 
 if TYPE_CHECKING:
-    from fencepost.client import Client
+    from fencepost.core.models import JobSpec
+    from fencepost.core.registry import Registry
+    from fencepost.core.stores import Stores
 
-__all__ = ["BULK_DEFAULT_LIMIT", "COMMANDS", "ControlMixin"]
+__all__ = ["BULK_DEFAULT_LIMIT", "COMMANDS", "ControlMixin", "explain_reply"]
 
 COMMANDS = ("pause", "stop", "cancel", "resume", "restart", "retry")
 BULK_DEFAULT_LIMIT = 100
 
 
+_IN_PROGRESS = {
+    ("pause", "REQUESTED"): "RUNNING, pause requested: it becomes PAUSED at its next safe boundary (its next "
+                            "heartbeat or checkpoint, once the handler has checkpointed and let go)",
+    ("stop", "STOPPING"): "STOPPING: it becomes STOPPED when the handler lets go (forced after its grace period)",
+    ("cancel", "STOPPING"): "STOPPING: it is stopped first, then CANCELLED",
+}
+
+
+def explain_reply(verb: str, reply: str) -> str:
+    """What a command's reply means for an operator: the state the run is in now, and what happens
+    next when the command takes effect later (a pause of a RUNNING run replies 'REQUESTED', which
+    is not a state)."""
+    return _IN_PROGRESS.get((verb, reply), reply)
+
+
 class ControlMixin:
     """Mixed into Client."""
 
-    async def pause(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    if TYPE_CHECKING:  # provided by Client (mypy checks that its definitions agree)
+        stores: Stores
+        actor: str
+        registry: Registry | None
+        _defs: dict[str, JobSpec]
+
+        async def _load_definitions(self, names: set[str]) -> None: ...
+
+    async def pause(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """PENDING / RETRY_WAIT -> PAUSED now ('PAUSED'); RUNNING -> pause requested ('REQUESTED')."""
         return await self._command("pause", run_id, reason, expected_version)
 
-    async def stop(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def stop(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """RUNNING -> STOPPING; the run becomes STOPPED when the handler lets go (or is forced)."""
         return await self._command("stop", run_id, reason, expected_version)
 
-    async def cancel(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def cancel(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """Not running: CANCELLED now. Running: stopped first, then CANCELLED ('STOPPING')."""
         run = await self._hot_run(run_id)
         spec = (await self._specs([run["handler"]])).get(run["handler"])
@@ -46,25 +72,26 @@ class ControlMixin:
             compensate = spec.compensate or "!"  # '!': flag needs_compensation, nothing to enqueue
         return await self._command("cancel", run_id, reason, expected_version, run=run, compensate=compensate)
 
-    async def resume(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def resume(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """PAUSED / STOPPED -> PENDING: same run, next attempt starts from the latest checkpoint."""
         run = await self._hot_run(run_id)
         await self._check_resumable(run)
         return await self._command("resume", run_id, reason, expected_version, run=run)
 
-    async def restart(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def restart(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """From the beginning: the checkpoint is discarded (its generation is bumped)."""
         return await self._command("restart", run_id, reason, expected_version)
 
-    async def retry(self: Client, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def retry(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         """A dead-lettered run (FAILED / TIMED_OUT / CANCELLED) -> PENDING, keeping its checkpoint."""
         return await self._command("retry", run_id, reason, expected_version)
 
-    async def resolve(self: Client, run_id: int, *, as_: str, reason: str = "",
+    async def resolve(self, run_id: int, *, as_: str, reason: str = "",
                       expected_version: int | None = None) -> str:
         """Close a review-queue run: `as_` is 'succeeded' or 'failed' (or 'retry' to run it again)."""
         if as_ not in ("succeeded", "failed", "retry"):
             raise InvalidInput(f"resolve --as must be succeeded, failed or retry, not {as_!r}", field="as")
+        audit.reason(reason)
         run = await self._hot_run(run_id)
         if run["status"] != "FAILED" or run.get("reason") != "review":
             raise InvalidInput(f"run {run_id} is not in the review queue (it is {run['status']}, "
@@ -73,59 +100,77 @@ class ControlMixin:
             return await self.retry(run_id, reason=reason, expected_version=expected_version)
         return await self._command("resolve", run_id, reason, expected_version, run=run, outcome=as_)
 
-    async def review_queue(self: Client, *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    async def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         return [dict(r) for r in await self.stores.db.fetch("review_queue", queue, limit)]
 
     # -- queues --------------------------------------------------------------------------------
-    async def pause_queue(self: Client, queue: str, *, reason: str = "") -> None:
+    async def pause_queue(self, queue: str, *, reason: str = "") -> None:
         """Nothing new is dispatched from the queue; running runs carry on."""
         await self._set_queue_paused(queue, True, reason)
 
-    async def resume_queue(self: Client, queue: str, *, reason: str = "") -> None:
+    async def resume_queue(self, queue: str, *, reason: str = "") -> None:
         await self._set_queue_paused(queue, False, reason)
 
-    async def _set_queue_paused(self: Client, queue: str, paused: bool, reason: str) -> None:
+    async def _set_queue_paused(self, queue: str, paused: bool, reason: str) -> None:
+        audit.reason(reason)
         db = self.stores.db
-        if await db.fetchrow("queue_exists", queue) is None:
-            raise UnknownQueue(queue)
-        await db.fetchrow("pause_queue", queue, paused)  # PostgreSQL first: a rebuild restores it
+        action = "queue_paused" if paused else "queue_resumed"
+        async with db.transaction() as tx:  # the change and its audit row commit together, or neither
+            row = await db.fetchrow("pause_queue", queue, paused, conn=tx)  # PostgreSQL first: a rebuild restores it
+            if row is None or not row["n"]:
+                raise UnknownQueue(queue)
+            await db.execute("queue_event", queue, action, self.actor, reason or None, conn=tx)
+            await audit.write(db, tx, self.actor, action, queue=queue, reason_=reason)
         keys = self.stores.keys(queue)
         if paused:
             await self.stores.redis.set(keys.paused, 1)
         else:
             await self.stores.redis.delete(keys.paused)
             await self.stores.redis.rpush(keys.wake, 1)
-        await db.execute("queue_event", queue, "queue_paused" if paused else "queue_resumed", self.actor, reason or None)
 
     # -- bulk ----------------------------------------------------------------------------------
-    async def bulk(self: Client, command: str, *, queue: str, status: str | None = None, handler: str | None = None,
-                   limit: int = BULK_DEFAULT_LIMIT, confirm: bool = False, reason: str = "") -> dict[str, Any]:
+    async def bulk(self, command: str, *, queue: str, status: str | None = None, handler: str | None = None,
+                   limit: int = BULK_DEFAULT_LIMIT, confirm: bool = False, reason: str = "",
+                   until_id: int | None = None) -> dict[str, Any]:
         """Apply a command to the runs of a queue that match; without `confirm` nothing changes
-        and BulkNotConfirmed says how many match. At most `limit` runs are touched."""
+        and BulkNotConfirmed says how many match. At most `limit` runs are touched: the lowest
+        ids that match, read once, so the runs acted on are exactly those selected (a run that
+        changed state since is refused by its own compare-and-set and listed in `refused`).
+        `until_id` bounds the selection to the ids a count saw (`bulk_count` gives it)."""
         if command not in COMMANDS:
             raise InvalidInput(f"unknown command {command!r}; one of {', '.join(COMMANDS)}", field="command")
         if status is not None and status not in Status.__members__:
             raise InvalidInput(f"unknown status {status!r}", field="status")
         if limit < 1:
             raise InvalidInput("limit must be at least 1", field="limit")
-        matched = (await self.stores.db.fetchrow("count_matching", queue, status, handler))[0]
+        audit.reason(reason)
+        counted = await self.stores.db.fetchrow("bulk_count", queue, status, handler, until_id)
+        assert counted is not None
+        matched = counted["matched"]
         if not confirm:
             raise BulkNotConfirmed(matched, limit)
-        ids = [r["id"] for r in await self.stores.db.fetch("select_matching", queue, status, handler, limit)]
+        bound = until_id if until_id is not None else counted["until_id"]
+        ids = [r["id"] for r in await self.stores.db.fetch("bulk_select", queue, status, handler, bound, limit)]
+        return {"matched": matched, **await self.act_on(command, ids, reason=reason)}
+
+    async def act_on(self, command: str, ids: list[int], *, reason: str = "") -> dict[str, Any]:
+        """Apply a command to exactly these runs, one compare-and-set each; what a run refuses
+        (its state changed, it is gone) is reported per run and does not stop the others."""
+        if command not in COMMANDS:
+            raise InvalidInput(f"unknown command {command!r}; one of {', '.join(COMMANDS)}", field="command")
+        audit.reason(reason)
         done: dict[str, int] = {}
         refused: dict[int, str] = {}
         for run_id in ids:
             try:
                 state = await getattr(self, command)(run_id, reason=reason)
                 done[state] = done.get(state, 0) + 1
-            except (InvalidInput, UnknownRun, ResumeRefused) as exc:
+            except Exception as exc:  # one run's refusal never stops the others
                 refused[run_id] = str(exc)
-            except Exception as exc:
-                refused[run_id] = str(exc)
-        return {"matched": matched, "acted": len(ids), "results": done, "refused": refused}
+        return {"acted": len(ids), "results": done, "refused": refused}
 
     # -- internals -----------------------------------------------------------------------------
-    async def _hot_run(self: Client, run_id: int) -> dict[str, Any]:
+    async def _hot_run(self, run_id: int) -> dict[str, Any]:
         """The run from the hot table only: an archived run (finished, moved to runs_archive) is
         history, and re-enqueuing it would run it with no row to record into; UnknownRun."""
         row = await self.stores.db.fetchrow("get_hot_run", run_id)
@@ -133,14 +178,14 @@ class ControlMixin:
             raise UnknownRun(run_id)
         return dict(row)
 
-    async def _specs(self: Client, names: list[str]) -> dict[str, Any]:
+    async def _specs(self, names: list[str]) -> dict[str, Any]:
         try:
             await self._load_definitions(set(names))
         except InvalidInput:
             pass
         return {n: self._defs[n] for n in names if n in self._defs}
 
-    async def _check_resumable(self: Client, run: dict[str, Any]) -> None:
+    async def _check_resumable(self, run: dict[str, Any]) -> None:
         """Refuse, with the reason, what cannot be resumed safely; restart stays available."""
         run_id, name = run["id"], run["handler"]
         spec = (await self._specs([name])).get(name)
@@ -165,18 +210,19 @@ class ControlMixin:
             if problem:
                 raise ResumeRefused(run_id, problem)
 
-    async def _command(self: Client, verb: ControlVerb, run_id: int, reason: str, expected_version: int | None,
+    async def _command(self, verb: ControlVerb, run_id: int, reason: str, expected_version: int | None,
                        *, run: dict[str, Any] | None = None, compensate: str | None = None,
                        outcome: str | None = None) -> str:
+        audit.reason(reason)  # before anything takes effect: a reason the history cannot hold is refused
         run = run or await self._hot_run(run_id)
         keys = self.stores.keys(run["queue"])
         base = ControlArgs(int(time.time() * 1000), run_id, self.actor, reason or "",
                            "" if expected_version is None else expected_version)
         args = base
         if compensate is not None:
-            args = CancelArgs(*msgspec.structs.astuple(base), compensate=compensate)
+            args = CancelArgs(**msgspec.structs.asdict(base), compensate=compensate)
         elif outcome is not None:
-            args = ResolveArgs(*msgspec.structs.astuple(base), outcome=outcome)
+            args = ResolveArgs(**msgspec.structs.asdict(base), outcome=outcome)
         try:
             return await self.stores.scripts.control_run(verb, keys, args)
         except UnknownRun:

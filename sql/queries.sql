@@ -13,7 +13,7 @@ SELECT 1;
 -- $15-$17 (tenant, concurrency key, limit) may be empty arrays when no run of the batch
 -- has them: multi-argument unnest pads a shorter array with NULLs.
 WITH input AS MATERIALIZED (
-    SELECT nextval(pg_get_serial_sequence('runs', 'id')) AS id, t.*
+    SELECT nextval((SELECT pg_get_serial_sequence('runs', 'id'))::regclass) AS id, t.*
     FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::timestamptz[],
                 $6::integer[], $7::double precision[], $8::text[], $9::text[], $10::text[],
                 $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[], $15::text[], $16::text[],
@@ -46,9 +46,6 @@ SELECT input.ord, input.id, (ins.id IS NOT NULL) AS created, NULL::text AS queue
 FROM input LEFT JOIN ins ON ins.id = input.id
 UNION ALL
 SELECT NULL, NULL, NULL, name, epoch, NULL FROM new_queues;
-
--- name: runs_by_idempotency_key
-SELECT id, idempotency_key FROM runs WHERE idempotency_key = ANY($1::text[]);
 
 -- name: runs_by_fire
 SELECT id, schedule_id, fire_time FROM runs
@@ -161,9 +158,6 @@ ON CONFLICT (run_id, attempt, started_at) DO UPDATE SET
     outcome = COALESCE(excluded.outcome, a.outcome),
     error_class = COALESCE(excluded.error_class, a.error_class),
     error_message = COALESCE(excluded.error_message, a.error_message);
-
--- name: bump_epoch
-UPDATE queues SET epoch = epoch + 1 WHERE name = $1 RETURNING epoch;
 
 -- name: queue_epochs
 SELECT name, epoch, paused FROM queues ORDER BY name;

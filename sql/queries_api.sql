@@ -2,20 +2,22 @@
 -- owner filters, queue figures for the dashboard.
 
 -- name: api_token_insert
-INSERT INTO api_tokens (name, role, queues, secret_sha256, created_by)
-VALUES ($1, $2, $3::text[], $4, $5)
-RETURNING id, name, role, queues, created_by, created_at, revoked_at, last_used_at;
+-- $6: expires after this many seconds (NULL: never)
+INSERT INTO api_tokens (name, role, queues, secret_sha256, created_by, expires_at)
+VALUES ($1, $2, $3::text[], $4, $5, now() + make_interval(secs => $6::double precision))
+RETURNING id, name, role, queues, created_by, created_at, revoked_at, last_used_at, expires_at;
 
 -- name: api_token_by_hash
-SELECT id, name, role, queues, revoked_at FROM api_tokens WHERE secret_sha256 = $1;
+SELECT id, name, role, queues, revoked_at, (expires_at IS NOT NULL AND expires_at <= now()) AS expired
+FROM api_tokens WHERE secret_sha256 = $1;
 
 -- name: api_token_list
-SELECT id, name, role, queues, created_by, created_at, revoked_at, last_used_at
+SELECT id, name, role, queues, created_by, created_at, revoked_at, last_used_at, expires_at
 FROM api_tokens ORDER BY id;
 
 -- name: api_token_revoke
 UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1
-RETURNING id, name, role, queues, created_by, created_at, revoked_at, last_used_at;
+RETURNING id, name, role, queues, created_by, created_at, revoked_at, last_used_at, expires_at;
 
 -- name: api_token_touch
 UPDATE api_tokens SET last_used_at = now()

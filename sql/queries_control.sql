@@ -44,15 +44,6 @@ WITH q AS (
 )
 SELECT count(*) AS n FROM q;
 
--- name: count_matching
-SELECT count(*) FROM runs
-WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3);
-
--- name: select_matching
-SELECT id FROM runs
-WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3)
-ORDER BY id LIMIT $4;
-
 -- name: insert_compensations
 -- Compensation runs for cancelled runs with irreversible side effects; written in the
 -- recorder's transaction, relayed to Redis by the outbox. Idempotent per cancelled run.
@@ -63,7 +54,8 @@ WITH src AS (
     SELECT s.handler, d.queue, d.priority, s.payload, d.max_retries, d.timeout_s,
            'compensate:' || s.run_id, 'PENDING', true
     FROM src s JOIN job_definitions d ON d.name = s.handler
-    ON CONFLICT DO NOTHING
+    WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.idempotency_key = 'compensate:' || s.run_id
+                      AND r.handler = s.handler AND r.queue = d.queue)
     RETURNING id, queue
 ), ev AS (
     INSERT INTO events (run_id, type, to_status, version, actor, reason, at)
@@ -75,9 +67,6 @@ SELECT pg_notify('fencepost_outbox', queue) FROM ins;
 
 -- name: queue_event
 INSERT INTO events (queue, type, actor, reason, at) VALUES ($1, $2, $3, $4, now());
-
--- name: queue_exists
-SELECT name, paused FROM queues WHERE name = $1;
 
 -- name: review_queue
 SELECT id, handler, queue, attempt, finished_at, last_error_class, last_error

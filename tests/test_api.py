@@ -166,9 +166,9 @@ async def test_role_boundaries_are_403_with_the_reason(api: Api, client: Client)
         body = _problem(await api.req(method, path, "producer", json={"command": "pause", "confirm": 0}
                                       if path.endswith("bulk") else {}), 403)
         assert body["role"] == "producer", path
-    # another producer cannot read it
-    _problem(await api.req("GET", f"/v1/runs/{rid}", "producer2"), 403, run_id=rid)
-    _problem(await api.req("GET", f"/v1/runs/{rid}/events", "producer2"), 403)
+    # another producer cannot read it, nor learn that it exists (issue 14: the answer of a missing run)
+    _problem(await api.req("GET", f"/v1/runs/{rid}", "producer2"), 404, run_id=rid)
+    _problem(await api.req("GET", f"/v1/runs/{rid}/events", "producer2"), 404)
     assert [r["id"] for r in (await api.req("GET", "/v1/runs", "producer2")).json()] == []
     # operators: read everything in scope, command scoped queues only, no bulk/schedules/tokens/submit
     _problem(await api.req("POST", "/v1/runs", "op_tq", json={"handler": "t.echo"}), 403, role="operator")
@@ -176,8 +176,8 @@ async def test_role_boundaries_are_403_with_the_reason(api: Api, client: Client)
     _problem(await api.req("POST", "/v1/schedules", "op_tq", json={"name": "x", "handler": "t.noop", "cron": "* * * * *"}),
              403)
     _problem(await api.req("GET", "/v1/tokens", "op_tq"), 403)
-    _problem(await api.req("POST", f"/v1/runs/{rid}/pause", "op_other", json={"reason": "x"}), 403, queue="tq")
-    _problem(await api.req("GET", f"/v1/runs/{rid}", "op_other"), 403, queue="tq")
+    _problem(await api.req("POST", f"/v1/runs/{rid}/pause", "op_other", json={"reason": "x"}), 404, run_id=rid)
+    _problem(await api.req("GET", f"/v1/runs/{rid}", "op_other"), 404, run_id=rid)
     _problem(await api.req("POST", "/v1/queues/tq/pause", "op_other", json={}), 403, queue="tq")
     _problem(await api.req("GET", "/v1/runs?queue=tq", "op_other"), 403)
     assert (await api.req("GET", "/v1/runs", "op_other")).json() == []  # scoped listing
@@ -408,7 +408,7 @@ async def test_workflows_submit_status_retry(api: Api, stores: Stores) -> None:
     await record_all(stores)
     r = await api.req("POST", f"/v1/workflows/{wid}/retry", "op_tq", json={"reason": "go"})
     assert r.status_code == 200 and r.json()["done"]["retried"] == ["a"], r.text
-    _problem(await api.req("POST", f"/v1/workflows/{wid}/retry", "op_other", json={}), 403)
+    _problem(await api.req("POST", f"/v1/workflows/{wid}/retry", "op_other", json={}), 404)  # not in scope: unknown
 
 
 async def test_tokens_over_the_api_show_the_secret_once(api: Api, client: Client) -> None:

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from fencepost.client import Client
-from fencepost.core.errors import InvalidInput, PayloadTooLarge, UnknownHandler
+from fencepost.core.errors import IdempotencyConflict, InvalidInput, PayloadTooLarge, UnknownHandler
 from fencepost.core.models import Submit
 from fencepost.worker.runtime import Worker, WorkerOptions
 from tests.apps import registry
@@ -33,8 +33,10 @@ async def test_submit_is_in_postgres_and_redis(client: Client) -> None:
 
 async def test_same_idempotency_key_twice_yields_one_run(client: Client) -> None:
     a = await client.submit("t.echo", 1, idempotency_key="order-17")
-    b = await client.submit("t.echo", 2, idempotency_key="order-17")
+    b = await client.submit("t.echo", 1, idempotency_key="order-17")
     assert a == b
+    with pytest.raises(IdempotencyConflict):  # issue 14: a different request with the key is refused
+        await client.submit("t.echo", 2, idempotency_key="order-17")
     assert await _count_runs(client) == 1
     assert await client.stores.redis.zcard(client.stores.keys("tq").due) == 1
 
@@ -42,7 +44,7 @@ async def test_same_idempotency_key_twice_yields_one_run(client: Client) -> None
 async def test_same_idempotency_key_concurrently_yields_one_run(client: Client, settings) -> None:
     clients = [await Client(settings=settings).connect() for _ in range(8)]
     try:
-        ids = await asyncio.gather(*(c.submit("t.echo", i, idempotency_key="pay-1") for i, c in enumerate(clients)))
+        ids = await asyncio.gather(*(c.submit("t.echo", 1, idempotency_key="pay-1") for c in clients))
     finally:
         for c in clients:
             await c.close()
@@ -55,7 +57,7 @@ async def test_same_idempotency_key_concurrently_yields_one_run(client: Client, 
 async def test_submit_many_keeps_order_and_dedupes_within_batch(client: Client) -> None:
     reqs = [Submit(handler="t.echo", args=(i,)) for i in range(100)]
     reqs.append(Submit(handler="t.echo", args=("x",), idempotency_key="k"))
-    reqs.append(Submit(handler="t.echo", args=("y",), idempotency_key="k"))
+    reqs.append(Submit(handler="t.echo", args=("x",), idempotency_key="k"))
     ids = await client.submit_many(reqs)
     assert ids[:100] == sorted(ids[:100]) and len(set(ids[:100])) == 100
     assert ids[100] == ids[101]

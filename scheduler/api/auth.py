@@ -10,15 +10,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from fencepost.api.problems import Forbidden, RateLimited, Unauthorized
+from fencepost.core import audit, validate
 from fencepost.core.errors import InvalidInput
 from fencepost.core.keys import valid_queue_name
 from fencepost.core.record import Database
 
-__all__ = ["ROLES", "Principal", "RateLimiter", "Tokens", "create_token", "hash_secret", "new_secret"]
+__all__ = ["MAX_EXPIRES_S", "ROLES", "Principal", "RateLimiter", "Tokens", "create_token", "hash_secret", "new_secret",
+           "revoke_token"]
 
 ROLES = ("producer", "operator", "admin")
 _RANK = {"producer": 0, "operator": 1, "admin": 2}
 TOKEN_PREFIX = "fp_"
+MAX_EXPIRES_S = 10 * 365 * 86400
 
 
 def new_secret() -> str:
@@ -67,55 +70,108 @@ class Principal:
 
 
 async def create_token(db: Database, role: str, queues: list[str], name: str | None,
-                       created_by: str | None) -> tuple[dict[str, Any], str]:
-    """Store a new token; returns (its row, the secret), the secret being shown only now."""
+                       created_by: str | None, *, expires_in: float | None = None) -> tuple[dict[str, Any], str]:
+    """Store a new token; returns (its row, the secret), the secret being shown only now. The
+    token's creation is audited in the same transaction (actor: `created_by`)."""
     if role not in ROLES:
         raise InvalidInput(f"role must be one of {', '.join(ROLES)}, not {role!r}", field="role")
     for q in queues:
         if not valid_queue_name(q):
             raise InvalidInput(f"queue name {q!r} is not valid", field="queues")
+    if name is not None:
+        validate.text("name", name)
+    if expires_in is not None and not (isinstance(expires_in, (int, float)) and 60 <= expires_in <= MAX_EXPIRES_S):
+        raise InvalidInput(f"expires_in must be between 60 s and {MAX_EXPIRES_S} s (10 years), not {expires_in!r}",
+                           field="expires_in")
     secret = new_secret()
-    row = await db.fetchrow("api_token_insert", name, role, sorted(set(queues)), hash_secret(secret), created_by)
-    assert row is not None
+    async with db.transaction() as tx:
+        row = await db.fetchrow("api_token_insert", name, role, sorted(set(queues)), hash_secret(secret), created_by,
+                                None if expires_in is None else float(expires_in), conn=tx)
+        assert row is not None
+        await audit.write(db, tx, created_by or "unknown", "token_created", target=str(row["id"]),
+                          data={"role": role, "queues": sorted(set(queues)), "name": name,
+                                "expires_at": None if row["expires_at"] is None else row["expires_at"].isoformat()})
     return dict(row), secret
+
+
+async def revoke_token(db: Database, token_id: int, actor: str, *, reason: str = "") -> dict[str, Any] | None:
+    """Revoke a token (idempotent), audited in the same transaction; None if there is no such token."""
+    audit.reason(reason)
+    async with db.transaction() as tx:
+        row = await db.fetchrow("api_token_revoke", token_id, conn=tx)
+        if row is None:
+            return None
+        await audit.write(db, tx, actor, "token_revoked", target=str(token_id), reason_=reason,
+                          data={"role": row["role"], "queues": list(row["queues"] or ())})
+    return dict(row)
 
 
 class Tokens:
     """Authenticates bearer tokens against PostgreSQL, caching answers for `cache_s` seconds
-    (a revoke reaches other API replicas within that time; this one at once)."""
+    (a revoke reaches other API replicas within that time; this one at once). Only known tokens
+    are cached (a flood of bogus ones cannot evict them), and failed attempts are counted per
+    client address: past `fail_limit` in `fail_window_s`, the address gets 429 without a lookup."""
 
-    def __init__(self, db: Database, *, cache_s: float = 5.0) -> None:
+    def __init__(self, db: Database, *, cache_s: float = 5.0, redis: Any = None, prefix: str = "fp",
+                 fail_limit: int = 20, fail_window_s: int = 60) -> None:
         self.db = db
         self.cache_s = cache_s
-        self._cache: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.redis, self.prefix = redis, prefix
+        self.fail_limit, self.fail_window_s = fail_limit, max(1, fail_window_s)
 
     def forget(self) -> None:
         self._cache.clear()
 
+    def _fail_key(self, addr: str) -> tuple[str, int]:
+        now = time.time()
+        window = int(now // self.fail_window_s)
+        return f"{self.prefix}:api:authfail:{addr}:{window}", max(1, int((window + 1) * self.fail_window_s - now) + 1)
+
+    async def _throttled(self, addr: str) -> None:
+        if self.redis is None or self.fail_limit <= 0:
+            return
+        key, retry = self._fail_key(addr)
+        count = await self.redis.get(key)
+        if count is not None and int(count) >= self.fail_limit:
+            raise RateLimited(f"too many failed authentications from {addr}; retry in {retry}s",
+                              limit=self.fail_limit, window_s=self.fail_window_s, retry_after=retry)
+
+    async def _failed(self, addr: str, message: str) -> Unauthorized:
+        if self.redis is not None and self.fail_limit > 0:
+            key, _ = self._fail_key(addr)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.incr(key)
+            pipe.expire(key, self.fail_window_s + 1)
+            await pipe.execute()
+        return Unauthorized(message)
+
     async def authenticate(self, header: str | None, addr: str) -> Principal:
         if not header:
             raise Unauthorized("send 'Authorization: Bearer <token>' (create one with `fencepost token create`)")
+        await self._throttled(addr)
         scheme, _, secret = header.partition(" ")
         secret = secret.strip()
         if scheme.lower() != "bearer" or not secret:
-            raise Unauthorized("the Authorization header must be 'Bearer <token>'")
+            raise await self._failed(addr, "the Authorization header must be 'Bearer <token>'")
         if len(secret) > 200:
-            raise Unauthorized("unknown or revoked token")
+            raise await self._failed(addr, "unknown, expired or revoked token")
         digest = hash_secret(secret)
         now = time.monotonic()
         hit = self._cache.get(digest)
+        row: dict[str, Any] | None
         if hit is not None and hit[0] > now:
             row = hit[1]
         else:
             rec = await self.db.fetchrow("api_token_by_hash", digest)
             row = dict(rec) if rec is not None else None
-            if row is not None and row["revoked_at"] is None:
+            if row is not None and row["revoked_at"] is None and not row["expired"]:
                 await self.db.execute("api_token_touch", row["id"])
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[digest] = (now + self.cache_s, row)
-        if row is None or row["revoked_at"] is not None:
-            raise Unauthorized("unknown or revoked token")
+                if len(self._cache) >= 10_000:
+                    self._cache.pop(next(iter(self._cache)))  # the oldest entry, not every entry
+                self._cache[digest] = (now + self.cache_s, row)
+        if row is None or row["revoked_at"] is not None or row["expired"]:
+            raise await self._failed(addr, "unknown, expired or revoked token")
         return Principal(id=row["id"], role=row["role"], queues=tuple(row["queues"] or ()), name=row["name"],
                          addr=addr)
 

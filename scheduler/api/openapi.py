@@ -21,12 +21,13 @@ _ERRORS = {
     "400": "Malformed body (not JSON)",
     "401": "Missing, unknown or revoked token",
     "403": "The token's role or queue scope does not allow this",
-    "404": "No such run / queue / schedule / workflow",
-    "409": "Illegal transition, concurrent modification, resume refused (offer: restart)",
+    "404": "No such run / queue / schedule / workflow / token, or not in the token's scope (the same answer)",
+    "409": "Illegal transition, concurrent modification, resume refused (offer: restart), idempotency key used "
+           "for a different request",
     "413": "Body, batch or payload too large",
     "422": "Invalid input (field names the culprit)",
     "428": "Bulk action not confirmed with the number of matching runs",
-    "429": "Rate limit of the token exceeded (Retry-After)",
+    "429": "Rate limit of the token, or of failed authentications from the address, exceeded (Retry-After)",
     "503": "A store is unreachable",
 }
 
@@ -62,12 +63,14 @@ def spec() -> dict[str, Any]:
             if name in ("limit", "n", "window"):
                 schema.update({"minimum": 1 if name != "window" else 10,
                                "maximum": {"limit": 1000, "n": 100, "window": 86400}[name]})
-            if name == "before":
+            if name == "before" and typ == "integer":
                 schema.update({"minimum": 1, "maximum": 2**63 - 1})
+            if name == "reason":
+                schema.update({"maxLength": 1000})
             if name == "status":
                 schema["enum"] = ["BLOCKED", "PENDING", "RUNNING", "RETRY_WAIT", "PAUSED", "STOPPING", "STOPPED",
                                   "SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"]
-            if name in ("since", "until"):
+            if name in ("since", "until") or (name == "before" and typ == "string"):
                 schema["format"] = "date-time"
             params.append({"name": name, "in": "query", "required": False, "schema": schema, "description": desc})
         if r.path in ("/v1/runs", "/v1/runs/batch") and r.method == "POST":

@@ -81,6 +81,7 @@ class BulkTooLarge(ApiError):
 # (class, status, slug, title); the first class the error is an instance of wins.
 _TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (E.ResumeRefused, 409, "resume-refused", "The run cannot be resumed safely"),
+    (E.IdempotencyConflict, 409, "idempotency-conflict", "The idempotency key was used for a different request"),
     (E.ConcurrentModification, 409, "concurrent-modification", "The run changed since you read it"),
     (E.IllegalTransition, 409, "illegal-transition", "The run is not in a state that allows this"),
     (E.UnknownRun, 404, "unknown-run", "No such run"),

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import msgspec
@@ -27,23 +27,24 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from fencepost.api import schemas as S
-from fencepost.api.auth import Principal, create_token
+from fencepost.api.auth import Principal, create_token, revoke_token
 from fencepost.api.metrics import LATENCY, REFUSED, REQUESTS
 from fencepost.api.problems import (
     BadRequest,
     BulkTooLarge,
-    Forbidden,
     NotFound,
     TooLarge,
     problem_response,
 )
 from fencepost.client import Client
-from fencepost.core import fairness
-from fencepost.core.errors import BulkNotConfirmed, InvalidInput
+from fencepost.core import fairness, validate
+from fencepost.core.errors import BulkNotConfirmed, InvalidInput, UnknownRun
 from fencepost.core.fairness import due_summary
 from fencepost.core.models import Submit, decode_result
+from fencepost.core.schedules import UnknownSchedule
 from fencepost.core.states import RESTING, Status
 from fencepost.schedules import Schedules
+from fencepost.workflows import UnknownWorkflow
 
 __all__ = ["ROUTES", "Ctx", "RouteSpec"]
 
@@ -89,12 +90,13 @@ class Ctx:
     # -- path and query parameters ------------------------------------------------------------
     def run_id(self) -> int:
         raw = self.request.path_params["run_id"]
-        if not raw.isdigit() or not 0 < int(raw) <= _BIGINT:
+        if not _digits(raw) or not 0 < int(raw) <= _BIGINT:
             raise InvalidInput(f"run id must be a positive integer, not {raw!r}", field="run_id")
         return int(raw)
 
     def path(self, name: str) -> str:
-        return self.request.path_params[name]
+        value: str = self.request.path_params[name]  # every route's path parameter is a plain {name}: text
+        return value
 
     def q(self, name: str, default: str | None = None) -> str | None:
         v = self.request.query_params.get(name)
@@ -140,6 +142,11 @@ class Ctx:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+def _digits(raw: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '١' and '²', which int() reads or refuses."""
+    return raw.isascii() and raw.isdigit()
+
+
 def _json(obj: Any, status: int = 200) -> Response:
     return Response(_enc.encode(obj), status_code=status, media_type="application/json")
 
@@ -151,17 +158,17 @@ def _row(row: Any, typ: type) -> Any:
 
 async def _run_for(ctx: Ctx, run_id: int, *, act: bool = False) -> dict[str, Any]:
     """The run, if the caller may see it (and, with act, command it)."""
-    run = await ctx.client.get(run_id)
     p = ctx.p
+    if act and p.role == "producer":
+        p.require(*READ)
+    run = await ctx.client.get(run_id)
     if p.role == "producer":
-        if act:
-            p.require(*READ)
         row = await ctx.client.stores.db.fetchrow("api_submitted_by", run_id)
         actor = (row["actor"] if row else None) or ""
         if actor != p.owner and not actor.startswith(p.owner + "@"):
-            raise Forbidden(f"run {run_id} was not submitted with this token (a producer reads only its own runs)",
-                            run_id=run_id)
-    p.require_queue(run["queue"])
+            raise UnknownRun(run_id)  # a producer sees only its own runs; another's is as good as missing
+    if not p.in_scope(run["queue"]):
+        raise UnknownRun(run_id)  # the same answer as a missing run: a scope does not reveal what exists
     return run
 
 
@@ -170,8 +177,10 @@ async def _live(ctx: Ctx, run: dict[str, Any]) -> dict[str, Any]:
     out = dict(run)
     out["recorded_status"] = run["status"]
     key = ctx.client.stores.keys(run["queue"]).run(run["id"])
-    state, attempt, version, token, worker, result, error, eclass = await ctx.client.stores.redis.hmget(
+    # Stores opens Redis with decode_responses=False: replies are bytes (redis-py types them bytes | str).
+    fields = await ctx.client.stores.redis.hmget(
         key, "state", "attempt", "version", "token", "worker", "result", "error", "error_class")
+    state, attempt, version, token, worker, result, error, eclass = cast("list[bytes | None]", fields)
     out["result"] = decode_result(run.get("result"))
     if state is not None and version is not None and int(version) > int(run["version"]):
         out["status"] = state.decode()
@@ -208,8 +217,12 @@ def _submit(req: S.SubmitRequest, key: str | None) -> Submit:
 
 def _idem_header(ctx: Ctx) -> str | None:
     key = ctx.request.headers.get("idempotency-key")
-    if key is not None and not 1 <= len(key) <= 200:
-        raise InvalidInput("Idempotency-Key must be 1-200 characters", field="Idempotency-Key")
+    if key is not None:
+        try:
+            validate.text("idempotency_key", key)
+        except InvalidInput as exc:
+            raise InvalidInput(str(exc).replace("idempotency_key", "Idempotency-Key", 1),
+                               field="Idempotency-Key") from None
     return key
 
 
@@ -251,7 +264,10 @@ async def submit(ctx: Ctx) -> Any:
     req: S.SubmitRequest = ctx.body
     queue = await _queue_of(ctx.client, req.handler, req.queue)
     ctx.p.require_queue(queue)
-    run_id = (await ctx.client.submit_many([_submit(req, _idem_header(ctx))]))[0]
+    sub = _submit(req, _idem_header(ctx))
+    run_id = (await ctx.client.submit_many([sub]))[0]
+    if sub.idempotency_key is not None:  # possibly an earlier run: describe it as stored
+        queue = (await ctx.client.get(run_id))["queue"]
     return _json(S.Submitted(id=run_id, queue=queue), 201)
 
 
@@ -309,10 +325,9 @@ async def run_checkpoint(ctx: Ctx) -> Any:
 
 async def fleet_events(ctx: Ctx) -> Any:
     since = ctx.q_time("since") or datetime.now(_UTC) - timedelta(hours=1)
-    rows = await ctx.client.stores.db.fetch("events_since", since, ctx.q("type"), ctx.q_queue(),
-                                            ctx.q_int("limit", 100, 1, 1000))
-    p = ctx.p
-    return [_row(r, S.Event) for r in rows if not p.queues or (r["queue"] in p.queues)]
+    rows = await ctx.client.stores.db.fetch("api_events_scoped", since, ctx.q("type"), ctx.q_queue(),
+                                            ctx.q_int("limit", 100, 1, 1000), ctx.p.scope)
+    return [_row(r, S.Event) for r in rows]
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -351,24 +366,33 @@ def _queue_command(paused: bool) -> Callable[[Ctx], Awaitable[Any]]:
 
 
 async def bulk(ctx: Ctx) -> Any:
+    """Exactly as confirmed: the selection is the matching runs with ids up to `until_id` (the
+    highest id when counted), at most `limit` of them; confirm must equal its size, and the
+    command is applied to exactly the ids read, each by its own compare-and-set."""
     name = ctx.path("queue")
     ctx.p.require_queue(name)
     body: S.BulkRequest = ctx.body
+    validate.text("reason", body.reason)
     cap = ctx.api.config.bulk_cap
-    matched = (await ctx.client.stores.db.fetchrow("count_matching", name, body.status, body.handler))[0]
-    if matched > cap:
+    if body.limit is not None and body.limit > cap:
+        raise BulkTooLarge(f"limit {body.limit} is over the server's cap of {cap}", limit=cap, field="limit")
+    db = ctx.client.stores.db
+    counted = await db.fetchrow("bulk_count", name, body.status, body.handler, body.until_id)
+    matched, bound = counted["matched"], body.until_id or counted["until_id"]
+    if body.limit is None and matched > cap:
         raise BulkTooLarge(f"{matched} runs match; the server acts on at most {cap} at once. Narrow the selection "
-                           "(status, handler); nothing changed", matched=matched, limit=cap, field="confirm")
-
-    if body.confirm != matched:
-        exc = BulkNotConfirmed(matched, cap)
-        exc.args = (f"{matched} runs match, confirm was {body.confirm}; nothing changed. Send confirm={matched} to "
-                    f"{body.command} them",)
-        exc.confirm = body.confirm  # type: ignore[attr-defined]
+                           "(status, handler) or act in chunks with limit; nothing changed", matched=matched,
+                           limit=cap, field="confirm")
+    acting = min(matched, body.limit or cap)
+    ids = [r["id"] for r in await db.fetch("bulk_select", name, body.status, body.handler, bound, acting)]
+    if body.confirm != len(ids):
+        exc = BulkNotConfirmed(matched, body.limit or cap)
+        exc.args = (f"{len(ids)} runs match (ids up to {bound}), confirm was {body.confirm}; nothing changed. Send "
+                    f"confirm={len(ids)} and until_id={bound} to {body.command} exactly them",)
+        exc.confirm, exc.until_id, exc.acting = body.confirm, bound, len(ids)  # type: ignore[attr-defined]
         raise exc
-    out = await ctx.client.bulk(body.command, queue=name, status=body.status, handler=body.handler, limit=cap,
-                                confirm=True, reason=body.reason)
-    return S.BulkResult(matched=out["matched"], acted=out["acted"], results=out["results"],
+    out = await ctx.client.act_on(body.command, ids, reason=body.reason)
+    return S.BulkResult(matched=matched, acted=out["acted"], results=out["results"], until_id=body.until_id,
                         refused={str(k): v for k, v in out["refused"].items()})
 
 
@@ -412,38 +436,61 @@ def _schedule(row: dict[str, Any]) -> Any:
     return _row(row, S.Schedule)
 
 
+async def _visible_schedule(ctx: Ctx) -> tuple[Schedules, str]:
+    """The schedule named in the path, if it fires into a queue of the caller's scope; a schedule
+    of another queue is as unknown as a missing one (404)."""
+    store, name = Schedules(ctx.client), ctx.path("name")
+    queue = await store.queue_named(name)
+    if queue is None or not ctx.p.in_scope(queue):
+        raise UnknownSchedule(name)
+    return store, name
+
+
+def _reason_q(ctx: Ctx) -> str:
+    """The `reason` query parameter of a DELETE (which has no body)."""
+    return validate.text("reason", ctx.q("reason") or "")
+
+
 async def list_schedules(ctx: Ctx) -> Any:
-    return [_schedule(r) for r in await Schedules(ctx.client).list(limit=ctx.q_int("limit", 100, 1, 1000))]
+    rows = await Schedules(ctx.client).list_scoped(limit=ctx.q_int("limit", 100, 1, 1000), queues=ctx.p.scope)
+    return [_schedule(r) for r in rows]
 
 
 async def add_schedule(ctx: Ctx) -> Any:
-    return _json(_schedule(await Schedules(ctx.client).add(ctx.body)), 201)
+    body: S.ScheduleCreate = ctx.body
+    store = Schedules(ctx.client)
+    ctx.p.require_queue(await store.queue_of(body))
+    return _json(_schedule(await store.add(body, reason=body.reason)), 201)
 
 
 async def get_schedule(ctx: Ctx) -> Any:
-    return _schedule(await Schedules(ctx.client).get(ctx.path("name")))
+    store, name = await _visible_schedule(ctx)
+    return _schedule(await store.get(name))
 
 
 async def schedule_runs(ctx: Ctx) -> Any:
-    rows = await Schedules(ctx.client).runs(ctx.path("name"), ctx.q_int("limit", 10, 1, 1000))
+    store, name = await _visible_schedule(ctx)
+    rows = await store.runs(name, ctx.q_int("limit", 10, 1, 1000))
     return [_row(r, S.ScheduleRun) for r in rows if ctx.p.in_scope(r["queue"])]
 
 
 async def delete_schedule(ctx: Ctx) -> Any:
-    await Schedules(ctx.client).remove(ctx.path("name"))
+    store, name = await _visible_schedule(ctx)
+    await store.remove(name, reason=_reason_q(ctx))
     return Response(status_code=204)
 
 
 def _schedule_paused(paused: bool) -> Callable[[Ctx], Awaitable[Any]]:
     async def set_paused(ctx: Ctx) -> Any:
-        return _schedule(await Schedules(ctx.client).set_paused(ctx.path("name"), paused))
+        body: S.ConfigCommand = ctx.body or S.ConfigCommand()
+        store, name = await _visible_schedule(ctx)
+        return _schedule(await store.set_paused(name, paused, reason=body.reason))
 
     return set_paused
 
 
 async def next_fires(ctx: Ctx) -> Any:
-    name = ctx.path("name")
-    store = Schedules(ctx.client)
+    store, name = await _visible_schedule(ctx)
     tz = (await store.get(name))["timezone"]
     fires = await store.upcoming(name, ctx.q_int("n", 5, 1, 100))
     return S.NextFires(name=name, fires=list(fires), timezone=tz)
@@ -459,21 +506,25 @@ async def submit_workflow(ctx: Ctx) -> Any:
 
 
 async def list_workflows(ctx: Ctx) -> Any:
-    rows = await ctx.client.stores.db.fetch("api_list_workflows", ctx.q_int("limit", 50, 1, 1000))
+    rows = await ctx.client.stores.db.fetch("api_list_workflows_scoped", ctx.q_int("limit", 50, 1, 1000), ctx.p.scope)
     return [_row(r, S.WorkflowSummary) for r in rows]
 
 
+async def _visible_workflow(ctx: Ctx) -> dict[str, Any]:
+    """The workflow, if every node is in the caller's scope (else 404, as for a missing one)."""
+    wid = ctx.path("workflow_id")
+    wf = await ctx.client.workflow(wid)
+    if not all(ctx.p.in_scope(n["queue"]) for n in wf["nodes"]):
+        raise UnknownWorkflow(wid)
+    return wf
+
+
 async def get_workflow(ctx: Ctx) -> Any:
-    wf = await ctx.client.workflow(ctx.path("workflow_id"))
-    for n in wf["nodes"]:
-        ctx.p.require_queue(n["queue"])
-    return _row(wf, S.Workflow)
+    return _row(await _visible_workflow(ctx), S.Workflow)
 
 
 async def retry_workflow(ctx: Ctx) -> Any:
-    wf = await ctx.client.workflow(ctx.path("workflow_id"))
-    for n in wf["nodes"]:
-        ctx.p.require_queue(n["queue"])
+    wf = await _visible_workflow(ctx)
     body: S.WorkflowRetry = ctx.body or S.WorkflowRetry()
     done = await ctx.client.retry_workflow(wf["id"], recompute=body.recompute, reason=body.reason)
     return S.WorkflowRetried(id=wf["id"], done=done)
@@ -481,28 +532,58 @@ async def retry_workflow(ctx: Ctx) -> Any:
 
 # -- tokens ------------------------------------------------------------------------------------
 async def list_tokens(ctx: Ctx) -> Any:
-    return [_row(r, S.Token) for r in await ctx.client.stores.db.fetch("api_token_list")]
+    """Every token for an unscoped admin; a scoped admin sees the tokens within its queues."""
+    return [_row(r, S.Token) for r in await ctx.client.stores.db.fetch("api_token_list_scoped", ctx.p.scope)]
 
 
 async def add_token(ctx: Ctx) -> Any:
+    """A token is at most its creator's scope: a scoped admin's tokens get its queues by default,
+    and naming a queue outside them (or none, meaning all) is refused."""
     body: S.TokenCreate = ctx.body
-    row, secret = await create_token(ctx.client.stores.db, body.role, list(body.queues), body.name, ctx.p.actor)
+    p = ctx.p
+    queues = list(body.queues) or list(p.queues)
+    for q in queues:
+        p.require_queue(q)
+    row, secret = await create_token(ctx.client.stores.db, body.role, queues, body.name, p.actor,
+                                     expires_in=body.expires_in)
     return _json(_row({**row, "secret": secret}, S.TokenCreated), 201)
 
 
-async def revoke_token(ctx: Ctx) -> Any:
+async def revoke_token_route(ctx: Ctx) -> Any:
     raw = ctx.path("token_id")
-    if not raw.isdigit() or not 0 < int(raw) <= _BIGINT:
+    if not _digits(raw) or not 0 < int(raw) <= _BIGINT:
         raise InvalidInput(f"token id must be a positive integer, not {raw!r}", field="token_id")
-    row = await ctx.client.stores.db.fetchrow("api_token_revoke", int(raw))
+    db, p = ctx.client.stores.db, ctx.p
+    found = await db.fetchrow("api_token_get", int(raw))
+    if found is None or (p.queues and not (found["queues"] and set(found["queues"]) <= set(p.queues))):
+        raise NotFound(f"no token with id {raw}", token_id=int(raw))  # another scope's token is not revealed
+    row = await revoke_token(db, int(raw), p.actor, reason=_reason_q(ctx))
     if row is None:
         raise NotFound(f"no token with id {raw}", token_id=int(raw))
     ctx.api.tokens.forget()
     return _row(row, S.Token)
 
 
+# -- audit -------------------------------------------------------------------------------------
+async def audit_log(ctx: Ctx) -> Any:
+    """Who did what, newest first; a scoped token sees its queues' entries only."""
+    actor = ctx.q("actor")
+    if actor is not None:
+        validate.text("name", actor)
+    before = ctx.q_time("before")
+    rows = await ctx.client.stores.db.fetch("audit_list", actor, ctx.q_queue(), ctx.q_time("since"),
+                                            ctx.q_time("until"), ctx.q_int("limit", 100, 1, 1000), ctx.p.scope, before)
+    out = []
+    for r in rows:
+        d = dict(r)
+        d["data"] = msgspec.json.decode(d["data"]) if d["data"] else None
+        out.append(_row(d, S.AuditEntry))
+    return out
+
+
 # -- the table ---------------------------------------------------------------------------------
 _LIMIT = ("limit", "integer", 50, "At most this many rows (1-1000)")
+_REASON = ("reason", "string", None, "Recorded in the audit log with the token that acted")
 _QUEUE = ("queue", "string", None, "Only this queue")
 _RUN = "/v1/runs/{run_id}"
 
@@ -526,21 +607,22 @@ async def set_dispatch(ctx: Ctx) -> Any:
     ctx.p.require_queue(name)
     b: S.DispatchUpdate = ctx.body
     stores, v = ctx.client.stores, b.value
+    who = {"actor": ctx.p.actor, "reason": validate.text("reason", b.reason)}
     if b.setting in ("limit", "max_running") and v is not None and v != int(v):
         raise InvalidInput(f"{b.setting} must be a whole number, not {v}", field="value")
     if b.setting == "weight":
         if b.tenant is None:
             raise InvalidInput("a weight needs the tenant it applies to", field="tenant")
-        await fairness.set_weight(stores, name, b.tenant, v)
+        await fairness.set_weight(stores, name, b.tenant, v, **who)
     elif b.setting == "limit":
         if b.key is None:
             raise InvalidInput("a limit needs the concurrency key it applies to (max_running limits the queue)",
                                field="key")
-        await fairness.set_limit(stores, name, b.key, None if v is None else int(v))
+        await fairness.set_limit(stores, name, b.key, None if v is None else int(v), **who)
     elif b.setting == "max_running":
-        await fairness.set_max_running(stores, name, None if v is None else int(v))
+        await fairness.set_max_running(stores, name, None if v is None else int(v), **who)
     else:
-        await fairness.set_aging(stores, name, v)
+        await fairness.set_aging(stores, name, v, **who)
     return await _dispatch_view(ctx.client, name)
 
 
@@ -597,16 +679,16 @@ ROUTES: list[RouteSpec] = [
               response=list[S.RunSummary], params=[_QUEUE, _LIMIT], tag="queues"),
     RouteSpec("GET", "/v1/schedules", list_schedules, "List schedules", roles=READ, response=list[S.Schedule],
               params=[("limit", "integer", 100, "At most this many")], tag="schedules"),
-    RouteSpec("POST", "/v1/schedules", add_schedule, "Add a schedule", roles=("admin",), body=S.ScheduleSpec,
+    RouteSpec("POST", "/v1/schedules", add_schedule, "Add a schedule", roles=("admin",), body=S.ScheduleCreate,
               response=S.Schedule, status=201, tag="schedules"),
     RouteSpec("GET", "/v1/schedules/{name}", get_schedule, "One schedule", roles=READ, response=S.Schedule,
               tag="schedules"),
     RouteSpec("DELETE", "/v1/schedules/{name}", delete_schedule, "Remove a schedule", roles=("admin",),
-              response=None, status=204, tag="schedules"),
+              response=None, status=204, params=[_REASON], tag="schedules"),
     RouteSpec("POST", "/v1/schedules/{name}/pause", _schedule_paused(True), "Pause a schedule", roles=("admin",),
-              response=S.Schedule, tag="schedules"),
+              body=S.ConfigCommand, response=S.Schedule, tag="schedules"),
     RouteSpec("POST", "/v1/schedules/{name}/resume", _schedule_paused(False), "Resume a schedule", roles=("admin",),
-              response=S.Schedule, tag="schedules"),
+              body=S.ConfigCommand, response=S.Schedule, tag="schedules"),
     RouteSpec("GET", "/v1/schedules/{name}/next", next_fires, "The next fire times", roles=READ,
               response=S.NextFires, params=[("n", "integer", 5, "How many (1-100)")], tag="schedules"),
     RouteSpec("GET", "/v1/schedules/{name}/runs", schedule_runs, "The schedule's latest runs, newest fire first",
@@ -625,11 +707,18 @@ ROUTES: list[RouteSpec] = [
               response=list[S.Token], tag="tokens"),
     RouteSpec("POST", "/v1/tokens", add_token, "Create a token; the secret is shown once", roles=("admin",),
               body=S.TokenCreate, response=S.TokenCreated, status=201, tag="tokens"),
-    RouteSpec("DELETE", "/v1/tokens/{token_id}", revoke_token, "Revoke a token", roles=("admin",),
-              response=S.Token, tag="tokens"),
+    RouteSpec("DELETE", "/v1/tokens/{token_id}", revoke_token_route, "Revoke a token", roles=("admin",),
+              response=S.Token, params=[_REASON], tag="tokens"),
+    RouteSpec("GET", "/v1/audit", audit_log, "Who did what: configuration changes and commands, newest first",
+              roles=READ, response=list[S.AuditEntry],
+              params=[("actor", "string", None, "Only this actor (or a prefix ending in ':' or '@', e.g. token:7@)"),
+                      _QUEUE, ("since", "string", None, "At or after (ISO 8601)"),
+                      ("until", "string", None, "Before (ISO 8601)"), ("limit", "integer", 100, "At most this many (1-1000)"),
+                      ("before", "string", None, "Only entries before this time (paging: the last entry's at)")],
+              tag="audit"),
 ]
 
-OPTIONAL_BODY = {S.CommandRequest, S.QueueCommand, S.WorkflowRetry}
+OPTIONAL_BODY = {S.CommandRequest, S.QueueCommand, S.WorkflowRetry, S.ConfigCommand}
 """Bodies that may be left out entirely (all their fields have defaults)."""
 
 
@@ -665,6 +754,8 @@ def _decode(raw: bytes, typ: type) -> Any:
         raise InvalidInput(f"invalid body: {msg}", field=fld) from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("the body nests too deeply") from None
 
 
 def _addr(request: Request) -> str:

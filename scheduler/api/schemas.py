@@ -11,15 +11,18 @@ import msgspec
 from msgspec import Meta
 
 from fencepost.core.schedules import ScheduleSpec
+from fencepost.core.validate import meta
 from fencepost.workflows import Node
 
 __all__ = [
     "Attempt",
+    "AuditEntry",
     "BulkRequest",
     "BulkResult",
     "Checkpoint",
     "CommandRequest",
     "CommandResult",
+    "ConfigCommand",
     "Event",
     "Health",
     "Me",
@@ -35,6 +38,7 @@ __all__ = [
     "Run",
     "RunSummary",
     "Schedule",
+    "ScheduleCreate",
     "ScheduleRun",
     "ScheduleSpec",
     "SubmitBatch",
@@ -59,29 +63,29 @@ Verb = Literal["pause", "stop", "cancel", "resume", "restart", "retry"]
 Status = Literal["BLOCKED", "PENDING", "RUNNING", "RETRY_WAIT", "PAUSED", "STOPPING", "STOPPED", "SUCCEEDED",
                  "FAILED", "TIMED_OUT", "CANCELLED"]
 QueueName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$", description="1-64 of letters, digits, '_', '-', '.'")]
-Reason = Annotated[str, Meta(max_length=1000, description="Recorded in the run's history with the token that acted")]
+Reason = Annotated[str, meta("reason", description="Recorded in the run's history with the token that acted")]
 
 
 class SubmitRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One run to submit. Unset options fall back to the handler's declared defaults."""
 
-    handler: Annotated[str, Meta(min_length=1, max_length=200)]
+    handler: Annotated[str, meta("handler")]
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     queue: QueueName | None = None
-    priority: Annotated[int, Meta(ge=0, le=255)] | None = None
+    priority: Annotated[int, meta("priority")] | None = None
     run_at: datetime | None = None
     """RFC 3339 with a timezone offset."""
-    delay: Annotated[float, Meta(ge=0, le=10 * 365 * 86400)] | None = None
-    timeout: Annotated[float, Meta(gt=0, le=30 * 86400)] | None = None
-    max_retries: Annotated[int, Meta(ge=0, le=10_000)] | None = None
-    idempotency_key: Annotated[str, Meta(min_length=1, max_length=200)] | None = None
+    delay: Annotated[float, meta("delay")] | None = None
+    timeout: Annotated[float, meta("timeout")] | None = None
+    max_retries: Annotated[int, meta("max_retries")] | None = None
+    idempotency_key: Annotated[str, meta("idempotency_key")] | None = None
     trace: Annotated[str, Meta(max_length=55)] | None = None
     """W3C traceparent of the producer."""
-    tenant: Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[^\s{}]+$")] | None = None
+    tenant: Annotated[str, meta("tenant")] | None = None
     """Who the run is for: a queue's tenants share dispatch by weight."""
-    concurrency_key: Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[^\s{}]+$")] | None = None
-    concurrency_limit: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    concurrency_key: Annotated[str, meta("concurrency_key")] | None = None
+    concurrency_limit: Annotated[int, meta("concurrency_limit")] | None = None
 
 
 class SubmitBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -89,6 +93,9 @@ class SubmitBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class Submitted(msgspec.Struct, kw_only=True):
+    """The run as stored: with an idempotency key already used for the same request in this
+    scope, the run that request created (its queue, not the one asked for)."""
+
     id: int
     queue: str
 
@@ -218,6 +225,8 @@ class DispatchUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One change to a queue's dispatch settings; null resets that setting to its default."""
 
     setting: Literal["weight", "limit", "max_running", "aging"]
+    reason: Reason = ""
+    """Recorded in the audit log with the token that changed the setting."""
     tenant: Label | None = None
     """weight: the tenant ('' = runs without a tenant)."""
     key: Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[^\s{}]+$")] | None = None
@@ -271,13 +280,21 @@ class BulkRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     status: Status | None = None
     handler: Annotated[str, Meta(max_length=200)] | None = None
     reason: Reason = ""
+    limit: Annotated[int, Meta(ge=1, le=2**31)] | None = None
+    """Act on at most this many (the lowest ids that match): chunks below the server's cap;
+    confirm is then the number acted on, min(matched, limit)."""
+    until_id: Annotated[int, Meta(ge=1, le=2**63 - 1)] | None = None
+    """Only runs with ids up to this one: the selection as counted (the 428 answer gives it),
+    so runs submitted since are never swept in."""
 
 
-class BulkResult(msgspec.Struct, kw_only=True):
+class BulkResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     matched: int
     acted: int
     results: dict[str, int]
     refused: dict[str, str]
+    until_id: int | None = None
+    """The bound the selection was made with, when the request gave one."""
 
 
 class Schedule(msgspec.Struct, kw_only=True):
@@ -376,7 +393,10 @@ class WorkflowRetried(msgspec.Struct, kw_only=True):
 class TokenCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     role: Role
     queues: list[QueueName] = []
-    name: Annotated[str, Meta(max_length=200)] | None = None
+    """Empty: every queue (a scoped admin's tokens get its own queues, and no more)."""
+    name: Annotated[str, meta("name")] | None = None
+    expires_in: Annotated[float, Meta(ge=60, le=10 * 365 * 86400)] | None = None
+    """Seconds until the token stops working (null: never)."""
 
 
 class Token(msgspec.Struct, kw_only=True):
@@ -388,6 +408,7 @@ class Token(msgspec.Struct, kw_only=True):
     created_at: datetime | None = None
     revoked_at: datetime | None = None
     last_used_at: datetime | None = None
+    expires_at: datetime | None = None
 
 
 class TokenCreated(Token, kw_only=True):
@@ -423,3 +444,31 @@ class Readiness(msgspec.Struct, kw_only=True):
     status: str
     redis: str
     postgres: str
+
+
+class ScheduleCreate(ScheduleSpec, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """A schedule to add, with the reason the audit log records."""
+
+    reason: Reason = ""
+
+
+class ConfigCommand(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """An optional body of a configuration command: the reason the audit log records."""
+
+    reason: Reason = ""
+
+
+class AuditEntry(msgspec.Struct, kw_only=True):
+    """Who did what: a configuration change (source 'config') or a command on a run (source
+    'run', action = the event type, target = the run id)."""
+
+    source: Literal["config", "run"]
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    address: str | None = None
+    queue: str | None = None
+    target: str | None = None
+    reason: str | None = None
+    data: Any = None

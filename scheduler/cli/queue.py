@@ -10,13 +10,19 @@ from typing import Any
 
 import click
 
-from fencepost.cli.common import actor, async_command, from_context, require_store, table
+from fencepost.cli.common import actor, async_command, from_context, json_option, print_json, require_store, table
 from fencepost.client import Client
 from fencepost.core import fairness
 from fencepost.core.config import Settings
 from fencepost.core.errors import InvalidInput
+from fencepost.core.queues import require_queue
+from fencepost.core.states import ACTIVE, DEAD, RESUMABLE, WAITING, Status
 
 __all__ = ["queue"]
+
+_GROUPS = {"waiting": WAITING - RESUMABLE, "running": ACTIVE, "parked": RESUMABLE, "dead": DEAD,
+           "succeeded": frozenset({Status.SUCCEEDED})}
+"""`queue ls` columns: runs per state group (parked: PAUSED or STOPPED, waiting for an operator)."""
 
 
 @click.group()
@@ -25,11 +31,40 @@ def queue() -> None:
     settings: tenant weights, concurrency limits, priority aging."""
 
 
+@queue.command("ls")
+@json_option
+@async_command
+async def queue_ls(settings: Settings, as_json: bool) -> None:
+    """Every queue: paused or not, and its runs per state group (the record, not archived runs)."""
+    if (api := from_context()) is not None:
+        rows = api.queues()
+        cols = ["queue", "paused", "due", "delayed", "active", "throughput_per_min"]
+    else:
+        async with Client(settings=settings) as client:
+            rows = [dict(r) for r in await client.stores.db.fetch("queue_list")]
+            counts = [dict(r) for r in await client.stores.db.fetch("queue_status_counts")]
+        by_queue = {r["queue"]: r for r in rows}
+        for r in rows:
+            r.update(dict.fromkeys(_GROUPS, 0))
+        for c in counts:
+            for group, states in _GROUPS.items():
+                if c["status"] in states and c["queue"] in by_queue:
+                    by_queue[c["queue"]][group] += c["n"]
+        cols = ["queue", "paused", *_GROUPS]
+    if as_json:
+        print_json(rows)
+        return
+    for r in rows:
+        r["paused"] = "paused" if r["paused"] else ""
+    table(rows, cols)
+
+
 @queue.command("pause")
 @click.argument("name")
 @click.option("--reason", default="")
 @async_command
 async def queue_pause(settings: Settings, name: str, reason: str) -> None:
+    """Dispatch nothing new from queue NAME (running runs carry on); works before its first job."""
     if (api := from_context()) is not None:
         api.pause_queue(name, reason=reason)
         click.echo(f"queue {name}: paused")
@@ -44,6 +79,7 @@ async def queue_pause(settings: Settings, name: str, reason: str) -> None:
 @click.option("--reason", default="")
 @async_command
 async def queue_resume(settings: Settings, name: str, reason: str) -> None:
+    """Dispatch from queue NAME again."""
     if (api := from_context()) is not None:
         api.resume_queue(name, reason=reason)
         click.echo(f"queue {name}: resumed")
@@ -56,6 +92,8 @@ async def queue_resume(settings: Settings, name: str, reason: str) -> None:
 def _print(d: dict[str, Any]) -> None:
     s = d["settings"]
     age = s["priority_age_ms"]
+    if d.get("paused"):
+        click.echo(f"queue {s['queue']} is PAUSED: nothing new is dispatched (`fencepost queue resume {s['queue']}`)")
     click.echo(f"queue {s['queue']}: max running {s['max_running'] or 'unlimited'} (leased now {d['leased']}), "
                f"priority aging {(age or 60_000) / 1000:g} s per level{'' if age else ' (default)'}")
     click.echo("tenants with due runs:" if d["tenants"] else "no tenant has due runs")
@@ -73,9 +111,11 @@ async def _change_and_show(settings: Settings, change: Callable[..., Awaitable[A
     """Apply one dispatch setting of queue NAME (none: only look), then print the queue's settings."""
     require_store("queue")
     async with Client(settings=settings, actor="cli") as client:
+        row = await require_queue(client.stores, name)  # an unknown queue is refused, not described
         if change is not None:
-            await change(client.stores, name, *args)
+            await change(client.stores, name, *args, actor=actor())  # audited with the operator's name
         d = await fairness.describe(client.stores, name)
+        d["paused"] = row["paused"]
     if as_json:
         click.echo(json.dumps(d, default=str))
     else:

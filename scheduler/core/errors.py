@@ -7,6 +7,7 @@ __all__ = [
     "ConcurrentModification",
     "DatabaseUnavailable",
     "FencepostError",
+    "IdempotencyConflict",
     "IllegalTransition",
     "InvalidInput",
     "NotStamped",
@@ -49,6 +50,15 @@ class PayloadTooLarge(InvalidInput):
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(f"payload is {size} bytes, the limit is {limit}", field="payload")
         self.size, self.limit = size, limit
+
+
+class IdempotencyConflict(FencepostError):
+    """The idempotency key was used in this scope for a different request; nothing was written."""
+
+    def __init__(self, key: str, scope: str, run_id: int) -> None:
+        super().__init__(f"idempotency key {key!r} was used in {scope!r} for a different request (run {run_id}); "
+                         "use a new key for a new request")
+        self.key, self.scope, self.run_id = key, scope, run_id
 
 
 class UnknownRun(FencepostError, LookupError):

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
+from fencepost.core import audit
 from fencepost.core.errors import InvalidInput, UnknownQueue
 from fencepost.core.hot import PageArgs, RescoreArgs
 from fencepost.core.record import Session
@@ -126,8 +127,9 @@ async def due_and_held_sets(stores: Stores, queue: str, *, scan: bool = False) -
     set its registry lost (a rebuild and full drift pass use it; ticks do not)."""
     k, r = stores.keys(queue), stores.redis
     names = {k.due}
-    names.update(k.tenant_due(t.decode()) for t in await r.zrange(k.tenants, 0, -1))
-    names.update(k.held(m.decode()) for m in await r.smembers(k.heldkeys))
+    # Stores opens Redis with decode_responses=False: replies are bytes (redis-py types them bytes | str).
+    names.update(k.tenant_due(t.decode()) for t in cast("list[bytes]", await r.zrange(k.tenants, 0, -1)))
+    names.update(k.held(m.decode()) for m in cast("set[bytes]", await r.smembers(k.heldkeys)))
     if scan:
         for pattern in ("due:t:*", "held:*"):
             cursor = 0
@@ -145,9 +147,9 @@ async def scan_queue(stores: Stores, queue: str, pattern: str, cursor: int, coun
     base = stores.keys(queue).base
     match = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in base) + pattern
     if stores.settings.redis_cluster:
-        node = stores.redis.get_node_from_key(base)  # type: ignore[attr-defined]
-        cursors, names = await stores.redis.scan(cursor, match=match, count=count,  # type: ignore[call-arg]
-                                                 target_nodes=node)
+        cluster: Any = stores.redis  # a RedisCluster here (Stores types it as Redis): SCAN answers {node: cursor}
+        node = cluster.get_node_from_key(base)
+        cursors, names = await cluster.scan(cursor, match=match, count=count, target_nodes=node)
         cursor = int(next(iter(cursors.values()))) if isinstance(cursors, dict) else int(cursors)
     else:
         cursor, names = await stores.redis.scan(cursor, match=match, count=count)
@@ -160,36 +162,41 @@ def _label(value: str, what: str) -> str:
     return value
 
 
-async def set_weight(stores: Stores, queue: str, tenant: str, weight: float | None) -> QueueSettings:
+async def set_weight(stores: Stores, queue: str, tenant: str, weight: float | None, *, actor: str = "client",
+                     reason: str = "") -> QueueSettings:
     """Weight of a tenant (None: back to the default, 1). Applies to dispatch from now on."""
     if tenant != "":
         _label(tenant, "tenant")
     if weight is not None and not (isinstance(weight, (int, float)) and math.isfinite(weight)
                                    and 0.001 <= weight <= 1000):
         raise InvalidInput(f"weight must be between 0.001 and 1000, not {weight}", field="weight")
-    await _update(stores, queue, "set_queue_weight", tenant, weight)
+    await _update(stores, queue, "set_queue_weight", tenant, weight, audit_=(actor, reason, {"weight": weight,
+                                                                                  "tenant": tenant}))
     return await apply(stores, queue)
 
 
-async def set_limit(stores: Stores, queue: str, key: str, limit: int | None) -> QueueSettings:
+async def set_limit(stores: Stores, queue: str, key: str, limit: int | None, *, actor: str = "client",
+                    reason: str = "") -> QueueSettings:
     """Override the limit of one concurrency key (None: back to the runs' declared limit)."""
     _label(key, "concurrency_key")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1_000_000):
         raise InvalidInput(f"limit must be a whole number from 1 to 1000000, not {limit!r}", field="limit")
-    await _update(stores, queue, "set_queue_limit", key, limit)
+    await _update(stores, queue, "set_queue_limit", key, limit, audit_=(actor, reason, {"limit": limit, "key": key}))
     return await apply(stores, queue)
 
 
-async def set_max_running(stores: Stores, queue: str, limit: int | None) -> QueueSettings:
+async def set_max_running(stores: Stores, queue: str, limit: int | None, *, actor: str = "client",
+                          reason: str = "") -> QueueSettings:
     """At most this many runs of the queue leased at once, over all workers (None: no limit)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1_000_000):
         raise InvalidInput(f"max running must be a whole number from 1 to 1000000, not {limit!r}",
                            field="max_running")
-    await _update(stores, queue, "set_queue_max_running", limit)
+    await _update(stores, queue, "set_queue_max_running", limit, audit_=(actor, reason, {"max_running": limit}))
     return await apply(stores, queue)
 
 
-async def set_aging(stores: Stores, queue: str, seconds: float | None) -> QueueSettings:
+async def set_aging(stores: Stores, queue: str, seconds: float | None, *, actor: str = "client",
+                    reason: str = "") -> QueueSettings:
     """How much waiting one priority level is worth (None: the default, 60 s)."""
     if seconds is not None and not (isinstance(seconds, (int, float)) and math.isfinite(seconds)
                                     and 0.001 <= seconds <= MAX_AGE_MS / 1000):
@@ -197,21 +204,28 @@ async def set_aging(stores: Stores, queue: str, seconds: float | None) -> QueueS
                            field="aging")
     ms = None if seconds is None else round(seconds * 1000)
     old = (await load(stores, queue)).priority_age_ms or DEFAULT_AGE_MS
-    await _update(stores, queue, "set_queue_aging", ms)
+    await _update(stores, queue, "set_queue_aging", ms, audit_=(actor, reason, {"aging_ms": ms}))
     return await apply(stores, queue, rescore_from_ms=old)
 
 
-async def _update(stores: Stores, queue: str, name: str, *args: Any) -> None:
-    row = await stores.db.fetchrow(name, queue, *args)
-    if row is None:
-        raise UnknownQueue(queue)
+async def _update(stores: Stores, queue: str, name: str, *args: Any,
+                  audit_: tuple[str, str, dict[str, Any]]) -> None:
+    """The change and its audit row (actor, address, reason) in one transaction: both or neither."""
+    actor, reason, data = audit_
+    audit.reason(reason)
+    async with stores.db.transaction() as tx:
+        row = await stores.db.fetchrow(name, queue, *args, conn=tx)
+        if row is None:
+            raise UnknownQueue(queue)
+        await audit.write(stores.db, tx, actor, f"dispatch_{name.removeprefix('set_queue_')}", queue=queue,
+                          reason_=reason, data=data)
 
 
 async def due_summary(stores: Stores, queue: str, *, now: float, max_tenants: int = 200) -> tuple[int, float]:
     """Due runs of the queue over its tenants' due sets, and the age of the oldest tenant
     head (now - run_at, seconds): what the depth gauges and the API's queue list show."""
     k, r = stores.keys(queue), stores.redis
-    tenants = [t.decode() for t in await r.zrange(k.tenants, 0, max_tenants - 1)]
+    tenants = [t.decode() for t in cast("list[bytes]", await r.zrange(k.tenants, 0, max_tenants - 1))]
     sets = [k.tenant_due(t) for t in tenants] or [k.due]
     pipe = r.pipeline(transaction=False)
     for z in sets:
@@ -237,7 +251,7 @@ async def describe(stores: Stores, queue: str) -> dict[str, Any]:
     k = stores.keys(queue)
     r = stores.redis
     tenants = []
-    for name, vt in await r.zrange(k.tenants, 0, 99, withscores=True):
+    for name, vt in cast("list[tuple[bytes, float]]", await r.zrange(k.tenants, 0, 99, withscores=True)):
         t = name.decode()
         z = k.tenant_due(t)
         tenants.append({"tenant": t or "(none)", "due": await r.zcard(z), "virtual_time": round(vt, 3),

@@ -1,0 +1,154 @@
+-- Named queries of the control plane (issue 14): scoped idempotency keys, the audit log,
+-- bulk selections fixed when counted, and the API's scope-filtered listings.
+
+-- name: insert_runs_keyed
+-- insert_runs for a batch in which some runs carry an idempotency key: each key is claimed
+-- in idempotency_keys (unique per scope) first, and a keyed run is inserted only if its claim
+-- won. $19 request fingerprints and $20 scopes line up with the runs (NULL when unkeyed).
+-- Returns insert_runs' rows; the caller looks up the keys it did not win (idempotency_lookup).
+WITH input AS MATERIALIZED (
+    SELECT nextval(pg_get_serial_sequence('runs', 'id')) AS id, t.*
+    FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::timestamptz[],
+                $6::integer[], $7::double precision[], $8::text[], $9::text[], $10::text[],
+                $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[], $15::text[], $16::text[],
+                $17::integer[], $19::text[], $20::text[])
+        WITH ORDINALITY AS t(handler, queue, priority, payload, run_at, max_retries, timeout_s,
+                             idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
+                             tenant, concurrency_key, concurrency_limit, request_sha256, scope, ord)
+), claimed AS (
+    INSERT INTO idempotency_keys (scope, key, request_sha256, run_id)
+    SELECT scope, idempotency_key, request_sha256, id FROM input
+    WHERE idempotency_key IS NOT NULL ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING run_id
+), new_queues AS (
+    INSERT INTO queues (name) SELECT DISTINCT queue FROM input
+    ON CONFLICT (name) DO NOTHING RETURNING name, epoch
+), ins AS (
+    INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
+                      idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
+                      tenant, concurrency_key, concurrency_limit)
+    SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
+           idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
+           COALESCE(tenant, ''), concurrency_key, concurrency_limit
+    FROM input WHERE idempotency_key IS NULL OR id IN (SELECT run_id FROM claimed)
+    ORDER BY ord
+    RETURNING id, status, trace_id
+), ev AS (
+    INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
+    SELECT id, 'submitted', status, 0, $18, trace_id, now() FROM ins
+), notify AS (
+    SELECT pg_notify('fencepost_outbox', q.queue)
+    FROM (SELECT DISTINCT queue FROM input WHERE outbox AND id IN (SELECT id FROM ins)) q
+)
+SELECT input.ord, input.id, (ins.id IS NOT NULL) AS created, NULL::text AS queue, NULL::bigint AS epoch,
+       (SELECT count(*) FROM notify) AS notified
+FROM input LEFT JOIN ins ON ins.id = input.id
+UNION ALL
+SELECT NULL, NULL, NULL, name, epoch, NULL FROM new_queues;
+
+-- name: idempotency_lookup
+-- The stored claims of ($1 scope, $2 key) pairs: the run each names and its request fingerprint.
+SELECT k.scope, k.key, k.request_sha256, k.run_id
+FROM idempotency_keys k JOIN unnest($1::text[], $2::text[]) AS w(scope, key) ON (k.scope, k.key) = (w.scope, w.key);
+
+-- name: idempotency_prune
+-- Keys older than the window ($1 seconds), a bounded batch at a time ($2).
+WITH old AS (
+    SELECT scope, key FROM idempotency_keys
+    WHERE created_at < now() - make_interval(secs => $1::double precision)
+    ORDER BY created_at LIMIT $2
+)
+DELETE FROM idempotency_keys k USING old WHERE (k.scope, k.key) = (old.scope, old.key);
+
+-- name: audit_insert
+-- $1 actor, $2 address, $3 action, $4 queue, $5 target, $6 reason, $7 data (json text)
+INSERT INTO audit_log (actor, address, action, queue, target, reason, data)
+VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7::jsonb)
+RETURNING id, at;
+
+-- name: audit_list
+-- Who did what: configuration changes (audit_log) and commands on runs and queues (events
+-- with an operator's actor), newest first. $1 actor (exact, or a prefix ending in ':' / '@'),
+-- $2 queue, $3 since, $4 until, $5 limit, $6 queues in scope (NULL: all), $7 before (at, keyset).
+SELECT * FROM (
+    SELECT 'config' AS source, a.id, a.at, a.actor, a.address, a.action, a.queue, a.target, a.reason,
+           a.data::text AS data
+    FROM audit_log a
+    WHERE ($1::text IS NULL OR a.actor = $1 OR (right($1, 1) IN (':', '@') AND starts_with(a.actor, $1)))
+      AND ($2::text IS NULL OR a.queue = $2)
+      AND ($3::timestamptz IS NULL OR a.at >= $3) AND ($4::timestamptz IS NULL OR a.at < $4)
+      AND ($6::text[] IS NULL OR a.queue = ANY($6))
+    UNION ALL
+    SELECT 'run' AS source, e.id, e.at, e.actor, NULL, e.type, COALESCE(r.queue, ra.queue, e.queue),
+           e.run_id::text, e.reason,
+           json_build_object('from', e.from_status, 'to', e.to_status, 'version', e.version)::text
+    FROM events e LEFT JOIN runs r ON r.id = e.run_id LEFT JOIN runs_archive ra ON ra.id = e.run_id
+    WHERE e.actor IS NOT NULL AND e.type <> 'submitted'
+      AND e.actor NOT IN ('worker', 'recorder', 'reconciler', 'trigger')
+      AND ($1::text IS NULL OR e.actor = $1 OR (right($1, 1) IN (':', '@') AND starts_with(e.actor, $1)))
+      AND ($2::text IS NULL OR COALESCE(r.queue, ra.queue, e.queue) = $2)
+      AND ($3::timestamptz IS NULL OR e.at >= $3) AND ($4::timestamptz IS NULL OR e.at < $4)
+      AND ($6::text[] IS NULL OR COALESCE(r.queue, ra.queue, e.queue) = ANY($6))
+) x
+WHERE ($7::timestamptz IS NULL OR x.at < $7)
+ORDER BY at DESC, id DESC LIMIT $5;
+
+-- name: bulk_select
+-- The runs a bulk command would act on: $1 queue, $2 status, $3 handler, $4 only ids <= this
+-- (the bound the count was made with; NULL: none), $5 at most this many, lowest ids first.
+SELECT id FROM runs
+WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3)
+  AND ($4::bigint IS NULL OR id <= $4)
+ORDER BY id LIMIT $5;
+
+-- name: bulk_count
+-- How many runs match, and the highest matching id (the snapshot bound a confirm refers to).
+SELECT count(*) AS matched, max(id) AS until_id FROM runs
+WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3)
+  AND ($4::bigint IS NULL OR id <= $4);
+
+-- name: api_events_scoped
+-- The fleet's history for the API: the run's queue (events of runs carry no queue of their
+-- own), filtered by type, queue and the caller's scope before the limit.
+SELECT e.id, e.run_id, COALESCE(r.queue, e.queue) AS queue, e.type, e.from_status, e.to_status, e.attempt,
+       e.worker_id, e.actor, e.reason, e.error_class, e.at, r.handler, r.workflow_id, r.trace_id
+FROM events e LEFT JOIN runs r ON r.id = e.run_id
+WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR COALESCE(r.queue, e.queue) = $3)
+  AND ($5::text[] IS NULL OR COALESCE(r.queue, e.queue) = ANY($5))
+ORDER BY e.at DESC, e.id DESC LIMIT $4;
+
+-- name: api_list_workflows_scoped
+-- Recent workflows; with $2 (a token's queues), only those whose every node is in scope.
+SELECT w.id, w.name, w.created_at,
+       (SELECT count(*) FROM workflow_nodes n WHERE n.workflow_id = w.id AND n.current) AS nodes
+FROM workflows w
+WHERE $2::text[] IS NULL OR NOT EXISTS (
+    SELECT 1 FROM workflow_nodes n JOIN runs r ON r.id = n.run_id
+    WHERE n.workflow_id = w.id AND NOT (r.queue = ANY($2)))
+ORDER BY w.created_at DESC LIMIT $1;
+
+-- name: schedule_queues
+-- The queue each schedule fires into (its own, else its handler's declared queue).
+SELECT s.name, COALESCE(s.queue, d.queue, 'default') AS queue
+FROM schedules s LEFT JOIN job_definitions d ON d.name = s.handler
+WHERE $1::text[] IS NULL OR s.name = ANY($1);
+
+-- name: schedule_list_scoped
+-- schedule_list filtered to the caller's queues ($2; NULL: all).
+SELECT s.id, s.name, s.handler, s.cron, s.interval_s, s.timezone, s.next_fire_time, s.spread_s, s.offset_ms,
+       s.catchup, s.allow_overlap, s.paused, s.last_fire_time, s.fires, s.skipped, s.queue
+FROM schedules s LEFT JOIN job_definitions d ON d.name = s.handler
+WHERE $2::text[] IS NULL OR COALESCE(s.queue, d.queue, 'default') = ANY($2)
+ORDER BY s.name LIMIT $1;
+
+-- name: api_token_list_scoped
+-- Tokens a caller may see: all (NULL), or those scoped within $1's queues.
+SELECT id, name, role, queues, created_by, created_at, revoked_at, last_used_at, expires_at
+FROM api_tokens
+WHERE $1::text[] IS NULL OR (cardinality(queues) > 0 AND queues <@ $1::text[])
+ORDER BY id;
+
+-- name: api_token_get
+SELECT id, name, role, queues, created_by, created_at, revoked_at, last_used_at, expires_at
+FROM api_tokens WHERE id = $1;
