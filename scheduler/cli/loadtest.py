@@ -8,9 +8,11 @@ import time
 from collections.abc import Callable
 
 import click
+import msgspec
 
 from fencepost.cli.common import EXIT_LOADTEST_ERRORS, async_command, require_store
 from fencepost.core.config import Settings
+from fencepost.dev.chaos import format_chaos, soak
 from fencepost.dev.loadtest import burst, format_report, spike
 
 __all__ = ["loadtest"]
@@ -45,15 +47,17 @@ def loadtest() -> None:
 @click.option("--batch", type=int, default=2000, show_default=True, help="Trigger fires per transaction.")
 @click.option("--timeout", "timeout_s", type=float, default=900, show_default=True)
 @click.option("--log-dir", help="Keep the processes' logs here.")
+@click.option("--keep", is_flag=True, help="Keep the test's runs and history (default: removed after the report).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @async_command
 async def spike_cmd(settings: Settings, schedules: int, workers: int, spread_s: float, concurrency: int,
-                    lookahead_s: float, batch: int, timeout_s: float, log_dir: str | None, as_json: bool) -> None:
-    """SCHEDULES schedules all firing in the same minute (cron spike)."""
+                    lookahead_s: float, batch: int, timeout_s: float, log_dir: str | None, keep: bool,
+                    as_json: bool) -> None:
+    """SCHEDULES schedules all firing in the same minute (cron spike), on a queue of its own."""
     require_store("loadtest spike")
     rep = await spike(settings, schedules=schedules, workers=workers, spread_s=spread_s, concurrency=concurrency,
                       lookahead_s=lookahead_s, batch=batch, timeout_s=timeout_s, progress=_progress(as_json),
-                      log_dir=log_dir)
+                      log_dir=log_dir, keep=keep)
     click.echo(json.dumps(rep) if as_json else "\n".join(format_report(rep)))
     if rep["errors"]:
         sys.exit(EXIT_LOADTEST_ERRORS)
@@ -65,14 +69,39 @@ async def spike_cmd(settings: Settings, schedules: int, workers: int, spread_s: 
 @click.option("--concurrency", type=int, default=200, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=900, show_default=True)
 @click.option("--log-dir")
+@click.option("--keep", is_flag=True, help="Keep the test's runs and history (default: removed after the report).")
 @click.option("--json", "as_json", is_flag=True)
 @async_command
 async def burst_cmd(settings: Settings, jobs: int, workers: int, concurrency: int, timeout_s: float,
-                    log_dir: str | None, as_json: bool) -> None:
-    """JOBS one-shot runs submitted at once."""
+                    log_dir: str | None, keep: bool, as_json: bool) -> None:
+    """JOBS one-shot runs submitted at once, on a queue of its own."""
     require_store("loadtest burst")
     rep = await burst(settings, jobs=jobs, workers=workers, concurrency=concurrency, timeout_s=timeout_s,
-                      progress=_progress(as_json), log_dir=log_dir)
+                      progress=_progress(as_json), log_dir=log_dir, keep=keep)
     click.echo(json.dumps(rep) if as_json else "\n".join(format_report(rep)))
     if rep["errors"]:
+        sys.exit(EXIT_LOADTEST_ERRORS)
+
+
+@loadtest.command("chaos")
+@click.option("--duration", "duration_s", type=float, default=600, show_default=True, help="Seconds of faults.")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seeds the fault schedule (reproducible).")
+@click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
+@click.option("--concurrency", type=int, default=20, show_default=True)
+@click.option("--rate", type=float, default=20.0, show_default=True, help="Jobs submitted per second.")
+@click.option("--replica-url", help="A replica of the configured Redis: enables the promotion fault.")
+@click.option("--allow-flushall", is_flag=True, help="Enable the FLUSHALL fault (empties the whole Redis server).")
+@click.option("--log-dir", help="Keep the processes' logs here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@async_command
+async def chaos_cmd(settings: Settings, duration_s: float, seed: int, workers: int, concurrency: int, rate: float,
+                    replica_url: str | None, allow_flushall: bool, log_dir: str | None, as_json: bool) -> None:
+    """Fault-injection soak: real services, a fenced ledger, seeded faults; checks the invariants."""
+    require_store("loadtest chaos")
+    show = _progress(as_json)
+    rep = await soak(settings, seed=seed, duration_s=duration_s, workers=workers, concurrency=concurrency, rate=rate,
+                     replica_url=replica_url, allow_flushall=allow_flushall, log_dir=log_dir,
+                     progress=lambda line: show(line, True))
+    click.echo(msgspec.json.encode(rep).decode() if as_json else "\n".join(format_chaos(rep)))
+    if rep.failed:
         sys.exit(EXIT_LOADTEST_ERRORS)
