@@ -104,6 +104,8 @@ for i = 3, #ARGV, 6 do
         local run_at = now + delay
         redis.call('HSET', key, 'run_at', run_at)
         redis.call('ZADD', K_DELAYED, run_at, id)
+        -- idle workers sleep until the earliest delayed run they know of: wake one for an earlier one
+        if redis.call('ZRANGE', K_DELAYED, 0, 0)[1] == id then nudge() end
         base[#base + 1] = 'run_at'; base[#base + 1] = run_at
         transition(id, key, 'RUNNING', 'RETRY_WAIT', 'retry_scheduled', now, base)
         out[#out + 1] = 'RETRY_WAIT'

@@ -252,10 +252,19 @@ class Database:
         self._min, self._max = min_size, max_size
         self.pool: asyncpg.Pool | None = None
 
+    @staticmethod
+    async def _no_reset(conn: asyncpg.Connection) -> None:
+        """A connection returning to the pool from a pooled named query (`fetch`, `execute`...) ran
+        one autocommit statement, which leaves no session state (asyncpg has already rolled back any
+        open transaction), so asyncpg's default reset query (UNLISTEN, RESET ALL, advisory unlocks)
+        would only add a second round trip to each of them: a submit would cost two. Connections
+        lent by `session()` may hold session state: it resets them itself before giving them back."""
+
     async def connect(self) -> Database:
         if self.pool is None:
             try:
-                self.pool = await asyncpg.create_pool(self.url, min_size=self._min, max_size=self._max)
+                self.pool = await asyncpg.create_pool(self.url, min_size=self._min, max_size=self._max,
+                                                      reset=self._no_reset)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
                 raise DatabaseUnavailable(f"postgresql unreachable at {_redact(self.url)}: {exc}") from exc
         return self
@@ -305,7 +314,14 @@ class Database:
         try:
             yield Session(conn)
         finally:
-            await pool.release(conn)
+            try:
+                await conn.reset()  # advisory locks, SET, LISTEN: nothing a session did outlives it
+            except BaseException as exc:
+                conn.terminate()  # a lost or interrupted reset: its state is unknown, never reuse it
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                await pool.release(conn)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Session]:
