@@ -21,3 +21,23 @@ SELECT queue, status, count(*) AS n FROM runs GROUP BY queue, status;
 -- The workflows whose id starts with $1 (a shortened id as `workflow ls` prints it); at most 2,
 -- enough to tell "unique" from "ambiguous".
 SELECT id FROM workflows WHERE id::text LIKE $1 || '%' ORDER BY id LIMIT 2;
+
+-- name: loadtest_cleanup
+-- Remove a load test's synthetic queue from the record: its runs (hot and archived), their
+-- attempts and checkpoints, and the queue itself, so they never show up in `fencepost ls`. Their
+-- events stay: history is append-only (a trigger refuses DELETE) and expires with retention.
+-- One statement: the foreign keys are checked at its end, when every referencing row is gone.
+WITH gone AS (
+    SELECT id FROM runs WHERE queue = $1 UNION ALL SELECT id FROM runs_archive WHERE queue = $1
+), ck AS (
+    DELETE FROM checkpoints WHERE run_id IN (SELECT id FROM gone)
+), at AS (
+    DELETE FROM attempts WHERE run_id IN (SELECT id FROM gone)
+), ar AS (
+    DELETE FROM runs_archive WHERE queue = $1
+), r AS (
+    DELETE FROM runs WHERE queue = $1 RETURNING id
+), q AS (
+    DELETE FROM queues WHERE name = $1
+)
+SELECT count(*) AS runs FROM r;

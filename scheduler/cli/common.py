@@ -2,15 +2,18 @@
 put in the click context, turning errors into one line and an exit code, the --api switch, and
 printing tables. Area modules import these at the top; nothing here knows about any command.
 
-Exit codes (the one table; the README repeats it):
+Exit codes (the one table; the README and docs/cli.md repeat it):
 
-    0    done
+    0    done (also a bulk command without --yes: it only counted, and said so)
     1    refused or failed, with one line on stderr (`error: ...`): a typed Fencepost error
-         (bad input, wrong state, unknown run, timeout of --wait, ...), a store refusing the
-         request, a store-only command given --api; also `reconcile --check` that found drift,
-         a bulk command without --yes (it only counted), a demo whose runs did not finish
-    2    usage error reported by click (unknown option, missing argument, bad value);
-         `loadtest` that saw errors in the runs
+         (a value out of range, an unknown run / queue / workflow, wrong state, timeout of
+         --wait, ...), a store refusing the request, a store-only command given --api; also
+         `reconcile --check` that found drift, a demo whose runs did not finish
+    2    usage error: the command line itself is wrong (unknown command or option, missing
+         argument, a value of the wrong type: `status abc`, `--args '[1'`, `--since 10x`),
+         one line on stderr (`error: ...`)
+    3    the run(s) waited for ended unsuccessfully: `submit --wait` whose run rests in any
+         state but SUCCEEDED, `loadtest` that saw errors in its runs
     130  interrupted (Ctrl-C)
 """
 
@@ -23,9 +26,9 @@ import getpass
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 import click
@@ -33,8 +36,9 @@ from prometheus_client import start_http_server
 from redis.exceptions import RedisError
 
 from fencepost.apiclient import from_context, require_store
+from fencepost.core import validate
 from fencepost.core.config import Settings
-from fencepost.core.errors import FencepostError
+from fencepost.core.errors import FencepostError, InvalidInput
 
 try:
     import uvloop
@@ -47,27 +51,37 @@ __all__ = [
     "EXIT_LOADTEST_ERRORS",
     "EXIT_OK",
     "EXIT_REFUSED",
+    "EXIT_UNSUCCESSFUL",
     "EXIT_USAGE",
+    "Checked",
+    "Refused",
+    "RootGroup",
     "actor",
     "async_command",
     "exit_on_error",
     "fmt",
     "from_context",
     "json_arg",
+    "json_option",
     "metrics_port_option",
+    "print_json",
     "require_store",
     "run",
+    "safe",
     "serve_metrics",
     "table",
+    "to_json",
 ]
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-EXIT_LOADTEST_ERRORS = EXIT_USAGE  # shares 2 with click's usage errors, as it always has (CI scripts test for it)
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNSUCCESSFUL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_LOADTEST_ERRORS = EXIT_UNSUCCESSFUL  # runs that did not succeed, as for submit --wait
 EXIT_CODES: dict[int, str] = {
-    EXIT_OK: "done",
+    EXIT_OK: "done (a bulk command without --yes only counted: also 0)",
     EXIT_REFUSED: "refused or failed (one `error: ...` line on stderr); reconcile --check found drift; "
-                  "a bulk command without --yes; the demo's runs did not finish",
-    EXIT_USAGE: "usage error (click: unknown option, missing argument, bad value); loadtest saw errors",
+                  "the demo's runs did not finish",
+    EXIT_USAGE: "usage error: unknown command or option, missing argument, a value of the wrong type "
+                "(one `error: ...` line on stderr)",
+    EXIT_UNSUCCESSFUL: "the run waited for (submit --wait) or a loadtest's runs ended unsuccessfully",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 """The exit codes of every `fencepost` command (see the module docstring)."""
@@ -75,11 +89,44 @@ EXIT_CODES: dict[int, str] = {
 T = TypeVar("T")
 
 
-def run(coro: Awaitable[T]) -> T:
+HELP_META = "fencepost.help"
+"""ctx.meta key: the subcommand line holds --help (set by RootGroup before the root callback runs)."""
+
+
+class RootGroup(click.Group):
+    """The `fencepost` group: a usage error is one `error: ...` line on stderr and exit 2 (click's
+    own report is a four-line usage block), everything else as click does it."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+            click.echo(f"error: {exc.format_message()}{where}", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(rv if isinstance(rv, int) else EXIT_OK)  # an int here is click's Exit code (--help: 0)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """Also note in ctx.meta[HELP_META] whether the subcommand was asked for --help: its arguments
+        are parsed only after the root callback, which must not start servers for a help page."""
+        name, cmd, rest = super().resolve_command(ctx, args)
+        ctx.meta[HELP_META] = "--help" in rest
+        return name, cmd, rest
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion on uvloop when installed (workers and the demo run on it too)."""
     if uvloop is None:
-        return asyncio.run(coro)  # type: ignore[arg-type]
-    return uvloop.run(coro)  # type: ignore[arg-type, no-any-return]
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 @contextlib.contextmanager
@@ -100,7 +147,7 @@ def exit_on_error() -> Iterator[None]:
         sys.exit(EXIT_INTERRUPTED)
 
 
-def async_command(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+def async_command(fn: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
     """Make an async function a click callback: it gets the Settings the root group built (the click
     context's obj) as its first argument and runs under `exit_on_error`."""
 
@@ -132,6 +179,56 @@ def serve_metrics(port: int) -> None:
         start_http_server(port, addr=os.environ.get("FENCEPOST_METRICS_ADDR", "127.0.0.1"))
 
 
+class Refused(click.ClickException):
+    """Bad input met while click parses an option: the same one `error: ...` line and exit 1 as
+    the typed error the client would raise for it (nothing has been done yet)."""
+
+    exit_code = EXIT_REFUSED
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+if TYPE_CHECKING:  # generic (value, input) in recent click; not subscriptable at run time in the oldest we allow
+    _ParamType = click.ParamType[Any, Any]
+else:
+    _ParamType = click.ParamType
+
+
+class Checked(_ParamType):
+    """An option checked against fencepost.core.validate.LIMITS[field] (the table the client and
+    the API use): `--timeout inf`, `--priority 1.5` or a tenant with an escape sequence are refused
+    before anything connects. Text that is not a number is a click usage error (exit 2)."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+        self.kind = validate.LIMITS[field].kind
+        self.name = {"int": "integer", "float": "seconds"}.get(self.kind, "text")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and self.kind in ("int", "float"):
+            try:
+                value = int(value, 10) if self.kind == "int" else float(value)
+            except ValueError:
+                try:  # '1.5' for a whole number: a number, refused by the table like the client refuses it
+                    value = float(value)
+                except ValueError:
+                    self.fail(f"{value!r} is not {'a whole number' if self.kind == 'int' else 'a number'}", param, ctx)
+        try:
+            return validate.check(self.field, value)
+        except InvalidInput as exc:
+            raise Refused(str(exc)) from None
+
+
+def safe(text: str) -> str:
+    """TEXT with control and invisible characters escaped (\\x1b, \\u202e), so a stored value
+    can never drive the operator's terminal."""
+    if validate.unsafe_char(text) is None:
+        return text
+    return "".join(c if validate.unsafe_char(c) is None else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def json_arg(value: str | None, what: str, kind: type) -> Any:
     """A JSON option (--args, --kwargs) decoded and checked to be a KIND; missing: an empty KIND."""
     if value is None:
@@ -139,9 +236,9 @@ def json_arg(value: str | None, what: str, kind: type) -> Any:
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"{what} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+        raise click.BadParameter(f"not valid JSON: {exc.msg} at column {exc.colno}", param_hint=what) from None
     if not isinstance(parsed, kind):
-        raise click.BadParameter(f"{what} must be a JSON {kind.__name__}")
+        raise click.BadParameter(f"must be a JSON {kind.__name__}", param_hint=what)
     return parsed
 
 
@@ -151,7 +248,10 @@ def fmt(v: Any) -> str:
         return v.isoformat(timespec="milliseconds")
     if isinstance(v, bytes):
         return f"<{len(v)} bytes>"
-    return "" if v is None else str(v).splitlines()[0][:80] if isinstance(v, str) else str(v)
+    if isinstance(v, str):
+        lines = v.splitlines()
+        return safe(lines[0][:80]) if lines else ""
+    return "" if v is None else str(v)
 
 
 def table(rows: list[dict[str, Any]], cols: list[str]) -> None:
@@ -164,3 +264,27 @@ def table(rows: list[dict[str, Any]], cols: list[str]) -> None:
     click.echo("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths)))
     for row in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (one document) instead of a table.")
+"""The --json flag of every read command."""
+
+
+def to_json(v: Any) -> Any:
+    """V as plain JSON values: times in ISO 8601, UUIDs as text, bytes as their size."""
+    if isinstance(v, dict):
+        return {str(k): to_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [to_json(x) for x in v]
+    if isinstance(v, datetime):
+        return v.isoformat()
+    if isinstance(v, bytes):
+        return {"bytes": len(v)}
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    return str(v)
+
+
+def print_json(v: Any) -> None:
+    """One JSON document on stdout (for scripts: `fencepost ls --json | jq ...`)."""
+    click.echo(json.dumps(to_json(v), ensure_ascii=False))

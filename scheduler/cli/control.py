@@ -4,17 +4,17 @@ run or on a bounded bulk selection of a queue's runs. The commands share their o
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from fencepost.cli.common import EXIT_REFUSED, actor, async_command, from_context
+from fencepost.cli.common import actor, async_command, from_context
 from fencepost.client import Client
-from fencepost.control import BULK_DEFAULT_LIMIT
+from fencepost.control import BULK_DEFAULT_LIMIT, explain_reply
 from fencepost.core.config import Settings
 from fencepost.core.errors import BulkNotConfirmed
+from fencepost.core.queues import require_queue
 
 __all__ = ["RUN_COMMANDS", "cancel", "pause", "restart", "resume", "retry", "stop"]
 
@@ -92,43 +92,46 @@ async def _act(verb: str, settings: Settings, *, run_id: int | None, reason: str
                status_: str | None, handler: str | None, limit: int, yes: bool, expected_version: int | None) -> None:
     if (run_id is None) == (queue is None):
         raise click.UsageError(f"give a RUN_ID, or --queue (with --status/--handler) for a bulk {verb}")
-    if _via_api(verb, run_id, reason, queue, status_, handler, yes, expected_version):
+    if _via_api(verb, run_id, reason, queue, status_, handler, yes, expected_version, limit):
         return
     async with Client(settings=settings, actor=actor()) as client:
         if run_id is not None:
             state = await getattr(client, verb)(run_id, reason=reason, expected_version=expected_version)
-            click.echo(f"run {run_id}: {state}")
+            click.echo(f"run {run_id}: {explain_reply(verb, state)}")
             return
         assert queue is not None  # exactly one of RUN_ID and --queue (checked above)
+        await require_queue(client.stores, queue)
         try:
             out = await client.bulk(verb, queue=queue, status=status_.upper() if status_ else None,
                                     handler=handler, limit=limit, confirm=yes, reason=reason)
-        except BulkNotConfirmed as exc:
+        except BulkNotConfirmed as exc:  # a dry run: it counted, as asked (exit 0)
             click.echo(f"{exc.matched} runs in queue {queue!r} match; nothing changed.")
             click.echo(f"Re-run with --yes to {verb} up to {min(exc.matched, exc.limit)} of them (--limit {limit}).")
-            sys.exit(EXIT_REFUSED)
+            return
         _print_bulk(out)
 
 
 def _via_api(verb: str, run_id: int | None, reason: str, queue: str | None, status_: str | None,
-             handler: str | None, yes: bool, expected_version: int | None) -> bool:
+             handler: str | None, yes: bool, expected_version: int | None, limit: int | None = None) -> bool:
     """With --api: the same command through the HTTP API (the bulk confirm is the match count)."""
     api = from_context()
     if api is None:
         return False
     if run_id is not None:
-        click.echo(f"run {run_id}: {api.command(verb, run_id, reason=reason, expected_version=expected_version)}")
+        state = api.command(verb, run_id, reason=reason, expected_version=expected_version)
+        click.echo(f"run {run_id}: {explain_reply(verb, state)}")
         return True
     assert queue is not None
     status = status_.upper() if status_ else None
     try:
-        out = api.bulk(verb, queue=queue, status=status, handler=handler, confirm=0, reason=reason)
+        out = api.bulk(verb, queue=queue, status=status, handler=handler, confirm=0, reason=reason, limit=limit)
     except BulkNotConfirmed as exc:
-        if not yes:
+        if not yes:  # a dry run: it counted, as asked (exit 0)
             click.echo(f"{exc.matched} runs in queue {queue!r} match; nothing changed.")
             click.echo(f"Re-run with --yes to {verb} them (the API acts on at most {exc.limit}).")
-            sys.exit(EXIT_REFUSED)
-        out = api.bulk(verb, queue=queue, status=status, handler=handler, confirm=exc.matched, reason=reason)
+            return True
+        out = api.bulk(verb, queue=queue, status=status, handler=handler, confirm=exc.acting,  # type: ignore[attr-defined]
+                       reason=reason, limit=limit, until_id=exc.until_id)  # type: ignore[attr-defined]  # exactly as counted
     _print_bulk(out)
     return True
 

@@ -11,6 +11,8 @@ import click
 
 from fencepost import __version__
 from fencepost.cli.api import api
+from fencepost.cli.audit import audit
+from fencepost.cli.common import RootGroup
 from fencepost.cli.control import RUN_COMMANDS
 from fencepost.cli.dev import dev, with_embedded_default
 from fencepost.cli.loadtest import loadtest
@@ -22,7 +24,7 @@ from fencepost.cli.runs import dlq, events, ls, status, submit
 from fencepost.cli.scale import scale_hint
 from fencepost.cli.schedule import schedule, trigger
 from fencepost.cli.services import db, demo, reconciler, worker
-from fencepost.cli.token import token
+from fencepost.cli.token import api_token_from, token
 from fencepost.cli.workflow import workflow
 from fencepost.core.config import Settings
 from fencepost.core.logs import setup_logging
@@ -30,7 +32,7 @@ from fencepost.core.logs import setup_logging
 __all__ = ["cli", "main"]
 
 
-@click.group()
+@click.group(cls=RootGroup)
 @click.version_option(__version__, prog_name="fencepost", message="%(prog)s %(version)s")
 @click.option("--redis-url", envvar="FENCEPOST_REDIS_URL", help="Redis URL (env FENCEPOST_REDIS_URL).")
 @click.option("--database-url", envvar="FENCEPOST_DATABASE_URL", help="PostgreSQL URL (env FENCEPOST_DATABASE_URL).")
@@ -41,14 +43,17 @@ __all__ = ["cli", "main"]
 @click.option("--api", "api_url", envvar="FENCEPOST_API_URL",
               help="Talk to this Fencepost API instead of Redis/PostgreSQL (env FENCEPOST_API_URL).")
 @click.option("--token", "api_token", envvar="FENCEPOST_API_TOKEN",
-              help="API token for --api (env FENCEPOST_API_TOKEN).")
+              help="API token for --api (env FENCEPOST_API_TOKEN; on the command line it shows in `ps`: a warning).")
+@click.option("--token-file", "api_token_file", envvar="FENCEPOST_API_TOKEN_FILE", type=click.Path(dir_okay=False),
+              help="Read the API token from this file (env FENCEPOST_API_TOKEN_FILE).")
 @click.pass_context
 def cli(ctx: click.Context, redis_url: str | None, database_url: str | None, prefix: str | None,
-        log_format: str, verbose: bool, api_url: str | None, api_token: str | None) -> None:
+        log_format: str, verbose: bool, api_url: str | None, api_token: str | None, api_token_file: str | None) -> None:
     """Fencepost: jobs that are never lost and never run twice by our own accident."""
     setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
     ctx.obj = Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=prefix)
     ctx.obj = with_embedded_default(ctx, ctx.obj, configured=bool(redis_url or database_url or api_url))
+    api_token = api_token_from(ctx, api_token, api_token_file)
     ctx.meta["fencepost.api"] = (api_url, api_token)  # read by fencepost.apiclient.from_context
 
 
@@ -56,7 +61,7 @@ COMMANDS: list[click.Command] = [
     submit, status, ls, events, dlq, *RUN_COMMANDS, queue, review,  # runs and the operator's commands
     schedule, trigger, workflow,
     worker, reconciler, db, demo, api, dev,  # services
-    reconcile, retention, scale_hint, token, loadtest,  # operations
+    reconcile, retention, scale_hint, token, audit, loadtest,  # operations
 ]
 """Every top-level command, by area (`fencepost --help` lists them sorted by name)."""
 

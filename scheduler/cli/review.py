@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import click
 
-from fencepost.cli.common import actor, async_command, from_context, table
+from fencepost.cli.common import actor, async_command, from_context, json_option, print_json, table
 from fencepost.client import Client
 from fencepost.core.config import Settings
+from fencepost.core.queues import require_queue
 
 __all__ = ["review"]
 
@@ -21,13 +22,21 @@ def review() -> None:
 @review.command("ls")
 @click.option("--queue")
 @click.option("--limit", type=int, default=50, show_default=True)
+@json_option
 @async_command
-async def review_ls(settings: Settings, queue: str | None, limit: int) -> None:
+async def review_ls(settings: Settings, queue: str | None, limit: int, as_json: bool) -> None:
+    """Runs waiting for an operator, newest first."""
     if (api := from_context()) is not None:
-        table(api.review_queue(queue=queue, limit=limit), _COLS)
-        return
-    async with Client(settings=settings) as client:
-        table(await client.review_queue(queue=queue, limit=limit), _COLS)
+        rows = api.review_queue(queue=queue, limit=limit)
+    else:
+        async with Client(settings=settings) as client:
+            if queue is not None:
+                await require_queue(client.stores, queue)
+            rows = await client.review_queue(queue=queue, limit=limit)
+    if as_json:
+        print_json(rows)
+    else:
+        table(rows, _COLS)
 
 
 @review.command("resolve")
@@ -37,6 +46,7 @@ async def review_ls(settings: Settings, queue: str | None, limit: int) -> None:
 @click.option("--reason", default="")
 @async_command
 async def review_resolve(settings: Settings, run_id: int, as_: str, reason: str) -> None:
+    """Close a review-queue run as what really happened, or run it again."""
     if (api := from_context()) is not None:
         state = api.resolve(run_id, as_=as_, reason=reason)
     else:

@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import click
 
-from fencepost.cli.common import async_command, fmt, from_context, json_arg, table
+from fencepost.cli.common import (
+    EXIT_UNSUCCESSFUL,
+    Checked,
+    async_command,
+    fmt,
+    from_context,
+    json_arg,
+    json_option,
+    print_json,
+    table,
+)
 from fencepost.client import Client
 from fencepost.core.config import Settings
-from fencepost.core.models import decode_result
+from fencepost.core.models import decode_payload, decode_result
+from fencepost.core.queues import require_queue
+from fencepost.core.states import Status
 
 __all__ = ["dlq", "events", "ls", "status", "submit"]
 
@@ -28,14 +41,15 @@ _FLEET_COLS = ["at", "run_id", "handler", "type", "to_status", "attempt", "worke
 @click.option("--args", "args_json", help='Positional arguments as a JSON list, e.g. \'[1, "a"]\'.')
 @click.option("--kwargs", "kwargs_json", help="Keyword arguments as a JSON object.")
 @click.option("--queue")
-@click.option("--priority", type=int)
-@click.option("--delay", type=float, help="Seconds from now.")
-@click.option("--timeout", type=float)
-@click.option("--max-retries", type=int)
-@click.option("--idempotency-key")
-@click.option("--tenant", help="Who the run is for (a queue's tenants share dispatch by weight).")
-@click.option("--concurrency-key", help="Limit runs sharing this key (default: the handler's declared key).")
-@click.option("--concurrency-limit", type=int, help="At most this many runs of the key leased at once.")
+@click.option("--priority", type=Checked("priority"))
+@click.option("--delay", type=Checked("delay"), help="Seconds from now.")
+@click.option("--timeout", type=Checked("timeout"))
+@click.option("--max-retries", type=Checked("max_retries"))
+@click.option("--idempotency-key", type=Checked("idempotency_key"))
+@click.option("--tenant", type=Checked("tenant"), help="Who the run is for (a queue's tenants share dispatch by weight).")
+@click.option("--concurrency-key", type=Checked("concurrency_key"),
+              help="Limit runs sharing this key (default: the handler's declared key).")
+@click.option("--concurrency-limit", type=Checked("concurrency_limit"), help="At most this many runs of the key leased at once.")
 @click.option("--wait", "wait_s", type=float, help="Wait up to this many seconds for the outcome.")
 @async_command
 async def submit(settings: Settings, handler: str, args_json: str | None, kwargs_json: str | None, queue: str | None,
@@ -53,7 +67,10 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
         click.echo(run_id)
         if wait_s is not None:
             run = api.wait(run_id, timeout=wait_s)
-            _print_outcome(run["status"], run.get("result"), run.get("last_error"))
+            failed = run["status"] in _DEAD or run.get("reason") == "paused_after_error"
+            _print_outcome(run["status"], run.get("result"), run.get("last_error") if failed else None,
+                           run.get("last_error_class") if failed else None,
+                           None if run["status"] == Status.SUCCEEDED else run.get("reason"))
         return
     async with Client(settings=settings, actor="cli") as client:
         run_id = await client.submit(handler, *args, kwargs=kwargs, queue=queue, priority=priority, delay=delay,
@@ -63,18 +80,30 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
         click.echo(run_id)
         if wait_s is not None:
             out = await client.wait(run_id, timeout=wait_s)
-            _print_outcome(out.status, out.result, out.error)
+            _print_outcome(out.status, out.result, out.error, out.error_class, out.reason)
 
 
-def _print_outcome(status: str, result: Any, error: str | None) -> None:
-    click.echo(json.dumps({"status": status, "result": result, "error": error}, default=str))
+_DEAD = {"FAILED", "TIMED_OUT"}
+
+
+def _print_outcome(status: str, result: Any, error: str | None, error_class: str | None, reason: str | None) -> None:
+    """The outcome as one JSON line (with `error_class` and `reason` unless it SUCCEEDED); exit 3
+    unless the run SUCCEEDED (scripts test `$?`)."""
+    out: dict[str, Any] = {"status": status, "result": result, "error": error}
+    if status != Status.SUCCEEDED:
+        out.update(error_class=error_class, reason=reason)
+    click.echo(json.dumps(out, default=str))
+    if status != Status.SUCCEEDED:
+        sys.exit(EXIT_UNSUCCESSFUL)
 
 
 @click.command()
 @click.argument("run_id", type=int)
+@json_option
 @async_command
-async def status(settings: Settings, run_id: int) -> None:
-    """Show one run: state, attempts, last error."""
+async def status(settings: Settings, run_id: int, as_json: bool) -> None:
+    """Show one run: its live state and version (for --version), arguments, tenant, concurrency
+    key, progress (the latest checkpoint), last error and attempts."""
     api = from_context()
     if api is not None:
         run = api.get(run_id)
@@ -86,27 +115,51 @@ async def status(settings: Settings, run_id: int) -> None:
             row = await client.stores.db.fetchrow("get_checkpoint", run_id)
             ckpt = dict(row) if row is not None and row["state"] is not None else None
             attempts = await client.attempts(run_id)
+            # the live state and version are Redis's (PostgreSQL records them a moment later)
+            live, version = cast(list[bytes | None], await client.stores.redis.hmget(
+                client.stores.keys(run["queue"]).run(run_id), "state", "version"))
+            if live is not None and live.decode() != run["status"]:
+                run["recorded_status"], run["status"] = run["status"], live.decode()
+            if version is not None:
+                run["version"] = int(version)
+        payload = run.pop("payload", None)
+        if payload is not None:
+            run["args"], run["kwargs"] = decode_payload(payload)
+    run.pop("result", None)
+    if ckpt is not None:
+        ckpt.pop("state", None)
+    if as_json:
+        print_json({**run, "result": result, "progress": ckpt, "attempts": attempts})
+        return
     _print_run(run, result, ckpt, attempts)
 
 
 def _print_run(run: dict[str, Any], result: Any, ckpt: dict[str, Any] | None, attempts: list[dict[str, Any]]) -> None:
-    for k in ("id", "handler", "queue", "status", "priority", "attempt", "max_retries", "token", "lease_owner",
-              "run_at", "created_at", "started_at", "finished_at", "last_error_class", "reason", "idempotency_key",
-              "tenant", "concurrency_key", "concurrency_limit"):
+    for k in ("id", "handler", "queue", "status", "recorded_status", "version", "reason", "priority", "attempt",
+              "max_retries", "token", "lease_owner", "run_at", "created_at", "started_at", "finished_at",
+              "last_error_class", "idempotency_key", "tenant", "concurrency_key", "concurrency_limit"):
         if run.get(k) not in (None, ""):
             click.echo(f"{k:17} {fmt(run[k])}")
+    if "args" in run:
+        click.echo(f"{'arguments':17} {_clip(json.dumps(run['args'], default=str))}"
+                   + (f" {_clip(json.dumps(run['kwargs'], default=str))}" if run.get("kwargs") else ""))
     if result is not None:
-        click.echo(f"{'result':17} {json.dumps(result, default=str)}")
+        click.echo(f"{'result':17} {_clip(json.dumps(result, default=str))}")
     if run.get("last_error"):
-        click.echo(f"{'last_error':17} {run['last_error'].splitlines()[0][:200]}")
+        click.echo(f"{'last_error':17} {fmt(run['last_error'].splitlines()[0][:200])}")
     for flag in ("pause_requested", "stop_requested", "cancel_requested", "forced", "needs_compensation"):
         if run.get(flag):
             click.echo(f"{flag:17} yes")
     if ckpt is not None:
-        click.echo(f"{'checkpoint':17} version {ckpt['version']}, processed {ckpt['processed']}, "
-                   f"schema v{ckpt['schema_version']}, written {fmt(ckpt['updated_at'])} by attempt {ckpt['attempt']}")
+        done = f"processed {ckpt['processed']}, " if ckpt.get("processed") is not None else ""
+        click.echo(f"{'progress':17} {done}checkpoint version {ckpt['version']}, schema v{ckpt['schema_version']}, "
+                   f"written {fmt(ckpt['updated_at'])} by attempt {ckpt['attempt']}")
     click.echo("")
     table(attempts, ["attempt", "worker_id", "token", "started_at", "finished_at", "outcome", "error_class"])
+
+
+def _clip(text: str, width: int = 200) -> str:
+    return fmt(text if len(text) <= width else text[:width - 1] + "…")
 
 
 @click.command("ls")
@@ -114,24 +167,27 @@ def _print_run(run: dict[str, Any], result: Any, ckpt: dict[str, Any] | None, at
 @click.option("--status", "status_")
 @click.option("--handler")
 @click.option("--limit", type=int, default=50, show_default=True)
+@json_option
 @async_command
-async def ls(settings: Settings, queue: str | None, status_: str | None, handler: str | None, limit: int) -> None:
+async def ls(settings: Settings, queue: str | None, status_: str | None, handler: str | None, limit: int,
+             as_json: bool) -> None:
     """List runs, newest first."""
     api = from_context()
     if api is not None:
-        table(api.list_runs(queue=queue, status=status_.upper() if status_ else None, handler=handler, limit=limit),
-              _RUN_COLS)
-        return
-    async with Client(settings=settings) as client:
-        rows = await client.list_runs(queue=queue, status=status_.upper() if status_ else None, handler=handler,
-                                      limit=limit)
-        table(rows, _RUN_COLS)
+        rows = api.list_runs(queue=queue, status=status_.upper() if status_ else None, handler=handler, limit=limit)
+    else:
+        async with Client(settings=settings) as client:
+            if queue is not None:
+                await require_queue(client.stores, queue)
+            rows = await client.list_runs(queue=queue, status=status_.upper() if status_ else None, handler=handler,
+                                          limit=limit)
+    print_json(rows) if as_json else table(rows, _RUN_COLS)
 
 
 def _since(value: str) -> datetime:
     m = re.fullmatch(r"(\d+)([smhd])", value.strip())
     if not m:
-        raise click.BadParameter(f"--since must look like 30s, 10m, 2h or 1d, not {value!r}")
+        raise click.BadParameter(f"must look like 30s, 10m, 2h or 1d, not {value!r}", param_hint="--since")
     unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
     return datetime.now(UTC) - timedelta(**{unit: int(m.group(1))})
 
@@ -142,35 +198,42 @@ def _since(value: str) -> datetime:
 @click.option("--type", "type_", help="Only events of this type (lease_expired, stop_escalated, ...).")
 @click.option("--queue")
 @click.option("--limit", type=int, default=100, show_default=True)
+@json_option
 @async_command
 async def events(settings: Settings, run_id: int | None, since: str | None, type_: str | None, queue: str | None,
-                 limit: int) -> None:
+                 limit: int, as_json: bool) -> None:
     """The append-only history of one run, or of the fleet (--since/--type)."""
+    start = _since(since or "1h")  # a malformed --since is a usage error before anything connects
     api = from_context()
     if api is not None:
-        if run_id is not None:
-            table(api.events(run_id), _EVENT_COLS)
-        else:
-            table(api.fleet_events(_since(since or "1h"), type_, queue, limit), _FLEET_COLS)
-        return
-    async with Client(settings=settings) as client:
-        if run_id is not None:
-            table(await client.events(run_id), _EVENT_COLS)
-            return
-        start = _since(since or "1h")
-        rows = await client.stores.db.fetch("events_since", start, type_, queue, limit)
-        table([dict(r) for r in rows], _FLEET_COLS)
+        rows = api.events(run_id) if run_id is not None else api.fleet_events(start, type_, queue, limit)
+    else:
+        async with Client(settings=settings) as client:
+            if run_id is not None:
+                rows = await client.events(run_id)
+            else:
+                if queue is not None:
+                    await require_queue(client.stores, queue)
+                rows = [dict(r) for r in await client.stores.db.fetch("events_since", start, type_, queue, limit)]
+    if as_json:
+        print_json(rows)
+    else:
+        table(rows, _EVENT_COLS if run_id is not None else _FLEET_COLS)
 
 
 @click.command()
 @click.option("--queue")
 @click.option("--limit", type=int, default=50, show_default=True)
+@json_option
 @async_command
-async def dlq(settings: Settings, queue: str | None, limit: int) -> None:
+async def dlq(settings: Settings, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead-letter view: runs that FAILED or TIMED_OUT for good."""
     api = from_context()
     if api is not None:
-        table(api.dead_letter(queue=queue, limit=limit), _DLQ_COLS)
-        return
-    async with Client(settings=settings) as client:
-        table(await client.dead_letter(queue=queue, limit=limit), _DLQ_COLS)
+        rows = api.dead_letter(queue=queue, limit=limit)
+    else:
+        async with Client(settings=settings) as client:
+            if queue is not None:
+                await require_queue(client.stores, queue)
+            rows = await client.dead_letter(queue=queue, limit=limit)
+    print_json(rows) if as_json else table(rows, _DLQ_COLS)

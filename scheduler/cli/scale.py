@@ -9,7 +9,7 @@ import click
 
 from fencepost.cli.common import async_command, require_store
 from fencepost.core.config import Settings
-from fencepost.core.errors import InvalidInput
+from fencepost.core.errors import InvalidInput, UnknownQueue
 from fencepost.core.record import Database
 from fencepost.core.scaling import explain
 from fencepost.core.scaling import scale_hint as hint
@@ -38,6 +38,8 @@ async def scale_hint(settings: Settings, queue: str, target_lag: float, window: 
     require_store("scale-hint")
     db = await Database(settings.database_url, min_size=1, max_size=1).connect()
     try:
+        if await db.fetchrow("queue_row", queue) is None:  # no replicas for a queue that does not exist
+            raise UnknownQueue(queue)
         try:
             h = await hint(db, queue, window_s=window, target_lag_s=target_lag, concurrency=concurrency,
                            utilisation=utilisation, min_replicas=min_replicas, run_time_s=run_time)

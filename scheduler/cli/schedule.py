@@ -10,11 +10,14 @@ import click
 import msgspec
 
 from fencepost.cli.common import (
+    Checked,
     async_command,
     exit_on_error,
     from_context,
     json_arg,
+    json_option,
     metrics_port_option,
+    print_json,
     require_store,
     run,
     serve_metrics,
@@ -75,18 +78,19 @@ def schedule() -> None:
 @schedule.command("add")
 @click.argument("name")
 @click.option("--cron", help='Cron line, e.g. "0 * * * *" (read in --tz local time).')
-@click.option("--interval", "interval_s", type=float, help="Fire every S seconds instead of a cron line.")
+@click.option("--interval", "interval_s", type=Checked("interval_s"), help="Fire every S seconds instead of a cron line.")
 @click.option("--tz", "tz", default="UTC", show_default=True, help="IANA timezone, e.g. Europe/Paris.")
 @click.option("--handler", required=True)
 @click.option("--args", "args_json", help="Positional arguments as a JSON list.")
 @click.option("--kwargs", "kwargs_json", help="Keyword arguments as a JSON object.")
 @click.option("--queue")
-@click.option("--priority", type=int)
-@click.option("--spread", "spread_s", type=float, default=0.0, show_default=True,
+@click.option("--priority", type=Checked("priority"))
+@click.option("--spread", "spread_s", type=Checked("spread_s"), default=0.0, show_default=True,
               help="Fire at fire_time + a stable per-schedule offset in [0, S).")
 @click.option("--exact", is_flag=True, help="No spread: fire exactly at the fire time.")
 @click.option("--catchup", is_flag=True, help="After downtime, backfill every missed fire (default: coalesce).")
-@click.option("--catchup-window", "catchup_window_s", type=float, help="Backfill at most this far back (s).")
+@click.option("--catchup-window", "catchup_window_s", type=Checked("catchup_window_s"),
+              help="Backfill at most this far back (s).")
 @click.option("--allow-overlap", is_flag=True, help="Fire even while the previous run is still active.")
 @async_command
 async def add(settings: Settings, name: str, cron: str | None, interval_s: float | None, tz: str, handler: str,
@@ -108,31 +112,36 @@ async def add(settings: Settings, name: str, cron: str | None, interval_s: float
 
 @schedule.command("ls")
 @click.option("--limit", type=int, default=100, show_default=True)
+@json_option
 @async_command
-async def ls(settings: Settings, limit: int) -> None:
+async def ls(settings: Settings, limit: int, as_json: bool) -> None:
     """List schedules."""
     if (api := from_context()) is not None:
-        _print_list(api.schedules(limit=limit))
-        return
-    async with Client(settings=settings) as client:
-        rows = await Schedules(client).list(limit=limit)
-    _print_list(rows)
+        rows = api.schedules(limit=limit)
+    else:
+        async with Client(settings=settings) as client:
+            rows = await Schedules(client).list(limit=limit)
+    print_json(rows) if as_json else _print_list(rows)
 
 
 @schedule.command("show")
 @click.argument("name")
+@json_option
 @async_command
-async def show(settings: Settings, name: str) -> None:
+async def show(settings: Settings, name: str, as_json: bool) -> None:
     """One schedule, its next fires and its latest runs."""
     if (api := from_context()) is not None:
         s = api.schedule(name)
-        _print_show(s, api.next_fires(name, 5)[0], api.schedule_runs(name, 10))
+        upcoming, runs = api.next_fires(name, 5)[0], api.schedule_runs(name, 10)
+    else:
+        async with Client(settings=settings) as client:
+            store = Schedules(client)
+            s = await store.get(name)
+            upcoming = list(await store.upcoming(name, 5))
+            runs = await store.runs(name, 10)
+    if as_json:
+        print_json({**s, "next_fires": upcoming, "runs": runs})
         return
-    async with Client(settings=settings) as client:
-        store = Schedules(client)
-        s = await store.get(name)
-        upcoming = await store.upcoming(name, 5)
-        runs = await store.runs(name, 10)
     _print_show(s, upcoming, runs)
 
 
@@ -178,7 +187,7 @@ async def rm(settings: Settings, name: str) -> None:
 @click.argument("name_or_cron")
 @click.argument("n", type=int, default=5)
 @click.option("--tz", "tz", default="UTC", show_default=True, help="Timezone for a cron line.")
-@click.option("--interval", "interval_s", type=float, help="Show an interval instead.")
+@click.option("--interval", "interval_s", type=Checked("interval_s"), help="Show an interval instead.")
 @click.pass_obj
 def next_(settings: Settings, name_or_cron: str, n: int, tz: str, interval_s: float | None) -> None:
     """Upcoming fire times of a saved schedule, or of a cron line before saving it."""

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
 import click
 
-from fencepost.cli.common import async_command, from_context
+from fencepost.apiclient import ApiClient
+from fencepost.cli.common import async_command, from_context, json_option, print_json, table
 from fencepost.client import Client
 from fencepost.core.config import Settings
+from fencepost.core.errors import InvalidInput
 from fencepost.core.states import Status
-from fencepost.workflows import layers
+from fencepost.workflows import UnknownWorkflow, layers
 
 __all__ = ["draw", "workflow"]
 
@@ -55,16 +58,66 @@ def workflow() -> None:
     """DAG workflows."""
 
 
-@workflow.command("show")
-@click.argument("workflow_id")
+SHORT = 8
+"""`workflow ls` prints ids cut to this many characters; every command accepts any unique prefix."""
+_PREFIX = re.compile(r"[0-9a-fA-F-]{4,36}")
+
+
+async def _resolve(client: Client, workflow_id: str) -> str:
+    """A full workflow id, or the one workflow whose id starts with WORKFLOW_ID (at least 4 hex digits)."""
+    if len(workflow_id) == 36 or not _PREFIX.fullmatch(workflow_id):
+        return workflow_id  # a full id (or not an id at all: the client says so)
+    rows = await client.stores.db.fetch("workflow_ids_by_prefix", workflow_id.lower())
+    return _one(workflow_id, [str(r["id"]) for r in rows])
+
+
+def _resolve_api(api: ApiClient, workflow_id: str) -> str:
+    if len(workflow_id) == 36 or not _PREFIX.fullmatch(workflow_id):
+        return workflow_id
+    found = [str(w["id"]) for w in api.workflows(limit=1000) if str(w["id"]).startswith(workflow_id.lower())]
+    return _one(workflow_id, found[:2])
+
+
+def _one(prefix: str, found: list[str]) -> str:
+    if not found:
+        raise UnknownWorkflow(prefix)
+    if len(found) > 1:
+        raise InvalidInput(f"{prefix!r} is the start of more than one workflow id ({found[0]}, {found[1]}, ...); "
+                           "give more of it", field="workflow_id")
+    return found[0]
+
+
+@workflow.command("ls")
+@click.option("--limit", type=int, default=50, show_default=True)
+@json_option
 @async_command
-async def show(settings: Settings, workflow_id: str) -> None:
-    """Draw the graph with the state of every node."""
+async def ls(settings: Settings, limit: int, as_json: bool) -> None:
+    """Recent workflows, newest first (ids shortened; `workflow show` takes any unique prefix)."""
     if (api := from_context()) is not None:
-        wf = api.workflow(workflow_id)
+        rows = api.workflows(limit=limit)
     else:
         async with Client(settings=settings) as client:
-            wf = await client.workflow(workflow_id)
+            rows = [dict(r) for r in await client.stores.db.fetch("api_list_workflows", limit)]
+    if as_json:
+        print_json(rows)
+        return
+    table([{**r, "id": str(r["id"])[:SHORT]} for r in rows], ["id", "name", "nodes", "created_at"])
+
+
+@workflow.command("show")
+@click.argument("workflow_id")
+@json_option
+@async_command
+async def show(settings: Settings, workflow_id: str, as_json: bool) -> None:
+    """Draw the graph with the state of every node (WORKFLOW_ID: the id or a unique prefix of it)."""
+    if (api := from_context()) is not None:
+        wf = api.workflow(_resolve_api(api, workflow_id))
+    else:
+        async with Client(settings=settings) as client:
+            wf = await client.workflow(await _resolve(client, workflow_id))
+    if as_json:
+        print_json(wf)
+        return
     for line in draw(wf, colour=sys.stdout.isatty()):
         click.echo(line)
 
@@ -77,10 +130,11 @@ async def show(settings: Settings, workflow_id: str) -> None:
 async def retry(settings: Settings, workflow_id: str, recompute: tuple[str, ...], reason: str) -> None:
     """Re-run failed/stopped/cancelled nodes and their descendants; succeeded nodes are kept."""
     if (api := from_context()) is not None:
-        done = api.retry_workflow(workflow_id, recompute=recompute, reason=reason)
+        done = api.retry_workflow(_resolve_api(api, workflow_id), recompute=recompute, reason=reason)
     else:
         async with Client(settings=settings, actor="cli") as client:
-            done = await client.retry_workflow(workflow_id, recompute=recompute, reason=reason)
+            done = await client.retry_workflow(await _resolve(client, workflow_id), recompute=recompute,
+                                               reason=reason)
     if not any(done.values()):
         click.echo("nothing to retry")
     for k, v in done.items():

@@ -164,13 +164,20 @@ class Claimed(msgspec.Struct, frozen=True):
 
 
 class Outcome(msgspec.Struct, frozen=True):
-    """What wait() returns: the final state and the handler's decoded return value."""
+    """What wait() returns: the state the run rests in, the handler's decoded return value, and
+    why it ended there. `error` / `error_class` belong to the transition that ended the run (the
+    final attempt's failure), never to an earlier attempt: a run that SUCCEEDED after a failed
+    attempt has none."""
 
     run_id: int
     status: str
     result: Any = None
     error: str | None = None
     error_class: str | None = None
+    reason: str | None = None
+    """Why the run rests where it does: fatal, review, policy, quarantined, retries_exhausted,
+    timeout, paused_after_error, upstream_failed, ... or the operator's reason for a command
+    (None when none was given, and for SUCCEEDED)."""
 
 
 _enc = msgspec.msgpack.Encoder()

@@ -49,8 +49,11 @@ class Harness:
     """Drives real processes (trigger, reconciler, N workers) against the configured stores."""
 
     def __init__(self, settings: Settings, *, workers: int, concurrency: int = 200, timeout_s: float = 900,
-                 progress: Callable[[str, bool], None] | None = None, log_dir: str | None = None) -> None:
+                 progress: Callable[[str, bool], None] | None = None, log_dir: str | None = None,
+                 keep: bool = False) -> None:
         self.settings = settings
+        self.keep = keep
+        """Leave the synthetic queue's runs and history in the stores (default: removed after the report)."""
         self.workers = workers
         self.concurrency = concurrency
         self.timeout_s = timeout_s
@@ -98,6 +101,19 @@ class Harness:
                 p.wait()
         return errors
 
+    async def cleanup(self, stores: Any) -> int:
+        """Remove the test's dedicated queue (its runs, attempts, checkpoints and Redis keys) so it
+        never shows up in `fencepost ls`; its events stay in the append-only history until retention
+        drops them. Returns the runs removed. Skipped with --keep."""
+        if self.keep:
+            return 0
+        row = await stores.db.fetchrow("loadtest_cleanup", self.queue)
+        keys = [k async for k in stores.redis.scan_iter(match=stores.keys(self.queue).base + "*", count=1000)]
+        for i in range(0, len(keys), 500):
+            await stores.redis.unlink(*keys[i:i + 500])
+        await stores.redis.srem(stores.queues_key, self.queue)
+        return int(row["runs"]) if row is not None else 0
+
     # -- measuring --------------------------------------------------------------------------------
     async def sizes(self, conn: Session) -> int:
         return int(await conn.fetchval("loadtest_relation_size", list(_TABLES)))
@@ -141,11 +157,15 @@ class Harness:
             await asyncio.sleep(0.25)
 
     async def report(self, conn: Session, *, total: int, t_start: datetime, base_mem: int, base_pg: int,
-                     ) -> dict[str, Any]:
+                     creation_s: float | None = None) -> dict[str, Any]:
+        """The figures; CREATION_S is the creation time the caller measured (a bulk submit: its
+        commit timestamps are one transaction's, so their spread says nothing)."""
         q = self.queue
         r = await conn.fetchrow("loadtest_report", q)
         assert r is not None  # aggregates: always one row
         span = (r["c1"] - r["c0"]).total_seconds() if r["runs"] > 1 else 0.0
+        if creation_s is not None:
+            span = creation_s
         peak = max(self.samples, key=lambda s: s[2]) if self.samples else (0, base_mem, 0)
         pg_after = await self.sizes(conn)
         lag = [round(float(x), 3) for x in (r["lag"] or [0, 0, 0])]
@@ -154,6 +174,7 @@ class Harness:
             "queue": q, "runs": r["runs"], "expected": total, "succeeded": r["ok"],
             "runs_created_per_s": round(r["runs"] / span, 1) if span > 0 else None,
             "creation_span_s": round(span, 3),
+            "created_in_one_transaction": span <= 0 and r["runs"] > 1,
             "start_lag_s": {"p50": lag[0], "p95": lag[1], "p99": lag[2], "max": round(float(r["lag_max"] or 0), 3)},
             "start_lag_after_due_s": {"p50": lag_due[0], "p95": lag_due[1], "p99": lag_due[2],
                                       "max": round(float(r["lag_due_max"] or 0), 3)},
@@ -178,11 +199,12 @@ async def _prepare(settings: Settings) -> Any:
 
 async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: float, lead_s: float = 20.0,
                 concurrency: int = 200, timeout_s: float = 900, lookahead_s: float = 0.5, batch: int = 2000,
-                progress: Callable[[str, bool], None] | None = None, log_dir: str | None = None) -> dict[str, Any]:
+                progress: Callable[[str, bool], None] | None = None, log_dir: str | None = None,
+                keep: bool = False) -> dict[str, Any]:
     """`schedules` schedules firing in the same minute (once), with or without spread."""
 
     h = Harness(settings, workers=workers, concurrency=concurrency, timeout_s=timeout_s, progress=progress,
-                log_dir=log_dir)
+                log_dir=log_dir, keep=keep)
     client = await _prepare(settings)
     try:
         async with client.stores.db.session() as conn:
@@ -218,18 +240,23 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
             await conn.execute("loadtest_delete_schedules", h.queue)
     finally:
         errors = h.stop_services()
-        await client.close()
+        try:
+            removed = await h.cleanup(client.stores)
+        finally:
+            await client.close()
     rep["errors"] = errors + ([] if rep["succeeded"] == schedules else
                               [f"{schedules - rep['succeeded']} runs did not succeed: {counts}"])
+    rep.update(kept=keep, removed_runs=removed)
     return rep
 
 
 async def burst(settings: Settings, *, jobs: int, workers: int, concurrency: int = 200, timeout_s: float = 900,
-                progress: Callable[[str, bool], None] | None = None, log_dir: str | None = None) -> dict[str, Any]:
+                progress: Callable[[str, bool], None] | None = None, log_dir: str | None = None,
+                keep: bool = False) -> dict[str, Any]:
     """`jobs` one-shot runs submitted at once (bulk) while N workers drain them."""
 
     h = Harness(settings, workers=workers, concurrency=concurrency, timeout_s=timeout_s, progress=progress,
-                log_dir=log_dir)
+                log_dir=log_dir, keep=keep)
     client = await _prepare(settings)
     try:
         async with client.stores.db.session() as conn:
@@ -240,17 +267,27 @@ async def burst(settings: Settings, *, jobs: int, workers: int, concurrency: int
             t0 = datetime.now(_UTC)
             m0 = time.monotonic()
             reqs = [Submit(handler="loadtest.noop", queue=h.queue) for _ in range(jobs)]
-            submit_task = asyncio.create_task(client.submit_many(reqs))
+
+            async def submit() -> float:
+                await client.submit_many(reqs)
+                return time.monotonic() - m0
+
+            submit_task = asyncio.create_task(submit())
             ok, counts = await h.watch(client.stores, conn, jobs, m0, "burst")
-            await submit_task
+            creation_s = await submit_task
             await asyncio.sleep(1.0)
-            rep = await h.report(conn, total=jobs, t_start=t0, base_mem=base_mem, base_pg=base_pg)
+            rep = await h.report(conn, total=jobs, t_start=t0, base_mem=base_mem, base_pg=base_pg,
+                                 creation_s=creation_s)
             rep.update(mode="burst", jobs=jobs, workers=workers, completed=ok)
     finally:
         errors = h.stop_services()
-        await client.close()
+        try:
+            removed = await h.cleanup(client.stores)
+        finally:
+            await client.close()
     rep["errors"] = errors + ([] if rep["succeeded"] == jobs else
                               [f"{jobs - rep['succeeded']} runs did not succeed: {counts}"])
+    rep.update(kept=keep, removed_runs=removed)
     return rep
 
 
@@ -260,14 +297,21 @@ def format_report(rep: dict[str, Any]) -> list[str]:
             else f"{rep['jobs']} jobs")
     return [
         f"loadtest {rep['mode']}: {what}, {rep['workers']} worker processes",
-        f"  runs created      {rep['runs']} ({rep['runs_created_per_s']} /s over {rep['creation_span_s']}s)",
+        f"  runs created      {rep['runs']} " + (
+            "(all in one transaction)" if rep.get("created_in_one_transaction") or not rep["runs_created_per_s"]
+            else f"({rep['runs_created_per_s']} /s over {rep['creation_span_s']}s)"),
         f"  start lag         p50 {lag['p50']}s  p95 {lag['p95']}s  p99 {lag['p99']}s  max {lag['max']}s"
         + ("  (started_at - fire_time)" if rep["mode"] == "spike" else "  (started_at - submit)"),
         f"  lag after due     p50 {due['p50']}s  p95 {due['p95']}s  p99 {due['p99']}s  max {due['max']}s"
         "  (started_at - run_at: without the spread)",
         f"  drain             {rep['drain_s']}s (last finish - first fire/submit)",
-        f"  redis             {rep['redis_bytes_per_pending_run']} bytes per pending run "
-        f"(at peak: {rep['redis_peak_pending']} runs in Redis)",
+        "  redis             " + (
+            f"{rep['redis_bytes_per_pending_run']} bytes per pending run (at peak: {rep['redis_peak_pending']} runs "
+            "in Redis)" if rep["redis_bytes_per_pending_run"] is not None
+            else "n/a (drained between two samples: no run was seen waiting in Redis)"),
         f"  postgresql        {rep['pg_bytes_per_run']} bytes per run (runs + events + attempts, with indexes)",
         f"  errors            {'; '.join(rep['errors']) if rep['errors'] else 'none'}",
+        f"  queue             {rep['queue']}: " + (
+            "kept (--keep): its runs stay in `fencepost ls --queue " + rep["queue"] + "`" if rep.get("kept")
+            else f"removed with its {rep.get('removed_runs', 0)} runs (their events stay in the history)"),
     ]
