@@ -99,7 +99,7 @@ class Worker:
         self._due_seen: dict[str, int] = {}
         """Per queue, the run_at (ms) up to which delayed runs were already offered to a claim: the
         idle wait sets its timer for the first delayed run after it (`_next_due`)."""
-        self._rings: set[asyncio.Task[None]] = set()
+        self._rings: set[asyncio.Task[int]] = set()  # RPUSH answers the list's length
         self._unstamped: dict[str, float] = {}
         """Queues whose last claim found no trusted stamp -> when to ask again (monotonic): skipped
         by the round-robin meanwhile, so they never delay the other queues' claims."""
@@ -171,7 +171,7 @@ class Worker:
                 pipe.hsetnx(key, name, value)
             pipe.hmget(key, *mine)
             live = dict(zip(mine, (v.decode() if v is not None else None for v in (await pipe.execute())[-1])))
-            if any(live[n] is not None and float(live[n]) != float(mine[n]) for n in mine):
+            if any(v is not None and float(v) != float(mine[n]) for n, v in live.items()):
                 log.warning("queue %s keeps its retry budget %s; this worker's settings %s are not applied",
                             q, live, mine, extra={"event": "retry_budget_differs", "queue": q, "worker_id": self.id})
 

@@ -378,6 +378,7 @@ async def bulk(ctx: Ctx) -> Any:
         raise BulkTooLarge(f"limit {body.limit} is over the server's cap of {cap}", limit=cap, field="limit")
     db = ctx.client.stores.db
     counted = await db.fetchrow("bulk_count", name, body.status, body.handler, body.until_id)
+    assert counted is not None  # an aggregate answers one row
     matched, bound = counted["matched"], body.until_id or counted["until_id"]
     if body.limit is None and matched > cap:
         raise BulkTooLarge(f"{matched} runs match; the server acts on at most {cap} at once. Narrow the selection "
