@@ -524,7 +524,10 @@ class Scripts:
 
     async def _call(self, name: str, keys: Keys | Sequence[str], head: msgspec.Struct | None,
                     items: Sequence[msgspec.Struct] = (), fill: tuple[Any, ...] = ()) -> Any:
-        """Flatten the head and items into ARGV as the contract lays them out, run, decode."""
+        """Flatten the head and items into ARGV as the contract lays them out, run, decode.
+
+        Returns Any: the reply type lives in CONTRACTS[name] (data, checked against the script header
+        by a test), so each typed method below states it and silences `no-any-return` for that line."""
         c = CONTRACTS[name]
         if head.__class__ is not (c.head or type(None)) or (items and items[0].__class__ is not c.each):
             raise TypeError(f"{name} takes {c.layout()}, not {head!r} / {items[:1]!r}")
