@@ -68,8 +68,8 @@ VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7::jsonb)
 RETURNING id, at;
 
 -- name: audit_list
--- Who did what: configuration changes (audit_log) and commands on runs and queues (events
--- with an operator's actor), newest first. $1 actor (exact, or a prefix ending in ':' / '@'),
+-- Who did what: configuration changes and queue commands (audit_log) and commands on runs
+-- (run events with an operator's actor), newest first. $1 actor (exact, or a prefix ending in ':' / '@'),
 -- $2 queue, $3 since, $4 until, $5 limit, $6 queues in scope (NULL: all), $7 before (at, keyset).
 SELECT * FROM (
     SELECT 'config' AS source, a.id, a.at, a.actor, a.address, a.action, a.queue, a.target, a.reason,
@@ -84,7 +84,7 @@ SELECT * FROM (
            e.run_id::text, e.reason,
            json_build_object('from', e.from_status, 'to', e.to_status, 'version', e.version)::text
     FROM events e LEFT JOIN runs r ON r.id = e.run_id LEFT JOIN runs_archive ra ON ra.id = e.run_id
-    WHERE e.actor IS NOT NULL AND e.type <> 'submitted'
+    WHERE e.run_id IS NOT NULL AND e.actor IS NOT NULL AND e.type <> 'submitted'
       AND e.actor NOT IN ('worker', 'recorder', 'reconciler', 'trigger')
       AND ($1::text IS NULL OR e.actor = $1 OR (right($1, 1) IN (':', '@') AND starts_with(e.actor, $1)))
       AND ($2::text IS NULL OR COALESCE(r.queue, ra.queue, e.queue) = $2)

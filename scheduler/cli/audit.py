@@ -1,0 +1,75 @@
+"""`fencepost audit`: who did what. Configuration changes (dispatch, schedules, tokens, queue
+pause) from the audit log and operators' commands on runs from the history, newest first,
+filtered by actor, queue and time; directly from PostgreSQL, or through the API with --api."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+
+from fencepost.cli.common import async_command, from_context, table
+from fencepost.core import validate
+from fencepost.core.config import Settings
+from fencepost.core.record import Database
+
+__all__ = ["audit"]
+
+_AGO = re.compile(r"(\d+)([smhdw])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def _when(value: str | None, option: str) -> datetime | None:
+    """`2h` (that long ago) or an ISO 8601 time (UTC when it has no offset)."""
+    if value is None:
+        return None
+    m = _AGO.fullmatch(value.strip())
+    if m:
+        return datetime.now(UTC) - timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"must look like 30m, 2h, 7d or an ISO 8601 time, not {value!r}",
+                                 param_hint=option) from None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+@click.command("audit")
+@click.option("--actor", help="Only this actor (token:7@10.0.0.5, cli:alice), or a prefix ending in ':' or '@' "
+                              "(token:7@: every address of token 7).")
+@click.option("--queue", help="Only this queue.")
+@click.option("--since", help="From this long ago (30m, 2h, 7d) or this ISO 8601 time (default: 7d).")
+@click.option("--until", help="Before this long ago or this time.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (one document) instead of a table.")
+@async_command
+async def audit(settings: Settings, actor: str | None, queue: str | None, since: str | None, until: str | None,
+                limit: int, as_json: bool) -> None:
+    """Who did what: configuration changes and commands, newest first."""
+    start, end = _when(since or "7d", "--since"), _when(until, "--until")
+    if actor is not None:
+        validate.text("name", actor)
+    api = from_context()
+    rows: list[dict[str, Any]]
+    if api is not None:
+        rows = api.request("GET", "/v1/audit", query={"actor": actor, "queue": queue, "limit": limit,
+                                                      "since": start.isoformat() if start else None,
+                                                      "until": end.isoformat() if end else None})
+    else:
+        db = await Database(settings.database_url, max_size=1).connect()
+        try:
+            rows = [dict(r) for r in await db.fetch("audit_list", actor, queue, start, end, limit, None, None)]
+        finally:
+            await db.close()
+    if as_json:
+        click.echo(json.dumps(rows, default=str))
+        return
+    for r in rows:
+        data = r.get("data")
+        if isinstance(data, str):
+            data = json.loads(data)
+        r["detail"] = ", ".join(f"{k}={v}" for k, v in (data or {}).items() if v is not None)
+    table(rows, ["at", "actor", "action", "queue", "target", "reason", "detail"])
