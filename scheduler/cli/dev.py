@@ -14,7 +14,7 @@ import sys
 import click
 import msgspec
 
-from fencepost.cli.common import EXIT_REFUSED
+from fencepost.cli.common import EXIT_REFUSED, HELP_META
 from fencepost.core.config import Settings
 from fencepost.dev.embedded import DEFAULT_DIR, DIR_ENV, EmbeddedPair, EmbeddedServerError, attach, down, up
 
@@ -40,7 +40,7 @@ def with_embedded_default(ctx: click.Context, settings: Settings, configured: bo
     """SETTINGS, or (when nothing is CONFIGURED and the subcommand needs the stores) the same Settings
     pointed at the embedded pair, started on demand; one line on stderr says which."""
     if (configured or ctx.invoked_subcommand in NO_STORE_COMMANDS or ctx.invoked_subcommand is None
-            or ctx.resilient_parsing or any(a in ("--help", "-h") for a in ctx.protected_args + ctx.args)
+            or ctx.resilient_parsing or ctx.meta.get(HELP_META)
             or os.environ.get("FENCEPOST_REDIS_SENTINELS")):
         return settings
     base_dir = os.environ.get(DIR_ENV) or DEFAULT_DIR

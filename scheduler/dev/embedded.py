@@ -23,6 +23,7 @@ can keep working on the demo's data until `down()`.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import fcntl
@@ -40,10 +41,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+import asyncpg
 import msgspec
 
 from fencepost.core.errors import FencepostError
-from fencepost.core.record import psql_script
+from fencepost.core.record import psql_script, upgrade
 
 __all__ = ["DEFAULT_DIR", "DIR_ENV", "EmbeddedPair", "EmbeddedServerError", "EmbeddedServers", "attach", "down",
            "resolve_urls", "up"]
@@ -491,8 +493,8 @@ def attach(base_dir: str | os.PathLike[str] = ".fencepost") -> EmbeddedPair | No
 
 
 def up(base_dir: str | os.PathLike[str] = ".fencepost") -> EmbeddedPair:
-    """The running pair in base_dir, or a new one started detached: it outlives this process
-    (stop it with down()). Safe from several processes at once."""
+    """The running pair in base_dir, or a new one started detached and migrated: it outlives this
+    process (stop it with down()). Safe from several processes at once; call it outside an event loop."""
     root = Path(base_dir).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root / ".up.lock"):
@@ -502,6 +504,11 @@ def up(base_dir: str | os.PathLike[str] = ".fencepost") -> EmbeddedPair:
         _stop_recorded(root)  # a half-dead pair (one server crashed): stop what is left, start afresh
         servers = EmbeddedServers(root)
         redis_url, database_url = servers.start()
+        try:
+            asyncio.run(_migrate(database_url))  # ready to use: a command right after `up` finds the schema
+        except BaseException:
+            servers.stop()
+            raise
         assert servers._redis is not None and servers._postgres is not None
         pair = EmbeddedPair(base_dir=str(root), redis_url=redis_url, database_url=database_url,
                             redis_pid=servers._redis.popen.pid, postgres_pid=servers._postgres.popen.pid)
@@ -510,6 +517,14 @@ def up(base_dir: str | os.PathLike[str] = ".fencepost") -> EmbeddedPair:
         tmp.write_bytes(msgspec.json.encode(pair))
         tmp.replace(root / STATE_FILE)
         return msgspec.structs.replace(pair, started=True)
+
+
+async def _migrate(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url, timeout=30)
+    try:
+        await upgrade(conn)
+    finally:
+        await conn.close()
 
 
 def down(base_dir: str | os.PathLike[str] = ".fencepost", *, purge: bool = False) -> bool:
