@@ -272,7 +272,7 @@ async def fp_drain(a: argparse.Namespace, workers: int) -> dict[str, Any]:
         failed = await fp.poll.fetchval("SELECT count(*) FROM runs WHERE status <> 'SUCCEEDED'")
     out = {"system": "fencepost", "workers": workers, "jobs": a.jobs, "submit_per_s": a.jobs / submit_s,
            "drain_per_s": a.jobs / drain_s, "durable_per_s": a.jobs / (drain_s + lag_s), "history_lag_s": lag_s,
-           "cpu_us": per_job_cpu(cpu, a.jobs),
+           "cpu_us": per_job_cpu(cpu, a.jobs), "busy_cores": cpu["machine"] / cpu["wall"],
            "cpu_raw": cpu, "commandstats": stats, "events": events,
            "notes": f"concurrency={a.concurrency or 'default'}; calls of {call}"}
     if recorded != a.jobs or failed:
@@ -344,7 +344,7 @@ async def fp_open_loop(a: argparse.Namespace, rate: float) -> dict[str, Any]:
     return {"system": "fencepost", "rate": rate, "achieved": len(intended) / took, "done": got,
             **lag_summary(intended, starts), "history_p50_s": percentile(hist, 50),
             "history_p99_s": percentile(hist, 99), "history_max_s": max(hist, default=float("nan")),
-            "cpu_us": per_job_cpu(cpu, max(1, len(intended)))}
+            "cpu_us": per_job_cpu(cpu, max(1, len(intended))), "busy_cores": cpu["machine"] / cpu["wall"]}
 
 
 async def fp_spike(a: argparse.Namespace) -> dict[str, Any]:
@@ -520,6 +520,8 @@ def print_drain(a: argparse.Namespace, systems: list[str], results: list[dict[st
             row(f"  {label}", "cpu_us", w, role, 1)
     for w in a.workers:
         row(f"history lag after drain s, {w}w", "history_lag_s", w, digits=2)
+    for w in a.workers:
+        row(f"machine busy in the window, cores, {w}w", "busy_cores", w, digits=2)
     idle = {s: (median(r["cpu_raw"].get("redis_idle_per_s", 0) for r in results if r.get("system") == s and "cpu_raw" in r),
                 median(r["cpu_raw"].get("pg_shared_idle_per_s", 0) for r in results if r.get("system") == s and "cpu_raw" in r))
             for s in systems}
@@ -564,7 +566,7 @@ def one_open_loop(a: argparse.Namespace, system: str, rate: float) -> dict[str, 
 
 def print_open(rows: list[dict[str, Any]]) -> None:
     print(f"{'system':15}{'offered':>9}{'achieved':>9}{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>9}{'max ms':>9}"
-          f"{'missing':>8}{'hist p99 s':>11}{'hist max s':>11}{'CPU us/job':>11}")
+          f"{'missing':>8}{'hist p99 s':>11}{'hist max s':>11}{'CPU us/job':>11}{'busy cores':>11}")
     for r in rows:
         if "error" in r:
             print(f"{r['system']:15} error: {r['error']}")
@@ -572,7 +574,7 @@ def print_open(rows: list[dict[str, Any]]) -> None:
         print(f"{r['system']:15}{fmt(r['rate']):>9}{fmt(r['achieved']):>9}{fmt(r['p50_ms'], 1):>9}"
               f"{fmt(r['p99_ms'], 1):>9}{fmt(r['p999_ms'], 1):>9}{fmt(r['max_ms'], 1):>9}{r['missing']:>8}"
               f"{fmt(r.get('history_p99_s'), 2):>11}{fmt(r.get('history_max_s'), 2):>11}"
-              f"{fmt(r.get('cpu_us', {}).get('total'), 1):>11}")
+              f"{fmt(r.get('cpu_us', {}).get('total'), 1):>11}{fmt(r.get('busy_cores'), 2):>11}")
 
 
 def find_max(a: argparse.Namespace, system: str) -> float:

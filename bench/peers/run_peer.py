@@ -472,7 +472,7 @@ async def mode_drain(cfg: Cfg) -> dict[str, Any]:
     out = {"jobs": cfg.jobs, "workers": cfg.workers, "submit_per_s": cfg.jobs / submit_s,
            "drain_per_s": cfg.jobs / (t1 - t0),
            "durable_per_s": cfg.jobs / (t1 - t0) if cfg.peer == "pgqueuer" else None,
-           "cpu_us": per_job_cpu(cpu, cfg.jobs), "cpu_raw": cpu,
+           "cpu_us": per_job_cpu(cpu, cfg.jobs), "cpu_raw": cpu, "busy_cores": cpu["machine"] / cpu["wall"],
            "commandstats": stats, "notes": notes(cfg)}
     if recorded != cfg.jobs:
         out["error"] = f"handler recorded {recorded} of {cfg.jobs} jobs"
@@ -518,7 +518,8 @@ async def mode_open(cfg: Cfg) -> dict[str, Any]:
             "started": len(lags), "missing": len(intended) - len(lags),
             "history_p50_s": percentile(hist, 50) if hist else None,
             "history_p99_s": percentile(hist, 99) if hist else None, "history_max_s": max(hist, default=None),
-            "cpu_us": per_job_cpu(cpu, max(1, len(intended))), "notes": notes(cfg)}
+            "cpu_us": per_job_cpu(cpu, max(1, len(intended))), "busy_cores": cpu["machine"] / cpu["wall"],
+            "notes": notes(cfg)}
 
 
 async def produce(rate: float, duration: float, submit: Callable[[int], Awaitable[list[Any]]]
