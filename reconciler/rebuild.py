@@ -137,6 +137,9 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
                 keys, Now(int(time.time() * 1000)), [Versioned(d.run_id, d.seen_version) for d in leases])
             stats["interrupted"] += len(interrupted)
         done = await drift.repair(queue, [d for d in found if d.kind != "untrusted_lease"], record=False)
+        recorded = [d for d in done if d.kind == "unrecorded"]
+        if recorded:  # a terminal transition only the dataset saw: its event is history, not repair noise
+            await drift._write_events(queue, recorded)
         for d in done:
             if d.kind in ("missing", "lost_lease", "stale_hash", "corrupt"):
                 stats["restored"] += 1

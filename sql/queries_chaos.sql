@@ -8,6 +8,8 @@
 -- numbered above both PostgreSQL's attempt and the dataset's ($2, 0 when it had no hash), so
 -- the next claim takes a number no execution used. The version moves above both too ($3): an
 -- unrecorded stream entry of the old dataset never moves the projection back. One event each.
+-- The row's token is the new epoch's floor ($4 * 2^40): above any token the lost execution
+-- could hold, below every token issued after the rebuild (the floor a downstream fence may take).
 WITH u AS (
     SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[]) AS u(id, seen_attempt, seen_version)
 ), r AS (
@@ -18,7 +20,7 @@ WITH u AS (
 ), a AS (
     INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class,
                           error_message)
-    SELECT id, attempt, 0, '', now(), now(), 'unknown', 'RedisLost',
+    SELECT id, attempt, $4::bigint * 1099511627776, '', now(), now(), 'unknown', 'RedisLost',
            'redis_lost: the Redis dataset that may have run this attempt was lost (rebuilt at epoch ' || $4::integer || ')'
     FROM r
 ), e AS (

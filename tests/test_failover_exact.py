@@ -95,6 +95,7 @@ async def test_flushall_gives_the_lost_execution_an_unknown_attempt_and_a_new_nu
         rows = await _attempts(s.database_url, rid)
         assert [(r["attempt"], r["outcome"]) for r in rows] == [(1, "unknown"), (2, "succeeded")]
         assert rows[0]["error_class"] == "RedisLost" and rows[1]["token"] == second.token
+        assert first.token < rows[0]["token"] < second.token, "the unknown row carries the new epoch's floor"
         conn = await asyncpg.connect(s.database_url)
         try:
             ev = await conn.fetchrow("SELECT attempt, reason, actor FROM events WHERE run_id = $1 "
@@ -223,6 +224,33 @@ async def test_durable_claim_without_replica_is_refused_and_released(settings: S
         assert await stores.redis.hget(stores.keys(Q).run(rid), "state") == b"PENDING"
         again = await _claim(stores)
         assert (again.id, again.attempt) == (rid, 2)
+    finally:
+        await client.close()
+        await stores.close()
+
+
+async def test_rebuild_records_the_event_of_a_finish_only_the_dataset_saw(settings: Settings,
+                                                                          server: RedisServer) -> None:
+    """Found by the chaos soak: a promoted replica holds a run SUCCEEDED whose stream entry is
+    gone; the rebuild writes the outcome to PostgreSQL and, now, its event (history complete)."""
+    client, stores, s = await _connect(settings, server.url)
+    try:
+        rid = await client.submit("t.noop")
+        await record_all(stores)
+        job = await _claim(stores)
+        keys = stores.keys(Q)
+        await stores.scripts.finish_runs(keys, FinishArgs(int(time.time() * 1000), 3),
+                                         [Finish(rid, job.token, "ok", b"\x90", "", 0)])
+        await stores.redis.delete(keys.events, keys.epoch)  # the entries are gone; the dataset is untrusted
+        await rebuild_queue(stores, Q)
+        row = await _run_row(s.database_url, rid)
+        assert row["status"] == "SUCCEEDED"
+        conn = await asyncpg.connect(s.database_url)
+        try:
+            n = await conn.fetchval("SELECT count(*) FROM events WHERE run_id = $1 AND to_status = 'SUCCEEDED'", rid)
+        finally:
+            await conn.close()
+        assert n == 1, "the terminal transition has no event"
     finally:
         await client.close()
         await stores.close()

@@ -265,7 +265,7 @@ class _Soak:
             kinds.append("promote")
         return kinds
 
-    async def _fault(self, kind: str, admin: aioredis.Redis, db: Database) -> None:
+    async def _fault(self, kind: str, db: Database) -> None:
         rng = self.rng
         workers = [n for n in self.procs if n.startswith("worker")]
         if kind in ("kill_worker", "kill_reconciler", "kill_trigger"):
@@ -289,8 +289,12 @@ class _Soak:
         elif kind == "drop_connections":
             assert self.proxy is not None
             self.proxy.drop()
-        elif kind == "flushall":
-            await admin.flushall()
+        elif kind == "flushall":  # straight to the primary: the proxy may just have dropped its connections
+            direct = aioredis.Redis.from_url(self.primary_url)
+            try:
+                await direct.flushall()
+            finally:
+                await direct.aclose()
         elif kind == "promote":
             await self._promote()
 
@@ -322,7 +326,6 @@ class _Soak:
         self.svc_settings = msgspec.structs.replace(s, redis_url=proxied)
         client = await Client(settings=self.svc_settings, actor="chaos").connect()
         await client.register(registry)
-        admin = aioredis.Redis.from_url(proxied)
         try:
             self._spawn("reconciler")
             self._spawn("trigger")
@@ -342,7 +345,7 @@ class _Soak:
                 self.progress(f"{time.monotonic() - t_end + self.duration_s:6.1f}s fault {kind} "
                               f"(acked {len(self.acked)})")
                 try:
-                    await self._fault(kind, admin, db)
+                    await self._fault(kind, db)
                 except Exception as exc:  # a fault that could not be injected is reported, not fatal
                     self.errors.append(f"fault {kind} failed: {exc!r}")
                 self.recoveries.append(Recovery(kind, await self._probe(client, db, 90)))
@@ -354,7 +357,6 @@ class _Soak:
         finally:
             self._stop_all()
             await client.close()
-            await admin.aclose()
             await self.proxy.close()
             with contextlib.suppress(Exception):
                 await db.execute("chaos_forget", self.soak_id)
