@@ -4,8 +4,10 @@ repaired with compare-and-set scripts, counted (reconciler/metrics.py) and writt
 
 Kinds (the `kind` label and the event's reason):
 
-    missing         PostgreSQL has the run waiting (PENDING, RETRY_WAIT, PAUSED, BLOCKED),
-                    Redis has no hash                        -> enqueue it from PostgreSQL
+    missing         PostgreSQL has the run waiting (PENDING, RETRY_WAIT, PAUSED), Redis has
+                    no hash                                  -> enqueue it from PostgreSQL
+                    (a BLOCKED workflow step is not drift: it lives in PostgreSQL only
+                    until its upstreams release it)
     lost_lease      PostgreSQL has it leased, Redis has no hash -> attempt interrupted,
                     run re-queued (at least once)
     unqueued        the hash says PENDING / RETRY_WAIT / leased but no sorted set holds it
@@ -23,21 +25,31 @@ always seen; runs PostgreSQL changed within `grace_s` are left alone (a submit o
 between its commit and its Redis write); every Redis repair is conditional on the version
 read; a run found missing is re-read from PostgreSQL just before it is enqueued (the
 recorder may have committed a terminal state and expired the hash in between).
+
+Isolation: a run Redis cannot hold (values an older version accepted, e.g. an infinite
+timeout) is quarantined, not retried every tick: cancelled in PostgreSQL with reason
+'quarantined', counted in fencepost_quarantined_total{loop="drift"|"rebuild",kind="run"}
+and alerted (FencepostQuarantined); the other runs of the queue are repaired as usual.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from fencepost.core import states
+import asyncpg
+import msgspec
+
+from fencepost.core import metrics, states
+from fencepost.core.errors import InvalidInput
 from fencepost.core.fairness import due_and_held_sets, scan_queue
 from fencepost.core.hot import Drop, Inspected, Now, Sync, TtlArgs, Versioned
-from fencepost.core.models import run_row
+from fencepost.core.models import RunRow, run_row
 from fencepost.core.states import ACTIVE, TERMINAL, Status
 from fencepost.core.stores import Stores
 from fencepost.reconciler.metrics import DRIFT_FOUND, DRIFT_REPAIRED
@@ -49,6 +61,8 @@ __all__ = ["KINDS", "Drift", "DriftRepair"]
 KINDS = ("missing", "lost_lease", "unqueued", "unrecorded", "terminal_in_pg", "stale_hash", "corrupt",
          "orphan_hash", "orphan_member")
 WAITING = frozenset(s.value for s in states.WAITING)
+HELD = WAITING - {"BLOCKED"}
+"""Waiting runs Redis holds (a BLOCKED workflow step is not in Redis until it is released)."""
 LEASED = frozenset(s.value for s in ACTIVE)
 DONE = frozenset({s.value for s in TERMINAL})
 KNOWN = frozenset(s.value for s in Status)
@@ -58,6 +72,18 @@ INSPECT_BATCH = 1000
 """Runs read per repair_inspect call (about a millisecond inside Redis)."""
 STREAM_SCAN_LIMIT = 200_000
 """Above this many unrecorded stream entries the `unrecorded` check waits for the recorder."""
+
+
+POISON = (ValueError, ArithmeticError, TypeError, KeyError, msgspec.ValidationError, asyncpg.DataError)
+"""Errors that say a run's own data cannot be held by Redis (not that a store is down)."""
+
+
+def holdable(row: RunRow) -> RunRow:
+    """The row if Redis can hold it, else a typed InvalidInput. Looser than fencepost.core.validate's
+    ranges on purpose: a run an older version accepted within what Redis can hold still runs."""
+    if not (isinstance(row.timeout_s, (int, float)) and math.isfinite(row.timeout_s) and 0 < row.timeout_s < 2**40):
+        raise InvalidInput(f"timeout_s {row.timeout_s!r} cannot be held (not a finite positive number)", field="timeout")
+    return row
 
 
 @dataclass(slots=True)
@@ -92,8 +118,11 @@ class DriftRepair:
     cursor step over each Redis sorted set and the run hashes); `full_pass` walks
     everything once (the `fencepost reconcile` commands)."""
 
-    def __init__(self, stores: Stores, *, page: int = 500, recent: int = 200, grace_s: float = 5.0) -> None:
+    def __init__(self, stores: Stores, *, page: int = 500, recent: int = 200, grace_s: float = 5.0,
+                 loop: str = "drift") -> None:
         self.stores = stores
+        self.loop = loop
+        """The loop this instance serves (drift or rebuild), the label of what it quarantines."""
         self.page = page
         self.recent = recent
         self.grace_s = grace_s
@@ -128,7 +157,7 @@ class DriftRepair:
         settled = p is not None and (p["settled"] or rebuild)
         if h is None:
             if p is not None and p["queue"] == queue and settled:
-                if p["status"] in WAITING:
+                if p["status"] in HELD:
                     return Drift(queue, "missing", rid, f"PostgreSQL {p['status']} v{p['version']}, no Redis hash", pg=p)
                 if p["status"] in LEASED:
                     return Drift(queue, "lost_lease", rid, f"PostgreSQL {p['status']}, no Redis hash", pg=p)
@@ -176,7 +205,9 @@ class DriftRepair:
         pending: set[int] = set()
         start = "-"
         while True:
-            entries = await self.stores.redis.xrange(stream, min=start, max="+", count=10_000)
+            # bytes: Stores opens Redis with decode_responses=False (redis-py types replies bytes | str)
+            entries = cast("list[tuple[bytes, dict[bytes, bytes]]]",
+                           await self.stores.redis.xrange(stream, min=start, max="+", count=10_000))
             for _eid, f in entries:
                 if b"run" in f:
                     pending.add(int(f[b"run"]))
@@ -199,7 +230,8 @@ class DriftRepair:
         ids.update(page)
         ids.update(x["id"] for x in await db.fetch("drift_recent_ids", queue, self.recent))
         for z in [*await due_and_held_sets(self.stores, queue), keys.delayed, keys.active]:
-            cur, members = await r.zscan(z, c.zsets.get(z, 0), count=self.page)
+            cur, members = cast("tuple[int, list[tuple[bytes, float]]]",  # bytes: decode_responses=False
+                                await r.zscan(z, c.zsets.get(z, 0), count=self.page))
             c.zsets[z] = cur
             ids.update(int(m) for m, _ in members if m.isdigit())
         c.scan, orphans = await self._scan_hashes(queue, c.scan)
@@ -221,7 +253,8 @@ class DriftRepair:
         for z in [*await due_and_held_sets(self.stores, queue, scan=True), keys.delayed, keys.active]:
             cur = 0
             while True:
-                cur, members = await r.zscan(z, cur, count=self.page)
+                cur, members = cast("tuple[int, list[tuple[bytes, float]]]",  # bytes: decode_responses=False
+                                    await r.zscan(z, cur, count=self.page))
                 ids = [int(m) for m, _ in members if m.isdigit()]
                 found += await self._finish(queue, await self.examine(queue, ids, grace_s=grace_s), repair)
                 if cur == 0:
@@ -323,8 +356,17 @@ class DriftRepair:
         if leased:
             for r in await db.fetch("drift_interrupt_lost", leased):
                 fresh[r["id"]].update(status=r["status"], version=r["version"])
-        rows = [run_row(fresh[i]) for i in ids if i in fresh and fresh[i]["status"] in WAITING]
-        await self.stores.scripts.enqueue_runs(self.stores.keys(queue), rows)
+        rows: list[RunRow] = []
+        bad: dict[int, str] = {}
+        for i in ids:
+            if i in fresh and fresh[i]["status"] in HELD:
+                try:
+                    rows.append(holdable(run_row(fresh[i])))
+                except POISON as exc:
+                    bad[i] = f"{type(exc).__name__}: {exc}"
+        rows = await self._enqueue_isolated(queue, rows, bad)
+        if bad:
+            await self.quarantine(queue, bad)
         ok = {r.id for r in rows} | {i for i in leased if fresh[i]["status"] == "STOPPED"}
         out = []
         for d in drifts:
@@ -334,6 +376,36 @@ class DriftRepair:
             elif d.kind in ("corrupt", "stale_hash"):  # hash dropped; PostgreSQL has it terminal: nothing to restore
                 out.append(d)
         return out
+
+    async def _enqueue_isolated(self, queue: str, rows: list[RunRow], bad: dict[int, str]) -> list[RunRow]:
+        """enqueue_runs for the batch; if a run's own data breaks it, one run at a time, and the
+        runs that fail alone go to `bad` (a store being down is raised, never blamed on a run)."""
+        keys = self.stores.keys(queue)
+        try:
+            await self.stores.scripts.enqueue_runs(keys, rows)
+            return rows
+        except POISON:
+            pass
+        ok = []
+        for r in rows:
+            try:
+                await self.stores.scripts.enqueue_runs(keys, [r])
+                ok.append(r)
+            except POISON as exc:
+                bad[r.id] = f"{type(exc).__name__}: {exc}"
+        return ok
+
+    async def quarantine(self, queue: str, bad: dict[int, str]) -> list[int]:
+        """Cancel runs Redis cannot hold (reason 'quarantined', the error kept), count and log them."""
+        ids = sorted(bad)
+        done = [r["id"] for r in await self.stores.db.fetch("quarantine_runs", ids, [bad[i][:1000] for i in ids],
+                                                             self.loop)]
+        if done:
+            metrics.QUARANTINED.labels(self.loop, "run").inc(len(done))
+        for i in done:
+            log.error("run %s quarantined (cancelled, reason quarantined): Redis cannot hold it: %s", i, bad[i],
+                      extra={"event": "run_quarantined", "run_id": i, "queue": queue})
+        return done
 
     async def _record(self, queue: str, drifts: list[Drift]) -> list[Drift]:
         keys = self.stores.keys(queue)
@@ -346,7 +418,7 @@ class DriftRepair:
             h = d.redis or {}
             for i, v in enumerate((d.run_id, h["state"], int(d.seen_version), int(h["attempt"] or 0),
                                    int(h["token"]) if h.get("token") else None, res, h.get("error_class"),
-                                   (h.get("error") or None) and h["error"][:4000], h.get("reason"))):
+                                   (h.get("error") or None) and h["error"][:4000], h.get("reason") or None)):
                 cols[i].append(v)
         written = {r["id"]: r["from_status"] for r in await self.stores.db.fetch("drift_record_terminal", *cols)}
         out = [d for d in drifts if d.run_id in written]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-__all__ = ["DRIFT_FOUND", "DRIFT_REPAIRED", "MAINTENANCE_LAST_OK", "MAINTENANCE_RUNS", "MAINTENANCE_SECONDS",
+__all__ = ["DRIFT_FOUND", "DRIFT_REPAIRED", "EPOCH", "MAINTENANCE_LAST_OK", "MAINTENANCE_RUNS", "MAINTENANCE_SECONDS",
            "REBUILDS", "REBUILD_SECONDS", "RESTORED"]
 
 DRIFT_FOUND = Counter("fencepost_drift_found_total", "Drift between Redis and PostgreSQL found, by kind",
@@ -15,6 +15,8 @@ REBUILDS = Counter("fencepost_queue_rebuilds_total", "Queues rebuilt from Postgr
                    ["queue"])
 RESTORED = Counter("fencepost_rebuild_runs_total", "Runs restored or interrupted by rebuilds",
                    ["queue", "action"])
+EPOCH = Gauge("fencepost_queue_epoch", "The queue's fencing epoch in PostgreSQL (spent by rebuilds that stamp; "
+              "the last one is 8191: FencepostEpochNearCap)", ["queue"])
 REBUILD_SECONDS = Histogram("fencepost_rebuild_seconds", "Duration of a queue rebuild", ["queue"],
                             buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120))
 

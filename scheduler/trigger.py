@@ -36,9 +36,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+import asyncpg
 import msgspec
 from prometheus_client import Counter, Gauge
 
+from fencepost.core import metrics, validate
 from fencepost.core.hot import StampArgs
 from fencepost.core.models import RunRow, run_columns
 from fencepost.core.release import sweep_blocked
@@ -144,6 +146,21 @@ def plan_fires(s: Any, now: datetime, lookahead: timedelta, max_catchup: int
     return [latest], nxt(latest), (None if count is None else count - 1)
 
 
+POISON = (ValueError, ArithmeticError, TypeError, KeyError, IndexError, msgspec.ValidationError,
+          asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
+"""Errors that say a schedule's own data cannot be fired (not a store being down): the schedule
+is quarantined and the other schedules fire on."""
+
+
+def _fire_row(s: Any, queue: str, f: datetime, offset: timedelta) -> RunRow:
+    """One fire as a run, its values checked against fencepost.core.validate (a handler declaring an
+    impossible timeout, or a schedule an older version accepted, is refused here, not by a store)."""
+    return RunRow(handler=s["handler"], queue=queue, priority=validate.integer("priority", s["priority"]),
+                  payload=s["payload"], run_at=f + offset, max_retries=validate.integer("max_retries", s["max_retries"]),
+                  timeout_s=validate.number("timeout", s["timeout_s"]), status=Status.PENDING.value,
+                  schedule_id=s["id"], fire_time=f, outbox=True)
+
+
 FIRES = Counter("fencepost_trigger_fires_total", "Schedule fires handled by the trigger, by outcome", ["outcome"])
 LEADER = Gauge("fencepost_trigger_leader", "1 while this trigger process holds the leader lease")
 
@@ -165,6 +182,9 @@ class Trigger:
         self.sweep_every_s = sweep_every_s
         self.max_batches_per_tick = max_batches_per_tick
         self.lease_token: int | None = None
+        self.quarantined: list[str] = []
+        """Names of the schedules this process quarantined."""
+        self._reading: list[int] = []
         self.total = TickResult()
         self.stop = asyncio.Event()
 
@@ -188,7 +208,12 @@ class Trigger:
         """Fire everything due now, in batches (bounded per call)."""
         out = TickResult()
         for _ in range(self.max_batches_per_tick):
-            r = await self.fire_batch()
+            try:
+                r = await self.fire_batch()
+            except POISON as exc:  # one schedule's data broke the batch: find it, fire the others
+                log.warning("trigger batch failed (%s); firing schedules one at a time", exc,
+                            extra={"event": "trigger_batch_isolated"})
+                r = await self._isolate()
             out += r
             if r.schedules < self.batch:
                 break
@@ -200,23 +225,60 @@ class Trigger:
         LEADER.set(1 if self.lease_token is not None or not self.use_lease else 0)
         return out
 
-    async def fire_batch(self) -> TickResult:
+    async def _isolate(self) -> TickResult:
+        """Fire the due schedules one per transaction, quarantining each one that fails by its own data."""
+        out = TickResult()
+        for _ in range(self.batch):
+            try:
+                r = await self.fire_batch(limit=1)
+            except POISON as exc:
+                if not self._reading:
+                    raise
+                await self._quarantine(self._reading[0], None, exc)
+                continue
+            out += r
+            if not r.schedules:
+                break
+        return out
+
+    async def _quarantine(self, schedule_id: int, queue: str | None, exc: BaseException, conn: Any = None) -> None:
+        """Pause a schedule that cannot be fired, with the reason, an event, a metric and a log line."""
+        why = f"{type(exc).__name__}: {exc}"[:1000]
+        db = conn if conn is not None else self.stores.db
+        name = await db.fetchval("quarantine_schedule", schedule_id, why, queue or "default")
+        metrics.QUARANTINED.labels("trigger", "schedule").inc()
+        self.quarantined.append(name or str(schedule_id))
+        log.error("schedule %s quarantined (paused): %s; the other schedules fire on. Fix it and add it again "
+                  "(docs/runbooks/FencepostQuarantined.md)", name or schedule_id, why,
+                  extra={"event": "schedule_quarantined", "queue": queue})
+
+    async def fire_batch(self, limit: int | None = None) -> TickResult:
         now = self.clock.now()
         res = TickResult()
+        self._reading = []
         runs: list[RunRow] = []
         owner: list[int] = []  # schedule index per insert row
         skip_ev: list[list[Any]] = [[], [], [], []]
         skipped: dict[int, int] = defaultdict(int)
         async with self.stores.db.transaction() as tx:
-            rows = await tx.fetch("trigger_due", now + self.lookahead, self.batch)
+            rows = await tx.fetch("trigger_due", now + self.lookahead, limit or self.batch)
             res.schedules = len(rows)
+            self._reading = [s["id"] for s in rows]
             if not rows:
                 return res
             nexts: list[datetime] = []
             for i, s in enumerate(rows):
-                fires, nxt, coalesced = plan_fires(s, now, self.lookahead, self.max_catchup)
-                nexts.append(nxt)
                 queue = s["queue"] or "default"
+                try:
+                    fires, nxt, coalesced = plan_fires(s, now, self.lookahead, self.max_catchup)
+                    if fires and s["max_retries"] is not None:
+                        offset = timedelta(milliseconds=s["offset_ms"])
+                        fire_rows = [_fire_row(s, queue, f, offset) for f in fires]
+                except POISON as exc:  # this schedule only: paused with the reason, the batch goes on
+                    await self._quarantine(s["id"], queue, exc, tx)
+                    nexts.append(s["next_fire_time"])
+                    continue
+                nexts.append(nxt)
                 if not fires:
                     continue
                 if coalesced != 0:
@@ -245,12 +307,8 @@ class Trigger:
                     res.skipped += len(fires)
                     skipped[i] += len(fires)
                     continue
-                offset = timedelta(milliseconds=s["offset_ms"])
-                for f in fires:
-                    runs.append(RunRow(handler=s["handler"], queue=queue, priority=s["priority"], payload=s["payload"],
-                                       run_at=f + offset, max_retries=s["max_retries"], timeout_s=s["timeout_s"],
-                                       status=Status.PENDING.value, schedule_id=s["id"], fire_time=f, outbox=True))
-                    owner.append(i)
+                runs += fire_rows
+                owner += [i] * len(fire_rows)
             last_run: dict[int, int] = {}
             last_fire: dict[int, datetime | None] = {}
             created_rows: list[int] = []

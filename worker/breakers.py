@@ -81,20 +81,33 @@ class Breakers:
                 log.warning("breaker flush failed: %s", exc)
 
     async def flush(self) -> None:
+        """Send the counts taken since the last flush, one call per service. A service whose call
+        fails (Redis away) keeps its counts, merged with those recorded meanwhile, for the next flush."""
         counts, self._counts = self._counts, {}
         probes, self._probes = self._probes, {}
         p = self.policy
-        for service in set(counts) | set(probes):
-            ok, bad = counts.get(service, [0, 0])
-            state = await self.stores.scripts.breaker_record(
-                self._keys(service), BreakerRecordArgs(int(time.time() * 1000), ok, bad, probes.get(service, ""),
-                                                       p.threshold, p.min_calls, p.window_ms, p.cooldown_ms))
-            mode = state.mode
-            previous = self._seen.get(service, ("closed", 0, 0))[0]
-            self._remember(service, mode, float(state.until))
-            if mode != previous:
-                log.warning("breaker %s: %s -> %s", service, previous, mode,
-                            extra={"event": "breaker_" + mode})
+        try:
+            for service in sorted(set(counts) | set(probes)):
+                ok, bad = counts.get(service, [0, 0])
+                state = await self.stores.scripts.breaker_record(
+                    self._keys(service), BreakerRecordArgs(int(time.time() * 1000), ok, bad, probes.get(service, ""),
+                                                           p.threshold, p.min_calls, p.window_ms, p.cooldown_ms))
+                counts.pop(service, None)
+                probes.pop(service, None)
+                self._flushed(service, state.mode, float(state.until))
+        finally:
+            for service, (ok, bad) in counts.items():  # not sent: back in, with what came meanwhile
+                c = self._counts.setdefault(service, [0, 0])
+                c[0] += ok
+                c[1] += bad
+            for service, verdict in probes.items():
+                self._probes.setdefault(service, verdict)
+
+    def _flushed(self, service: str, mode: str, until: float) -> None:
+        previous = self._seen.get(service, ("closed", 0, 0))[0]
+        self._remember(service, mode, until)
+        if mode != previous:
+            log.warning("breaker %s: %s -> %s", service, previous, mode, extra={"event": "breaker_" + mode})
 
     def _remember(self, service: str, mode: str, until: float) -> None:
         self._seen[service] = (mode, until, time.time())

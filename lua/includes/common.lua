@@ -35,11 +35,16 @@ local function transition(id, key, from, to, event, now, extra)
     error({err = 'ILLEGAL_TRANSITION ' .. id .. ' ' .. from .. ' ' .. to})
   end
   local v = redis.call('HINCRBY', key, 'version', 1)
-  redis.call('HSET', key, 'state', to)
   local ev = {'run', id, 'type', event, 'from', from, 'to', to, 'v', v, 'ts', now}
+  local reason = ''
   if extra then
     for i = 1, #extra do ev[#ev + 1] = extra[i] end
+    for i = 1, #extra - 1, 2 do if extra[i] == 'reason' then reason = extra[i + 1] end end
   end
+  -- a terminal state keeps its reason (e.g. 'review') in the hash, so drift repair can record a
+  -- terminal state whose stream entry was lost, reason included (repair_inspect.lua reads it)
+  local kept = TERMINAL[to] and {'reason', reason} or {}
+  redis.call('HSET', key, 'state', to, unpack(kept))
   redis.call('XADD', K_EVENTS, '*', unpack(ev))
   return v
 end

@@ -7,7 +7,7 @@ their own.
 
 Run hash fields (see lua/includes/common.lua): state, handler, payload, priority,
 attempt, fails, crashes, max_retries, timeout_ms, token, worker, lease_until,
-version, run_at, fire_time, trace, result, error_class, error, ctl.
+version, run_at, fire_time, trace, result, error_class, error, reason (terminal states), ctl.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
 def valid_queue_name(name: str) -> bool:
-    return bool(_QUEUE_RE.match(name))
+    return isinstance(name, str) and bool(_QUEUE_RE.fullmatch(name))
 
 
 def QUEUES_KEY(prefix: str) -> str:

@@ -45,6 +45,11 @@ BREAKER = Gauge("fencepost_breaker_state", "Circuit breaker state as seen by thi
                 ["service"])
 DEFERRED = Counter("fencepost_breaker_deferred_total", "Runs held in RETRY_WAIT by an open breaker", ["service"])
 THROTTLED = Counter("fencepost_rate_limited_total", "Rate-limit signals that throttled a queue", ["queue"])
+QUARANTINED = Counter("fencepost_quarantined_total",
+                      "Items a service loop set aside because they cannot be processed (a run Redis cannot hold, "
+                      "a schedule that cannot fire), so that the loop carries on with everything else",
+                      ["loop", "kind"])
+"""Shared by the trigger (loop trigger, kind schedule) and the reconciler (loops drift, rebuild, kind run)."""
 HANDLER_INFO = Gauge("fencepost_handler_info", "1 per registered handler; join on handler for its owner (alert routing)",
                      ["handler", "queue", "owner", "model"])
 

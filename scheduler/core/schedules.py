@@ -22,12 +22,13 @@ import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 from croniter import croniter
 
+from fencepost.core import validate
 from fencepost.core.errors import FencepostError, InvalidInput
 from fencepost.core.keys import valid_queue_name
 
@@ -74,22 +75,24 @@ class ScheduleExists(InvalidInput):
 
 
 class ScheduleSpec(msgspec.Struct, kw_only=True, frozen=True):
-    """A recurring schedule as given by a caller (CLI or API)."""
+    """A recurring schedule as given by a caller (CLI or API). The constraints come from
+    fencepost.core.validate (the API decodes with them; `validated` checks them again for
+    specs built in Python)."""
 
-    name: str
-    handler: str
+    name: Annotated[str, validate.meta("name")]
+    handler: Annotated[str, validate.meta("handler")]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = {}
-    cron: str | None = None
-    interval_s: float | None = None
-    timezone: str = "UTC"
+    cron: Annotated[str, msgspec.Meta(max_length=200)] | None = None
+    interval_s: Annotated[float, validate.meta("interval_s")] | None = None
+    timezone: Annotated[str, msgspec.Meta(max_length=64)] = "UTC"
     queue: str | None = None
-    priority: int | None = None
-    spread_s: float = 0.0
+    priority: Annotated[int, validate.meta("priority")] | None = None
+    spread_s: Annotated[float, validate.meta("spread_s")] = 0.0
     """Fires land at fire_time + a stable offset in [0, spread_s) (0 or exact: on time)."""
     exact: bool = False
     catchup: bool = False
-    catchup_window_s: float | None = None
+    catchup_window_s: Annotated[float, validate.meta("catchup_window_s")] | None = None
     """With catchup: backfill only missed fires at most this old (None: 1 day)."""
     allow_overlap: bool = False
     start_at: datetime | None = None
@@ -112,10 +115,16 @@ def validate_cron(expr: str) -> None:
         raise InvalidCron(str(expr), "empty")
     if len(expr.split()) != 5:
         raise InvalidCron(expr, f"expected 5 fields (minute hour day month weekday), got {len(expr.split())}")
+    if validate.unsafe_char(expr) is not None or len(expr) > 200:
+        raise InvalidCron(expr, "must be at most 200 printable characters")
     try:
-        croniter(expr, datetime(2000, 1, 1))
+        it = croniter(expr, datetime(2000, 1, 1))
     except (ValueError, KeyError, TypeError) as exc:  # croniter's CroniterBadCronError is a ValueError
         raise InvalidCron(expr, str(exc) or type(exc).__name__) from None
+    try:  # a valid line may still never fire ('0 0 30 2 *': February 30th)
+        it.get_next(datetime)
+    except (ValueError, KeyError, TypeError):  # CroniterBadDateError is a ValueError too
+        raise InvalidCron(expr, "never fires (no date matches it)") from None
 
 
 def _local_to_utc(naive: datetime, tz: ZoneInfo) -> datetime:
@@ -172,6 +181,8 @@ def next_fires(after: datetime, n: int, *, cron: str | None = None, interval_s: 
     zone(tz)
     if cron is not None:
         validate_cron(cron)
+    if interval_s is not None:
+        validate.number("interval_s", interval_s)
     out: list[datetime] = []
     t = after
     anchor = after + timedelta(seconds=interval_s) if interval_s else None
@@ -203,24 +214,27 @@ def spread_offset_ms(schedule_id: int, spread_s: float) -> int:
 
 # -- the store ---------------------------------------------------------------------------------
 def validated(spec: ScheduleSpec) -> None:
-    if not spec.name or len(spec.name) > 200:
-        raise InvalidInput("schedule name must be 1-200 characters", field="name")
+    """Every rule of a schedule definition (fencepost.core.validate's table plus the cross-field
+    ones), checked before anything is written: a stored schedule can always be fired."""
+    validate.text("name", spec.name)
+    validate.text("handler", spec.handler)
     if (spec.cron is None) == (spec.interval_s is None):
         raise InvalidInput("give exactly one of cron or interval", field="cron")
+    if not isinstance(spec.timezone, str) or validate.unsafe_char(spec.timezone) is not None:
+        raise InvalidTimezone(str(spec.timezone))
     zone(spec.timezone)
     if spec.cron is not None:
         validate_cron(spec.cron)
-    if spec.interval_s is not None and not spec.interval_s > 0:
-        raise InvalidInput(f"interval must be positive, not {spec.interval_s}", field="interval_s")
-    if spec.spread_s < 0:
-        raise InvalidInput("spread must be >= 0", field="spread_s")
+    if spec.interval_s is not None:
+        validate.number("interval_s", spec.interval_s)
+    validate.number("spread_s", spec.spread_s)
     if spec.exact and spec.spread_s:
         raise InvalidInput("give a spread or exact, not both", field="spread_s")
-    if spec.catchup_window_s is not None and not spec.catchup_window_s > 0:
-        raise InvalidInput("catchup window must be positive", field="catchup_window_s")
+    if spec.catchup_window_s is not None:
+        validate.number("catchup_window_s", spec.catchup_window_s)
     if spec.queue is not None and not valid_queue_name(spec.queue):
         raise InvalidInput(f"queue name {spec.queue!r} is not valid", field="queue")
-    if spec.priority is not None and not 0 <= spec.priority <= 255:
-        raise InvalidInput(f"priority {spec.priority} is outside 0..255", field="priority")
-    if spec.start_at is not None and spec.start_at.tzinfo is None:
+    if spec.priority is not None:
+        validate.integer("priority", spec.priority)
+    if spec.start_at is not None and (not isinstance(spec.start_at, datetime) or spec.start_at.tzinfo is None):
         raise InvalidInput("start_at must be timezone-aware", field="start_at")

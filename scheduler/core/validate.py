@@ -1,0 +1,182 @@
+"""Typed constraints of every value a caller gives Fencepost, declared once.
+
+The client (Submit), the CLI option types, the API schemas (msgspec `Meta` built from
+`LIMITS` by `meta`) and schedule definitions all check against this table, so a value the
+API refuses is refused by the client and the CLI too, with the same field name and range.
+A value that passes here fits every store: finite doubles that PostgreSQL, Redis (Lua
+doubles) and `datetime` arithmetic can hold, integers inside PostgreSQL's integer, text
+PostgreSQL accepts (no NUL, valid UTF-8) and that is safe to print on a terminal (no
+control characters, no escapes, no bidirectional overrides).
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from typing import Any, Literal
+
+import msgspec
+
+from fencepost.core.errors import InvalidInput
+
+__all__ = [
+    "LABEL_PATTERN",
+    "LIMITS",
+    "PRINTABLE_PATTERN",
+    "Limit",
+    "check",
+    "integer",
+    "label",
+    "meta",
+    "number",
+    "text",
+    "unsafe_char",
+]
+
+Kind = Literal["int", "float", "text", "label"]
+
+
+class Limit(msgspec.Struct, frozen=True, kw_only=True):
+    """One field's constraint. Numbers: `lo`..`hi` (`lo_open`: lo itself excluded).
+    Text: `min_len`..`max_len` characters, printable; labels also refuse spaces and braces
+    (they become parts of Redis keys and metric labels)."""
+
+    kind: Kind
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    min_len: int = 1
+    max_len: int = 0
+    doc: str = ""
+
+
+DAY = 86_400
+LIMITS: dict[str, Limit] = {
+    "priority": Limit(kind="int", lo=0, hi=255, doc="0 (first) to 255"),
+    "max_retries": Limit(kind="int", lo=0, hi=10_000, doc="retries after the first attempt"),
+    "concurrency_limit": Limit(kind="int", lo=1, hi=1_000_000, doc="runs of one key leased at once"),
+    "timeout": Limit(kind="float", lo=0.001, hi=30 * DAY, doc="seconds, 1 ms to 30 days"),
+    "delay": Limit(kind="float", lo=0, hi=3650 * DAY, doc="seconds from now, up to 10 years"),
+    "interval_s": Limit(kind="float", lo=1, hi=3650 * DAY, doc="seconds between fires, 1 s to 10 years"),
+    "spread_s": Limit(kind="float", lo=0, hi=DAY, doc="seconds, up to a day"),
+    "catchup_window_s": Limit(kind="float", lo=0, lo_open=True, hi=366 * DAY, doc="seconds, up to a year"),
+    "handler": Limit(kind="text", max_len=200, doc="a registered handler name"),
+    "name": Limit(kind="text", max_len=200, doc="a schedule or workflow name"),
+    "idempotency_key": Limit(kind="text", max_len=200, doc="deduplicates submits"),
+    "reason": Limit(kind="text", min_len=0, max_len=1000, doc="recorded in the history"),
+    "tenant": Limit(kind="label", max_len=128, doc="who the run is for"),
+    "concurrency_key": Limit(kind="label", max_len=128, doc="runs sharing it are limited together"),
+}
+"""Field name -> constraint (the names the errors and the API use; docs/validation.md lists them)."""
+
+# Characters refused in text: C0/C1 controls (NUL, ESC, DEL ...), lone surrogates (bytes that were
+# not UTF-8), line and paragraph separators, and the invisible format characters that reorder or
+# hide text on a terminal (bidi overrides and isolates, zero-width characters, BOM).
+_BAD_CATEGORIES = frozenset({"Cc", "Cs", "Cf", "Zl", "Zp"})
+_UNSAFE = "\\x00-\\x1f\\x7f-\\x9f\\u00ad\\u061c\\u180e\\u200b-\\u200f\\u2028-\\u202e\\u2060-\\u206f\\ufeff\\ufff9-\\ufffb"
+PRINTABLE_PATTERN = f"^[^{_UNSAFE}]*$"
+LABEL_PATTERN = f"^[^\\s{{}}{_UNSAFE}]*$"
+"""The same rules as regular expressions for the API schemas (the client re-checks with the full
+Unicode categories, so a character this pattern misses is still refused, with the same 422)."""
+
+
+def unsafe_char(value: str) -> str | None:
+    """The first character of `value` that may not be stored or printed, or None."""
+    for ch in value:
+        if ch.isprintable() or ch == " ":
+            continue
+        if unicodedata.category(ch) in _BAD_CATEGORIES:
+            return ch
+    return None
+
+
+def _fail(field: str, value: Any, why: str) -> InvalidInput:
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return InvalidInput(f"{field} {why}, not {shown}", field=field)
+
+
+def number(field: str, value: Any) -> float:
+    """A finite real number inside the field's range (ints are accepted, bools and strings are not)."""
+    lim = LIMITS[field]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(field, value, "must be a number")
+    try:
+        f = float(value)
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        raise _fail(field, value, "must be a finite number")
+    _range(field, lim, f, value)
+    return f
+
+
+def integer(field: str, value: Any) -> int:
+    """A whole number inside the field's range: 1.5, "5" and True are refused, 5.0 is not an int either."""
+    lim = LIMITS[field]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(field, value, "must be a whole number")
+    _range(field, lim, value, value)
+    return int(value)
+
+
+def _range(field: str, lim: Limit, v: float, raw: Any) -> None:
+    lo, hi = lim.lo, lim.hi
+    below = lo is not None and (v <= lo if lim.lo_open else v < lo)
+    above = hi is not None and v > hi
+    if below or above:
+        low = "" if lo is None else (f"above {_n(lo)}" if lim.lo_open else f"at least {_n(lo)}")
+        high = "" if hi is None else f"at most {_n(hi)}"
+        raise _fail(field, raw, f"must be {' and '.join(p for p in (low, high) if p)}")
+
+
+def _n(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def text(field: str, value: Any) -> str:
+    """Printable text of the field's length (no control characters, valid UTF-8)."""
+    lim = LIMITS[field]
+    if not isinstance(value, str):
+        raise _fail(field, value, "must be text")
+    if not lim.min_len <= len(value) <= lim.max_len:
+        raise _fail(field, value, f"must be {lim.min_len}-{lim.max_len} characters")
+    bad = unsafe_char(value)
+    if bad is not None:
+        raise _fail(field, value, f"must not contain control or invisible characters (found U+{ord(bad):04X})")
+    if lim.kind == "label" and any(c.isspace() or c in "{}" for c in value):
+        raise _fail(field, value, "must not contain spaces or braces")
+    return value
+
+
+def label(field: str, value: Any) -> str:
+    """A label (tenant, concurrency key): text without spaces or braces."""
+    return text(field, value)
+
+
+def check(field: str, value: Any) -> Any:
+    """Check `value` against the field's constraint, whatever its kind; returns it normalised."""
+    kind = LIMITS[field].kind
+    if kind == "int":
+        return integer(field, value)
+    if kind == "float":
+        return number(field, value)
+    return text(field, value)
+
+
+def meta(field: str, **extra: Any) -> msgspec.Meta:
+    """The msgspec constraint of a field, for API schemas (generated from `LIMITS`, never retyped)."""
+    lim = LIMITS[field]
+    kw: dict[str, Any] = {"description": lim.doc}
+    if lim.kind in ("int", "float"):
+        conv = int if lim.kind == "int" else float
+        if lim.lo is not None:
+            kw["gt" if lim.lo_open else "ge"] = conv(lim.lo)
+        if lim.hi is not None:
+            kw["le"] = conv(lim.hi)
+    else:
+        kw["min_length"], kw["max_length"] = lim.min_len, lim.max_len
+        kw["pattern"] = LABEL_PATTERN if lim.kind == "label" else PRINTABLE_PATTERN
+    kw.update(extra)
+    return msgspec.Meta(**kw)
