@@ -122,7 +122,7 @@ class DriftRepair:
                  loop: str = "drift") -> None:
         self.stores = stores
         self.loop = loop
-        """The loop this instance serves (drift or rebuild), the label of what it quarantines."""
+        """The loop this instance serves (drift, rebuild or outbox), the label of what it quarantines."""
         self.page = page
         self.recent = recent
         self.grace_s = grace_s
@@ -364,7 +364,7 @@ class DriftRepair:
                     rows.append(holdable(run_row(fresh[i])))
                 except POISON as exc:
                     bad[i] = f"{type(exc).__name__}: {exc}"
-        rows = await self._enqueue_isolated(queue, rows, bad)
+        rows = await self.enqueue_isolated(queue, rows, bad)
         if bad:
             await self.quarantine(queue, bad)
         ok = {r.id for r in rows} | {i for i in leased if fresh[i]["status"] == "STOPPED"}
@@ -377,7 +377,7 @@ class DriftRepair:
                 out.append(d)
         return out
 
-    async def _enqueue_isolated(self, queue: str, rows: list[RunRow], bad: dict[int, str]) -> list[RunRow]:
+    async def enqueue_isolated(self, queue: str, rows: list[RunRow], bad: dict[int, str]) -> list[RunRow]:
         """enqueue_runs for the batch; if a run's own data breaks it, one run at a time, and the
         runs that fail alone go to `bad` (a store being down is raised, never blamed on a run)."""
         keys = self.stores.keys(queue)

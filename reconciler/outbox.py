@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from fencepost.core.models import run_row
+from fencepost.core.models import RunRow, run_row
 from fencepost.core.record import Listener
 from fencepost.core.stores import Stores
+from fencepost.reconciler.drift import POISON, DriftRepair, holdable
 
 log = logging.getLogger("fencepost.reconciler")
 
@@ -22,6 +23,8 @@ class OutboxRelay:
         self.wakeup = asyncio.Event()
         self.relayed = 0
         self._conn: Listener | None = None
+        self._isolation = DriftRepair(stores, loop="outbox")
+        """Quarantines a run Redis cannot hold (drift.py), so one such run never blocks the relay."""
 
     def listening(self) -> bool:
         return self._conn is not None and self._conn.alive()
@@ -48,8 +51,16 @@ class OutboxRelay:
                 rows = await db.fetch("outbox_runs", queue, 1000)
                 if not rows:
                     break
-                await self.stores.scripts.enqueue_runs(self.stores.keys(queue),
-                                                       [run_row(r, queue=queue) for r in rows])
+                batch: list[RunRow] = []
+                bad: dict[int, str] = {}
+                for r in rows:
+                    try:
+                        batch.append(holdable(run_row(r, queue=queue)))
+                    except POISON as exc:
+                        bad[r["id"]] = f"{type(exc).__name__}: {exc}"
+                await self._isolation.enqueue_isolated(queue, batch, bad)
+                if bad:
+                    await self._isolation.quarantine(queue, bad)
                 await db.execute("clear_outbox", [r["id"] for r in rows])
                 moved += len(rows)
         self.relayed += moved

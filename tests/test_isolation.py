@@ -282,3 +282,25 @@ async def test_a_failed_breaker_flush_keeps_its_counts(stores: Stores, monkeypat
     async for key in stores.redis.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + "f:*"):
         failures += int(await stores.redis.hget(key, "n") or 0)
     assert failures == 8, "the 7 failures of the failed flush and the one recorded meanwhile"
+
+
+async def test_the_outbox_relay_quarantines_a_run_redis_cannot_hold(client: Client, stores: Stores,
+                                                                    settings: Settings) -> None:
+    """The relay moved a queue's outbox runs in batches of 1000: one run Redis cannot hold failed the
+    batch every pass, so no outbox run of that queue ever reached Redis."""
+    from fencepost.reconciler.outbox import OutboxRelay
+
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        async with conn.transaction():
+            ids = [await client.submit("t.noop", connection=conn) for _ in range(3)]
+    finally:
+        await conn.close()
+    await _poison(settings, ids[1])
+    relay = OutboxRelay(stores)
+    assert await relay.relay() == 3
+    for i in (ids[0], ids[2]):
+        assert await stores.redis.hget(stores.keys(Q).run(i), "state") == b"PENDING"
+    assert (await client.get(ids[1]))["reason"] == "quarantined"
+    assert not await stores.redis.exists(stores.keys(Q).run(ids[1]))
+    assert await relay.relay() == 0
