@@ -23,13 +23,16 @@ from fencepost.core.keys import breaker_keys
 from fencepost.core.models import Submit
 from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.stores import Stores
+from fencepost.reconciler import rebuild as rebuild_mod
 from fencepost.reconciler.drift import DriftRepair
+from fencepost.reconciler.outbox import OutboxRelay
 from fencepost.reconciler.rebuild import EpochExhausted, ensure_stamped, rebuild_queue
 from fencepost.schedules import Schedules
 from fencepost.trigger import ManualClock, Trigger
 from fencepost.worker.breakers import Breakers
 from fencepost.worker.runtime import Worker
 from fencepost.workflows import Node
+from tests.apps import registry
 from tests.conftest import record_all
 from tests.test_drift import claim
 
@@ -162,8 +165,6 @@ async def test_a_rebuild_failing_before_the_stamp_mark_reuses_its_epoch(client: 
     await client.submit_many([Submit(handler="t.noop") for _ in range(2)])
     epoch = (await _sql(settings, "SELECT epoch FROM queues WHERE name = $1", Q))[0]["epoch"]
     await stores.redis.delete(stores.keys(Q).epoch)
-    from fencepost.reconciler import rebuild as rebuild_mod
-
     async def broken(*a: Any, **kw: Any) -> Any:
         raise RuntimeError("injected: settings copy failed")
 
@@ -244,8 +245,6 @@ async def test_a_blocked_workflow_step_is_not_drift(client: Client, stores: Stor
 # -- item 5: the retry budget and the breaker counts ----------------------------------------------
 async def test_workers_do_not_overwrite_the_queues_retry_budget(settings: Settings, stores: Stores) -> None:
     """Issue 13 item 5: every worker wrote its environment's budget at start; the last one won."""
-    from tests.apps import registry
-
     first = Worker(registry, settings=settings)
     first.stores = stores
     await first._seed_retry_budget()
@@ -288,8 +287,6 @@ async def test_the_outbox_relay_quarantines_a_run_redis_cannot_hold(client: Clie
                                                                     settings: Settings) -> None:
     """The relay moved a queue's outbox runs in batches of 1000: one run Redis cannot hold failed the
     batch every pass, so no outbox run of that queue ever reached Redis."""
-    from fencepost.reconciler.outbox import OutboxRelay
-
     conn = await asyncpg.connect(settings.database_url)
     try:
         async with conn.transaction():

@@ -14,15 +14,18 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import httpx
 import msgspec
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from fencepost.api import ApiConfig
 from fencepost.api import schemas as S
+from fencepost.cli.main import cli
 from fencepost.client import Client
 from fencepost.core import validate
 from fencepost.core.config import Settings
@@ -32,6 +35,7 @@ from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import DriftRepair
 from fencepost.schedules import Schedules
 from fencepost.trigger import ManualClock, Trigger
+from tests.apps import registry
 from tests.conftest import ROOT, worker_env
 from tests.test_api import Api, _make_api
 
@@ -280,11 +284,6 @@ _cli_options = st.sampled_from(["--priority", "--delay", "--timeout", "--max-ret
 def test_fuzz_cli(settings: Settings) -> None:
     """The CLI in-process (click's runner): hostile option values end in exit 1 (`error: ...`) or 2
     (not a number at all), never a traceback; whatever was accepted and written is in range."""
-    from click.testing import CliRunner
-
-    from fencepost.cli.main import cli
-    from tests.apps import registry
-
     async def register() -> None:
         async with Client(settings=settings) as c:
             await c.register(registry)
@@ -316,3 +315,17 @@ def test_fuzz_cli(settings: Settings) -> None:
             validate.label("tenant", r["tenant"])
         if r["idempotency_key"] is not None:
             validate.text("idempotency_key", r["idempotency_key"])
+
+
+async def test_next_fires_of_a_stored_bad_schedule_is_4xx_not_500(api: Api, client: Client, settings: Settings) -> None:
+    """Issue 13 item 2: `GET /v1/schedules/{name}/next` answered 500 for an interval of infinity."""
+    r = await _post(api, "/v1/schedules", '{"name": "s", "handler": "t.noop", "interval_s": 60}')
+    assert r.status_code == 201, r.text
+    conn = await asyncpg.connect(settings.database_url)
+    try:  # what an older version stored (the new CHECK is NOT VALID for old rows)
+        await conn.execute("ALTER TABLE schedules DROP CONSTRAINT schedules_interval_bounded")
+        await conn.execute("UPDATE schedules SET interval_s = 'Infinity' WHERE name = 's'")
+    finally:
+        await conn.close()
+    r = await api.req("GET", "/v1/schedules/s/next?n=3", "admin")
+    assert r.status_code == 422 and r.json()["field"] == "interval_s", r.text
