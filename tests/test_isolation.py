@@ -34,6 +34,7 @@ from fencepost.worker.runtime import Worker
 from fencepost.workflows import Node
 from tests.apps import registry
 from tests.conftest import record_all
+from tests.test_control import _cli
 from tests.test_drift import claim
 
 Q = "tq"
@@ -301,3 +302,15 @@ async def test_the_outbox_relay_quarantines_a_run_redis_cannot_hold(client: Clie
     assert (await client.get(ids[1]))["reason"] == "quarantined"
     assert not await stores.redis.exists(stores.keys(Q).run(ids[1]))
     assert await relay.relay() == 0
+
+
+async def test_schedule_show_of_a_quarantined_schedule_says_why(client: Client, stores: Stores,
+                                                                settings: Settings) -> None:
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    await Schedules(client).add(ScheduleSpec(name="inf", handler="t.noop", interval_s=60), now=t0)
+    await _sql(settings, "ALTER TABLE schedules DROP CONSTRAINT schedules_interval_bounded")
+    await _sql(settings, "UPDATE schedules SET interval_s = 'Infinity' WHERE name = 'inf'")
+    await Trigger(stores, clock=ManualClock(t0 + timedelta(minutes=5)), use_lease=False).tick()
+    code, out = await _cli(settings, "schedule", "show", "inf")
+    assert code == 0, out
+    assert "quarantined" in out and "OverflowError" in out and "next fires: none (quarantined)" in out, out

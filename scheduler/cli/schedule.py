@@ -20,11 +20,13 @@ from fencepost.cli.common import (
     print_json,
     require_store,
     run,
+    safe,
     serve_metrics,
     table,
 )
 from fencepost.client import Client
 from fencepost.core.config import Settings
+from fencepost.core.errors import FencepostError, InvalidInput
 from fencepost.core.schedules import ScheduleSpec, next_fires, zone
 from fencepost.schedules import Schedules
 from fencepost.trigger import serve
@@ -57,13 +59,13 @@ def _print_list(rows: list[dict[str, Any]]) -> None:
 def _print_show(s: dict[str, Any], upcoming: Any, runs: list[dict[str, Any]]) -> None:
     for k in ("id", "name", "handler", "args_json", "queue", "priority", "cron", "interval_s", "timezone",
               "spread_s", "offset_ms", "catchup", "catchup_window_s", "allow_overlap", "paused",
-              "last_fire_time", "last_run_id", "last_status", "fires", "skipped", "created_at"):
+              "last_fire_time", "last_run_id", "last_status", "fires", "skipped", "created_at", "quarantined"):
         v = s.get(k)
         if k == "args_json" and v is not None and not isinstance(v, str):  # decoded over the API
             v = json.dumps(v, ensure_ascii=False)
         if v is not None:
-            click.echo(f"{k:17} {v}")
-    click.echo("next fires:")
+            click.echo(f"{k:17} {safe(str(v))}")
+    click.echo("next fires:" if upcoming or not s.get("quarantined") else "next fires: none (quarantined)")
     for t in upcoming:
         click.echo(f"  {_fmt_t(t, s['timezone'])}   ({_fmt_t(t.astimezone(_UTC))})")
     click.echo("")
@@ -132,12 +134,19 @@ async def show(settings: Settings, name: str, as_json: bool) -> None:
     """One schedule, its next fires and its latest runs."""
     if (api := from_context()) is not None:
         s = api.schedule(name)
-        upcoming, runs = api.next_fires(name, 5)[0], api.schedule_runs(name, 10)
+        try:
+            upcoming = api.next_fires(name, 5)[0]
+        except FencepostError:  # a schedule an older version stored may have no computable fires
+            upcoming = []
+        runs = api.schedule_runs(name, 10)
     else:
         async with Client(settings=settings) as client:
             store = Schedules(client)
             s = await store.get(name)
-            upcoming = list(await store.upcoming(name, 5))
+            try:
+                upcoming = list(await store.upcoming(name, 5))
+            except InvalidInput:  # a schedule an older version stored may have no computable fires
+                upcoming = []
             runs = await store.runs(name, 10)
     if as_json:
         print_json({**s, "next_fires": upcoming, "runs": runs})
