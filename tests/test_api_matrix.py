@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import pytest
 from fencepost.api import ApiConfig
 from fencepost.api.auth import create_token
 from fencepost.client import Client
+from fencepost.core import workers as fleet
 from fencepost.core.config import Settings
 from fencepost.core.stores import Stores
 from tests.conftest import ROOT, record_all, wait_until, worker_env
@@ -110,6 +112,15 @@ async def _new_schedule(w: World, who: str) -> tuple[str, dict[str, Any]]:
                                       "cron": "0 3 * * *"}}
 
 
+async def _on_worker(w: World, who: str) -> tuple[str, dict[str, Any]]:
+    """A live worker serving tq (its identity heartbeat, as a worker writes it), asked to stop."""
+    wid = f"w-{uuid.uuid4().hex[:8]}"
+    await fleet.heartbeat(w.stores, fleet.WorkerInfo(id=wid, host="h", pid=1, version="t", queues=[Q], concurrency=1,
+                                                     started_at=time.time(), seen_at=time.time(), claimed=0,
+                                                     last_claim_at=None, running=[]), ttl_s=60)
+    return f"/v1/workers/{wid}/stop", {"json": {"reason": "m"}}
+
+
 async def _revoke(w: World, who: str) -> tuple[str, dict[str, Any]]:
     return f"/v1/tokens/{await w.token()}", {}
 
@@ -170,6 +181,8 @@ MATRIX: dict[tuple[str, str], Decision] = {
     ("POST", "/v1/tokens"): Decision(ADMIN, 201, 403, _get("/v1/tokens", json={"role": "producer", "queues": [Q]})),
     ("DELETE", "/v1/tokens/{token_id}"): Decision(ADMIN, 200, 404, _revoke),
     ("GET", "/v1/audit"): Decision(READ, 200, 200, _get("/v1/audit")),
+    ("GET", "/v1/workers"): Decision(READ, 200, 200, _get("/v1/workers")),
+    ("POST", "/v1/workers/{worker_id}/stop"): Decision(READ, 200, 404, _on_worker),
 }
 
 

@@ -7,6 +7,7 @@ period, give back (release) what is left, flush every outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from math import inf
 
 from fencepost.core import metrics
+from fencepost.core import workers as fleet
 from fencepost.core.config import Settings
 from fencepost.core.errors import NotStamped, StoreUnavailable
 from fencepost.core.hot import ClaimArgs, EscalateArgs, Lease, Now, ReapArgs, RenewArgs
@@ -94,6 +96,8 @@ class Worker:
         self._escalations: set[asyncio.Task[None]] = set()
         self.lost = 0
         self.claimed = 0
+        self.started_at = time.time()
+        self.last_claim_at: float | None = None
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._due_seen: dict[str, int] = {}
@@ -152,6 +156,8 @@ class Worker:
                 t.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             await self.acks.drain()
+            with contextlib.suppress(Exception):  # else it ages out with its TTL
+                await fleet.forget(self.stores, self.id)
             self.m.flush()
             await self.executors.close()
             await self.stores.close()
@@ -248,6 +254,7 @@ class Worker:
             entry.task = asyncio.create_task(self._execute(entry))
         self.claimed += count
         if count:
+            self.last_claim_at = time.time()
             self.m.count(metrics.CLAIMED, queue, n=count)
         return count
 
@@ -498,6 +505,7 @@ class Worker:
     async def _keep_leases(self) -> None:
         period = min(self.lease_ms / 3000, self.opts.heartbeat_s)
         while True:
+            await self._announce(period)
             await asyncio.sleep(period)
             by_queue: dict[str, list[_Running]] = {}
             for entry in list(self.running.values()):
@@ -522,6 +530,24 @@ class Worker:
                         e.ctx._ctl = reply.ctl
                         if e.ctx._ctl in ("stop", "cancel") and e.stop_seen is None:
                             e.stop_seen = time.monotonic()
+
+    async def _announce(self, period: float) -> None:
+        """The identity operators see (`fencepost workers`, GET /v1/workers), one pipeline per heartbeat;
+        the same round trip brings an operator's stop request, answered by a graceful stop."""
+        info = fleet.WorkerInfo(
+            id=self.id, host=socket.gethostname(), pid=os.getpid(), version=fleet.software_version(),
+            queues=list(self.opts.queues), concurrency=self.opts.concurrency, started_at=self.started_at,
+            seen_at=time.time(), claimed=self.claimed, last_claim_at=self.last_claim_at,
+            running=[fleet.HeldRun(e.job.id, e.job.queue, e.job.handler, e.job.attempt) for e in self.running.values()])
+        try:
+            stop = await fleet.heartbeat(self.stores, info, ttl_s=max(5, int(period * 5) + 1))
+        except Exception as exc:  # the operator's view only: never a reason to stop working
+            log.debug("identity heartbeat failed: %s", exc)
+            return
+        if stop is not None and not self._stopping.is_set():
+            log.warning("stop requested by %s (%s): draining", stop.actor, stop.reason or "no reason given",
+                        extra={"event": "worker_stop_requested", "worker_id": self.id})
+            self.request_stop()
 
     def _abandon(self, entry: _Running) -> None:
         """The lease is gone (another attempt owns the run): stop and never finish it."""

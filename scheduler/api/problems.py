@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from fencepost.core import errors as E
 from fencepost.core.schedules import ScheduleExists, UnknownSchedule
+from fencepost.core.workers import UnknownWorker
 from fencepost.workflows import UnknownWorkflow
 
 __all__ = [
@@ -88,6 +89,7 @@ _TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (UnknownWorkflow, 404, "unknown-workflow", "No such workflow"),
     (UnknownSchedule, 404, "unknown-schedule", "No such schedule"),
     (E.UnknownQueue, 404, "unknown-queue", "No such queue"),
+    (UnknownWorker, 404, "unknown-worker", "No such live worker"),
     (ScheduleExists, 409, "schedule-exists", "A schedule with this name exists"),
     (E.BulkNotConfirmed, 428, "bulk-not-confirmed", "Confirm the number of runs the bulk action affects"),
     (E.PayloadTooLarge, 413, "payload-too-large", "The payload is too large"),

@@ -38,6 +38,7 @@ from fencepost.api.problems import (
 )
 from fencepost.client import Client
 from fencepost.core import fairness, validate
+from fencepost.core import workers as fleet
 from fencepost.core.errors import BulkNotConfirmed, InvalidInput, UnknownRun
 from fencepost.core.fairness import due_summary
 from fencepost.core.models import Submit, decode_result
@@ -582,6 +583,44 @@ async def audit_log(ctx: Ctx) -> Any:
     return out
 
 
+# -- workers ---------------------------------------------------------------------------------
+def _scoped_worker(ctx: Ctx, w: fleet.WorkerInfo) -> fleet.WorkerInfo | None:
+    """A worker as the caller may see it: scoped tokens see the workers serving one of their queues,
+    with only those queues and the runs held in them."""
+    p = ctx.p
+    if not p.queues:
+        return w
+    queues = [q for q in w.queues if p.in_scope(q)]
+    if not queues:
+        return None
+    return msgspec.structs.replace(w, queues=queues, running=[r for r in w.running if p.in_scope(r.queue)])
+
+
+async def list_workers(ctx: Ctx) -> Any:
+    """Live workers: identity, queues, concurrency, the runs each holds, any stop requested."""
+    queue = ctx.q_queue()
+    out = []
+    for w in await fleet.list_workers(ctx.client.stores):
+        seen = _scoped_worker(ctx, w)
+        if seen is not None and (queue is None or queue in seen.queues):
+            out.append(seen)
+    return out
+
+
+async def stop_worker(ctx: Ctx) -> Any:
+    """Ask a worker to drain and stop: a token must cover every queue it serves (else 403); a worker
+    outside the token's scope is as unknown as a missing one (404)."""
+    wid = ctx.path("worker_id")
+    body: S.ConfigCommand = ctx.body or S.ConfigCommand()
+    w = await fleet.get_worker(ctx.client.stores, wid)
+    if _scoped_worker(ctx, w) is None:
+        raise fleet.UnknownWorker(wid)
+    for q in w.queues:
+        ctx.p.require_queue(q)
+    req = await fleet.request_stop(ctx.client.stores, wid, actor=ctx.p.actor, reason=body.reason)
+    return S.WorkerStopped(id=wid, stop_requested=req)
+
+
 # -- the table ---------------------------------------------------------------------------------
 _LIMIT = ("limit", "integer", 50, "At most this many rows (1-1000)")
 _REASON = ("reason", "string", None, "Recorded in the audit log with the token that acted")
@@ -710,6 +749,11 @@ ROUTES: list[RouteSpec] = [
               body=S.TokenCreate, response=S.TokenCreated, status=201, tag="tokens"),
     RouteSpec("DELETE", "/v1/tokens/{token_id}", revoke_token_route, "Revoke a token", roles=("admin",),
               response=S.Token, params=[_REASON], tag="tokens"),
+    RouteSpec("GET", "/v1/workers", list_workers, "Live workers: host, pid, version, queues, concurrency, held runs",
+              roles=READ, response=list[S.WorkerInfo], params=[_QUEUE], tag="workers"),
+    RouteSpec("POST", "/v1/workers/{worker_id}/stop", stop_worker,
+              "Ask a worker to stop claiming, drain and exit (audited)", roles=READ, body=S.ConfigCommand,
+              response=S.WorkerStopped, tag="workers"),
     RouteSpec("GET", "/v1/audit", audit_log, "Who did what: configuration changes and commands, newest first",
               roles=READ, response=list[S.AuditEntry],
               params=[("actor", "string", None, "Only this actor (or a prefix ending in ':' or '@', e.g. token:7@)"),

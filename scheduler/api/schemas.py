@@ -12,6 +12,7 @@ from msgspec import Meta
 
 from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.validate import meta
+from fencepost.core.workers import HeldRun, StopRequest, WorkerInfo
 from fencepost.workflows import Node
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "ConfigCommand",
     "Event",
     "Health",
+    "HeldRun",
     "Me",
     "NextFires",
     "Node",
@@ -41,6 +43,7 @@ __all__ = [
     "ScheduleCreate",
     "ScheduleRun",
     "ScheduleSpec",
+    "StopRequest",
     "SubmitBatch",
     "SubmitRequest",
     "Submitted",
@@ -49,6 +52,8 @@ __all__ = [
     "TokenCreate",
     "TokenCreated",
     "Verb",
+    "WorkerInfo",
+    "WorkerStopped",
     "Workflow",
     "WorkflowNode",
     "WorkflowRetried",
@@ -472,3 +477,10 @@ class AuditEntry(msgspec.Struct, kw_only=True):
     target: str | None = None
     reason: str | None = None
     data: Any = None
+
+
+class WorkerStopped(msgspec.Struct, kw_only=True):
+    """A stop request recorded (audit log) and handed to the worker, which drains at its next heartbeat."""
+
+    id: str
+    stop_requested: StopRequest

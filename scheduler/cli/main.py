@@ -25,6 +25,7 @@ from fencepost.cli.scale import scale_hint
 from fencepost.cli.schedule import schedule, trigger
 from fencepost.cli.services import db, demo, reconciler, worker
 from fencepost.cli.token import api_token_from, token
+from fencepost.cli.workers import workers
 from fencepost.cli.workflow import workflow
 from fencepost.core.config import Settings
 from fencepost.core.logs import setup_logging
@@ -61,7 +62,7 @@ COMMANDS: list[click.Command] = [
     submit, status, ls, events, dlq, *RUN_COMMANDS, queue, review,  # runs and the operator's commands
     schedule, trigger, workflow,
     worker, reconciler, db, demo, api, dev,  # services
-    reconcile, retention, scale_hint, token, audit, loadtest,  # operations
+    reconcile, retention, scale_hint, token, audit, loadtest, workers,  # operations
 ]
 """Every top-level command, by area (`fencepost --help` lists them sorted by name)."""
 

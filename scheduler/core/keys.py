@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["QUEUES_KEY", "Keys", "breaker_keys", "valid_queue_name"]
+__all__ = ["QUEUES_KEY", "WORKERS_KEY", "Keys", "breaker_keys", "valid_queue_name", "worker_key", "worker_stop_key"]
 
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -26,6 +26,21 @@ def valid_queue_name(name: str) -> bool:
 def QUEUES_KEY(prefix: str) -> str:
     """Set of known queue names (discovery only; not tagged, not on the hot path)."""
     return f"{prefix}:queues"
+
+
+def WORKERS_KEY(prefix: str) -> str:
+    """ZSET worker id -> last identity heartbeat (ms): who to list (not tagged, not on the hot path)."""
+    return f"{prefix}:workers"
+
+
+def worker_key(prefix: str, worker_id: str) -> str:
+    """A worker's identity (JSON, fencepost.core.workers.WorkerInfo), rewritten each heartbeat with a TTL."""
+    return f"{prefix}:worker:{worker_id}"
+
+
+def worker_stop_key(prefix: str, worker_id: str) -> str:
+    """Exists while an operator asks the worker to drain and stop (JSON: who, why, when)."""
+    return f"{prefix}:worker:{worker_id}:stop"
 
 
 def breaker_keys(prefix: str, service: str) -> list[str]:
