@@ -80,6 +80,8 @@ PEER_PY = ROOT / ".venv-bench" / "bin" / "python"
 POLL_S = 0.01
 ROLES = ("worker", "recorder", "redis", "pg", "pg_shared")
 SYSTEMS = ("fencepost", "pgqueuer", "pgqueuer-b100", "saq")
+REF = "fencepost-ref"
+"""Another Fencepost build (`--ref-python`), run interleaved with this one: before/after a change."""
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -442,19 +444,58 @@ def fmt(v: Any, digits: int = 0) -> str:
     return str(v)
 
 
+def case(a: argparse.Namespace, system: str, mode: str, workers: int = 2, rate: float = 0.0) -> dict[str, Any]:
+    """One case of one system: Fencepost in this process, the reference build through its own interpreter
+    (`--ref-python`), a peer through bench/peers/run_peer.py."""
+    if system == "fencepost":
+        coro = {"drain": lambda: fp_drain(a, workers), "single": lambda: fp_single(a),
+                "open": lambda: fp_open_loop(a, rate), "spike": lambda: fp_spike(a), "kill": lambda: fp_kill(a)}[mode]
+        return asyncio.run(coro())
+    if system == REF:
+        return run_ref(a, mode, workers, rate)
+    if mode == "drain":
+        return peer_drain(a, system, workers)
+    extra = {"single": ["--jobs", str(a.single)],
+             "open": ["--rate", str(rate), "--duration", str(a.duration), "--workers", "2"],
+             "spike": ["--jobs", str(a.spike), "--workers", "2"],
+             "kill": ["--jobs", str(a.kill_jobs), "--workers", "2"]}[mode]
+    return run_peer(a, system, mode, *extra)
+
+
+def run_ref(a: argparse.Namespace, mode: str, workers: int, rate: float) -> dict[str, Any]:
+    """This harness run by another build's interpreter (`--ref-python`, e.g. a venv with the commit before
+    a change installed), for one case: its services are spawned with that interpreter, so the two builds
+    are measured interleaved in one run, on the same machine state."""
+    cmd = [a.ref_python, str(Path(__file__).resolve()), "--case", mode, "--workers", str(workers),
+           "--jobs", str(a.jobs), "--single", str(a.single), "--duration", str(a.duration),
+           "--kill-jobs", str(a.kill_jobs), "--redis-url", a.redis_url, "--done-url", a.done_url,
+           "--admin-url", a.admin_url]
+    cmd += ["--open-loop", str(rate)] if mode == "open" else []
+    cmd += ["--spike", str(a.spike)] if mode == "spike" else []
+    cmd += ["--noop"] if a.noop else []
+    cmd += ["--call-size", str(a.call_size)] if a.call_size else []
+    cmd += ["--concurrency", str(a.concurrency)] if a.concurrency else []
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    for line in reversed(out.stdout.splitlines()):
+        if line.startswith("{"):
+            data = json.loads(line)
+            data["system"] = REF
+            return data
+    return {"system": REF, "error": (out.stderr or out.stdout)[-400:]}
+
+
 def drain_table(a: argparse.Namespace) -> None:
     systems = [s for s in a.systems if not (a.noop and s == "pgqueuer-b100")]
     results: list[dict[str, Any]] = []
     for rep in range(a.repeats):
         for system in systems:
             for w in a.workers:
-                r = asyncio.run(fp_drain(a, w)) if system == "fencepost" else peer_drain(a, system, w)
+                r = case(a, system, "drain", w)
                 r.update(repeat=rep, workers=w, system=system)
                 results.append(r)
                 progress(r)
             if a.single and not a.noop and system != "pgqueuer-b100":
-                r = asyncio.run(fp_single(a)) if system == "fencepost" else \
-                    run_peer(a, system, "single", "--jobs", str(a.single))
+                r = case(a, system, "single")
                 r.update(repeat=rep, system=system)
                 results.append(r)
                 progress(r)
@@ -490,7 +531,7 @@ def print_drain(a: argparse.Namespace, systems: list[str], results: list[dict[st
         "tiny job (one Redis round trip), default worker settings"
     print(f"\n{os.cpu_count()} cores; {a.jobs:,} jobs; {job}; medians of {a.repeats} interleaved runs; "
           "every Fencepost transition persisted to PostgreSQL by one reconciler")
-    short = {"pgqueuer": "pgq", "pgqueuer-b100": "pgq-b100"}
+    short = {"pgqueuer": "pgq", "pgqueuer-b100": "pgq-b100", REF: "fp-ref"}
     cols = systems + ([f"fp/{short.get(p, p)}" for p in peers] if "fencepost" in systems else [])
     print(f"{'':34}" + "".join(f"{c:>15}" for c in cols))
 
@@ -542,7 +583,7 @@ def print_drain(a: argparse.Namespace, systems: list[str], results: list[dict[st
 
 
 def open_loop(a: argparse.Namespace) -> None:
-    systems = [s for s in a.systems if s in ("fencepost", "pgqueuer", "pgqueuer-b100")]
+    systems = [s for s in a.systems if s in ("fencepost", REF, "pgqueuer", "pgqueuer-b100")]
     if a.find_max:
         for s in systems:
             best = find_max(a, s)
@@ -559,9 +600,7 @@ def open_loop(a: argparse.Namespace) -> None:
 
 
 def one_open_loop(a: argparse.Namespace, system: str, rate: float) -> dict[str, Any]:
-    if system == "fencepost":
-        return asyncio.run(fp_open_loop(a, rate))
-    return run_peer(a, system, "open", "--rate", str(rate), "--duration", str(a.duration), "--workers", "2")
+    return case(a, system, "open", rate=rate)
 
 
 def print_open(rows: list[dict[str, Any]]) -> None:
@@ -611,8 +650,7 @@ def spike(a: argparse.Namespace) -> None:
         for s in a.systems:
             if s == "pgqueuer-b100":
                 continue
-            r = asyncio.run(fp_spike(a)) if s == "fencepost" else run_peer(a, s, "spike", "--jobs", str(a.spike),
-                                                                         "--workers", "2")
+            r = case(a, s, "spike")
             rows.append(r)
             progress(r)
     print(f"\nspike: {a.spike:,} runs due at one instant T, 2 idle workers; start time after T (s)")
@@ -631,8 +669,7 @@ def kill(a: argparse.Namespace) -> None:
         for s in a.systems:
             if s == "pgqueuer-b100":
                 continue
-            r = asyncio.run(fp_kill(a)) if s == "fencepost" else run_peer(a, s, "kill", "--jobs", str(a.kill_jobs),
-                                                                        "--workers", "2")
+            r = case(a, s, "kill")
             rows.append(r)
             progress(r)
     print(f"\nkill -9: {a.kill_jobs:,} jobs of 20 ms, 2 workers, one SIGKILLed when half have run and restarted "
@@ -669,7 +706,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=20_000)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=(*SYSTEMS, "arq"))
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=(*SYSTEMS, "arq", REF))
+    ap.add_argument("--ref-python", default=None, metavar="PY",
+                    help="a second Fencepost build to measure interleaved with this one (its venv's python; "
+                    "e.g. the commit before a change: git archive REV | tar -x -C DIR; python3 -m venv V; "
+                    "V/bin/pip install DIR uvloop); shown as fencepost-ref, with fp/fp-ref ratios")
+    ap.add_argument("--case", default=None, choices=("drain", "single", "open", "spike", "kill"),
+                    help=argparse.SUPPRESS)  # one Fencepost case as a JSON line (how --ref-python runs)
     ap.add_argument("--single", type=int, default=2_000, help="sequential single submits per system (0: skip)")
     ap.add_argument("--call-size", type=int, default=None, help="jobs per bulk submit call (default 1,000; --noop 10,000)")
     ap.add_argument("--concurrency", type=int, default=None, help="Fencepost worker --concurrency (default: none given)")
@@ -709,6 +752,12 @@ def main() -> None:
 def run_mode(a: argparse.Namespace) -> None:
     if a.noop and a.concurrency is None:
         a.concurrency = 500
+    if a.case:
+        r = case(a, "fencepost", a.case, a.workers[0], a.open_loop or 0.0)
+        print(json.dumps(r, default=str), flush=True)
+        return
+    if a.ref_python and REF not in a.systems:
+        a.systems.insert(a.systems.index("fencepost") + 1 if "fencepost" in a.systems else 0, REF)
     if a.open_loop is not None or a.find_max:
         open_loop(a)
     elif a.spike:
