@@ -462,7 +462,11 @@ class Client(ControlMixin, WorkflowMixin):
         row = await self.stores.db.fetchrow("get_run", run_id)
         if row is None:
             raise UnknownRun(run_id)
-        return dict(row)
+        out = dict(row)
+        prog = await self.stores.db.fetchrow("progress_get", [run_id])  # ctx.progress(): the latest attempt's
+        out["progress"] = None if prog is None else {k: prog[k] for k in ("done", "total", "message", "attempt",
+                                                                           "updated_at")}
+        return out
 
     async def wait(self, run_id: int, timeout: float | None = None) -> Outcome:
         """Wait until the run is terminal, PAUSED or STOPPED; return its state, decoded result, and

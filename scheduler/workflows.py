@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from fencepost.core.record import Conn
     from fencepost.core.stores import Stores
 
-__all__ = ["Node", "UnknownDependency", "UnknownWorkflow", "WorkflowCycle", "WorkflowMixin", "layers"]
+__all__ = ["Batch", "Node", "UnknownBatch", "UnknownDependency", "UnknownWorkflow", "WorkflowCycle", "WorkflowMixin",
+           "layers"]
 
 _UTC = UTC
 
@@ -43,6 +44,30 @@ class Node(msgspec.Struct, kw_only=True, frozen=True):
     max_retries: int | None = None
     tenant: str | None = None
     """Who the node's run is for (fair sharing between a queue's tenants)."""
+
+    @classmethod
+    def of(cls, name: str, request: Submit, *, depends_on: Sequence[str] = ()) -> Node:
+        """A node from a typed handle's validated request: `Node.of("a", send.request(...))`."""
+        return cls(name=name, handler=request.handler, args=request.args, kwargs=request.kwargs,
+                   depends_on=tuple(depends_on), queue=request.queue, priority=request.priority,
+                   timeout=request.timeout, max_retries=request.max_retries, tenant=request.tenant)
+
+
+class Batch(msgspec.Struct, kw_only=True, frozen=True):
+    """A submitted batch: its id, member run ids (request order) and callback run ids."""
+
+    id: uuid.UUID
+    run_ids: list[int]
+    on_complete: int | None = None
+    """Runs once when every member is terminal (SUCCEEDED, FAILED, TIMED_OUT or CANCELLED)."""
+    on_success: int | None = None
+    """Runs once when every member SUCCEEDED; cancelled (reason batch_failed) otherwise."""
+
+
+class UnknownBatch(FencepostError, LookupError):
+    def __init__(self, batch_id: Any) -> None:
+        super().__init__(f"no batch with id {batch_id}")
+        self.batch_id = batch_id
 
 
 class UnknownDependency(InvalidInput):
@@ -185,6 +210,54 @@ class WorkflowMixin:
         await self._enqueue(roots, ids, rows)
         await self.stores.db.execute("clear_outbox", [ids[i] for i in roots])
         return wid
+
+    async def submit_batch(self, requests: Sequence[Submit], *, on_complete: Submit | None = None,
+                           on_success: Submit | None = None, name: str | None = None) -> Batch:
+        """Submit runs as one batch whose callbacks run exactly once when all of them are terminal.
+
+        Members, callbacks (stored BLOCKED: out of Redis until released) and the batch commit in
+        one transaction. The recorder releases the callbacks in the transaction that records the
+        last member's end, so worker crashes, redeliveries and failover cannot fire them twice or
+        lose them. A callback reads the members' results with `ctx.batch_results()`."""
+        if not requests:
+            raise InvalidInput("a batch needs at least one run", field="requests")
+        if on_complete is None and on_success is None:
+            raise InvalidInput("a batch needs on_complete or on_success (else use submit_many)", field="on_complete")
+        if any(r.idempotency_key is not None for r in requests):
+            raise InvalidInput("batch members cannot carry idempotency keys (a member belongs to one batch)",
+                               field="idempotency_key")
+        callbacks = [c for c in (on_complete, on_success) if c is not None]
+        if any(c.run_at is not None or c.delay is not None or c.idempotency_key is not None for c in callbacks):
+            raise InvalidInput("a batch callback runs when the batch settles: no run_at, delay or idempotency_key",
+                               field="on_complete")
+        everything = [*requests, *callbacks]
+        await self._load_definitions({r.handler for r in everything})
+        now = datetime.now(_UTC)
+        rows = [self._validated(r, now, outbox=True) for r in requests]
+        rows += [msgspec.structs.replace(self._validated(c, now, outbox=False), status=Status.BLOCKED.value)
+                 for c in callbacks]
+        bid = uuid.uuid4()
+        async with self.stores.db.transaction() as tx:
+            ids, created, new_queues = await self._insert(everything, rows, tx)
+            cb = iter(ids[len(requests):])
+            complete_id = next(cb) if on_complete is not None else None
+            success_id = next(cb) if on_success is not None else None
+            await tx.execute("batch_insert", bid, name, complete_id, success_id, ids[:len(requests)])
+        await self._stamp_new_queues(new_queues)
+        members = [i for i in created if i < len(requests)]
+        await self._enqueue(members, ids, rows)
+        await self.stores.db.execute("clear_outbox", [ids[i] for i in members])
+        return Batch(id=bid, run_ids=ids[:len(requests)], on_complete=complete_id, on_success=success_id)
+
+    async def batch(self, batch_id: uuid.UUID | str) -> dict[str, Any]:
+        """A batch: callbacks, settled_at (None while members run) and each member's status."""
+        bid = _uuid(batch_id)
+        row = await self.stores.db.fetchrow("batch_get", bid)
+        if row is None:
+            raise UnknownBatch(batch_id)
+        out = dict(row)
+        out["members"] = [{"run_id": r, "status": st} for r, st in zip(out.pop("run_ids"), out.pop("statuses"))]
+        return out
 
     async def workflow(self, workflow_id: uuid.UUID | str) -> dict[str, Any]:
         """The workflow and its current nodes (name, run id, status, upstream names)."""

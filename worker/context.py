@@ -4,12 +4,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
+import msgspec
+
+from fencepost.core.errors import InvalidInput
 from fencepost.core.tracing import trace_id
 
-__all__ = ["Context", "Interrupt", "LeaseLost", "SyncContext"]
+__all__ = ["Context", "Interrupt", "LeaseLost", "Progress", "RunResult", "RunServices", "SyncContext"]
+
+
+class Progress(msgspec.Struct, kw_only=True, frozen=True):
+    """The latest `ctx.progress()` of a run's attempt (not a checkpoint: nothing resumes from it)."""
+
+    done: float
+    total: float | None = None
+    message: str | None = None
+
+
+class RunResult(msgspec.Struct, kw_only=True, frozen=True):
+    """Another run's outcome as a handler sees it: an upstream node's, or a batch member's."""
+
+    run_id: int
+    status: str
+    result: Any = None
+    """The decoded return value (None unless status is SUCCEEDED)."""
+
+
+class RunServices(Protocol):
+    """What the worker lends a context beyond checkpoints: progress coalescing and result reads."""
+
+    def progress_changed(self, ctx: Context) -> None: ...
+    async def upstream_results(self, ctx: Context) -> dict[str, RunResult]: ...
+    async def batch_results(self, ctx: Context) -> list[RunResult]: ...
 
 
 class Interrupt(BaseException):
@@ -37,6 +66,8 @@ class Context:
     __slots__ = (
         "_ctl",
         "_log",
+        "_progress",
+        "_services",
         "_stop",
         "_writer",
         "attempt",
@@ -68,6 +99,8 @@ class Context:
         self._stop = False
         self._ctl: str | None = None
         self._writer: Callable[[Context, Any, int | None], Coroutine[Any, Any, int]] | None = None
+        self._services: RunServices | None = None
+        self._progress: Progress | None = None
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -101,6 +134,41 @@ class Context:
             raise RuntimeError("checkpoint() is only available inside a worker")
         return await self._writer(self, state, processed)
 
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Report how far the run is: cheap (no I/O here; the worker writes the latest value of
+        each run about once a second), shown by `fencepost status`, the API and `client.get`.
+        Not a checkpoint: a new attempt does not start from it (use checkpoint() for that)."""
+        for name, v in (("done", done), ("total", total)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+                                  or v < 0 or v > 1e15):
+                raise InvalidInput(f"progress {name} must be a finite number between 0 and 1e15, not {v!r}",
+                                   field=name)
+        if message is not None and (not isinstance(message, str) or len(message) > 500
+                                    or any(ord(c) < 32 for c in message)):
+            raise InvalidInput("progress message must be text of at most 500 characters without control "
+                               "characters", field="message")
+        self._progress = Progress(done=float(done), total=None if total is None else float(total), message=message)
+        if self._services is not None:
+            self._services.progress_changed(self)
+
+    @property
+    def last_progress(self) -> Progress | None:
+        """What this attempt last reported with progress() (None: nothing yet)."""
+        return self._progress
+
+    async def upstream_results(self) -> dict[str, RunResult]:
+        """A workflow node's direct upstreams by node name, with their results (all SUCCEEDED:
+        a node starts only then). Read from PostgreSQL, so it survives any crash or failover."""
+        if self._services is None:
+            raise RuntimeError("upstream_results() is only available inside a worker")
+        return await self._services.upstream_results(self)
+
+    async def batch_results(self) -> list[RunResult]:
+        """In a batch callback: every member's final status and result, in run id order."""
+        if self._services is None:
+            raise RuntimeError("batch_results() is only available inside a worker")
+        return await self._services.batch_results(self)
+
     def _fields(self) -> tuple[Any, ...]:
         return (self.run_id, self.attempt, self.token, self.queue, self.handler, self.fire_time, self.trace,
                 self.worker_id, self.gen)
@@ -122,3 +190,13 @@ class SyncContext(Context):
         if self._writer is None or self._loop is None:
             raise RuntimeError("checkpoint() is only available inside a worker")
         return asyncio.run_coroutine_threadsafe(self._writer(self, state, processed), self._loop).result()
+
+    def upstream_results(self) -> dict[str, RunResult]:  # type: ignore[override]
+        if self._services is None or self._loop is None:
+            raise RuntimeError("upstream_results() is only available inside a worker (thread handlers)")
+        return asyncio.run_coroutine_threadsafe(self._services.upstream_results(self), self._loop).result()
+
+    def batch_results(self) -> list[RunResult]:  # type: ignore[override]
+        if self._services is None or self._loop is None:
+            raise RuntimeError("batch_results() is only available inside a worker (thread handlers)")
+        return asyncio.run_coroutine_threadsafe(self._services.batch_results(self), self._loop).result()

@@ -32,6 +32,7 @@ from fencepost.worker.breakers import Breakers
 from fencepost.worker.checkpoints import Checkpoints
 from fencepost.worker.context import Context, SyncContext
 from fencepost.worker.executors import Executors, Outcome
+from fencepost.worker.progress import RunServicesImpl
 
 log = logging.getLogger("fencepost.worker")
 
@@ -86,6 +87,8 @@ class Worker:
         self.lease_ms = self.opts.lease_ms or self.settings.lease_ms
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.checkpoints = Checkpoints(self.stores, registry)
+        self.services = RunServicesImpl(self.stores)
+        """ctx.progress() coalescing (flushed about once a second) and ctx.upstream_results / batch_results."""
         self.executors = Executors(registry, app, threads=self.opts.concurrency,
                                    processes=min(self.opts.processes, self.opts.concurrency),
                                    checkpoints=self.checkpoints)
@@ -147,7 +150,7 @@ class Worker:
                  self.opts.concurrency, extra={"event": "worker_started", "worker_id": self.id})
         helpers = [asyncio.create_task(self._keep_leases()), asyncio.create_task(self._reap()),
                    asyncio.create_task(self._watchdog()), asyncio.create_task(self.breakers.run()),
-                   asyncio.create_task(self._observe())]
+                   asyncio.create_task(self._observe()), asyncio.create_task(self.services.run())]
         try:
             await self._claim_loop()
             await self._drain()
@@ -156,6 +159,7 @@ class Worker:
                 t.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             await self.acks.drain()
+            await self.services.flush()
             with contextlib.suppress(Exception):  # else it ages out with its TTL
                 await fleet.forget(self.stores, self.id)
             self.m.flush()
@@ -248,6 +252,7 @@ class Worker:
                 ctx = SyncContext(job.id, job.attempt, job.token, queue, job.handler, job.fire_time, job.trace,
                                   self.id, job.gen, loop=loop)
             ctx._writer = self.checkpoints.write
+            ctx._services = self.services
             deadline = (time.monotonic() + job.timeout_ms / 1000) if model == "async" else inf
             entry = _Running(job, ctx, deadline)
             self.running[job.id] = entry

@@ -38,6 +38,7 @@ __all__ = [
     "ResolveRequest",
     "Role",
     "Run",
+    "RunProgress",
     "RunSummary",
     "Schedule",
     "ScheduleCreate",
@@ -128,6 +129,16 @@ class RunSummary(msgspec.Struct, kw_only=True):
     schedule_id: int | None = None
 
 
+class RunProgress(msgspec.Struct, kw_only=True):
+    """The latest `ctx.progress()` of the run (advisory, written about once a second by its worker)."""
+
+    done: float
+    total: float | None = None
+    message: str | None = None
+    attempt: int
+    updated_at: datetime
+
+
 class Run(RunSummary, kw_only=True):
     """A run as PostgreSQL records it, with the live state Redis holds when it is newer."""
 
@@ -150,6 +161,13 @@ class Run(RunSummary, kw_only=True):
     concurrency_limit: int | None = None
     recorded_status: str | None = None
     """The state PostgreSQL has recorded (status is the live one; they differ for the recorder's lag)."""
+    args: list[Any] | None = None
+    """The arguments as submitted (absent when over the page's cap: see arguments_preview)."""
+    kwargs: dict[str, Any] | None = None
+    arguments_bytes: int | None = None
+    arguments_truncated: bool = False
+    arguments_preview: str | None = None
+    progress: RunProgress | None = None
 
 
 class Attempt(msgspec.Struct, kw_only=True):

@@ -126,15 +126,28 @@ async def status(settings: Settings, run_id: int, as_json: bool) -> None:
         if payload is not None:
             run["args"], run["kwargs"] = decode_payload(payload)
     run.pop("result", None)
+    reported = run.pop("progress", None)  # ctx.progress(); "progress" in --json stays the checkpoint (compatible)
     if ckpt is not None:
         ckpt.pop("state", None)
     if as_json:
-        print_json({**run, "result": result, "progress": ckpt, "attempts": attempts})
+        print_json({**run, "result": result, "progress": ckpt, "reported_progress": reported, "attempts": attempts})
         return
-    _print_run(run, result, ckpt, attempts)
+    _print_run(run, result, ckpt, attempts, reported)
 
 
-def _print_run(run: dict[str, Any], result: Any, ckpt: dict[str, Any] | None, attempts: list[dict[str, Any]]) -> None:
+def _progress_line(p: dict[str, Any]) -> str:
+    """`40/100 (40%) copying, attempt 2, at ...` from a ctx.progress() report."""
+    done, total = p["done"], p.get("total")
+    text = f"{done:g}" + (f"/{total:g}" if total is not None else "")
+    if total:
+        text += f" ({100 * done / total:.0f}%)"
+    if p.get("message"):
+        text += f" {p['message']}"
+    return f"{text}, attempt {p['attempt']}, at {fmt(p['updated_at'])}"
+
+
+def _print_run(run: dict[str, Any], result: Any, ckpt: dict[str, Any] | None, attempts: list[dict[str, Any]],
+               reported: dict[str, Any] | None = None) -> None:
     for k in ("id", "handler", "queue", "status", "recorded_status", "version", "reason", "priority", "attempt",
               "max_retries", "token", "lease_owner", "run_at", "created_at", "started_at", "finished_at",
               "last_error_class", "idempotency_key", "tenant", "concurrency_key", "concurrency_limit"):
@@ -150,9 +163,12 @@ def _print_run(run: dict[str, Any], result: Any, ckpt: dict[str, Any] | None, at
     for flag in ("pause_requested", "stop_requested", "cancel_requested", "forced", "needs_compensation"):
         if run.get(flag):
             click.echo(f"{flag:17} yes")
+    if reported is not None:
+        click.echo(f"{'progress':17} {fmt(_progress_line(reported))}")
     if ckpt is not None:
         done = f"processed {ckpt['processed']}, " if ckpt.get("processed") is not None else ""
-        click.echo(f"{'progress':17} {done}checkpoint version {ckpt['version']}, schema v{ckpt['schema_version']}, "
+        label = "checkpoint" if reported is not None else "progress"
+        click.echo(f"{label:17} {done}checkpoint version {ckpt['version']}, schema v{ckpt['schema_version']}, "
                    f"written {fmt(ckpt['updated_at'])} by attempt {ckpt['attempt']}")
     click.echo("")
     table(attempts, ["attempt", "worker_id", "token", "started_at", "finished_at", "outcome", "error_class"])

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fencepost.core.record import Session
-from fencepost.core.states import FAILED_FOR_GOOD
+from fencepost.core.states import FAILED_FOR_GOOD, TERMINAL
 
-__all__ = ["cancel_descendants", "on_recorded", "release_dependents", "sweep_blocked"]
+__all__ = ["cancel_descendants", "on_recorded", "release_dependents", "settle_batches", "sweep_blocked"]
 
+_TERMINAL = frozenset(s.value for s in TERMINAL)
 
 
 async def release_dependents(tx: Session, succeeded: Sequence[int], *,
@@ -46,6 +47,30 @@ async def on_recorded(tx: Session, run_ids: Sequence[int], statuses: Sequence[st
         await release_dependents(tx, ok)
     if bad:
         await cancel_descendants(tx, bad)
+    ended = [r for r, s in zip(run_ids, statuses) if s in _TERMINAL]
+    if ended:
+        await settle_batches(tx, ended)
+
+
+async def settle_batches(tx: Session, ended: Sequence[int], *, actor: str = "recorder",
+                         locked: Sequence[object] | None = None) -> int:
+    """Release the callbacks of batches whose last member just ended: on_complete always,
+    on_success only when every member SUCCEEDED (else it is cancelled, batch_failed).
+
+    Exactly once: the batch row is locked and marked settled in this transaction, and a
+    callback moves only from BLOCKED. A failed transaction is redelivered and does it again."""
+    ids = list(locked) if locked is not None else [r["id"] for r in await tx.fetch("batch_lock_open", list(ended))]
+    if not ids:
+        return 0
+    settled = await tx.fetch("batch_settling", ids)
+    release = [r["on_complete"] for r in settled if r["on_complete"] is not None]
+    release += [r["on_success"] for r in settled if r["on_success"] is not None and r["all_ok"]]
+    cancel = [r["on_success"] for r in settled if r["on_success"] is not None and not r["all_ok"]]
+    if release:
+        await tx.fetch("batch_release", release, actor)
+    if cancel:
+        await tx.fetch("batch_cancel_callbacks", cancel, actor)
+    return len(settled)
 
 
 async def sweep_blocked(tx: Session, *, settled_s: float = 5.0, limit: int = 1000) -> int:
@@ -60,4 +85,7 @@ async def sweep_blocked(tx: Session, *, settled_s: float = 5.0, limit: int = 100
         n += len(await tx.fetch("wf_release", locked, "sweeper")) if locked else 0
     if failed:
         n += len(await cancel_descendants(tx, failed, actor="sweeper"))
+    open_ = [r["id"] for r in await tx.fetch("batch_unsettled", float(settled_s), limit)]
+    if open_:
+        n += await settle_batches(tx, (), actor="sweeper", locked=open_)
     return n

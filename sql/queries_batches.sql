@@ -1,0 +1,113 @@
+-- Named queries for batches with callbacks, results through workflows, and progress (issue 16).
+
+-- name: batch_insert
+-- One batch, its callback runs (inserted BLOCKED in the same transaction) and its members.
+WITH b AS (
+    INSERT INTO batches (id, name, on_complete, on_success) VALUES ($1, $2, $3, $4)
+)
+INSERT INTO batch_members (run_id, batch_id) SELECT unnest($5::bigint[]), $1;
+
+-- name: batch_lock_open
+-- The unsettled batches of runs that just reached a terminal state, locked in id order: two
+-- transactions finishing the last two members of one batch are serialized, and the second
+-- sees the first's commit in its next statement (batch_settling), so neither misses the end.
+SELECT b.id FROM batches b
+WHERE b.id IN (SELECT m.batch_id FROM batch_members m WHERE m.run_id = ANY($1::bigint[]))
+  AND b.settled_at IS NULL
+ORDER BY b.id
+FOR UPDATE OF b;
+
+-- name: batch_settling
+-- Of the given (locked) batches, those whose every member is terminal: settled now, with
+-- whether every member SUCCEEDED. A member missing from runs was archived, so it finished.
+WITH done AS (
+    SELECT b.id, b.on_complete, b.on_success,
+           NOT EXISTS (SELECT 1 FROM batch_members m JOIN runs r ON r.id = m.run_id
+                       WHERE m.batch_id = b.id AND r.status <> 'SUCCEEDED')
+           AND NOT EXISTS (SELECT 1 FROM batch_members m JOIN runs_archive a ON a.id = m.run_id
+                           WHERE m.batch_id = b.id AND a.status <> 'SUCCEEDED') AS all_ok
+    FROM batches b
+    WHERE b.id = ANY($1::uuid[]) AND b.settled_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM batch_members m JOIN runs r ON r.id = m.run_id
+                      WHERE m.batch_id = b.id AND r.status NOT IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED'))
+), upd AS (
+    UPDATE batches b SET settled_at = now() FROM done WHERE b.id = done.id RETURNING b.id
+)
+SELECT done.id, done.on_complete, done.on_success, done.all_ok FROM done JOIN upd ON upd.id = done.id;
+
+-- name: batch_release
+-- Callback runs of settled batches: BLOCKED -> PENDING (outbox=true: the relay moves them to
+-- Redis after commit). Only a BLOCKED run moves, so a replayed settle is a no-op.
+WITH upd AS (
+    UPDATE runs r SET status = 'PENDING', version = r.version + 1, outbox = true, run_at = now(),
+                      reason = NULL, updated_at = now()
+    WHERE r.id = ANY($1::bigint[]) AND r.status = 'BLOCKED'
+    RETURNING r.id, r.queue, r.version, r.trace_id
+), ev AS (
+    INSERT INTO events (run_id, queue, type, from_status, to_status, version, actor, reason, trace_id, at)
+    SELECT id, queue, 'released', 'BLOCKED', 'PENDING', version, $2, 'batch_settled', trace_id, now() FROM upd
+), notify AS (
+    SELECT pg_notify('fencepost_outbox', q.queue) FROM (SELECT DISTINCT queue FROM upd) q
+)
+SELECT id, queue, (SELECT count(*) FROM notify) AS notified FROM upd;
+
+-- name: batch_cancel_callbacks
+-- on_success callbacks of batches where a member did not succeed: BLOCKED -> CANCELLED.
+WITH upd AS (
+    UPDATE runs r SET status = 'CANCELLED', version = r.version + 1, reason = 'batch_failed',
+                      finished_at = now(), outbox = false, updated_at = now()
+    WHERE r.id = ANY($1::bigint[]) AND r.status = 'BLOCKED'
+    RETURNING r.id, r.queue, r.version, r.trace_id
+), ev AS (
+    INSERT INTO events (run_id, queue, type, from_status, to_status, version, actor, reason, trace_id, at)
+    SELECT id, queue, 'cancelled', 'BLOCKED', 'CANCELLED', version, $2, 'batch_failed', trace_id, now() FROM upd
+)
+SELECT id FROM upd;
+
+-- name: batch_unsettled
+-- Sweep: open batches (older than $1 seconds) whose members are all terminal, e.g. a member
+-- whose terminal state was written by drift repair rather than by the recorder.
+SELECT b.id FROM batches b
+WHERE b.settled_at IS NULL AND b.created_at < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM batch_members m JOIN runs r ON r.id = m.run_id
+                  WHERE m.batch_id = b.id AND r.status NOT IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED'))
+ORDER BY b.id
+LIMIT $2
+FOR UPDATE OF b SKIP LOCKED;
+
+-- name: batch_get
+-- A batch with its callbacks and each member's current status (hot row, else archived).
+SELECT b.id, b.name, b.on_complete, b.on_success, b.settled_at, b.created_at,
+       array_agg(m.run_id ORDER BY m.run_id) AS run_ids,
+       array_agg(COALESCE(r.status, a.status) ORDER BY m.run_id) AS statuses
+FROM batches b JOIN batch_members m ON m.batch_id = b.id
+LEFT JOIN runs r ON r.id = m.run_id LEFT JOIN runs_archive a ON a.id = m.run_id AND r.id IS NULL
+WHERE b.id = $1
+GROUP BY b.id;
+
+-- name: batch_results_of_callback
+-- For a callback run: every member of its batch with status and result (hot, else archived).
+SELECT m.run_id, COALESCE(r.status, a.status) AS status, COALESCE(r.result, a.result) AS result
+FROM batches b JOIN batch_members m ON m.batch_id = b.id
+LEFT JOIN runs r ON r.id = m.run_id LEFT JOIN runs_archive a ON a.id = m.run_id AND r.id IS NULL
+WHERE b.on_complete = $1 OR b.on_success = $1
+ORDER BY m.run_id;
+
+-- name: wf_upstream_results
+-- A workflow run's direct upstreams by node name, with status and result.
+SELECT n.name, u.id AS run_id, u.status, u.result
+FROM workflow_edges e JOIN workflow_nodes n ON n.run_id = e.depends_on JOIN runs u ON u.id = e.depends_on
+WHERE e.run_id = $1
+ORDER BY n.name;
+
+-- name: progress_upsert
+-- The latest progress of running attempts, coalesced by the worker (one statement per flush).
+-- An older attempt never overwrites a newer one's progress.
+INSERT INTO run_progress AS p (run_id, attempt, done, total, message, updated_at)
+SELECT * , now() FROM unnest($1::bigint[], $2::integer[], $3::float8[], $4::float8[], $5::text[])
+ON CONFLICT (run_id) DO UPDATE SET attempt = EXCLUDED.attempt, done = EXCLUDED.done, total = EXCLUDED.total,
+                                   message = EXCLUDED.message, updated_at = EXCLUDED.updated_at
+WHERE p.attempt <= EXCLUDED.attempt;
+
+-- name: progress_get
+SELECT run_id, attempt, done, total, message, updated_at FROM run_progress WHERE run_id = ANY($1::bigint[]);
