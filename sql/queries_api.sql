@@ -23,21 +23,6 @@ RETURNING id, name, role, queues, created_by, created_at, revoked_at, last_used_
 UPDATE api_tokens SET last_used_at = now()
 WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute');
 
--- name: api_list_runs
--- $1 queue, $2 status, $3 handler, $4 created after, $5 created before, $6 limit,
--- $7 queues in scope (NULL: all), $8 submitted by this actor prefix (NULL: anyone), $9 before id (keyset)
-SELECT r.id, r.handler, r.queue, r.status, r.priority, r.attempt, r.run_at, r.created_at, r.started_at,
-       r.finished_at, r.last_error_class, r.last_error, r.reason, r.version, r.workflow_id, r.schedule_id
-FROM runs r
-WHERE ($1::text IS NULL OR r.queue = $1) AND ($2::text IS NULL OR r.status = $2)
-  AND ($3::text IS NULL OR r.handler = $3)
-  AND ($4::timestamptz IS NULL OR r.created_at >= $4) AND ($5::timestamptz IS NULL OR r.created_at < $5)
-  AND ($7::text[] IS NULL OR r.queue = ANY($7))
-  AND ($8::text IS NULL OR EXISTS (SELECT 1 FROM events e WHERE e.type = 'submitted' AND e.run_id = r.id
-                                   AND (e.actor = $8 OR e.actor LIKE $8 || '@%')))
-  AND ($9::bigint IS NULL OR r.id < $9)
-ORDER BY r.id DESC LIMIT $6;
-
 -- name: api_submitted_by
 SELECT actor FROM events WHERE run_id = $1 AND type = 'submitted' ORDER BY id LIMIT 1;
 

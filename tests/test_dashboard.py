@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -150,3 +151,40 @@ async def test_dashboard_pauses_and_resumes_a_running_checkpointed_job(
     assert [(e["actor"], e["reason"]) for e in resumed] == [(actor, "dashboard: done")]
     rows = await stores.db.pool.fetchval("SELECT count(DISTINCT op_key) FROM processed_items WHERE run_id = $1", rid)  # type: ignore[union-attr]
     assert rows == 800
+
+
+# -- the API the dashboard's views need (issue 17) ----------------------------------------------
+async def test_runs_search_sort_page_and_count(settings: Settings, client: Client) -> None:
+    """Issue 17: the runs list had no paging past 50, no search by id or argument, no sorting."""
+    from fencepost.core.models import Submit
+    from tests.test_api import _make_api
+
+    ids = await client.submit_many([Submit(handler="t.echo", args=(f"order-{i:03d}",), tenant="acme" if i % 2 else "",
+                                           idempotency_key=f"k-{i}") for i in range(60)])
+    big = await client.submit("t.echo", "x" * 70_000)
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        async def get(**params: Any) -> tuple[list[int], dict[str, str]]:
+            r = await api.req("GET", "/v1/runs", "op_tq", params={"queue": "tq", **params})
+            assert r.status_code == 200, r.text
+            return [x["id"] for x in r.json()], dict(r.headers)
+
+        page2, h = await get(limit=50, offset=50, handler="t.echo")
+        assert page2 == sorted([*ids, big], reverse=True)[50:] and h["x-total-count"] == "61"
+        assert h["x-total-count-exact"] == "true"
+        assert (await get(id=ids[7]))[0] == [ids[7]]
+        assert (await get(arg="order-042"))[0] == [ids[42]]
+        assert (await get(tenant="acme", limit=1000))[0] == sorted(ids[1::2], reverse=True)
+        assert (await get(idempotency_key="k-3"))[0] == [ids[3]]
+        assert (await get(sort="id", order="asc", limit=3))[0] == ids[:3]
+        assert (await get(sort="created_at", order="desc", limit=1))[0] == [big]
+        for bad, field in (({"sort": "payload"}, "sort"), ({"order": "up"}, "order"), ({"id": "x"}, "id"),
+                           ({"arg": "a\x00"}, "arg"), ({"offset": "-1"}, "offset")):
+            r = await api.req("GET", "/v1/runs", "op_tq", params=bad)
+            assert r.status_code == 422 and r.json()["field"] == field, (bad, r.text)
+
+        run = (await api.req("GET", f"/v1/runs/{ids[5]}", "op_tq")).json()
+        assert run["args"] == ["order-005"] and run["kwargs"] == {} and run["tenant"] == "acme"
+        assert run["idempotency_key"] == "k-5" and not run["arguments_truncated"]
+        run = (await api.req("GET", f"/v1/runs/{big}", "op_tq")).json()
+        assert run["args"] is None and run["arguments_truncated"] and run["arguments_bytes"] > 70_000
+        assert run["arguments_preview"].startswith('[["xxx')

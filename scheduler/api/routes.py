@@ -41,7 +41,7 @@ from fencepost.core import fairness, validate
 from fencepost.core import workers as fleet
 from fencepost.core.errors import BulkNotConfirmed, InvalidInput, UnknownRun
 from fencepost.core.fairness import due_summary
-from fencepost.core.models import Submit, decode_result
+from fencepost.core.models import Submit, decode_payload, decode_result
 from fencepost.core.schedules import UnknownSchedule
 from fencepost.core.states import RESTING, Status
 from fencepost.schedules import Schedules
@@ -287,18 +287,63 @@ async def submit_batch(ctx: Ctx) -> Any:
     return _json(S.SubmittedBatch(ids=await ctx.client.submit_many(reqs)), 201)
 
 
+_SORTS = ("id", "created_at", "finished_at", "attempt", "handler", "status")
+COUNT_CAP = 10_000
+"""The runs list counts its matches up to this (X-Total-Count; X-Total-Count-Exact: false above it)."""
+
+
+def _q_text(ctx: Ctx, name: str) -> str | None:
+    """A text filter: printable, at most 200 characters; the error names the parameter."""
+    v = ctx.q(name)
+    if v is None:
+        return None
+    try:
+        return validate.text("name", v)
+    except InvalidInput as exc:
+        raise InvalidInput(str(exc).replace("name", name, 1), field=name) from None
+
+
 async def list_runs(ctx: Ctx) -> Any:
+    """Filtered, sorted, paged (keyset `before` in id order, or `offset`); the count of matches, up to
+    COUNT_CAP, in X-Total-Count so a page can say "51-100 of 734"."""
     p = ctx.p
-    rows = await ctx.client.stores.db.fetch(
-        "api_list_runs", ctx.q_queue(), ctx.q_status(), ctx.q("handler"), ctx.q_time("since"), ctx.q_time("until"),
-        ctx.q_int("limit", 50, 1, 1000), p.scope, p.owner if p.role == "producer" else None,
-        ctx.q_int("before", _BIGINT, 1, _BIGINT))
-    return [_row(r, S.RunSummary) for r in rows]
+    sort, order = ctx.q("sort", "id"), ctx.q("order", "desc")
+    if sort not in _SORTS:
+        raise InvalidInput(f"sort must be one of {', '.join(_SORTS)}, not {sort!r}", field="sort")
+    if order not in ("asc", "desc"):
+        raise InvalidInput(f"order must be asc or desc, not {order!r}", field="order")
+    rid = ctx.q_int("id", 0, 1, _BIGINT) or None
+    before = ctx.q_int("before", _BIGINT, 1, _BIGINT)
+    filters = [ctx.q_queue(), ctx.q_status(), _q_text(ctx, "handler"), ctx.q_time("since"), ctx.q_time("until")]
+    who = [p.scope, p.owner if p.role == "producer" else None, before]
+    more = [rid, _q_text(ctx, "tenant"), _q_text(ctx, "concurrency_key"), _q_text(ctx, "idempotency_key"),
+            _q_text(ctx, "arg")]
+    db = ctx.client.stores.db
+    rows = await db.fetch("dashboard_runs", *filters, ctx.q_int("limit", 50, 1, 1000), *who, *more, sort, order,
+                          ctx.q_int("offset", 0, 0, COUNT_CAP))
+    n = await db.fetchval("dashboard_runs_count", *filters, *who, *more, COUNT_CAP + 1)
+    headers = {"X-Total-Count": str(min(n, COUNT_CAP)), "X-Total-Count-Exact": "true" if n <= COUNT_CAP else "false"}
+    return Response(_enc.encode([_row(r, S.RunSummary) for r in rows]), media_type="application/json", headers=headers)
+
+
+ARGS_CAP = 64 * 1024
+"""The run page shows arguments up to this many bytes of JSON (a larger payload: its size and a prefix)."""
+
+
+def _arguments(payload: bytes | None) -> dict[str, Any]:
+    if payload is None:
+        return {}
+    args, kwargs = decode_payload(payload)
+    size = len(_enc.encode([args, kwargs]))
+    if size <= ARGS_CAP:
+        return {"args": args, "kwargs": kwargs, "arguments_bytes": size}
+    return {"arguments_bytes": size, "arguments_truncated": True,
+            "arguments_preview": _enc.encode([args, kwargs])[:ARGS_CAP].decode(errors="ignore")}
 
 
 async def get_run(ctx: Ctx) -> Any:
     run = await _run_for(ctx, ctx.run_id())
-    return _row(await _live(ctx, run), S.Run)
+    return _row({**await _live(ctx, run), **_arguments(run.get("payload"))}, S.Run)
 
 
 async def run_attempts(ctx: Ctx) -> Any:
@@ -683,7 +728,14 @@ ROUTES: list[RouteSpec] = [
               params=[_QUEUE, ("status", "string", None, "Only this state"), ("handler", "string", None, "Only this handler"),
                       ("since", "string", None, "Created at or after (ISO 8601)"),
                       ("until", "string", None, "Created before (ISO 8601)"), _LIMIT,
-                      ("before", "integer", None, "Only ids below this (paging)")]),
+                      ("before", "integer", None, "Only ids below this (paging)"),
+                      ("id", "integer", None, "Only this run"), ("tenant", "string", None, "Only this tenant"),
+                      ("concurrency_key", "string", None, "Only this concurrency key"),
+                      ("idempotency_key", "string", None, "Only this idempotency key"),
+                      ("arg", "string", None, "A string argument containing this text"),
+                      ("sort", "string", "id", "id, created_at, finished_at, attempt, handler or status"),
+                      ("order", "string", "desc", "asc or desc"),
+                      ("offset", "integer", 0, "Skip this many (0-10000); X-Total-Count: the matches")]),
     RouteSpec("GET", _RUN, get_run, "One run (live state from Redis when newer)", response=S.Run),
     RouteSpec("GET", _RUN + "/attempts", run_attempts, "The run's attempts", response=list[S.Attempt]),
     RouteSpec("GET", _RUN + "/events", run_events, "The run's event history", response=list[S.Event]),
