@@ -13,7 +13,6 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
-import asyncpg
 import msgspec
 
 from fencepost.control import ControlMixin
@@ -281,13 +280,15 @@ class Client(ControlMixin, WorkflowMixin):
                 raise UnknownHandler(name)
 
     # -- submit --------------------------------------------------------------------------------
-    async def submit(self, handler: str | Handler, *args: Any, kwargs: dict[str, Any] | None = None,
+    async def submit(self, handler: str | Handler[..., Any], *args: Any, kwargs: dict[str, Any] | None = None,
                      queue: str | None = None, priority: int | None = None, run_at: datetime | None = None,
                      delay: float | None = None, timeout: float | None = None, max_retries: int | None = None,
                      idempotency_key: str | None = None, trace: str | None = None, tenant: str | None = None,
                      concurrency_key: str | None = None, concurrency_limit: int | None = None,
-                     connection: asyncpg.Connection | None = None) -> int:
+                     connection: Conn | None = None) -> int:
         name = handler.name if isinstance(handler, Handler) else handler
+        if isinstance(handler, Handler):  # a typed handle binds its arguments before anything is written
+            args, kwargs = handler.bind(args, kwargs or {})
         req = Submit(handler=name, args=args, kwargs=kwargs or {}, queue=queue, priority=priority, run_at=run_at,
                      delay=delay, timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key,
                      trace=trace, tenant=tenant, concurrency_key=concurrency_key,
@@ -296,7 +297,7 @@ class Client(ControlMixin, WorkflowMixin):
             return (await self.submit_many([req], connection=connection))[0]
         return await self._coalescer.submit(req)
 
-    async def submit_many(self, requests: Sequence[Submit], *, connection: asyncpg.Connection | None = None) -> list[int]:
+    async def submit_many(self, requests: Sequence[Submit], *, connection: Conn | None = None) -> list[int]:
         """Submit a batch: one round trip to PostgreSQL, then one Lua call per queue.
 
         With `connection`, the runs are written inside the caller's transaction (an outbox):
@@ -325,7 +326,16 @@ class Client(ControlMixin, WorkflowMixin):
             validate.text("handler", r.handler)
         await self._load_definitions({r.handler for r in requests})
         now = datetime.now(_UTC)
-        return [self._validated(r, now, outbox=outbox) for r in requests]
+        return [self._validated(self._bound(r), now, outbox=outbox) for r in requests]
+
+    def _bound(self, req: Submit) -> Submit:
+        """A handler this client has registered (Client.register(registry)) checks the arguments
+        against its signature here, for string-name submits too: InvalidInput naming the parameter."""
+        handler = self.registry.handlers.get(req.handler) if self.registry is not None else None
+        if handler is None:
+            return req
+        args, kwargs = handler.bind(req.args, req.kwargs)
+        return msgspec.structs.replace(req, args=args, kwargs=kwargs)
 
     chunk = 2000
     """Large batches are split so chunk k reaches Redis while chunk k+1 is being committed;
@@ -549,6 +559,10 @@ class SyncClient:
 
     def _call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
         return asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self._loop).result()
+
+    def submit_many(self, requests: Sequence[Submit], **kwargs: Any) -> list[int]:
+        """Declared (not left to __getattr__) so a typed handle's submit_sync type-checks against it."""
+        return self._call(self._client.submit_many, requests, **kwargs)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         attr: Callable[..., Any] = getattr(self._client, name)

@@ -78,9 +78,11 @@ class Executors:
                 if self.procs is None:
                     return Outcome("fatal", "process handler but the worker has no --app to spawn from", "NoProcessPool")
                 assert self.checkpoints is not None
+                handler.bind(*decode_payload(job.payload), strict=False)  # arguments that no longer bind: fatal
                 return Outcome("ok", await self.procs.run(job.handler, job.payload, ctx, timeout,
                                                           self.checkpoints.write_encoded))
-            args, kwargs = decode_payload(job.payload)
+            # Arguments that no longer bind (a producer on an older version) are invalid input: fatal, not retried.
+            args, kwargs = handler.bind(*decode_payload(job.payload), strict=False)
             if ctx.trace:  # runs submitted from this job continue its trace
                 traceparent_var.set(ctx.trace)
             if model == "async":  # its timeout is enforced by the worker's watchdog (no timer per job)
@@ -105,7 +107,7 @@ class Executors:
             return Outcome(OUTCOME_OF_KIND[kind], f"{exc}\n{traceback.format_exc(limit=5)}"[:4000],
                            type(exc).__name__, retry_after, kind)
 
-    async def _run_thread(self, fn: Any, ctx: Context, args: list[Any], kwargs: dict[str, Any], timeout: float) -> Outcome:
+    async def _run_thread(self, fn: Any, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float) -> Outcome:
         loop = asyncio.get_running_loop()
         self.threads_busy += 1
         call = contextvars.copy_context().run  # the thread sees the run's trace context too

@@ -15,7 +15,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import cache
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import asyncpg
 
@@ -29,11 +29,13 @@ __all__ = [
     "REFUSED",
     "Conn",
     "Database",
+    "DriverConnection",
     "Listener",
     "MigrationError",
     "Session",
     "migrations",
     "psql_script",
+    "pyformat",
     "query_names",
     "store_definitions",
     "upgrade",
@@ -132,7 +134,27 @@ class MigrationError(FencepostError):
     """The database's recorded migrations do not match the ones this version ships."""
 
 
-_Target: TypeAlias = "asyncpg.Pool | asyncpg.Connection"
+class DriverConnection(Protocol):
+    """A caller's connection of another driver (psycopg 3, or the one under a SQLAlchemy or Django
+    session), adapted by fencepost.outbox so named queries run inside the caller's transaction:
+    asyncpg's fetch/execute shape, receiving the query as this module loaded it (see `pyformat`)."""
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]: ...
+
+    async def execute(self, sql: str, *args: Any) -> str: ...
+
+
+_PLACEHOLDER = re.compile(r"\$(\d+)")
+
+
+def pyformat(sql: str, args: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+    """A named query's text and arguments for a DB-API driver's pyformat style (psycopg, Django's
+    cursor): `$3` becomes `%(p3)s` and a literal `%` is doubled."""
+    return (_PLACEHOLDER.sub(r"%(p\1)s", sql.replace("%", "%%")),
+            {f"p{i}": value for i, value in enumerate(args, start=1)})
+
+
+_Target: TypeAlias = "asyncpg.Pool | asyncpg.Connection | DriverConnection"
 
 
 async def _fetch(target: _Target, name: str, args: tuple[Any, ...]) -> list[asyncpg.Record]:
@@ -222,7 +244,7 @@ class Session:
             raise _unavailable(exc) from exc
 
 
-Conn: TypeAlias = "Session | asyncpg.Connection"
+Conn: TypeAlias = "Session | asyncpg.Connection | DriverConnection"
 """Where a statement may run besides the pool: a gateway session, or a caller's own connection."""
 
 

@@ -4,20 +4,144 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
-from typing import Any
+import re
+import typing
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
+
+import msgspec
 
 from fencepost.core.classify import validate_mapping
 from fencepost.core.errors import InvalidInput
-from fencepost.core.models import JobSpec, Model
+from fencepost.core.models import JobSpec, Model, Submit
 
-__all__ = ["Handler", "Registry", "load_registry"]
+__all__ = ["AsyncSubmitter", "Handler", "Options", "Registry", "SyncSubmitter", "load_registry"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-class Handler:
-    __slots__ = ("errors", "fn", "migrate", "resume_check", "spec")
+class AsyncSubmitter(Protocol):
+    """What a handle submits through: fencepost.client.Client (or anything with its submit_many)."""
 
-    def __init__(self, spec: JobSpec, fn: Callable[..., Any], migrate: Callable[[int, Any], Any] | None = None,
+    def submit_many(self, requests: Sequence[Submit]) -> Awaitable[list[int]]: ...
+
+
+class SyncSubmitter(Protocol):
+    """fencepost.client.SyncClient, for handles used from plain scripts."""
+
+    def submit_many(self, requests: Sequence[Submit]) -> list[int]: ...
+
+
+class Options(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Per-submit options of a typed handle, kept apart from the job's own parameters (a job may
+    well have a parameter called `delay` or `queue`): `send.options(delay=60).submit(client, ...)`."""
+
+    queue: str | None = None
+    priority: int | None = None
+    run_at: datetime | None = None
+    delay: float | None = None
+    timeout: float | None = None
+    max_retries: int | None = None
+    idempotency_key: str | None = None
+    trace: str | None = None
+    tenant: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+
+
+_NO_OPTIONS = Options()
+_ARG_NAME = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
+
+
+class _Signature:
+    """A handler's parameters after ctx, with the types msgspec converts annotated arguments to."""
+
+    __slots__ = ("sig", "types", "var_kw", "var_pos")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())[1:]  # ctx is the worker's, never the producer's
+        self.sig = sig.replace(parameters=params)
+        hints = _hints(fn, params)
+        self.types = {p.name: hints[p.name] for p in params if p.name in hints and hints[p.name] is not Any}
+        self.var_pos = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), None)
+        self.var_kw = next((p.name for p in params if p.kind == p.VAR_KEYWORD), None)
+
+    def bind(self, handler: str, args: Sequence[Any], kwargs: dict[str, Any], *, strict: bool
+             ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """(args, kwargs) as the handler will receive them, annotated ones converted; the shape the
+        caller chose (positional or keyword) is kept. Raises InvalidInput naming the parameter."""
+        try:
+            bound = self.sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            found = _ARG_NAME.search(str(exc))
+            field = found.group(1) if found else "args"
+            raise InvalidInput(f"{handler}: {exc}", field=field) from None
+        if not self.types:
+            return tuple(args), dict(kwargs)
+        converted = dict(bound.arguments)
+        for name, value in bound.arguments.items():
+            tp = self.types.get(name)
+            if tp is None:
+                continue
+            try:
+                if name == self.var_pos:
+                    converted[name] = tuple(msgspec.convert(v, tp, strict=strict) for v in value)
+                elif name == self.var_kw:
+                    converted[name] = {k: msgspec.convert(v, tp, strict=strict) for k, v in value.items()}
+                else:
+                    converted[name] = msgspec.convert(value, tp, strict=strict)
+            except msgspec.ValidationError as exc:
+                raise InvalidInput(f"{handler}: argument {name!r}: {exc}", field=name) from None
+        names = list(self.sig.parameters)
+        out_args: list[Any] = []
+        for i in range(len(args)):
+            if i < len(names) and names[i] != self.var_pos:
+                out_args.append(converted[names[i]])
+            else:
+                out_args.extend(converted[self.var_pos or ""][i - names.index(self.var_pos or ""):])
+                break
+        out_kwargs = {k: (converted[k] if k in converted else converted[self.var_kw or ""][k]) for k in kwargs}
+        return tuple(out_args), out_kwargs
+
+
+def _hints(fn: Callable[..., Any], params: list[inspect.Parameter]) -> dict[str, Any]:
+    """The parameters' resolved annotations; one that does not resolve at run time (a name imported
+    under TYPE_CHECKING) is left unchecked: the call still binds."""
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:
+        pass
+    hints: dict[str, Any] = {}
+    namespace = getattr(fn, "__globals__", {})
+    for p in params:
+        if p.annotation is inspect.Parameter.empty:
+            continue
+        try:
+            hints[p.name] = typing.get_type_hints(_Probe(p.annotation), namespace)["x"]
+        except Exception:
+            continue
+    return hints
+
+
+class _Probe:
+    """One annotation in an object get_type_hints can resolve on its own."""
+
+    def __init__(self, annotation: Any) -> None:
+        self.__annotations__ = {"x": annotation}
+
+
+class Handler(Generic[P, R]):
+    """A registered job, and its typed handle: `send.submit(client, *args)` binds the arguments to
+    the function's signature (ctx excepted) before anything is written, so a type checker sees the
+    parameters and a producer's mistake is an InvalidInput naming the parameter, not a retried failure."""
+
+    __slots__ = ("_opts", "_sig", "errors", "fn", "migrate", "resume_check", "spec")
+
+    def __init__(self, spec: JobSpec, fn: Callable[Concatenate[Any, P], R],
+                 migrate: Callable[[int, Any], Any] | None = None,
                  resume_check: Callable[..., str | None] | None = None,
                  errors: dict[type, str] | None = None) -> None:
         self.spec, self.fn = spec, fn
@@ -28,20 +152,60 @@ class Handler:
         self.resume_check = resume_check
         """resume_check(args, kwargs, checkpoint_state) -> None, or why resuming is unsafe
         (e.g. a declared input no longer exists); run by Client.resume when it has the registry."""
+        self._sig: _Signature | None = None
+        self._opts = _NO_OPTIONS
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
+    def __call__(self, ctx: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(ctx, *args, **kwargs)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def bind(self, args: Sequence[Any], kwargs: dict[str, Any], *, strict: bool = True
+             ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Check (args, kwargs) against the signature and convert annotated arguments with msgspec
+        (strict on submit; lax at execution, where they come back from msgpack). Raises InvalidInput."""
+        if self._sig is None:
+            self._sig = _Signature(self.fn)
+        return self._sig.bind(self.spec.name, args, kwargs, strict=strict)
+
+    def options(self, **options: Any) -> Handler[P, R]:
+        """The same handle with submit options (queue, priority, run_at, delay, timeout, max_retries,
+        idempotency_key, trace, tenant, concurrency_key, concurrency_limit) set for its submits."""
+        try:
+            opts = msgspec.convert({**msgspec.structs.asdict(self._opts), **options}, Options)
+        except msgspec.ValidationError as exc:
+            raise InvalidInput(f"{self.spec.name}: options: {exc}", field=_field_of(exc, "options")) from None
+        copy: Handler[P, R] = Handler(self.spec, self.fn, self.migrate, self.resume_check, self.errors)
+        copy._sig, copy._opts = self._sig, opts
+        return copy
+
+    def request(self, *args: P.args, **kwargs: P.kwargs) -> Submit:
+        """A validated Submit (for Client.submit_many, or a workflow Node.from_request)."""
+        bound_args, bound_kwargs = self.bind(args, kwargs)
+        return Submit(handler=self.spec.name, args=bound_args, kwargs=bound_kwargs,
+                      **msgspec.structs.asdict(self._opts))
+
+    async def submit(self, client: AsyncSubmitter, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Submit one run through an async Client; returns its id once PostgreSQL committed it."""
+        return (await client.submit_many([self.request(*args, **kwargs)]))[0]
+
+    def submit_sync(self, client: SyncSubmitter, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """The same through a SyncClient."""
+        return client.submit_many([self.request(*args, **kwargs)])[0]
+
+
+def _field_of(exc: msgspec.ValidationError, default: str) -> str:
+    found = re.search(r"at `\$\.(\w+)`", str(exc))
+    return found.group(1) if found else default
 
 
 class Registry:
     """A named set of handlers; workers load it as `module:attribute`."""
 
     def __init__(self) -> None:
-        self.handlers: dict[str, Handler] = {}
+        self.handlers: dict[str, Handler[..., Any]] = {}
 
     def job(self, name: str | None = None, *, model: Model = "async", queue: str = "default",
             priority: int = 0, timeout: float = 300.0, max_retries: int = 3, version: int = 1,
@@ -50,11 +214,13 @@ class Registry:
             migrate: Callable[[int, Any], Any] | None = None,
             resume_check: Callable[..., str | None] | None = None, errors: dict[type, str] | None = None,
             depends_on_service: str | None = None, concurrency_key: str | None = None,
-            concurrency_limit: int | None = None) -> Callable[[Callable[..., Any]], Handler]:
+            concurrency_limit: int | None = None
+            ) -> Callable[[Callable[Concatenate[Any, P], R]], Handler[P, R]]:
         """Declare a handler. `depends_on_service` puts its runs behind that dependency's
         shared circuit breaker; `errors` maps the handler's own exception types to kinds;
         `concurrency_key="customer", concurrency_limit=5` lets at most 5 runs per value of the
-        `customer` argument hold a lease at once (enforced by the claim script)."""
+        `customer` argument hold a lease at once (enforced by the claim script). Returns the typed
+        handle (Handler): `await send.submit(client, ...)`, `send.options(delay=60).submit(...)`."""
 
         mapping = validate_mapping(errors or {})
         if model not in ("async", "thread", "process"):
@@ -67,7 +233,7 @@ class Registry:
             raise InvalidInput(f"concurrency_limit must be a positive integer, not {concurrency_limit!r}",
                                field="concurrency_limit")
 
-        def register(fn: Callable[..., Any]) -> Handler:
+        def register(fn: Callable[Concatenate[Any, P], R]) -> Handler[P, R]:
             arg = _argument_position(fn, concurrency_key) if concurrency_key else None
             spec = JobSpec(name=name or f"{fn.__module__}.{fn.__qualname__}", model=model, queue=queue,
                            priority=priority, timeout_s=float(timeout), max_retries=max_retries,
@@ -81,7 +247,7 @@ class Registry:
 
         return register
 
-    def __getitem__(self, name: str) -> Handler:
+    def __getitem__(self, name: str) -> Handler[..., Any]:
         return self.handlers[name]
 
     def __contains__(self, name: object) -> bool:

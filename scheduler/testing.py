@@ -1,0 +1,268 @@
+"""Testing jobs without a cluster of your own: `run_job` runs one handler in-process with a context whose
+checkpoints and interrupts behave as in a worker; the pytest plugin gives each test a client on real
+stores (configured, or embedded servers started for the session) and `drain()`, which runs the due
+jobs in-process to the end, with a clock that can be moved forward for delays and retries.
+
+Enable the plugin with `pytest_plugins = ["fencepost.testing"]` in your conftest.py and give it your
+registry by overriding the `fencepost_registry` fixture. Needs the `test` extra (pytest, pytest-asyncio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, cast
+
+import msgspec
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.errors import FencepostError
+from fencepost.core.models import decode_payload, decode_result, encode_payload, encode_result
+from fencepost.core.record import Database
+from fencepost.core.registry import Handler, Registry
+from fencepost.core.stores import Stores
+from fencepost.dev.embedded import EmbeddedServers, resolve_urls
+from fencepost.reconciler.outbox import OutboxRelay
+from fencepost.reconciler.recorder import Recorder
+from fencepost.worker.context import Context, Interrupt, SyncContext
+from fencepost.worker.runtime import Worker, WorkerOptions
+
+__all__ = ["Clock", "DrainTimeout", "Harness", "JobRun", "run_job"]
+
+_Scored = list[tuple[bytes, float]]
+_INTERRUPTS = {"pause": "PAUSED", "stop": "STOPPED", "cancel": "CANCELLED"}
+
+
+class JobRun(msgspec.Struct, kw_only=True):
+    """What one `run_job` did: the result as a worker records it (through msgpack), every checkpoint
+    committed in order, and how it ended."""
+
+    status: str
+    """SUCCEEDED, or PAUSED / STOPPED / CANCELLED when an interrupt ended it."""
+    result: Any = None
+    checkpoints: list[Any] = []
+    """Each committed checkpoint's state, as the next attempt would read it back."""
+    processed: int | None = None
+    ctx: Any = None
+    """The Context the handler saw (run_id, attempt, token, op_key(...))."""
+
+    @property
+    def checkpoint(self) -> Any:
+        """The latest committed checkpoint (None: none), what a resumed attempt starts from."""
+        return self.checkpoints[-1] if self.checkpoints else None
+
+
+async def run_job(handle: Handler[..., Any], *args: Any, checkpoint: Any = None, interrupt_at: int | None = None,
+                  interrupt: str = "pause", run_id: int = 1, attempt: int = 1, **kwargs: Any) -> JobRun:
+    """Run `handle` in-process as a worker would: arguments bound and validated against its signature
+    (InvalidInput naming the parameter), sent through msgpack, converted back; `checkpoint` is the state
+    a resumed attempt starts from (ctx.checkpoint_data). `interrupt_at=n`: an operator's `interrupt`
+    (pause, stop or cancel) is seen at the n-th checkpoint: it is committed, then Interrupt is raised in
+    the handler and the run ends PAUSED / STOPPED / CANCELLED. The handler's own exceptions propagate."""
+    if interrupt not in _INTERRUPTS:
+        raise ValueError(f"interrupt must be pause, stop or cancel, not {interrupt!r}")
+    bound_args, bound_kwargs = handle.bind(args, kwargs)
+    raw_args, raw_kwargs = decode_payload(encode_payload(bound_args, bound_kwargs))
+    call_args, call_kwargs = handle.bind(raw_args, raw_kwargs, strict=False)
+    spec = handle.spec
+    sync = not asyncio.iscoroutinefunction(handle.fn)
+    loop = asyncio.get_running_loop()
+    ctx = (SyncContext(run_id, attempt, attempt, spec.queue, spec.name, worker_id="fencepost.testing", loop=loop)
+           if sync else Context(run_id, attempt, attempt, spec.queue, spec.name, worker_id="fencepost.testing"))
+    if checkpoint is not None:
+        ctx.checkpoint_data = decode_result(encode_result(checkpoint))
+        ctx.checkpoint_version = 1
+    committed: list[Any] = []
+
+    async def write(c: Context, state: Any, processed: int | None) -> int:
+        committed.append(decode_result(encode_result(state)))  # what the store keeps, not the live object
+        c.checkpoint_version += 1
+        c.processed = processed if processed is not None else c.processed
+        c.checkpointed_at = time.time()
+        if interrupt_at is not None and len(committed) == interrupt_at:
+            c._ctl = interrupt
+            raise Interrupt(interrupt)
+        return c.checkpoint_version
+
+    ctx._writer = write
+    try:
+        if sync:
+            value = await asyncio.to_thread(handle.fn, ctx, *call_args, **call_kwargs)
+        else:
+            value = await handle.fn(ctx, *call_args, **call_kwargs)
+    except Interrupt as exc:
+        return JobRun(status=_INTERRUPTS[exc.kind], checkpoints=committed, processed=ctx.processed, ctx=ctx)
+    return JobRun(status="SUCCEEDED", result=decode_result(encode_result(value)), checkpoints=committed,
+                  processed=ctx.processed, ctx=ctx)
+
+
+class DrainTimeout(FencepostError, TimeoutError):
+    """drain() did not reach an idle state in time (a job that never ends, or one waiting on a delay)."""
+
+
+class Clock:
+    """The hot store's clock as the tests see it: `advance(s)` brings every delayed and retry-waiting run
+    `s` seconds closer, as if that time had passed (the handlers' own time.time() does not move)."""
+
+    def __init__(self, stores: Stores, queues: list[str]) -> None:
+        self.stores, self.queues = stores, queues
+        self.skipped = 0.0
+        """Seconds advanced so far."""
+
+    async def now_ms(self) -> int:
+        seconds, micros = await self.stores.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def advance(self, seconds: float) -> None:
+        shift = int(seconds * 1000)
+        for queue in self.queues:
+            key = self.stores.keys(queue).delayed
+            waiting = cast(_Scored, await self.stores.redis.zrange(key, 0, -1, withscores=True))
+            if waiting:  # ZADD XX: a run claimed or cancelled meanwhile is not brought back
+                await self.stores.redis.zadd(key, {m: score - shift for m, score in waiting}, xx=True)
+        self.skipped += seconds
+
+    async def next_delayed_ms(self) -> int | None:
+        """run_at (ms) of the earliest delayed or retry-waiting run, if any."""
+        first: int | None = None
+        for queue in self.queues:
+            top = cast(_Scored, await self.stores.redis.zrange(self.stores.keys(queue).delayed, 0, 0, withscores=True))
+            if top and (first is None or top[0][1] < first):
+                first = int(top[0][1])
+        return first
+
+
+class Harness:
+    """A client on the test's stores plus `drain()`: a worker runs in this process until nothing is due
+    (optionally skipping delays); each time it goes idle the recorder brings PostgreSQL up to date (so
+    client.get(), events() and wait() see the outcome) and the outbox relay moves what that released
+    (workflow nodes, outbox submits) to Redis, until nothing more comes."""
+
+    def __init__(self, settings: Settings, registry: Registry, client: Client) -> None:
+        self.settings, self.registry, self.client = settings, registry, client
+        self.queues = sorted({h.spec.queue for h in registry.handlers.values()} | {"default"})
+        self.clock = Clock(client.stores, self.queues)
+        self.relay = OutboxRelay(client.stores)
+        """Moves released workflow nodes and committed outbox submits to Redis, as the reconciler does."""
+
+    async def drain(self, *, skip_delays: bool = False, timeout: float = 60.0, concurrency: int = 10) -> None:
+        """Run every due job to the end in-process. With skip_delays, delayed runs and retries are made
+        due by advancing the clock to each in turn (time skipping), so retries run to their end too."""
+        worker = Worker(self.registry, WorkerOptions(queues=self.queues, concurrency=concurrency, processes=1,
+                                                     idle_wait_s=0.05, heartbeat_s=0.2, reap_every_s=0.5),
+                        settings=self.settings, worker_id=f"fencepost.testing:{uuid.uuid4().hex[:6]}")
+        task = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                if task.done():
+                    await task  # a worker that could not start says why
+                    raise DrainTimeout("the drain's worker stopped before the queues were empty")
+                if not worker.running and await self._idle(skip_delays):
+                    await worker.acks.drain()
+                    await self.record(timeout=max(deadline - time.monotonic(), 5.0))
+                    if not await self.relay.relay():  # workflow nodes released by what just ended
+                        break
+                    continue
+                if time.monotonic() > deadline:
+                    raise DrainTimeout(f"jobs still due or running after {timeout:g}s")
+                await asyncio.sleep(0.02)
+        finally:
+            worker.request_stop()
+            await asyncio.wait_for(task, timeout=30)
+        await self.record(timeout=max(deadline - time.monotonic(), 5.0))
+        await self.relay.close()
+
+    async def _idle(self, skip_delays: bool) -> bool:
+        stores = self.client.stores
+        now = await self.clock.now_ms()
+        for queue in self.queues:
+            k = stores.keys(queue)
+            busy = await stores.redis.zcard(k.due) + await stores.redis.zcard(k.active) \
+                + await stores.redis.zcard(k.tenants) + await stores.redis.zcount(k.delayed, "-inf", now)
+            if busy:
+                return False
+        if skip_delays:
+            first = await self.clock.next_delayed_ms()
+            if first is not None:
+                await self.clock.advance((first - now) / 1000)
+                return False
+        return True
+
+    async def record(self, timeout: float = 30.0) -> None:
+        """Write the queue streams' events to PostgreSQL (what the reconciler's recorder does)."""
+        rec = Recorder(self.client.stores, consumer="fencepost.testing")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if await rec.run_once(block_ms=20) == 0 and await rec.run_once(block_ms=20) == 0:
+                return
+        raise DrainTimeout("the recorder did not catch up in time")
+
+    async def status(self, run_id: int) -> str:
+        """The run's state (PostgreSQL's projection, up to date after drain())."""
+        return str((await self.client.get(run_id))["status"])
+
+
+# -- the pytest plugin -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def fencepost_urls() -> Iterator[tuple[str, str]]:
+    """(redis_url, database_url) for the session: FENCEPOST_TEST_REDIS_URL / FENCEPOST_TEST_DATABASE_URL,
+    else FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL, else embedded servers started now (the `embedded`
+    extra) and stopped after the session. The database is migrated once."""
+    redis_url = os.environ.get("FENCEPOST_TEST_REDIS_URL") or os.environ.get("FENCEPOST_REDIS_URL")
+    database_url = os.environ.get("FENCEPOST_TEST_DATABASE_URL") or os.environ.get("FENCEPOST_DATABASE_URL")
+    servers: EmbeddedServers | None = None
+    if not (redis_url and database_url):
+        base = tempfile.mkdtemp(prefix="fencepost-testing-")
+        redis_url, database_url, servers = resolve_urls(os.path.join(base, ".fencepost"))
+    try:
+        asyncio.run(_migrate(database_url))
+        yield redis_url, database_url
+    finally:
+        if servers is not None:
+            servers.stop()
+
+
+async def _migrate(database_url: str) -> None:
+    db = await Database(database_url).connect()
+    try:
+        await db.upgrade()
+    finally:
+        await db.close()
+
+
+@pytest.fixture
+def fencepost_registry() -> Registry:
+    """Override in your conftest.py to return your application's Registry."""
+    raise pytest.UsageError("define a `fencepost_registry` fixture returning your Registry to use the "
+                            "fencepost fixture")
+
+
+@pytest_asyncio.fixture
+async def fencepost(fencepost_urls: tuple[str, str], fencepost_registry: Registry) -> AsyncIterator[Harness]:
+    """A Harness with a registered client; each test gets its own Redis key prefix (its keys are removed
+    after it), and shares the session's PostgreSQL database."""
+    redis_url, database_url = fencepost_urls
+    prefix = f"fpt{uuid.uuid4().hex[:10]}"
+    settings = Settings(redis_url=redis_url, database_url=database_url, prefix=prefix, backoff_base_ms=50,
+                        backoff_cap_ms=1000)
+    client = await Client(settings=settings).connect()
+    try:
+        await client.register(fencepost_registry)
+        yield Harness(settings, fencepost_registry, client)
+    finally:
+        await client.close()
+        r = aioredis.Redis.from_url(redis_url)
+        keys = [k async for k in r.scan_iter(match=f"{prefix}:*", count=1000)]
+        for i in range(0, len(keys), 500):
+            await r.unlink(*keys[i:i + 500])
+        await r.aclose()
