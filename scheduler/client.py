@@ -37,7 +37,7 @@ from fencepost.core.registry import Handler, Registry
 from fencepost.core.states import DEAD, RESTING, Status
 from fencepost.core.stores import Stores
 from fencepost.core.tracing import new_traceparent, traceparent_var, valid_traceparent
-from fencepost.workflows import WorkflowMixin
+from fencepost.workflows import RunHandle, SyncRunHandle, WorkflowMixin
 
 __all__ = ["Client", "SyncClient", "idempotency_scope", "request_fingerprint"]
 
@@ -478,6 +478,10 @@ class Client(ControlMixin, WorkflowMixin):
                                                                            "updated_at")}
         return out
 
+    def handle(self, run_id: int) -> RunHandle:
+        """A result handle for a run id (from submit, submit_many, a schedule...): status(), wait(), get()."""
+        return RunHandle(self, run_id)
+
     async def wait(self, run_id: int, timeout: float | None = None) -> Outcome:
         """Wait until the run is terminal, PAUSED or STOPPED; return its state, decoded result, and
         the error and reason of the transition that put it there (never an earlier attempt's error).
@@ -563,6 +567,10 @@ class SyncClient:
     def submit_many(self, requests: Sequence[Submit], **kwargs: Any) -> list[int]:
         """Declared (not left to __getattr__) so a typed handle's submit_sync type-checks against it."""
         return self._call(self._client.submit_many, requests, **kwargs)
+
+    def handle(self, run_id: int) -> SyncRunHandle:
+        """A result handle whose status(), wait() and get() block."""
+        return SyncRunHandle(self._client.handle(run_id), self._call)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         attr: Callable[..., Any] = getattr(self._client, name)

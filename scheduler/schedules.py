@@ -1,4 +1,5 @@
-"""The client's schedule commands: add, list, pause, resume, remove (rules in fencepost.core.schedules)."""
+"""The client's schedule commands: add, update, run now, list, pause, resume, remove (rules in
+fencepost.core.schedules)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ import builtins
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
-from fencepost.core import audit
-from fencepost.core.errors import InvalidInput
-from fencepost.core.models import encode_payload
+from fencepost.core import audit, validate
+from fencepost.core.errors import IllegalTransition, InvalidInput
+from fencepost.core.models import RunRow, Submit, decode_payload, encode_payload
 from fencepost.core.record import Session
 from fencepost.core.schedules import (
     ScheduleExists,
@@ -27,9 +28,34 @@ from fencepost.core.schedules import (
 if TYPE_CHECKING:
     from fencepost.client import Client
 
-__all__ = ["Schedules"]
+__all__ = ["ScheduleUpdate", "Schedules"]
 
 _UTC = UTC
+
+_UNSET: Any = msgspec.UNSET
+
+
+class ScheduleUpdate(msgspec.Struct, kw_only=True, frozen=True):
+    """Fields to change in a stored schedule; the others keep their values. Giving cron clears
+    the interval and the other way round. A change of cron, interval, timezone or start_at
+    recomputes the next fire from now; any other change keeps it."""
+
+    handler: Annotated[str, validate.meta("handler")] | msgspec.UnsetType = _UNSET
+    args: tuple[Any, ...] | msgspec.UnsetType = _UNSET
+    kwargs: dict[str, Any] | msgspec.UnsetType = _UNSET
+    cron: Annotated[str, msgspec.Meta(max_length=200)] | msgspec.UnsetType = _UNSET
+    interval_s: Annotated[float, validate.meta("interval_s")] | msgspec.UnsetType = _UNSET
+    timezone: Annotated[str, msgspec.Meta(max_length=64)] | msgspec.UnsetType = _UNSET
+    queue: str | msgspec.UnsetType | None = _UNSET
+    priority: Annotated[int, validate.meta("priority")] | msgspec.UnsetType | None = _UNSET
+    spread_s: Annotated[float, validate.meta("spread_s")] | msgspec.UnsetType = _UNSET
+    catchup: bool | msgspec.UnsetType = _UNSET
+    catchup_window_s: Annotated[float, validate.meta("catchup_window_s")] | msgspec.UnsetType | None = _UNSET
+    allow_overlap: bool | msgspec.UnsetType = _UNSET
+    start_at: datetime | msgspec.UnsetType = _UNSET
+
+    def changes(self) -> dict[str, Any]:
+        return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not _UNSET}
 
 
 class Schedules:
@@ -75,6 +101,106 @@ class Schedules:
                               target=spec.name, reason_=reason,
                               data={"handler": spec.handler, "cron": spec.cron, "interval_s": spec.interval_s})
         return await self.get(spec.name)
+
+    async def update(self, name: str, change: ScheduleUpdate, *, now: datetime | None = None,
+                     reason: str = "") -> dict[str, Any]:
+        """Edit a schedule in place (its id, history and counters stay): the merged definition is
+        validated as a new one would be, then written with its audit row in one transaction."""
+        audit.reason(reason)
+        changes = change.changes()
+        if not changes:
+            raise InvalidInput("nothing to change: give at least one field", field="update")
+        if "cron" in changes and "interval_s" in changes:
+            raise InvalidInput("give exactly one of cron or interval", field="cron")
+        now = now or datetime.now(_UTC)
+        async with self.db.transaction() as tx:
+            old = await self.db.fetchrow("schedule_lock", name, conn=tx)
+            if old is None:
+                raise UnknownSchedule(name)
+            args, kwargs = decode_payload(old["payload"])
+            spec = ScheduleSpec(
+                name=name, handler=changes.get("handler", old["handler"]),
+                args=tuple(changes.get("args", args)), kwargs=dict(changes.get("kwargs", kwargs)),
+                cron=changes["cron"] if "cron" in changes else (None if "interval_s" in changes else old["cron"]),
+                interval_s=changes["interval_s"] if "interval_s" in changes else (
+                    None if "cron" in changes else old["interval_s"]),
+                timezone=changes.get("timezone", old["timezone"]), queue=changes.get("queue", old["queue"]),
+                priority=changes.get("priority", old["priority"]), spread_s=changes.get("spread_s", old["spread_s"]),
+                catchup=changes.get("catchup", old["catchup"]),
+                catchup_window_s=changes.get("catchup_window_s", old["catchup_window_s"]),
+                allow_overlap=changes.get("allow_overlap", old["allow_overlap"]), start_at=changes.get("start_at"))
+            validated(spec)
+            await self.client._load_definitions({spec.handler})
+            payload, shown = self._encoded(spec)
+            timing = {"cron", "interval_s", "timezone", "start_at"} & changes.keys()
+            nxt = old["next_fire_time"]
+            if timing or old["quarantined"] is not None:
+                start = max(now, spec.start_at) if spec.start_at else now
+                nxt = (next_fire_after(start - timedelta(microseconds=1), cron=spec.cron, interval_s=None,
+                                       tz=spec.timezone) if spec.cron is not None else start)
+            offset = spread_offset_ms(old["id"], spec.spread_s)
+            await self.db.fetchrow(
+                "schedule_update", old["id"], spec.handler, payload, shown, spec.queue, spec.priority, spec.cron,
+                spec.interval_s, spec.timezone, nxt, spec.spread_s, offset, spec.catchup, spec.catchup_window_s,
+                spec.allow_overlap, conn=tx)
+            before = {"handler": old["handler"], "args": list(args), "kwargs": kwargs, "cron": old["cron"],
+                      "interval_s": old["interval_s"], "timezone": old["timezone"], "queue": old["queue"],
+                      "priority": old["priority"], "spread_s": old["spread_s"], "catchup": old["catchup"],
+                      "catchup_window_s": old["catchup_window_s"], "allow_overlap": old["allow_overlap"]}
+            after = {k: (list(v) if isinstance(v, tuple) else v) for k, v in msgspec.structs.asdict(spec).items()}
+            diff = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
+            if "start_at" in changes:
+                diff["start_at"] = [None, spec.start_at.isoformat() if spec.start_at else None]
+            await audit.write(self.db, tx, self.client.actor, "schedule_updated", queue=await self.queue_of(spec),
+                              target=name, reason_=reason, data={"changed": diff, "next_fire_time": nxt.isoformat()})
+        return await self.get(name)
+
+    async def run_now(self, name: str, *, now: datetime | None = None, reason: str = "") -> int:
+        """Fire the schedule once now (its next scheduled fire does not move); returns the run id.
+
+        The run is the schedule's (fire_time = now, listed by `schedule show`), so overlap rules
+        hold both ways: refused while the previous run is active unless allow_overlap is set,
+        and a scheduled fire is skipped while this run is active."""
+        audit.reason(reason)
+        now = now or datetime.now(_UTC)
+        async with self.db.transaction() as tx:
+            s = await self.db.fetchrow("schedule_lock", name, conn=tx)
+            if s is None:
+                raise UnknownSchedule(name)
+            if s["busy"]:
+                raise IllegalTransition(s["last_run_id"], s["last_status"] or "active",
+                                        f"run schedule {name!r} now: its previous run is still active and "
+                                        "allow_overlap is off")
+            if s["def_max_retries"] is None:
+                await self.client._load_definitions({s["handler"]})  # raises UnknownHandler
+            queue = s["fires_into"] or "default"
+            row = RunRow(handler=s["handler"], queue=queue, priority=validate.integer("priority", s["fire_priority"]),
+                         payload=s["payload"], run_at=now,
+                         max_retries=validate.integer("max_retries", s["def_max_retries"]),
+                         timeout_s=validate.number("timeout", s["def_timeout_s"]), status="PENDING",
+                         schedule_id=s["id"], fire_time=now, outbox=True)
+            ids, created, new_queues = await self.client._insert([Submit(handler=s["handler"])], [row], tx)
+            if not created:
+                raise InvalidInput(f"schedule {name!r} already fired at {now.isoformat()}; retry", field="name")
+            await self.db.execute("schedule_fired_now", s["id"], ids[0], now, conn=tx)
+            await audit.write(self.db, tx, self.client.actor, "schedule_run_now", queue=queue, target=name,
+                              reason_=reason, data={"run_id": ids[0], "fire_time": now.isoformat()})
+        await self.client._stamp_new_queues(new_queues)
+        await self.client._enqueue(created, ids, [row])
+        await self.db.execute("clear_outbox", ids)
+        return ids[0]
+
+    def _encoded(self, spec: ScheduleSpec) -> tuple[bytes, str]:
+        try:
+            payload = encode_payload(tuple(spec.args), dict(spec.kwargs))
+            shown = json.dumps({"args": list(spec.args), "kwargs": spec.kwargs}, default=str, allow_nan=False)
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            raise InvalidInput(f"arguments cannot be encoded: {exc}", field="args") from exc
+        if "\\u0000" in shown:  # jsonb refuses NUL
+            raise InvalidInput("arguments must not contain NUL characters", field="args")
+        if len(payload) > self.client.settings.max_payload_bytes:
+            raise InvalidInput("payload too large", field="args")
+        return payload, shown
 
     async def _insert(self, tx: Session, spec: ScheduleSpec, payload: bytes, shown: str, first: datetime,
                       spread: float, window: float | None) -> Any:

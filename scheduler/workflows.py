@@ -3,29 +3,35 @@
 Nodes without dependencies start PENDING, the others BLOCKED (not in Redis at all). The
 recorder releases a dependent in the same PostgreSQL transaction that records its last
 upstream SUCCEEDED (reconciler/workflows.py), and cancels BLOCKED descendants
-(upstream_failed) when an upstream fails for good.
+(upstream_failed) when an upstream fails for good. A node reads its upstreams' results by
+name (ctx.upstream_results()).
+
+Batches reuse the same machinery: their callbacks are BLOCKED runs released once, by the
+recorder, when the last member ends. Result handles (client.handle) live here too, the
+client layer's home for "what came out of a run".
 """
 
 from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
 from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused
-from fencepost.core.models import RunRow, Submit
+from fencepost.core.models import Outcome, RunRow, Submit
 from fencepost.core.states import LIVE, UNSUCCESSFUL, Status
 
 if TYPE_CHECKING:
+    from fencepost.client import Client
     from fencepost.core.record import Conn
     from fencepost.core.stores import Stores
 
-__all__ = ["Batch", "Node", "UnknownBatch", "UnknownDependency", "UnknownWorkflow", "WorkflowCycle", "WorkflowMixin",
-           "layers"]
+__all__ = ["Batch", "Node", "RunHandle", "SyncRunHandle", "UnknownBatch", "UnknownDependency", "UnknownWorkflow",
+           "WorkflowCycle", "WorkflowMixin", "layers"]
 
 _UTC = UTC
 
@@ -62,6 +68,63 @@ class Batch(msgspec.Struct, kw_only=True, frozen=True):
     """Runs once when every member is terminal (SUCCEEDED, FAILED, TIMED_OUT or CANCELLED)."""
     on_success: int | None = None
     """Runs once when every member SUCCEEDED; cancelled (reason batch_failed) otherwise."""
+
+
+# -- result handles: `client.handle(run_id)` (submit() keeps returning the int id callers store) --
+class RunHandle:
+    """One submitted run, for async code."""
+
+    __slots__ = ("client", "id")
+
+    def __init__(self, client: Client, run_id: int) -> None:
+        self.client, self.id = client, run_id
+
+    async def status(self) -> str:
+        """The live state: Redis's hot copy when it is ahead of what PostgreSQL recorded."""
+        run = await self.client.get(self.id)
+        state, version = cast("list[bytes | None]", await self.client.stores.redis.hmget(
+            self.client.stores.keys(run["queue"]).run(self.id), "state", "version"))
+        if state is not None and version is not None and int(version) > int(run["version"]):
+            return state.decode()
+        return str(run["status"])
+
+    async def wait(self, timeout: float | None = None) -> Outcome:
+        """Until terminal, PAUSED or STOPPED: the state, decoded result, error and reason."""
+        return await self.client.wait(self.id, timeout)
+
+    async def get(self) -> dict[str, Any]:
+        """The run as PostgreSQL records it (with its latest `progress`)."""
+        return await self.client.get(self.id)
+
+    def __int__(self) -> int:
+        return self.id
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.id})"
+
+
+class SyncRunHandle:
+    """The same for SyncClient: each call blocks."""
+
+    __slots__ = ("_call", "_handle", "id")
+
+    def __init__(self, handle: RunHandle, call: Callable[[Callable[..., Coroutine[Any, Any, Any]]], Any]) -> None:
+        self._handle, self._call, self.id = handle, call, handle.id
+
+    def status(self) -> str:
+        return cast(str, self._call(self._handle.status))
+
+    def wait(self, timeout: float | None = None) -> Outcome:
+        return cast(Outcome, self._call(lambda: self._handle.wait(timeout)))
+
+    def get(self) -> dict[str, Any]:
+        return cast("dict[str, Any]", self._call(self._handle.get))
+
+    def __int__(self) -> int:
+        return self.id
+
+    def __repr__(self) -> str:
+        return f"SyncRunHandle({self.id})"
 
 
 class UnknownBatch(FencepostError, LookupError):

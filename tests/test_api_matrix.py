@@ -170,6 +170,8 @@ MATRIX: dict[tuple[str, str], Decision] = {
     ("DELETE", "/v1/schedules/{name}"): Decision(ADMIN, 204, 404, _on_schedule()),
     ("POST", "/v1/schedules/{name}/pause"): Decision(ADMIN, 200, 404, _on_schedule("/pause")),
     ("POST", "/v1/schedules/{name}/resume"): Decision(ADMIN, 200, 404, _on_schedule("/resume")),
+    ("PATCH", "/v1/schedules/{name}"): Decision(ADMIN, 200, 404, _on_schedule(body={"cron": "0 4 * * *"})),
+    ("POST", "/v1/schedules/{name}/run-now"): Decision(ADMIN, 201, 404, _on_schedule("/run-now")),
     ("GET", "/v1/schedules/{name}/next"): Decision(READ, 200, 404, _on_schedule("/next")),
     ("GET", "/v1/schedules/{name}/runs"): Decision(READ, 200, 404, _on_schedule("/runs")),
     ("POST", "/v1/workflows"): Decision(SUBMIT, 201, 403, _get("/v1/workflows", json={
@@ -320,8 +322,8 @@ async def test_issue_14_small_fixes(api: Api, client: Client) -> None:
         assert (await api.req("DELETE", f"/v1/tokens/{raw}", "admin")).status_code == 422
     r = await api.req("PUT", "/v1/runs", "admin")
     assert r.status_code == 405 and set(r.headers["allow"].replace(" ", "").split(",")) >= {"GET", "POST"}
-    r = await api.req("PATCH", "/v1/schedules/x", "admin")
-    assert r.status_code == 405 and set(r.headers["allow"].replace(" ", "").split(",")) >= {"GET", "DELETE"}
+    r = await api.req("PUT", "/v1/schedules/x", "admin")
+    assert r.status_code == 405 and set(r.headers["allow"].replace(" ", "").split(",")) >= {"GET", "DELETE", "PATCH"}
     r = await api.req("POST", "/v1/schedules", "admin", json={"name": "a/b", "handler": "t.noop", "cron": "* * * * *"})
     assert r.status_code == 422 and r.json()["field"] == "name"
     assert (await api.req("GET", "/v1/schedules", "admin")).json() == []

@@ -44,7 +44,7 @@ from fencepost.core.fairness import due_summary
 from fencepost.core.models import Submit, decode_payload, decode_result
 from fencepost.core.schedules import UnknownSchedule
 from fencepost.core.states import RESTING, Status
-from fencepost.schedules import Schedules
+from fencepost.schedules import Schedules, ScheduleUpdate
 from fencepost.workflows import UnknownWorkflow
 
 __all__ = ["ROUTES", "Ctx", "RouteSpec"]
@@ -536,6 +536,30 @@ def _schedule_paused(paused: bool) -> Callable[[Ctx], Awaitable[Any]]:
     return set_paused
 
 
+async def update_schedule(ctx: Ctx) -> Any:
+    body: S.ScheduleEdit = ctx.body
+    store, name = await _visible_schedule(ctx)
+    changes = body.changes()
+    changes.pop("reason", None)
+    if "queue" in changes or "handler" in changes:  # a scoped admin cannot move a schedule out of its scope
+        old = await store.get(name)
+        queue = changes.get("queue", old["queue"])
+        if queue is None:
+            handler = changes.get("handler", old["handler"])
+            await ctx.client._load_definitions({handler})
+            queue = ctx.client._defs[handler].queue
+        ctx.p.require_queue(queue)
+    change = ScheduleUpdate(**changes)
+    return _schedule(await store.update(name, change, reason=body.reason))
+
+
+async def run_schedule_now(ctx: Ctx) -> Any:
+    body: S.ConfigCommand = ctx.body or S.ConfigCommand()
+    store, name = await _visible_schedule(ctx)
+    run_id = await store.run_now(name, reason=body.reason)
+    return _json(S.Submitted(id=run_id, queue=(await ctx.client.get(run_id))["queue"]), 201)
+
+
 async def next_fires(ctx: Ctx) -> Any:
     store, name = await _visible_schedule(ctx)
     tz = (await store.get(name))["timezone"]
@@ -781,6 +805,11 @@ ROUTES: list[RouteSpec] = [
               body=S.ConfigCommand, response=S.Schedule, tag="schedules"),
     RouteSpec("POST", "/v1/schedules/{name}/resume", _schedule_paused(False), "Resume a schedule", roles=("admin",),
               body=S.ConfigCommand, response=S.Schedule, tag="schedules"),
+    RouteSpec("PATCH", "/v1/schedules/{name}", update_schedule, "Edit a schedule in place (the fields given)",
+              roles=("admin",), body=S.ScheduleEdit, response=S.Schedule, tag="schedules"),
+    RouteSpec("POST", "/v1/schedules/{name}/run-now", run_schedule_now,
+              "Fire the schedule once now (its next scheduled fire does not move)", roles=("admin",),
+              body=S.ConfigCommand, response=S.Submitted, status=201, tag="schedules"),
     RouteSpec("GET", "/v1/schedules/{name}/next", next_fires, "The next fire times", roles=READ,
               response=S.NextFires, params=[("n", "integer", 5, "How many (1-100)")], tag="schedules"),
     RouteSpec("GET", "/v1/schedules/{name}/runs", schedule_runs, "The schedule's latest runs, newest fire first",

@@ -13,6 +13,7 @@ from msgspec import Meta
 from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.validate import meta
 from fencepost.core.workers import HeldRun, StopRequest, WorkerInfo
+from fencepost.schedules import ScheduleUpdate
 from fencepost.workflows import Node
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "RunSummary",
     "Schedule",
     "ScheduleCreate",
+    "ScheduleEdit",
     "ScheduleRun",
     "ScheduleSpec",
     "StopRequest",
@@ -471,6 +473,12 @@ class Readiness(msgspec.Struct, kw_only=True):
 
 class ScheduleCreate(ScheduleSpec, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """A schedule to add, with the reason the audit log records."""
+
+    reason: Reason = ""
+
+
+class ScheduleEdit(ScheduleUpdate, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The fields of a schedule to change (the others keep their values), with the audit reason."""
 
     reason: Reason = ""
 
