@@ -36,7 +36,7 @@ from fencepost.core.record import REFUSED, Conn, store_definitions
 from fencepost.core.registry import Handler, Registry
 from fencepost.core.states import DEAD, RESTING, Status
 from fencepost.core.stores import Stores
-from fencepost.core.tracing import new_traceparent, traceparent_var, valid_traceparent
+from fencepost.core.tracing import submit_traceparent, valid_traceparent
 from fencepost.workflows import RunHandle, SyncRunHandle, WorkflowMixin
 
 __all__ = ["Client", "SyncClient", "idempotency_scope", "request_fingerprint"]
@@ -455,11 +455,12 @@ class Client(ControlMixin, WorkflowMixin):
             raise InvalidInput(f"arguments cannot be encoded: {exc}", field="args") from exc
         if len(payload) > self.settings.max_payload_bytes:
             raise PayloadTooLarge(len(payload), self.settings.max_payload_bytes)
-        trace = req.trace or traceparent_var.get() or new_traceparent()
         if req.trace is not None and (not isinstance(req.trace, str) or len(req.trace) != 55
                                       or not valid_traceparent(req.trace)):
             raise InvalidInput(f"trace must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>), not {req.trace!r}",
                                field="trace")
+        # as given; else a child of the submitting job (a span id of its own) or a new trace; + the submit span
+        trace = submit_traceparent(req.trace, spec.name, queue)
         tenant = validate.label("tenant", req.tenant) if req.tenant is not None and req.tenant != "" else ""
         ckey, climit = _concurrency(spec, req)
         return RunRow(handler=spec.name, queue=queue, priority=priority, payload=payload, run_at=run_at,

@@ -25,6 +25,7 @@ from fencepost.core.stores import Stores
 from fencepost.worker.context import Context
 from fencepost.workflows import Node
 from tests.conftest import log_tail, record_all, spawn, wait_until
+from tests.servers import RedisServer
 
 registry = Registry()
 Q = "bq"
@@ -37,6 +38,17 @@ async def square(ctx: Context, x: int, marker: str | None = None, hang_on: int |
         Path(marker).write_text("started")
         await asyncio.sleep(3600)
     return x * x
+
+
+@registry.job("b.gated", queue=Q, max_retries=5)
+async def gated(ctx: Context, x: int, gate: str, started: str) -> int:
+    """x*x once `gate` exists (bounded wait); marks `started` first."""
+    Path(started).write_text("started")
+    for _ in range(3000):
+        if Path(gate).exists():
+            return x * x
+        await asyncio.sleep(0.02)
+    raise TimeoutError("gate never opened")
 
 
 @registry.job("b.fail", queue=Q, max_retries=0)
@@ -212,6 +224,58 @@ async def test_on_success_is_cancelled_when_a_member_fails(client: Client, setti
     run = await client.get(b.on_success)
     assert (run["status"], run["reason"]) == ("CANCELLED", "batch_failed")
     assert log.read_text().split() == [str(b.on_complete)]
+
+
+@pytest.mark.slow
+async def test_batch_callbacks_run_exactly_once_across_a_redis_that_forgot_everything(
+        settings: Settings, tmp_path: Path) -> None:
+    """FLUSHALL (a failover to a replica that has nothing) while a member runs: the reconciler
+    rebuilds from PostgreSQL, the member runs again, and each callback still runs exactly once."""
+    server = await RedisServer().start()
+    s = Settings(redis_url=server.url, database_url=settings.database_url, prefix=settings.prefix,
+                 backoff_base_ms=50, backoff_cap_ms=500)
+    client = await Client(settings=s).connect()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        await client.register(registry)
+        gate, started, log = tmp_path / "gate", tmp_path / "started", tmp_path / "callbacks.log"
+        b = await client.submit_batch(
+            [Submit(handler="b.square", args=(x,)) for x in (1, 2)]
+            + [Submit(handler="b.gated", args=(3, str(gate), str(started)))],
+            on_complete=Submit(handler="b.collect", args=(str(log),)),
+            on_success=Submit(handler="b.collect", args=(str(log),)))
+        assert b.on_complete is not None and b.on_success is not None
+        procs.append(spawn(s, "reconciler", log=tmp_path / "reconciler.log"))
+        procs.append(spawn(s, "worker", "--app", APP, "--queue", Q, "--processes", "1", log=tmp_path / "worker.log",
+                           FENCEPOST_LEASE_MS="2000"))
+
+        async def members_done() -> bool:
+            return started.exists() and [await _status(client, r) for r in b.run_ids[:2]] == ["SUCCEEDED"] * 2
+
+        await wait_until(members_done, timeout=60, what="two members recorded and the third running")
+        assert await _status(client, b.on_complete) == "BLOCKED"
+        await client.stores.redis.flushall()
+        gate.write_text("open")
+        for cb in (b.on_complete, b.on_success):
+            try:
+                await wait_until(lambda cb=cb: _terminal(client, cb), timeout=90, what=f"callback {cb}")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{log_tail(tmp_path / 'reconciler.log')}\n"
+                                     f"{log_tail(tmp_path / 'worker.log')}") from None
+        assert (await client.wait(b.on_complete, timeout=30)).result == {"statuses": ["SUCCEEDED"] * 3,
+                                                                         "total": 1 + 4 + 9}
+        assert await _status(client, b.on_success) == "SUCCEEDED"
+        assert sorted(log.read_text().split()) == sorted([str(b.on_complete), str(b.on_success)])
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        await client.close()
+        server.cleanup()
 
 
 # -- workflows pass results by name ----------------------------------------------------------------

@@ -27,6 +27,7 @@ from fencepost.core.queues import declare_queues
 from fencepost.core.record import store_definitions
 from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
+from fencepost.core.tracing import RunTrace, start_run
 from fencepost.worker.acks import Acknowledger
 from fencepost.worker.breakers import Breakers
 from fencepost.worker.checkpoints import Checkpoints
@@ -64,10 +65,14 @@ def _band(attempt: int) -> str:
 
 
 class _Running:
-    __slots__ = ("ctx", "deadline", "finishing", "forced", "job", "stop_seen", "task", "timed_out")
+    __slots__ = ("claimed_ns", "ctx", "deadline", "finishing", "forced", "job", "stop_seen", "task", "timed_out",
+                 "trace")
 
     def __init__(self, job: Claimed, ctx: Context, deadline: float) -> None:
         self.job, self.ctx = job, ctx
+        self.claimed_ns = time.time_ns()
+        self.trace: RunTrace | None = None
+        """Its OpenTelemetry spans, when a tracer is active (fencepost.core.tracing)."""
         self.task: asyncio.Task[None] | None = None
         self.deadline = deadline
         self.timed_out = False
@@ -378,7 +383,7 @@ class Worker:
                     await self.checkpoints.load(entry.ctx)
                 self.m.observe(metrics.DISPATCH_LATENCY, time.monotonic() - started, job.queue)
                 started = time.monotonic()
-                outcome = await self.executors.run(job, entry.ctx)
+                outcome = await self._run_traced(entry)
             except asyncio.CancelledError:
                 if entry.forced:
                     outcome = Outcome("interrupted", "forced")
@@ -408,6 +413,23 @@ class Worker:
                 del self.running[job.id]
             self._slot_freed.set()
 
+    async def _run_traced(self, entry: _Running) -> Outcome:
+        """The handler, inside its claim and execution spans when a tracer is active (else as is)."""
+        job = entry.job
+        rt = start_run(entry.ctx.trace, job.handler, job.queue, job.id, job.attempt, entry.claimed_ns)
+        if rt is None:
+            return await self.executors.run(job, entry.ctx)
+        entry.trace = rt
+        entry.ctx.trace = rt.traceparent  # runs the handler submits are children of its execution span
+        try:
+            with rt.executing():
+                outcome = await self.executors.run(job, entry.ctx)
+        except BaseException as exc:
+            rt.ended("cancelled", type(exc).__name__)
+            raise
+        rt.ended(outcome.kind, outcome.error_class)
+        return outcome
+
     async def _finish(self, entry: _Running, outcome: Outcome, model: str | None) -> None:
         job = entry.job
         if outcome.error_kind is not None:
@@ -419,8 +441,9 @@ class Worker:
         if self.running.get(job.id) is not entry:
             return
         entry.finishing = True
-        state = await self.acks.add(job.queue, job.id, job.token, job.attempt, outcome.kind, outcome.data,
-                                    outcome.error_class, outcome.retry_after)
+        with entry.trace.finishing() if entry.trace is not None else contextlib.nullcontext():
+            state = await self.acks.add(job.queue, job.id, job.token, job.attempt, outcome.kind, outcome.data,
+                                        outcome.error_class, outcome.retry_after)
         if state == "STALE":
             metrics.STALE.labels(job.queue, "finish").inc()
             return
