@@ -160,8 +160,9 @@ class RunTrace:
         self.span.end()
 
     def finishing(self) -> AbstractContextManager[Any]:
-        return self._tracer.start_as_current_span(f"fencepost.finish {self._name}", context=self._ctx,
-                                                  attributes=self.attrs)
+        cm: AbstractContextManager[Any] = self._tracer.start_as_current_span(
+            f"fencepost.finish {self._name}", context=self._ctx, attributes=self.attrs)
+        return cm
 
 
 def start_run(trace: str | None, handler: str, queue: str, run_id: int, attempt: int,
