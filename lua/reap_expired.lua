@@ -1,23 +1,39 @@
--- reap_expired.lua: runs whose lease expired (worker died, partitioned, paused too long)
--- go back to PENDING, or FAILED when their retries are used up; the attempt is
--- recorded as interrupted. A run an operator asked to pause, stop or cancel goes where
+-- reap_expired.lua: runs whose lease expired (worker died, partitioned, paused too long),
+-- or whose worker stopped pulsing (pulse_worker.lua: liveness kept apart from leases, so a
+-- crash is noticed in seconds even under a long lease), go back to PENDING, or FAILED when
+-- their retries are used up; the attempt is recorded as interrupted. A run an operator asked to pause, stop or cancel goes where
 -- they asked (PAUSED / STOPPED / CANCELLED). Safe to run from many processes at once.
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV[1] now (ms), ARGV[2] max runs to reap in this call
+-- A worker is dead once its pulse deadline (BASE..'workers', Redis server clock) has passed:
+-- every leased run naming it is reaped, then it leaves the set (once the whole active set
+-- was seen and the limit was not reached, else the next call carries on).
 -- Returns: the number of runs reaped.
 -- @keys queue
 -- @argv now limit
 -- @returns int
 -- @include common
-local now = tonumber(ARGV[1])
-local ids = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local ids = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, limit)
+local expired = #ids
+local K_WORKERS = BASE .. 'workers'
+local t = redis.call('TIME')
+local dead = redis.call('ZRANGEBYSCORE', K_WORKERS, '-inf', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local gone = {}
+if #dead > 0 then
+  for _, w in ipairs(dead) do gone[w] = true end
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_ACTIVE, '(' .. now, '+inf')) do
+    if #ids >= limit then break end
+    if gone[redis.call('HGET', run_key(id), 'worker')] then ids[#ids + 1] = id end
+  end
+end
 local reaped = 0
-for _, id in ipairs(ids) do
+for i, id in ipairs(ids) do
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'lease_until', 'attempt', 'token', 'worker', 'max_retries', 'priority',
                        'ctl', 'compensate', 'tenant', 'ckey')
-  redis.call('ZREM', K_ACTIVE, id)
-  if ACTIVE[f[1]] and tonumber(f[2]) <= now then
+  if i <= expired or ACTIVE[f[1]] then redis.call('ZREM', K_ACTIVE, id) end
+  if ACTIVE[f[1]] and (tonumber(f[2]) <= now or gone[f[5]]) then
     lease_done(id, key, f[11] or false)
     local ev = {'attempt', f[3], 'token', f[4], 'worker', f[5], 'outcome', 'interrupted'}
     redis.call('HDEL', key, 'ctl')
@@ -42,4 +58,5 @@ for _, id in ipairs(ids) do
     reaped = reaped + 1
   end
 end
+if #dead > 0 and #ids < limit then redis.call('ZREM', K_WORKERS, unpack(dead)) end
 return reaped

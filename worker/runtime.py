@@ -33,6 +33,7 @@ from fencepost.worker.breakers import Breakers
 from fencepost.worker.checkpoints import Checkpoints
 from fencepost.worker.context import Context, SyncContext
 from fencepost.worker.executors import Executors, Outcome
+from fencepost.worker.liveness import Pulse
 from fencepost.worker.progress import RunServicesImpl
 
 log = logging.getLogger("fencepost.worker")
@@ -153,6 +154,8 @@ class Worker:
                 pass
         log.info("worker %s serving %s (concurrency %d)", self.id, ",".join(self.opts.queues),
                  self.opts.concurrency, extra={"event": "worker_started", "worker_id": self.id})
+        pulse = Pulse(self.settings, self.id, self.opts.queues)
+        pulse.start()
         helpers = [asyncio.create_task(self._keep_leases()), asyncio.create_task(self._reap()),
                    asyncio.create_task(self._watchdog()), asyncio.create_task(self.breakers.run()),
                    asyncio.create_task(self._observe()), asyncio.create_task(self.services.run())]
@@ -165,6 +168,8 @@ class Worker:
             await asyncio.gather(*helpers, return_exceptions=True)
             await self.acks.drain()
             await self.services.flush()
+            # leaving with nothing leased; anything still leased is reclaimed once the pulse lapses
+            await asyncio.to_thread(pulse.stop, leaving=not self.running)
             with contextlib.suppress(Exception):  # else it ages out with its TTL
                 await fleet.forget(self.stores, self.id)
             self.m.flush()

@@ -22,6 +22,9 @@ class Settings(msgspec.Struct, kw_only=True):
     """Redis key prefix; separate prefixes never see each other's data."""
     max_payload_bytes: int = 512 * 1024
     lease_ms: int = 30_000
+    worker_liveness_ms: int = 3_000
+    """A worker that has not pulsed for this long is dead: its runs are reclaimed whatever their
+    lease (lua/pulse_worker.lua). Workers pulse from a thread of their own, every sixth of it."""
     quarantine_after: int = 3
     """Crashes of the worker process (os._exit, segfault) before a run is quarantined."""
     backoff_base_ms: int = 1_000

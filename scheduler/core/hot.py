@@ -49,6 +49,7 @@ __all__ = [
     "Now",
     "Page",
     "PageArgs",
+    "PulseArgs",
     "ReapArgs",
     "RenewArgs",
     "Renewal",
@@ -184,6 +185,12 @@ class Renewal(msgspec.Struct, frozen=True):
 class ReapArgs(msgspec.Struct, frozen=True):
     now: int
     limit: int
+
+
+class PulseArgs(msgspec.Struct, frozen=True):
+    worker: str
+    liveness_ms: int
+    """The worker counts as alive this long after the pulse (Redis server clock); 0: it is leaving."""
 
 
 class EscalateArgs(msgspec.Struct, frozen=True):
@@ -448,6 +455,7 @@ CONTRACTS: dict[str, Contract] = {
     "renew_leases": _contract(list[Renewal], RenewArgs, Lease),
     "release_runs": _contract(int, Now, Lease),
     "reap_expired": _contract(int, ReapArgs),
+    "pulse_worker": _contract(int, PulseArgs),
     "escalate_stop": _contract(bool, EscalateArgs),
     "enqueue_runs": _contract(int, Now, EnqueueItem),
     "stamp_queue": _contract(bool, StampArgs),
@@ -567,6 +575,9 @@ class Scripts:
 
     async def reap_expired(self, keys: Keys, args: ReapArgs) -> int:
         return await self._call("reap_expired", keys, args)  # type: ignore[no-any-return]
+
+    async def pulse_worker(self, keys: Keys, args: PulseArgs) -> int:
+        return await self._call("pulse_worker", keys, args)  # type: ignore[no-any-return]
 
     async def escalate_stop(self, keys: Keys, args: EscalateArgs) -> bool:
         return await self._call("escalate_stop", keys, args)  # type: ignore[no-any-return]
