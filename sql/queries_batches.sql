@@ -111,3 +111,9 @@ WHERE p.attempt <= EXCLUDED.attempt;
 
 -- name: progress_get
 SELECT run_id, attempt, done, total, message, updated_at FROM run_progress WHERE run_id = ANY($1::bigint[]);
+
+-- name: progress_prune
+-- Progress of runs that left `runs` (archived by retention): dropped, at most $1 per pass.
+DELETE FROM run_progress p
+WHERE p.run_id IN (SELECT q.run_id FROM run_progress q
+                   WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = q.run_id) LIMIT $1);

@@ -19,6 +19,7 @@ from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.errors import InvalidInput
 from fencepost.core.registry import Registry
+from fencepost.core.release import sweep_blocked
 from fencepost.core.stores import Stores
 from fencepost.worker.context import Context
 from fencepost.worker.progress import RunServicesImpl
@@ -59,6 +60,20 @@ async def test_progress_calls_are_coalesced_into_one_write_per_flush(client: Cli
     old.progress(1, total=10_000)
     await services.flush()
     assert (await client.get(rid))["progress"]["done"] == 9_999
+
+
+async def test_progress_of_archived_runs_is_pruned_by_the_sweep(client: Client, stores: Stores) -> None:
+    await client.register(registry)
+    rid = await client.submit("p.count", "unused")
+    services = RunServicesImpl(stores)
+    for run_id in (rid, 2**62):  # 2**62: a run no longer in `runs` (archived)
+        ctx = Context(run_id, 1, 1, "pq", "p.count")
+        ctx._services = services
+        ctx.progress(1)
+    assert await services.flush() == 2
+    async with stores.db.transaction() as tx:
+        await sweep_blocked(tx)
+    assert [r["run_id"] for r in await stores.db.fetch("progress_get", [rid, 2**62])] == [rid]
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1, "3", True])

@@ -88,4 +88,5 @@ async def sweep_blocked(tx: Session, *, settled_s: float = 5.0, limit: int = 100
     open_ = [r["id"] for r in await tx.fetch("batch_unsettled", float(settled_s), limit)]
     if open_:
         n += await settle_batches(tx, (), actor="sweeper", locked=open_)
+    await tx.execute("progress_prune", limit)  # ctx.progress() rows of archived runs
     return n
