@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +18,9 @@ from fencepost.api.auth import create_token
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.stores import Stores
-from tests.conftest import ROOT, need_tool
+from tests.conftest import ROOT, log_tail, need_tool, spawn, wait_state, wait_until
 from tests.test_api import serve_in_thread
-from tests.test_control import _worker
+from tests.test_control import WORKER, _kill, _worker
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,7 @@ async def test_dashboard_pauses_and_resumes_a_running_checkpointed_job(
                     await page.goto(f"{base}/")
                     await page.fill("#token", "fp_wrong")
                     await page.click("#login")
-                    await expect(page.locator("#login-error")).to_contain_text("unknown or revoked token")
+                    await expect(page.locator("#login-error")).to_contain_text("revoked token")
                     await page.fill("#token", secret)
                     await page.click("#login")
                     await expect(page.locator("#who")).to_contain_text("dashboard-test")
@@ -117,10 +118,10 @@ async def test_dashboard_pauses_and_resumes_a_running_checkpointed_job(
                     await expect(page.locator("#attempts-table tbody tr")).to_have_count(2)
                     await page.screenshot(path=str(ARTIFACTS / "dashboard-run.png"), full_page=True)
 
-                    # refusals are shown, not hidden: pausing a finished run
-                    await page.click("button[data-cmd=pause]")
-                    await page.click("#confirm-ok")
-                    await expect(page.locator("#cmd-result")).to_contain_text("refused")
+                    # only the commands its state takes: none for a SUCCEEDED run (issue 17: Pause was offered);
+                    # a refusal for a run that moved meanwhile is still shown (test_dashboard_operates_a_fleet)
+                    await expect(page.locator("#commands")).to_contain_text("No command applies to a SUCCEEDED run")
+                    await expect(page.locator("button[data-cmd]")).to_have_count(0)
 
                     # a workflow drawn as a graph, and a schedule with its next fires
                     from fencepost.core.schedules import ScheduleSpec
@@ -157,13 +158,13 @@ async def test_dashboard_pauses_and_resumes_a_running_checkpointed_job(
 async def test_runs_search_sort_page_and_count(settings: Settings, client: Client) -> None:
     """Issue 17: the runs list had no paging past 50, no search by id or argument, no sorting."""
     from fencepost.core.models import Submit
-    from tests.test_api import _make_api
+    from tests.test_api import Api, _make_api
 
     ids = await client.submit_many([Submit(handler="t.echo", args=(f"order-{i:03d}",), tenant="acme" if i % 2 else "",
                                            idempotency_key=f"k-{i}") for i in range(60)])
     big = await client.submit("t.echo", "x" * 70_000)
     async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
-        async def get(**params: Any) -> tuple[list[int], dict[str, str]]:
+        async def get(api: Api = api, **params: Any) -> tuple[list[int], dict[str, str]]:
             r = await api.req("GET", "/v1/runs", "op_tq", params={"queue": "tq", **params})
             assert r.status_code == 200, r.text
             return [x["id"] for x in r.json()], dict(r.headers)
@@ -188,3 +189,162 @@ async def test_runs_search_sort_page_and_count(settings: Settings, client: Clien
         run = (await api.req("GET", f"/v1/runs/{big}", "op_tq")).json()
         assert run["args"] is None and run["arguments_truncated"] and run["arguments_bytes"] > 70_000
         assert run["arguments_preview"].startswith('[["xxx')
+
+
+async def test_dashboard_operates_a_fleet(settings: Settings, client: Client, stores: Stores, tmp_path: Path) -> None:
+    """Issue 17 in a browser against real stores and a real worker process: a filter typed across
+    several refreshes stays (and lives in the URL), no literal "null", tracebacks collapsible, only
+    valid commands, a bulk retry of exactly the filtered dead letter, a filtered cancel counted by the
+    server first, a schedule created and run now, a worker asked to stop; no console errors."""
+    chromium = need_tool(CHROMIUM)
+    from playwright.async_api import async_playwright, expect
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    _, secret = await create_token(client.stores.db, "admin", [], "fleet-admin", "test")
+    app = create_app(settings, ApiConfig(token_cache_s=1, rate_limit=0))
+    bad = [await client.submit("t.err.invalid") for _ in range(3)]
+    other = await client.submit("t.err.policy")
+    parked = [await client.submit("t.noop", delay=3600) for _ in range(3)]
+    log = tmp_path / "worker.log"
+    proc = spawn(settings, *WORKER, log=log)
+    errors: list[str] = []
+    try:
+        for rid in [*bad, other]:
+            await wait_state(stores, rid, {"FAILED"}, log=log)
+        async with _recording(stores):
+            with serve_in_thread(app) as base:
+                async with async_playwright() as pw:
+                    browser = await pw.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
+                    try:
+                        page = await browser.new_page(viewport={"width": 1400, "height": 900})
+                        page.set_default_timeout(30_000)
+                        # Chromium logs every 4xx as a console error: the bulk count (428) and the refusal (409) are
+                        # answers the page expects; anything else (a script error, a missing asset) fails the test
+                        expected = ("status of 428", "status of 409")
+                        page.on("console", lambda m: errors.append(m.text) if m.type == "error" and not any(
+                            x in m.text for x in expected) else None)
+                        page.on("pageerror", lambda e: errors.append(str(e)))
+                        await page.goto(f"{base}/")
+                        await page.fill("#token", secret)
+                        await page.click("#login")
+                        await expect(page.locator("#who")).to_contain_text("fleet-admin")
+
+                        async def renders() -> int:
+                            return int(await page.evaluate("Number(document.body.dataset.renders || 0)"))
+
+                        async def refreshes(n: int) -> None:
+                            """Wait (bounded) until the view has been rebuilt n more times by the poll."""
+                            goal = await renders() + n
+
+                            async def done() -> bool:
+                                return await renders() >= goal
+
+                            await wait_until(done, timeout=30, what=f"{n} refreshes", interval=0.1)
+
+                        # a filter typed across several refreshes is never reset, and lives in the URL
+                        await page.click("a[href='#/runs']")
+                        handler = page.locator("#runs-filter input[name=handler]")
+                        await handler.type("t.err.", delay=150)
+                        await refreshes(3)
+                        await expect(handler).to_have_value("t.err.")
+                        await expect(handler).to_be_focused()
+                        await handler.type("invalid", delay=150)
+                        await page.select_option("#runs-filter select[name=status]", "FAILED")
+                        await refreshes(3)
+                        await expect(handler).to_have_value("t.err.invalid")
+                        await expect(page.locator("#runs-filter select[name=status]")).to_have_value("FAILED")
+                        await expect(page.locator("#runs-table tbody tr")).to_have_count(3)
+                        await expect(page.locator("#runs-count")).to_have_text("1–3 of 3")
+                        assert "handler=t.err.invalid" in page.url and "status=FAILED" in page.url
+                        await page.reload()
+                        await expect(page.locator("#runs-filter input[name=handler]")).to_have_value("t.err.invalid")
+                        await expect(page.locator("#runs-table tbody tr")).to_have_count(3)
+                        await page.screenshot(path=str(ARTIFACTS / "dashboard-runs-filtered.png"), full_page=True)
+
+                        # the run page: no "null", arguments, the traceback collapsible, only valid commands
+                        await page.goto(f"{base}/ui/#/run/{bad[0]}")
+                        await expect(page.locator("#run-status [data-state]")).to_have_attribute("data-state", "FAILED")
+                        assert "null" not in await page.locator("#view").inner_text()
+                        await expect(page.locator("#run-args")).to_contain_text('"args": []')
+                        cmds = page.locator("#commands button[data-cmd]")
+                        await expect(cmds).to_have_count(2)
+                        assert sorted(await cmds.evaluate_all("bs => bs.map(b => b.dataset.cmd)")) == ["restart", "retry"]
+                        tb = page.locator("#attempts-table details")
+                        await expect(tb.locator("summary")).to_contain_text("amount must be positive")
+                        await expect(tb.locator("pre")).to_be_hidden()
+                        await tb.locator("summary").click()
+                        await expect(tb.locator("pre")).to_contain_text("Traceback")
+                        await refreshes(2)
+                        await expect(tb.locator("pre")).to_be_visible()  # stays open across refreshes
+                        await page.screenshot(path=str(ARTIFACTS / "dashboard-run-failed.png"), full_page=True)
+                        # a refusal for a run that moved while the dialog was open is shown
+                        await page.goto(f"{base}/ui/#/run/{parked[0]}")
+                        await page.click("button[data-cmd=cancel]")
+                        await client.cancel(parked[0], reason="someone else was quicker")
+                        await page.click("#confirm-ok")
+                        await expect(page.locator("#cmd-result")).to_contain_text(f"cancel run {parked[0]} refused")
+
+                        # bulk retry of exactly the filtered dead letter (not the other handler's run)
+                        await page.goto(f"{base}/ui/#/dead-letter?handler=t.err.invalid")
+                        await expect(page.locator("#dead-table tbody tr")).to_have_count(3)
+                        await page.click("#retry-all")
+                        await expect(page.locator("#confirm-title")).to_have_text("Retry 3 runs?")
+                        await page.fill("#confirm-reason", "fixed the validation bug")
+                        await page.screenshot(path=str(ARTIFACTS / "dashboard-bulk-confirm.png"), full_page=True)
+                        await page.click("#confirm-ok")
+                        await expect(page.locator("#bulk-result")).to_have_text("retry: 3 of 3 done")
+
+                        # a filtered set counted by the server (428) before confirming, then cancelled
+                        await page.goto(f"{base}/ui/#/runs?queue=tq&status=PENDING&handler=t.noop")
+                        await page.click("button[data-bulk=cancel]")
+                        await expect(page.locator("#confirm-title")).to_have_text("cancel 2 runs?")
+                        await page.click("#confirm-ok")
+                        await expect(page.locator("#bulk-result")).to_have_text("cancel: 2 of 2 done")
+
+                        # a schedule created and run now
+                        await page.click("a[href='#/schedules']")
+                        await page.fill("#schedule-form input[name=name]", "hourly-report")
+                        await page.fill("#schedule-form input[name=handler]", "t.echo")
+                        await page.fill("#schedule-form input[name=cron]", "0 * * * *")
+                        await page.fill("#schedule-form input[name=args]", '["report"]')
+                        await page.click("#schedule-form button[type=submit]")
+                        await page.click("#confirm-ok")
+                        await expect(page.locator("#schedules-table")).to_contain_text("hourly-report")
+                        await page.click("button[data-schedule=hourly-report][data-action=run-now]")
+                        await page.click("#confirm-ok")
+                        await expect(page.locator("#cmd-result")).to_contain_text("hourly-report fired: run ")
+                        fired = int((await page.locator("#cmd-result").inner_text()).rsplit(" ", 1)[1])
+                        await wait_state(stores, fired, {"SUCCEEDED"}, log=log)
+                        await page.screenshot(path=str(ARTIFACTS / "dashboard-schedules.png"), full_page=True)
+
+                        # fleet events and the audit log
+                        await page.click("a[href='#/events']")
+                        await expect(page.locator("#audit-table")).to_contain_text("fixed the validation bug")
+                        await page.screenshot(path=str(ARTIFACTS / "dashboard-events.png"), full_page=True)
+
+                        # the worker, live, asked to drain and stop
+                        await page.click("a[href='#/workers']")
+                        row = page.locator("#workers-table tbody tr")
+                        await expect(row).to_have_count(1)
+                        await expect(row).to_contain_text(str(proc.pid))
+                        await page.screenshot(path=str(ARTIFACTS / "dashboard-workers.png"), full_page=True)
+                        await page.click("button[data-stop-worker]")
+                        await page.fill("#confirm-reason", "scale down")
+                        await page.click("#confirm-ok")
+                        await expect(page.locator("#cmd-result")).to_contain_text("it drains at its next heartbeat")
+                        await expect(page.locator("#workers-table")).to_contain_text("(none)", timeout=40_000)
+                    finally:
+                        await browser.close()
+
+        async def exited() -> bool:
+            return proc.poll() is not None
+
+        await wait_until(exited, timeout=40, what="the worker to exit")
+        assert proc.returncode == 0, log_tail(log)
+    finally:
+        _kill(proc)
+    assert not errors, errors
+    retried = [e for rid in bad[1:] for e in await client.events(rid) if e["type"] == "retried"]
+    assert len(retried) == 2 and {e["reason"] for e in retried} == {"fixed the validation bug"}
+    assert not [e for e in await client.events(other) if e["type"] == "retried"]
+    assert {(await client.get(r))["status"] for r in parked} == {"CANCELLED"}

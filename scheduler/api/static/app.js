@@ -1,13 +1,31 @@
 // Fencepost dashboard: plain JavaScript, no build step. Talks to the same API as everyone
-// else (/v1/...) with the token kept in sessionStorage; views refresh by polling.
+// else (/v1/...) with the token kept in sessionStorage. Views refresh by polling, and a refresh
+// never takes what the operator is doing away: forms marked data-keep survive it (typed text,
+// selections, focus), open tracebacks stay open, selected rows stay selected; filters live in
+// the URL so a view can be shared and survives a reload.
 "use strict";
 
 const TOKEN_KEY = "fencepost.token";
 const POLL_MS = 2000;
-const VERBS = ["pause", "stop", "cancel", "resume", "restart", "retry"];
+const CHUNK = 100;
+const STATES = ["PENDING", "RUNNING", "RETRY_WAIT", "PAUSED", "STOPPING", "STOPPED", "SUCCEEDED", "FAILED",
+  "TIMED_OUT", "CANCELLED", "BLOCKED"];
+// Which commands a state takes (fencepost.core.states: PAUSE_AT_ONCE + RUNNING, CANCEL_AT_ONCE + ACTIVE,
+// RESUMABLE, RESTARTABLE, FAILED_FOR_GOOD); a refusal for a run that moved meanwhile is still shown.
+const COMMANDS = {
+  pause: ["PENDING", "RETRY_WAIT", "RUNNING"],
+  stop: ["RUNNING"],
+  cancel: ["BLOCKED", "PENDING", "RETRY_WAIT", "PAUSED", "STOPPED", "RUNNING", "STOPPING"],
+  resume: ["PAUSED", "STOPPED"],
+  restart: ["PAUSED", "STOPPED", "FAILED", "TIMED_OUT", "CANCELLED"],
+  retry: ["FAILED", "TIMED_OUT", "CANCELLED"],
+};
 const $ = (id) => document.getElementById(id);
 let pollTimer = null;
 let me = null;
+let lastRoute = null;
+const selected = {};  // view -> Set of run ids ticked by the operator
+const opened = new Set();  // ids of <details> the operator opened
 
 // -- helpers ---------------------------------------------------------------------------------
 function el(tag, attrs, ...children) {
@@ -18,7 +36,7 @@ function el(tag, attrs, ...children) {
     else node.setAttribute(k, v === true ? "" : v);
   }
   for (const c of children.flat(Infinity)) {
-    if (c === null || c === undefined) continue;
+    if (c === null || c === undefined || c === false) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
   return node;
@@ -26,27 +44,40 @@ function el(tag, attrs, ...children) {
 
 function fmtTime(t) {
   if (!t) return "";
-  const d = new Date(t);
-  return isNaN(d) ? t : d.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+  const d = new Date(typeof t === "number" ? t * 1000 : t);
+  return isNaN(d) ? String(t) : d.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
 }
 
 function ago(t) {
   if (!t) return "";
-  const s = Math.max(0, (Date.now() - new Date(t).getTime()) / 1000);
+  const ms = typeof t === "number" ? t * 1000 : new Date(t).getTime();
+  const s = Math.max(0, (Date.now() - ms) / 1000);
   return s < 90 ? `${Math.round(s)}s ago` : s < 5400 ? `${Math.round(s / 60)}m ago` : `${Math.round(s / 3600)}h ago`;
 }
 
 const state = (s) => el("span", { class: `state ${s}`, "data-state": s }, s);
 const runLink = (id) => el("a", { href: `#/run/${id}` }, String(id));
+const enc = encodeURIComponent;
+const isAdmin = () => me && me.role === "admin";
+
+// A long text (a traceback, a message): its first line, the rest behind a disclosure that stays open.
+function longText(text, id) {
+  if (!text) return "";
+  const lines = String(text).split("\n");
+  if (lines.length === 1 && lines[0].length <= 120) return lines[0];
+  return el("details", { id, class: "long", open: opened.has(id), ontoggle: (ev) => {
+    if (ev.target.open) opened.add(id); else opened.delete(id);
+  } }, el("summary", {}, lines[0].slice(0, 120)), el("pre", {}, String(text)));
+}
 
 function table(cols, rows, id) {
   return el("table", { id },
-    el("thead", {}, el("tr", {}, cols.map(([label]) => el("th", {}, label)))),
+    el("thead", {}, el("tr", {}, cols.map(([label]) => el("th", { scope: "col" }, label)))),
     el("tbody", {}, rows.length ? rows.map((r) => el("tr", { "data-id": r.id ?? "" },
       cols.map(([, f]) => el("td", {}, f(r))))) : el("tr", {}, el("td", { colspan: cols.length, class: "muted" }, "(none)"))));
 }
 
-async function api(method, path, body) {
+async function api(method, path, body, opts) {
   const headers = { Authorization: `Bearer ${sessionStorage.getItem(TOKEN_KEY) || ""}` };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const resp = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
@@ -56,12 +87,49 @@ async function api(method, path, body) {
     if (resp.status === 401 && method === "GET") logout();
     const err = new Error((data && (data.detail || data.title)) || `HTTP ${resp.status}`);
     err.problem = data;
+    err.status = resp.status;
     throw err;
   }
-  return data;
+  return opts && opts.headers ? { data, headers: resp.headers } : data;
 }
 
 function showError(e) { $("error").textContent = e ? String(e.message || e) : ""; }
+
+// A filter form kept across refreshes; changes go to the URL (debounced), which re-renders the view.
+function filterForm(id, route, params, fields) {
+  let timer = null;
+  const apply = (form) => {
+    const f = new URLSearchParams();
+    for (const [k, v] of new FormData(form).entries()) {
+      if (!v) continue;
+      f.set(k, (k === "since" || k === "until") ? new Date(v).toISOString() : v);
+    }
+    const target = `#/${route}${f.toString() ? "?" + f : ""}`;
+    if (location.hash !== target) location.hash = target;
+  };
+  return el("form", { class: "filters", id, "data-keep": true, role: "search",
+    onsubmit: (ev) => { ev.preventDefault(); clearTimeout(timer); apply(ev.target); },
+    oninput: (ev) => { clearTimeout(timer); const form = ev.currentTarget; timer = setTimeout(() => apply(form), 600); },
+  }, fields.map(([name, label, kind, options]) => {
+    const value = params.get(name) || "";
+    if (kind === "select") {
+      return el("label", {}, `${label} `, el("select", { name },
+        el("option", { value: "" }, "any"), options.map((o) => el("option", { value: o, selected: value === o }, o))));
+    }
+    if (kind === "datetime-local") {
+      const local = value ? new Date(new Date(value).getTime() - new Date().getTimezoneOffset() * 60000)
+        .toISOString().slice(0, 16) : "";
+      return el("label", {}, `${label} `, el("input", { name, type: kind, value: local }));
+    }
+    return el("input", { name, placeholder: label, "aria-label": label, value, type: kind || "text" });
+  }), el("button", { type: "submit" }, "Filter"));
+}
+
+function selectBox(view, id) {
+  const set = selected[view] || (selected[view] = new Set());
+  return el("input", { type: "checkbox", "aria-label": `select run ${id}`, "data-select": id, checked: set.has(id),
+    onchange: (ev) => { if (ev.target.checked) set.add(id); else set.delete(id); render(); } });
+}
 
 // -- login -----------------------------------------------------------------------------------
 async function login(token) {
@@ -94,105 +162,153 @@ const views = {
   async queues() {
     const qs = await api("GET", "/v1/queues");
     return [el("h1", {}, "Queues"), table([
-      ["Queue", (q) => el("a", { href: `#/runs?queue=${encodeURIComponent(q.queue)}` }, q.queue)],
+      ["Queue", (q) => el("a", { href: `#/runs?queue=${enc(q.queue)}` }, q.queue)],
       ["Paused", (q) => q.paused ? "paused" : ""],
       ["Due", (q) => q.due], ["Delayed", (q) => q.delayed], ["Running", (q) => q.active],
       ["Oldest due", (q) => `${q.oldest_due_age_s.toFixed(1)}s`],
       ["Schedule lag", (q) => q.schedule_lag_s === null ? "" : `${q.schedule_lag_s.toFixed(2)}s`],
       ["Throughput", (q) => `${q.throughput_per_min}/min`],
-      ["Dispatch", (q) => el("a", { href: `#/dispatch/${encodeURIComponent(q.queue)}` }, "tenants & limits")],
+      ["Dispatch", (q) => el("a", { href: `#/dispatch/${enc(q.queue)}` }, "tenants & limits")],
       ["", (q) => el("span", { class: "commands" },
         el("button", { onclick: () => confirmQueue(q.queue, q.paused ? "resume" : "pause") }, q.paused ? "Resume queue" : "Pause queue"))],
     ], qs, "queues-table")];
   },
 
-  // Read-only: who shares the queue and what limits it; changes go through the CLI or the
-  // API (`fencepost queue weight|limit|aging`, POST /v1/queues/{q}/dispatch, admin).
+  // Who shares the queue and what limits it; admins change a setting here (audited with the reason).
   async dispatch(params, queue) {
     const d = await api("GET", `/v1/queues/${queue}/dispatch`);
     const name = decodeURIComponent(queue);
     const age = d.priority_age_ms === null ? "60 s (default)" : `${d.priority_age_ms / 1000} s`;
-    return [el("h1", {}, `Queue ${name}: dispatch`),
+    const out = [el("h1", {}, `Queue ${name}: dispatch`),
       el("p", { id: "dispatch-summary" },
         `Leased now ${d.leased}` + (d.max_running === null ? " (no queue-wide limit). " : ` of at most ${d.max_running}. `),
         `Priority aging: one level is worth ${age} of waiting.`),
       el("h2", {}, "Tenants with due runs (served in proportion to their weights)"),
-      table([["Tenant", (t) => t.tenant], ["Weight", (t) => t.weight], ["Due", (t) => t.due],
+      table([["Tenant", (t) => t.tenant || "(default)"], ["Weight", (t) => t.weight], ["Due", (t) => t.due],
         ["Virtual time", (t) => t.virtual_time]], d.tenants, "tenants-table"),
       el("h2", {}, "Concurrency keys with an operator's limit"),
       table([["Key", (k) => k.key], ["Limit", (k) => k.limit], ["Leased", (k) => k.leased],
-        ["Held (waiting for a slot)", (k) => k.held]], d.keys, "keys-table"),
-      el("p", { class: "muted" }, "Change with fencepost queue weight / limit / aging, or POST /v1/queues/{queue}/dispatch (admin).")];
+        ["Held (waiting for a slot)", (k) => k.held]], d.keys, "keys-table")];
+    if (!isAdmin()) {
+      out.push(el("p", { class: "muted" }, "An admin token changes these here, or: fencepost queue weight / limit / aging."));
+      return out;
+    }
+    const field = (name, label, type) => el("label", {}, `${label} `, el("input", { name, type: type || "text", step: "any" }));
+    out.push(el("h2", {}, "Change a setting"), el("form", { id: "dispatch-form", class: "filters", "data-keep": true,
+      onsubmit: (ev) => { ev.preventDefault(); changeDispatch(name, ev.target); } },
+    el("label", {}, "Setting ", el("select", { name: "setting" }, ["weight", "limit", "max_running", "aging"]
+      .map((v) => el("option", { value: v }, v)))),
+    field("tenant", "tenant (weight)"), field("key", "key (limit)"), field("value", "value (empty: default)", "number"),
+    el("button", { type: "submit" }, "Apply…")), el("p", { id: "dispatch-result", role: "status" }, lastResult[`dispatch:${name}`] || ""));
+    return out;
   },
 
   async runs(params) {
     const q = new URLSearchParams(params);
     for (const [k, v] of [...q.entries()]) if (!v) q.delete(k);
-    const runs = await api("GET", `/v1/runs?${q}`);
-    const input = (name, ph) => el("input", { name, placeholder: ph, value: params.get(name) || "" });
-    const statusSel = el("select", { name: "status" }, el("option", { value: "" }, "any state"),
-      ["PENDING", "RUNNING", "RETRY_WAIT", "PAUSED", "STOPPING", "STOPPED", "SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "BLOCKED"]
-        .map((s) => el("option", { value: s, selected: params.get("status") === s }, s)));
-    const form = el("form", { class: "filters", id: "runs-filter", onsubmit: (ev) => {
-      ev.preventDefault();
-      const f = new URLSearchParams(new FormData(ev.target));
-      for (const k of ["since", "until"]) if (f.get(k)) f.set(k, new Date(f.get(k)).toISOString());
-      for (const [k, v] of [...f.entries()]) if (!v) f.delete(k);
-      location.hash = `#/runs?${f}`;
-    } }, input("queue", "queue"), statusSel, input("handler", "handler"),
-      el("label", {}, "since ", el("input", { name: "since", type: "datetime-local" })),
-      el("label", {}, "until ", el("input", { name: "until", type: "datetime-local" })),
-      el("button", { type: "submit" }, "Filter"));
-    return [el("h1", {}, "Runs"), form, table([
-      ["Id", (r) => runLink(r.id)], ["Handler", (r) => r.handler], ["Queue", (r) => r.queue],
-      ["State", (r) => state(r.status)], ["Attempt", (r) => r.attempt], ["Created", (r) => ago(r.created_at)],
-      ["Finished", (r) => fmtTime(r.finished_at)], ["Error", (r) => r.last_error_class || ""],
-    ], runs, "runs-table")];
+    const limit = Number(params.get("limit") || 50), offset = Number(params.get("offset") || 0);
+    const { data: runs, headers } = await api("GET", `/v1/runs?${q}`, undefined, { headers: true });
+    const total = Number(headers.get("X-Total-Count") || runs.length);
+    const exact = headers.get("X-Total-Count-Exact") !== "false";
+    const form = filterForm("runs-filter", "runs", params, [
+      ["queue", "queue"], ["status", "state", "select", STATES], ["handler", "handler"], ["id", "run id", "number"],
+      ["tenant", "tenant"], ["concurrency_key", "concurrency key"], ["idempotency_key", "idempotency key"],
+      ["arg", "argument contains"], ["since", "since", "datetime-local"], ["until", "until", "datetime-local"]]);
+    const sortBy = params.get("sort") || "id", order = params.get("order") || "desc";
+    const head = (label, key) => el("button", { class: "link", "data-sort": key, "aria-label": `sort by ${label}`,
+      onclick: () => go("runs", params, { sort: key, order: sortBy === key && order === "desc" ? "asc" : "desc", offset: "" }) },
+    label, sortBy === key ? (order === "desc" ? " ▼" : " ▲") : "");
+    const sel = selected.runs || new Set();
+    return [el("h1", {}, "Runs"), form,
+      el("p", { id: "runs-count", class: "muted" }, runs.length
+        ? `${offset + 1}–${offset + runs.length} of ${total}${exact ? "" : "+"}` : `0 of ${total}`),
+      bulkBar(params, total, exact),
+      el("table", { id: "runs-table" },
+        el("thead", {}, el("tr", {}, el("th", {}, ""), el("th", {}, head("Id", "id")), el("th", {}, head("Handler", "handler")),
+          el("th", {}, "Queue"), el("th", {}, head("State", "status")), el("th", {}, head("Attempt", "attempt")),
+          el("th", {}, head("Created", "created_at")), el("th", {}, head("Finished", "finished_at")), el("th", {}, "Error"))),
+        el("tbody", {}, runs.length ? runs.map((r) => el("tr", { "data-id": r.id },
+          el("td", {}, selectBox("runs", r.id)), el("td", {}, runLink(r.id)), el("td", {}, r.handler), el("td", {}, r.queue),
+          el("td", {}, state(r.status)), el("td", {}, r.attempt), el("td", { title: fmtTime(r.created_at) }, ago(r.created_at)),
+          el("td", {}, fmtTime(r.finished_at)), el("td", {}, r.last_error_class || ""))) :
+          el("tr", {}, el("td", { colspan: 9, class: "muted" }, "(none)")))),
+      el("nav", { class: "pager", "aria-label": "pages" },
+        el("button", { id: "prev-page", disabled: offset <= 0, onclick: () => go("runs", params, { offset: String(Math.max(0, offset - limit)) }) }, "← Newer"),
+        el("button", { id: "next-page", disabled: offset + runs.length >= total, onclick: () => go("runs", params, { offset: String(offset + limit) }) }, "Older →")),
+      sel.size ? el("div", { class: "commands", id: "selection" }, `${sel.size} selected: `,
+        ["pause", "cancel", "retry"].map((v) => el("button", { "data-bulk-selected": v, onclick: () => actOnSelected("runs", v) },
+          `${v[0].toUpperCase() + v.slice(1)} ${sel.size}`)),
+        el("button", { onclick: () => { sel.clear(); render(); } }, "Clear")) : null,
+      el("p", { id: "bulk-result", role: "status" }, lastResult.bulk || "")];
   },
 
   async run(params, id) {
     const [run, attempts, events, ckpt] = await Promise.all([
       api("GET", `/v1/runs/${id}`), api("GET", `/v1/runs/${id}/attempts`),
       api("GET", `/v1/runs/${id}/events`), api("GET", `/v1/runs/${id}/checkpoint`)]);
-    const fields = ["handler", "queue", "attempt", "max_retries", "version", "priority", "lease_owner", "token",
-      "created_at", "started_at", "finished_at", "reason", "last_error_class", "last_error", "idempotency_key"];
+    const fields = ["handler", "queue", "tenant", "concurrency_key", "concurrency_limit", "attempt", "max_retries", "version",
+      "priority", "lease_owner", "token", "created_at", "run_at", "started_at", "finished_at", "reason", "last_error_class",
+      "idempotency_key", "trace_id", "schedule_id"];
     const grid = el("div", { class: "grid" },
       el("span", {}, "state"), el("span", { id: "run-status" }, state(run.status),
         run.recorded_status !== run.status ? el("span", { class: "muted" }, ` (recorded: ${run.recorded_status})`) : null,
         run.pause_requested ? el("span", { class: "muted" }, " · pause requested") : null,
         run.stop_requested ? el("span", { class: "muted" }, " · stop requested") : null),
       fields.filter((f) => run[f] !== null && run[f] !== undefined && run[f] !== "").map((f) =>
-        [el("span", { class: "muted" }, f), el("span", {}, f.endsWith("_at") ? fmtTime(run[f]) : String(run[f]))]),
+        [el("span", { class: "muted" }, f.replace(/_/g, " ")), el("span", { "data-field": f }, f.endsWith("_at") ? fmtTime(run[f]) : String(run[f]))]),
+      run.last_error ? [el("span", { class: "muted" }, "last error"), el("span", { id: "last-error" }, longText(run.last_error, `err-${run.id}`))] : null,
+      run.progress ? [el("span", { class: "muted" }, "progress"), el("span", { id: "run-progress" },
+        run.progress.total ? el("progress", { value: run.progress.done, max: run.progress.total }) : null,
+        ` ${run.progress.done}${run.progress.total ? " / " + run.progress.total : ""} ${run.progress.message || ""}`)] : null,
       run.workflow_id ? [el("span", { class: "muted" }, "workflow"), el("a", { href: `#/workflow/${run.workflow_id}` }, run.workflow_id)] : null,
-      run.result !== null ? [el("span", { class: "muted" }, "result"), el("code", {}, JSON.stringify(run.result))] : null);
-    const cmds = el("div", { class: "commands" }, VERBS.map((v) =>
-      el("button", { "data-cmd": v, onclick: () => confirmRun(run, v) }, v[0].toUpperCase() + v.slice(1))));
+      run.result !== null && run.result !== undefined ? [el("span", { class: "muted" }, "result"), el("code", {}, JSON.stringify(run.result))] : null);
+    const verbs = Object.keys(COMMANDS).filter((v) => COMMANDS[v].includes(run.status));
+    const cmds = el("div", { class: "commands", id: "commands" }, verbs.length ? verbs.map((v) =>
+      el("button", { "data-cmd": v, onclick: () => confirmRun(run, v) }, v[0].toUpperCase() + v.slice(1))) :
+      el("span", { class: "muted" }, `No command applies to a ${run.status} run.`));
+    const argsView = run.arguments_truncated
+      ? [el("p", { class: "muted" }, `${run.arguments_bytes} bytes of arguments; the first 64 KiB:`), el("pre", { id: "run-args" }, run.arguments_preview)]
+      : el("pre", { id: "run-args" }, JSON.stringify({ args: run.args ?? [], kwargs: run.kwargs ?? {} }, null, 2));
     const progress = ckpt ? el("div", { id: "checkpoint" },
       el("p", {}, `Checkpoint v${ckpt.version} by attempt ${ckpt.attempt}, ${fmtTime(ckpt.updated_at)} · processed `,
         el("strong", { id: "processed" }, String(ckpt.processed ?? "?"))),
       el("pre", {}, JSON.stringify(ckpt.state, null, 2))) : el("p", { class: "muted", id: "checkpoint" }, "No checkpoint.");
     return [el("h1", {}, `Run ${run.id}`), grid, el("h2", {}, "Commands"), cmds,
       el("p", { id: "cmd-result", role: "status" }, lastResult[run.id] || ""),
+      el("h2", {}, "Arguments"), argsView,
       el("h2", {}, "Progress"), progress,
       el("h2", {}, "Attempts"), table([
         ["#", (a) => a.attempt], ["Worker", (a) => a.worker_id], ["Token", (a) => a.token],
         ["Started", (a) => fmtTime(a.started_at)], ["Finished", (a) => fmtTime(a.finished_at)],
-        ["Outcome", (a) => a.outcome || ""], ["Error", (a) => a.error_class || ""]], attempts, "attempts-table"),
+        ["Outcome", (a) => a.outcome || ""], ["Error", (a) => a.error_class || ""],
+        ["Message", (a) => longText(a.error_message, `att-${run.id}-${a.attempt}`)]], attempts, "attempts-table"),
       el("h2", {}, "Timeline"), timelineNote(events), table([
         ["At", (e) => fmtTime(e.at)], ["Event", (e) => e.type],
         ["Transition", (e) => e.from_status || e.to_status ? `${e.from_status || "·"} → ${e.to_status || "·"}` : ""],
         ["Attempt", (e) => e.attempt ?? ""], ["Worker", (e) => e.worker_id || ""], ["Actor", (e) => e.actor || ""],
         ["Reason", (e) => e.reason || (e.actor && e.actor.startsWith("token:") ? el("em", { class: "muted" }, "no reason given") : "")],
-        ["Error", (e) => e.error_class || ""]], events.filter((e) => e.type !== "checkpointed"), "events-table")];
+        ["Error", (e) => [e.error_class || "", e.error_message ? longText(e.error_message, `ev-${e.id}`) : ""]]],
+      events.filter((e) => e.type !== "checkpointed"), "events-table")];
   },
 
-  async "dead-letter"() {
-    const rows = await api("GET", "/v1/dead-letter");
-    return [el("h1", {}, "Dead letter"), table([
-      ["Id", (r) => runLink(r.id)], ["Handler", (r) => r.handler], ["Queue", (r) => r.queue], ["State", (r) => state(r.status)],
-      ["Attempts", (r) => r.attempt], ["Finished", (r) => fmtTime(r.finished_at)], ["Reason", (r) => r.reason || ""],
-      ["Error", (r) => `${r.last_error_class || ""} ${r.last_error || ""}`],
-      ["", (r) => el("button", { onclick: () => confirmRun(r, "retry") }, "Retry")]], rows, "dead-table")];
+  async "dead-letter"(params) {
+    const q = new URLSearchParams({ limit: "1000" });
+    if (params.get("queue")) q.set("queue", params.get("queue"));
+    let rows = await api("GET", `/v1/dead-letter?${q}`);
+    const handler = params.get("handler");
+    if (handler) rows = rows.filter((r) => r.handler === handler);
+    const form = filterForm("dead-filter", "dead-letter", params, [["queue", "queue"], ["handler", "handler"]]);
+    return [el("h1", {}, "Dead letter"), form,
+      el("div", { class: "commands" }, el("button", { id: "retry-all", disabled: !rows.length,
+        onclick: () => retryAll(rows) }, `Retry all ${rows.length} shown…`),
+      el("progress", { id: "bulk-progress", value: bulkProgress.done, max: bulkProgress.total || 1, hidden: !bulkProgress.total })),
+      el("p", { id: "bulk-result", role: "status" }, lastResult.bulk || ""),
+      table([
+        ["", (r) => selectBox("dead", r.id)],
+        ["Id", (r) => runLink(r.id)], ["Handler", (r) => r.handler], ["Queue", (r) => r.queue], ["State", (r) => state(r.status)],
+        ["Attempts", (r) => r.attempt], ["Finished", (r) => fmtTime(r.finished_at)], ["Reason", (r) => r.reason || ""],
+        ["Error", (r) => [r.last_error_class || "", " ", longText(r.last_error, `dl-${r.id}`)]],
+        ["", (r) => el("button", { onclick: () => confirmRun(r, "retry") }, "Retry")]], rows, "dead-table")];
   },
 
   async review() {
@@ -201,20 +317,85 @@ const views = {
     return [el("h1", {}, "Review queue"), el("p", { class: "muted" },
       "Runs whose non-idempotent side effect may or may not have happened: check, then resolve."), table([
       ["Id", (r) => runLink(r.id)], ["Handler", (r) => r.handler], ["Queue", (r) => r.queue],
-      ["Finished", (r) => fmtTime(r.finished_at)], ["Error", (r) => r.last_error || ""],
+      ["Finished", (r) => fmtTime(r.finished_at)], ["Error", (r) => longText(r.last_error, `rv-${r.id}`)],
       ["", (r) => [resolve(r, "succeeded"), resolve(r, "failed"), resolve(r, "retry")]]], rows, "review-table")];
+  },
+
+  async workers() {
+    const ws = await api("GET", "/v1/workers");
+    return [el("h1", {}, "Workers"), el("p", { class: "muted" },
+      "Live workers (their identity heartbeat); a stopped or dead worker leaves the list within seconds."), table([
+      ["Id", (w) => w.id], ["Host", (w) => w.host], ["Pid", (w) => w.pid], ["Version", (w) => w.version],
+      ["Queues", (w) => w.queues.join(", ")], ["Busy", (w) => `${w.running.length} / ${w.concurrency}`],
+      ["Runs held", (w) => w.running.length ? w.running.map((h) => [runLink(h.id), ` ${h.handler} `]) : ""],
+      ["Started", (w) => ago(w.started_at)], ["Last claim", (w) => w.last_claim_at ? ago(w.last_claim_at) : "never"],
+      ["State", (w) => w.stop_requested ? el("span", { class: "state STOPPING", "data-worker-state": "stopping" },
+        `stopping (${w.stop_requested.actor})`) : el("span", { "data-worker-state": "running" }, "running")],
+      ["", (w) => w.stop_requested ? "" : el("button", { "data-stop-worker": w.id, onclick: () => confirmStopWorker(w) }, "Drain and stop…")],
+    ], ws, "workers-table"), el("p", { id: "cmd-result", role: "status" }, lastResult.workers || "")];
   },
 
   async schedules() {
     const rows = await api("GET", "/v1/schedules");
-    const next = await Promise.all(rows.map((s) => api("GET", `/v1/schedules/${encodeURIComponent(s.name)}/next?n=3`)
+    const next = await Promise.all(rows.map((s) => api("GET", `/v1/schedules/${enc(s.name)}/next?n=3`)
       .then((n) => n.fires).catch(() => [])));
-    return [el("h1", {}, "Schedules"), table([
-      ["Name", (s) => s.name], ["Handler", (s) => s.handler], ["Every", (s) => s.cron || `${s.interval_s}s`],
+    const admin = isAdmin();
+    const btn = (s, label, fn) => el("button", { "data-schedule": s.name, "data-action": label.toLowerCase().replace(/\W+/g, "-"), onclick: fn }, label);
+    const out = [el("h1", {}, "Schedules"), table([
+      ["Name", (s) => el("a", { href: `#/schedule/${enc(s.name)}` }, s.name)], ["Handler", (s) => s.handler],
+      ["Every", (s) => s.cron || `${s.interval_s}s`],
       ["Timezone", (s) => s.timezone], ["Paused", (s) => s.paused ? "paused" : ""],
       ["Next fires", (s) => next[rows.indexOf(s)].map(fmtTime).join(" · ")],
       ["Last", (s) => s.last_run_id ? [runLink(s.last_run_id), " ", s.last_status ? state(s.last_status) : ""] : ""],
-      ["Fires / skipped", (s) => `${s.fires} / ${s.skipped}`]], rows, "schedules-table")];
+      ["Fires / skipped", (s) => `${s.fires} / ${s.skipped}`],
+      ["", (s) => admin ? el("span", { class: "commands" },
+        btn(s, s.paused ? "Resume" : "Pause", () => scheduleCommand(s, s.paused ? "resume" : "pause")),
+        btn(s, "Run now", () => scheduleCommand(s, "run-now")), btn(s, "Delete", () => scheduleCommand(s, "delete"))) : ""]],
+    rows, "schedules-table"), el("p", { id: "cmd-result", role: "status" }, lastResult.schedules || "")];
+    if (admin) {
+      out.push(el("h2", {}, "New schedule"), el("form", { id: "schedule-form", class: "filters", "data-keep": true,
+        onsubmit: (ev) => { ev.preventDefault(); createSchedule(ev.target); } },
+      ["name", "handler", "queue", "cron", "interval_s", "timezone"].map((n) =>
+        el("input", { name: n, placeholder: n === "interval_s" ? "or every N seconds" : n === "cron" ? "cron (0 3 * * *)" : n,
+          "aria-label": n, required: n === "name" || n === "handler", type: n === "interval_s" ? "number" : "text" })),
+      el("input", { name: "args", placeholder: "arguments as JSON list", "aria-label": "arguments (JSON list)" }),
+      el("button", { type: "submit" }, "Create…")));
+    }
+    return out;
+  },
+
+  async schedule(params, name) {
+    const [s, runs, next] = await Promise.all([api("GET", `/v1/schedules/${name}`),
+      api("GET", `/v1/schedules/${name}/runs?limit=20`), api("GET", `/v1/schedules/${name}/next?n=5`)]);
+    return [el("h1", {}, `Schedule ${s.name}`), el("div", { class: "grid" },
+      ["handler", "queue", "cron", "interval_s", "timezone", "paused", "fires", "skipped", "created_at"]
+        .filter((f) => s[f] !== null && s[f] !== undefined)
+        .map((f) => [el("span", { class: "muted" }, f), el("span", {}, f.endsWith("_at") ? fmtTime(s[f]) : String(s[f]))]),
+      [el("span", { class: "muted" }, "arguments"), el("code", {}, JSON.stringify(s.args_json))]),
+    el("h2", {}, "Next fires"), el("p", {}, next.fires.map(fmtTime).join(" · ")),
+    el("h2", {}, "Last fires"), table([["Fire time", (r) => fmtTime(r.fire_time)], ["Run", (r) => runLink(r.id)],
+      ["State", (r) => state(r.status)], ["Attempt", (r) => r.attempt], ["Finished", (r) => fmtTime(r.finished_at)]],
+    runs, "schedule-runs-table")];
+  },
+
+  async events(params) {
+    const q = new URLSearchParams({ limit: "200" });
+    for (const k of ["type", "queue"]) if (params.get(k)) q.set(k, params.get(k));
+    const aq = new URLSearchParams({ limit: "100" });
+    for (const k of ["actor", "queue"]) if (params.get(k)) aq.set(k, params.get(k));
+    const [events, audit] = await Promise.all([api("GET", `/v1/events?${q}`), api("GET", `/v1/audit?${aq}`)]);
+    const actor = params.get("actor");
+    const shown = actor ? events.filter((e) => (e.actor || "").startsWith(actor)) : events;
+    return [el("h1", {}, "Fleet events"), filterForm("events-filter", "events", params,
+      [["type", "event type"], ["queue", "queue"], ["actor", "actor"]]),
+    table([["At", (e) => fmtTime(e.at)], ["Event", (e) => e.type], ["Run", (e) => e.run_id ? runLink(e.run_id) : ""],
+      ["Queue", (e) => e.queue || ""], ["Handler", (e) => e.handler || ""],
+      ["Transition", (e) => e.from_status || e.to_status ? `${e.from_status || "·"} → ${e.to_status || "·"}` : ""],
+      ["Worker", (e) => e.worker_id || ""], ["Actor", (e) => e.actor || ""], ["Reason", (e) => e.reason || ""],
+      ["Error", (e) => e.error_class || ""]], shown, "fleet-events-table"),
+    el("h2", {}, "Audit log"), table([["At", (a) => fmtTime(a.at)], ["Actor", (a) => a.actor], ["Action", (a) => a.action],
+      ["Queue", (a) => a.queue || ""], ["Target", (a) => a.target || ""], ["Reason", (a) => a.reason || ""],
+      ["Detail", (a) => a.data ? JSON.stringify(a.data) : ""]], audit, "audit-table")];
   },
 
   async workflows() {
@@ -234,12 +415,19 @@ const views = {
   },
 };
 
+function go(route, params, changes) {
+  const q = new URLSearchParams(params);
+  for (const [k, v] of Object.entries(changes)) if (v) q.set(k, v); else q.delete(k);
+  location.hash = `#/${route}${q.toString() ? "?" + q : ""}`;
+}
+
 function timelineNote(events) {
   const ckpts = events.filter((e) => e.type === "checkpointed");
   return ckpts.length ? el("p", { class: "muted" }, `${ckpts.length} checkpoint events not shown (latest ${fmtTime(ckpts[ckpts.length - 1].at)}).`) : null;
 }
 
-// The DAG as SVG: one column per depth (longest path from a root), edges as lines.
+// The DAG as SVG: one column per depth (longest path from a root), edges as lines. Names longer
+// than a box are cut with an ellipsis; the full name is the node's tooltip.
 function graph(nodes) {
   const by = Object.fromEntries(nodes.map((n) => [n.name, n]));
   const depth = {};
@@ -253,7 +441,7 @@ function graph(nodes) {
   nodes.forEach((n) => d(n.name));
   const cols = {};
   nodes.forEach((n) => (cols[depth[n.name]] = cols[depth[n.name]] || []).push(n));
-  const W = 200, H = 46, pos = {};
+  const W = 200, H = 46, BOX = 170, pos = {};
   Object.entries(cols).forEach(([c, ns]) => ns.forEach((n, i) => (pos[n.name] = [20 + c * W, 20 + i * H])));
   const width = 40 + (Object.keys(cols).length) * W, height = 40 + Math.max(...Object.values(cols).map((c) => c.length)) * H;
   const NS = "http://www.w3.org/2000/svg";
@@ -263,16 +451,16 @@ function graph(nodes) {
     if (text) e.textContent = text;
     return e;
   };
-  const colour = { SUCCEEDED: "#d1fadf", FAILED: "#fee4e2", TIMED_OUT: "#fee4e2", RUNNING: "#d1e9ff", PAUSED: "#fef0c7",
-    STOPPED: "#fef0c7", CANCELLED: "#f2f4f7", BLOCKED: "#ffffff", PENDING: "#eef1f5" };
-  const svg = s("svg", { width, height, id: "workflow-graph", role: "img" });
+  const svg = s("svg", { width, height, id: "workflow-graph", role: "img", "aria-label": "workflow graph" });
   nodes.forEach((n) => (n.depends_on || []).filter((u) => pos[u]).forEach((u) => svg.append(s("line", {
-    x1: pos[u][0] + 160, y1: pos[u][1] + 15, x2: pos[n.name][0], y2: pos[n.name][1] + 15, stroke: "#98a2b3" }))));
+    x1: pos[u][0] + BOX, y1: pos[u][1] + 15, x2: pos[n.name][0], y2: pos[n.name][1] + 15, class: "edge" }))));
   nodes.forEach((n) => {
     const [x, y] = pos[n.name];
     const a = s("a", { href: `#/run/${n.id}` });
-    a.append(s("rect", { x, y, width: 160, height: 30, rx: 5, fill: colour[n.status] || "#fff", stroke: "#667085" }),
-      s("text", { x: x + 6, y: y + 19 }, `${n.name} · ${n.status}`));
+    const label = `${n.name} · ${n.status}`;
+    const shown = label.length > 24 ? `${label.slice(0, 23)}…` : label;
+    a.append(s("title", {}, label), s("rect", { x, y, width: BOX, height: 30, rx: 5, class: `node ${n.status}` }),
+      s("text", { x: x + 6, y: y + 19 }, shown));
     svg.append(a);
   });
   return svg;
@@ -280,6 +468,7 @@ function graph(nodes) {
 
 // -- commands --------------------------------------------------------------------------------
 const lastResult = {};
+const bulkProgress = { done: 0, total: 0 };
 
 function ask(title, text) {
   return new Promise((resolve) => {
@@ -318,7 +507,18 @@ async function confirmResolve(run, as) {
 
 async function confirmQueue(queue, verb) {
   const reason = await ask(`${verb} queue ${queue}?`, verb === "pause" ? "Nothing new is dispatched while paused." : "");
-  if (reason !== null) await act(queue, `/v1/queues/${encodeURIComponent(queue)}/${verb}`, { reason }, `${verb} ${queue}`);
+  if (reason !== null) await act(queue, `/v1/queues/${enc(queue)}/${verb}`, { reason }, `${verb} ${queue}`);
+}
+
+async function confirmStopWorker(w) {
+  const reason = await ask(`Stop worker ${w.id}?`, `It stops claiming, finishes or releases the ${w.running.length} ` +
+    `runs it holds (its grace period), then exits. Serving: ${w.queues.join(", ")}.`);
+  if (reason === null) return;
+  try {
+    await api("POST", `/v1/workers/${enc(w.id)}/stop`, { reason });
+    lastResult.workers = `asked ${w.id} to stop: it drains at its next heartbeat`;
+  } catch (e) { lastResult.workers = `stop ${w.id} refused: ${e.message}`; }
+  await render();
 }
 
 async function confirmWorkflowRetry(wf) {
@@ -331,18 +531,191 @@ async function confirmWorkflowRetry(wf) {
   await render();
 }
 
+// One command on a list of runs, each by its own compare-and-set, a few at a time, with progress.
+async function actOnIds(ids, verb, reason) {
+  bulkProgress.done = 0;
+  bulkProgress.total = ids.length;
+  const failed = [];
+  let next = 0;
+  const workerLoop = async () => {
+    while (next < ids.length) {
+      const id = ids[next++];
+      try { await api("POST", `/v1/runs/${id}/${verb}`, { reason }); } catch (e) { failed.push(`${id}: ${e.message}`); }
+      bulkProgress.done++;
+      const bar = $("bulk-progress");
+      if (bar) { bar.hidden = false; bar.max = bulkProgress.total; bar.value = bulkProgress.done; }
+    }
+  };
+  await Promise.all([workerLoop(), workerLoop(), workerLoop(), workerLoop()]);
+  lastResult.bulk = `${verb}: ${ids.length - failed.length} of ${ids.length} done` +
+    (failed.length ? `; refused: ${failed.slice(0, 5).join("; ")}${failed.length > 5 ? " …" : ""}` : "");
+  bulkProgress.total = 0;
+}
+
+async function retryAll(rows) {
+  const ids = rows.map((r) => r.id);
+  const reason = await ask(`Retry ${ids.length} runs?`, `Exactly the ${ids.length} dead-letter runs shown ` +
+    `(ids ${Math.min(...ids)}–${Math.max(...ids)}) go back to PENDING, each only if it is still where it was.`);
+  if (reason === null) return;
+  await actOnIds(ids, "retry", reason);
+  await render();
+}
+
+async function actOnSelected(view, verb) {
+  const ids = [...(selected[view] || [])];
+  const reason = await ask(`${verb} ${ids.length} selected runs?`, `Runs ${ids.join(", ")}.`);
+  if (reason === null) return;
+  await actOnIds(ids, verb, reason);
+  selected[view].clear();
+  await render();
+}
+
+// A filtered set, by the server's bulk command (admin): the count comes from its 428 answer (the exact
+// ids up to until_id), then chunks of CHUNK, each confirmed with its own exact size.
+function bulkBar(params, total, exact) {
+  const queue = params.get("queue"), status = params.get("status");
+  const others = ["id", "tenant", "concurrency_key", "idempotency_key", "arg", "since", "until"].filter((k) => params.get(k));
+  if (!isAdmin()) return null;
+  if (!queue || !status || others.length) {
+    return el("p", { class: "muted", id: "bulk-bar" }, "Act on a filtered set: filter by queue and state (and optionally handler).");
+  }
+  return el("div", { class: "commands", id: "bulk-bar" }, `All matching in ${queue}: `,
+    ["pause", "cancel", "retry", "resume"].filter((v) => COMMANDS[v].includes(status)).map((v) =>
+      el("button", { "data-bulk": v, onclick: () => bulkByFilter(queue, v, status, params.get("handler")) },
+        `${v[0].toUpperCase() + v.slice(1)} all…`)),
+    el("progress", { id: "bulk-progress", value: bulkProgress.done, max: bulkProgress.total || 1, hidden: !bulkProgress.total }));
+}
+
+async function bulkCount(queue, body) {
+  try {
+    const out = await api("POST", `/v1/queues/${enc(queue)}/bulk`, { ...body, confirm: 0 });
+    return { matched: out.matched, acting: 0, until_id: null };  // nothing matched: nothing done
+  } catch (e) {
+    if (e.status === 428 && e.problem) return e.problem;
+    throw e;
+  }
+}
+
+async function bulkByFilter(queue, verb, status, handler) {
+  const base = { command: verb, status, handler: handler || null, limit: CHUNK };
+  let first;
+  try { first = await bulkCount(queue, base); } catch (e) { lastResult.bulk = `refused: ${e.message}`; return render(); }
+  if (!first.matched) { lastResult.bulk = "no run matches"; return render(); }
+  const reason = await ask(`${verb} ${first.matched} runs?`, `${first.matched} ${status} runs of ${queue}` +
+    (handler ? ` (handler ${handler})` : "") + ` with ids up to ${first.until_id}; acted on in chunks of ${CHUNK}.`);
+  if (reason === null) return;
+  bulkProgress.done = 0;
+  bulkProgress.total = first.matched;
+  let done = 0, refused = 0;
+  try {
+    for (let round = 0; done + refused < first.matched && round <= first.matched / CHUNK + 1; round++) {
+      const probe = await bulkCount(queue, { ...base, until_id: first.until_id, reason });
+      if (!probe.acting) break;
+      const out = await api("POST", `/v1/queues/${enc(queue)}/bulk`, { ...base, until_id: first.until_id, reason, confirm: probe.acting });
+      done += out.acted;
+      refused += Object.keys(out.refused || {}).length;
+      bulkProgress.done = done + refused;
+      const bar = $("bulk-progress");
+      if (bar) { bar.hidden = false; bar.max = bulkProgress.total; bar.value = bulkProgress.done; }
+    }
+    lastResult.bulk = `${verb}: ${done} of ${first.matched} done` + (refused ? `, ${refused} refused (moved meanwhile)` : "");
+  } catch (e) {
+    lastResult.bulk = `${verb} stopped after ${done}: ${e.message}`;
+  }
+  bulkProgress.total = 0;
+  await render();
+}
+
+async function scheduleCommand(s, action) {
+  const reason = await ask(`${action} schedule ${s.name}?`, action === "delete" ? "It fires no more; its runs stay." :
+    action === "run-now" ? "One run now; its next scheduled fire does not move." : "");
+  if (reason === null) return;
+  const path = `/v1/schedules/${enc(s.name)}`;
+  try {
+    if (action === "delete") await api("DELETE", `${path}?reason=${enc(reason)}`);
+    else {
+      const out = await api("POST", `${path}/${action}`, { reason });
+      if (action === "run-now") { lastResult.schedules = `${s.name} fired: run ${out.id}`; return render(); }
+    }
+    lastResult.schedules = `${action} ${s.name}: done`;
+  } catch (e) { lastResult.schedules = `${action} ${s.name} refused: ${e.message}`; }
+  await render();
+}
+
+async function createSchedule(form) {
+  const f = Object.fromEntries([...new FormData(form).entries()].filter(([, v]) => v !== ""));
+  const body = { name: f.name, handler: f.handler };
+  for (const k of ["queue", "cron", "timezone"]) if (f[k]) body[k] = f[k];
+  if (f.interval_s) body.interval_s = Number(f.interval_s);
+  try { if (f.args) body.args = JSON.parse(f.args); } catch (e) { lastResult.schedules = `arguments: ${e.message}`; return render(); }
+  const reason = await ask(`Create schedule ${body.name}?`, `${body.handler} ${body.cron ? "at " + body.cron : "every " + body.interval_s + " s"}.`);
+  if (reason === null) return;
+  try {
+    await api("POST", "/v1/schedules", { ...body, reason });
+    lastResult.schedules = `created ${body.name}`;
+    form.reset();
+  } catch (e) { lastResult.schedules = `create ${body.name} refused: ${e.message}`; }
+  await render();
+}
+
+async function changeDispatch(queue, form) {
+  const f = Object.fromEntries(new FormData(form).entries());
+  const body = { setting: f.setting, value: f.value === "" ? null : Number(f.value) };
+  if (f.setting === "weight") body.tenant = f.tenant;
+  if (f.setting === "limit") body.key = f.key;
+  const reason = await ask(`Change ${f.setting} of ${queue}?`, `${f.setting}${body.tenant ? " of tenant " + body.tenant : ""}` +
+    `${body.key ? " of key " + body.key : ""} → ${body.value === null ? "the default" : body.value}.`);
+  if (reason === null) return;
+  try {
+    await api("POST", `/v1/queues/${enc(queue)}/dispatch`, { ...body, reason });
+    lastResult[`dispatch:${queue}`] = `${f.setting} changed`;
+  } catch (e) { lastResult[`dispatch:${queue}`] = `refused: ${e.message}`; }
+  await render();
+}
+
 // -- routing and polling ---------------------------------------------------------------------
+let rendering = false, again = false;
 async function render() {
   if (!me || $("confirm").open) return;
-  const [path, query] = (location.hash.slice(2) || "queues").split("?");
-  const [name, id] = path.split("/");
-  const view = views[name] || views.queues;
-  document.querySelectorAll("#nav a").forEach((a) => a.classList.toggle("active", a.getAttribute("href") === `#/${name}`));
+  if (rendering) { again = true; return; }  // one more pass after this one: a command's result is never lost
+  rendering = true;
+  again = false;
   try {
-    const content = await view(new URLSearchParams(query || ""), id);
-    $("view").replaceChildren(...content.flat());
-    showError(null);
-  } catch (e) { showError(e); }
+    const [path, query] = (location.hash.slice(2) || "queues").split("?");
+    const [name, id] = path.split("/");
+    const view = views[name] || views.queues;
+    document.querySelectorAll("#nav a").forEach((a) => {
+      const here = a.getAttribute("href") === `#/${name}`;
+      a.classList.toggle("active", here);
+      if (here) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+    });
+    try {
+      const content = (await view(new URLSearchParams(query || ""), id)).flat(Infinity)
+        .filter((c) => c !== null && c !== undefined && c !== false);
+      if ($("confirm").open) return;
+      const frag = document.createDocumentFragment();
+      frag.append(...content);
+      const active = document.activeElement;
+      const sel = active && typeof active.selectionStart === "number" ? [active.selectionStart, active.selectionEnd] : null;
+      if (lastRoute === path) {  // the same view: what the operator is filling in stays as it is
+        frag.querySelectorAll("[data-keep][id]").forEach((fresh) => {
+          const old = document.getElementById(fresh.getAttribute("id"));  // not .id: a form's field named id shadows it
+          if (old && $("view").contains(old)) fresh.replaceWith(old);
+        });
+      }
+      $("view").replaceChildren(frag);
+      lastRoute = path;
+      document.body.dataset.renders = String(Number(document.body.dataset.renders || 0) + 1);  // tests wait on it
+      if (active && active !== document.body && document.contains(active) && document.activeElement !== active) {
+        active.focus();
+        if (sel) try { active.setSelectionRange(...sel); } catch (e) { /* not a text field */ }
+      }
+      showError(null);
+    } catch (e) { showError(e); }
+  } finally {
+    rendering = false;
+    if (again) render();
+  }
 }
 
 function start() {
