@@ -20,6 +20,7 @@ import msgspec
 from redis.exceptions import ResponseError
 
 from fencepost.core import release as workflows
+from fencepost.core import stats
 from fencepost.core.hot import TtlArgs, Versioned
 from fencepost.core.metrics import Cached
 from fencepost.core.models import encode_payload
@@ -58,6 +59,21 @@ def stream_id_int(entry_id: bytes) -> int:
     """Redis entry id 'ms-seq' as one sortable bigint: ms * 2^20 + seq."""
     ms, _, seq = entry_id.partition(b"-")
     return (int(ms) << 20) | int(seq)
+
+
+def _rollup(entries: list[tuple[str, bytes, dict[bytes, bytes]]], only: set[tuple[str, int]] | None) -> list[list[Any]]:
+    """Columns of rollup_minutes (queue, minute, kind, run, attempt, start lag ms) for the fresh entries."""
+    cols: list[list[Any]] = [[], [], [], [], [], []]
+    for stream, entry_id, f in entries:
+        kind = stats.KINDS.get(f[b"type"])
+        if kind is None or (only is not None and (stream, stream_id_int(entry_id)) not in only):
+            continue
+        ts, a, due = int(f[b"ts"]), f.get(b"attempt"), f.get(b"due")
+        for col, v in zip(cols, (stream[stream.index("{") + 1: stream.index("}")], _ts(ts - ts % 60_000), kind,
+                                 int(f[b"run"]), int(a) if a else None,
+                                 max(0, ts - int(due)) if due and kind == "started" else None)):
+            col.append(v)
+    return cols
 
 
 class Recorder:
@@ -233,6 +249,9 @@ class Recorder:
                 await workflows.on_recorded(tx, runs[0], runs[1])  # release / cancel dependents
             if attempts:
                 await tx.execute("apply_attempts", *attempts)
+            rollup = _rollup(entries, new)
+            if rollup[0]:  # the dashboard's per-minute counts, exactly once with the events they count
+                await tx.execute("rollup_minutes", *rollup)
             if self._compensations:
                 await tx.execute("insert_compensations", *map(list, zip(*self._compensations)))
         await self._acknowledge(entries, runs)

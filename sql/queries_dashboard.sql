@@ -55,3 +55,60 @@ SELECT count(*) AS n FROM (
     AND ($13::text IS NULL OR position(convert_to($13, 'UTF8') IN r.payload) > 0)
   LIMIT $14
 ) m;
+
+-- name: rollup_minutes
+-- The recorder's batch into queue_minutes (its own transaction): one element per counted transition.
+-- $1 queue, $2 minute, $3 kind (started / succeeded / failed / retried), $4 run id, $5 attempt,
+-- $6 start lag (ms, for started). Run time comes from the attempt row the same transaction just wrote.
+WITH ev AS (
+    SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bigint[], $5::int[], $6::bigint[])
+        AS e(queue, minute, kind, run_id, attempt, lag_ms)
+), d AS (
+    SELECT ev.queue, ev.minute, ev.kind, ev.lag_ms,
+           CASE WHEN ev.kind IN ('succeeded', 'failed') THEN
+               (SELECT (extract(epoch FROM a.finished_at - a.started_at) * 1000)::bigint FROM attempts a
+                WHERE a.run_id = ev.run_id AND a.attempt = ev.attempt) END AS run_ms
+    FROM ev
+), b AS (
+    SELECT queue, minute, kind,
+           width_bucket(lag_ms, ARRAY[10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000,
+                                      900000, 3600000]::bigint[]) + 1 AS lag_b,
+           width_bucket(run_ms, ARRAY[10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000,
+                                      900000, 3600000]::bigint[]) + 1 AS run_b
+    FROM d
+), agg AS (
+    SELECT queue, minute,
+           count(*) FILTER (WHERE kind = 'started') AS started,
+           count(*) FILTER (WHERE kind = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE kind = 'failed') AS failed,
+           count(*) FILTER (WHERE kind = 'retried') AS retried,
+           ARRAY(SELECT count(*) FILTER (WHERE x.lag_b = i)::int FROM b x, generate_series(1, 16) i
+                 WHERE x.queue = b.queue AND x.minute = b.minute GROUP BY i ORDER BY i) AS lag_hist,
+           ARRAY(SELECT count(*) FILTER (WHERE x.run_b = i)::int FROM b x, generate_series(1, 16) i
+                 WHERE x.queue = b.queue AND x.minute = b.minute GROUP BY i ORDER BY i) AS run_hist
+    FROM b GROUP BY queue, minute
+)
+INSERT INTO queue_minutes AS q (queue, minute, started, succeeded, failed, retried, lag_hist, run_hist)
+SELECT * FROM agg
+ON CONFLICT (minute, queue) DO UPDATE SET
+    started = q.started + EXCLUDED.started, succeeded = q.succeeded + EXCLUDED.succeeded,
+    failed = q.failed + EXCLUDED.failed, retried = q.retried + EXCLUDED.retried,
+    lag_hist = ARRAY(SELECT x + y FROM unnest(q.lag_hist, EXCLUDED.lag_hist) WITH ORDINALITY AS u(x, y, i) ORDER BY i),
+    run_hist = ARRAY(SELECT x + y FROM unnest(q.run_hist, EXCLUDED.run_hist) WITH ORDINALITY AS u(x, y, i) ORDER BY i);
+
+-- name: queue_stats
+-- The rollup for a chart: per step from $2, summed over $1 (NULL: every queue in scope $4); $3 the step.
+WITH m AS (
+    SELECT date_bin($3::interval, minute, TIMESTAMPTZ '2000-01-01 00:00:00+00') AS t, *
+    FROM queue_minutes
+    WHERE minute >= $2 AND ($1::text IS NULL OR queue = $1) AND ($4::text[] IS NULL OR queue = ANY($4))
+), h AS (
+    SELECT t, i, sum(l)::int AS l, sum(r)::int AS r
+    FROM m, unnest(m.lag_hist, m.run_hist) WITH ORDINALITY AS u(l, r, i) GROUP BY t, i
+)
+SELECT c.t, c.started, c.succeeded, c.failed, c.retried,
+       ARRAY(SELECT l FROM h WHERE h.t = c.t ORDER BY i) AS lag_hist,
+       ARRAY(SELECT r FROM h WHERE h.t = c.t ORDER BY i) AS run_hist
+FROM (SELECT t, sum(started)::int AS started, sum(succeeded)::int AS succeeded, sum(failed)::int AS failed,
+             sum(retried)::int AS retried FROM m GROUP BY t) c
+ORDER BY c.t;

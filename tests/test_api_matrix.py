@@ -184,6 +184,8 @@ MATRIX: dict[tuple[str, str], Decision] = {
     ("DELETE", "/v1/tokens/{token_id}"): Decision(ADMIN, 200, 404, _revoke),
     ("GET", "/v1/audit"): Decision(READ, 200, 200, _get("/v1/audit")),
     ("GET", "/v1/workers"): Decision(READ, 200, 200, _get("/v1/workers")),
+    ("GET", "/v1/queues/{queue}/stats"): Decision(READ, 200, 403, _get(f"/v1/queues/{Q}/stats?window=24h")),
+    ("GET", "/v1/stats"): Decision(READ, 200, 200, _get("/v1/stats?window=7d")),
     ("POST", "/v1/workers/{worker_id}/stop"): Decision(READ, 200, 404, _on_worker),
 }
 

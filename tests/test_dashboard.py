@@ -348,3 +348,39 @@ async def test_dashboard_operates_a_fleet(settings: Settings, client: Client, st
     assert len(retried) == 2 and {e["reason"] for e in retried} == {"fixed the validation bug"}
     assert not [e for e in await client.events(other) if e["type"] == "retried"]
     assert {(await client.get(r))["status"] for r in parked} == {"CANCELLED"}
+
+
+async def test_charts_come_from_a_rollup_counted_once(settings: Settings, client: Client, stores: Stores) -> None:
+    """Issue 17: per-queue and fleet charts from a per-minute rollup the recorder keeps in the batch
+    transaction (a replayed batch is not counted twice); scoped tokens see only their queues."""
+    from fencepost.reconciler.recorder import Recorder
+    from tests.conftest import record_all
+    from tests.test_api import _make_api
+
+    ok = [await client.submit("t.echo", i) for i in range(3)]
+    bad = await client.submit("t.err.invalid")
+    flaky = await client.submit("t.err.transient")  # two retries, then FAILED
+    async with _worker(settings):
+        for rid in [*ok, bad, flaky]:
+            await client.wait(rid, timeout=30)
+    raw = await stores.redis.xrange(stores.keys("tq").events)
+    entries = [(stores.keys("tq").events, eid, fields) for eid, fields in raw]
+    await record_all(stores)
+    await Recorder(stores, consumer="replay")._record(entries)  # a batch delivered twice: counted once
+
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        for path, who in (("/v1/queues/tq/stats", "op_tq"), ("/v1/stats", "admin")):
+            r = await api.req("GET", path, who, params={"window": "1h"})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["window"] == "1h" and body["step_s"] == 60 and 60 <= len(body["points"]) <= 61
+            total = {k: sum(p[k] for p in body["points"]) for k in ("started", "succeeded", "failed", "retried")}
+            assert total == {"started": 7, "succeeded": 3, "failed": 2, "retried": 2}, (path, total)
+            busy = [p for p in body["points"] if p["started"]]
+            assert busy and all(p["lag_p50_ms"] is not None and p["lag_p95_ms"] >= p["lag_p50_ms"] for p in busy)
+            assert any(p["run_p95_ms"] is not None for p in body["points"] if p["succeeded"] or p["failed"])
+        fleet_of_other = (await api.req("GET", "/v1/stats", "op_other", params={"window": "24h"})).json()
+        assert fleet_of_other["step_s"] == 900 and not any(p["started"] for p in fleet_of_other["points"])
+        r = await api.req("GET", "/v1/stats", "admin", params={"window": "1y"})
+        assert r.status_code == 422 and r.json()["field"] == "window"
+        assert (await api.req("GET", "/v1/queues/tq/stats", "producer")).status_code == 403

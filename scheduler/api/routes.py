@@ -37,7 +37,7 @@ from fencepost.api.problems import (
     problem_response,
 )
 from fencepost.client import Client
-from fencepost.core import fairness, validate
+from fencepost.core import fairness, stats, validate
 from fencepost.core import workers as fleet
 from fencepost.core.errors import BulkNotConfirmed, InvalidInput, UnknownRun
 from fencepost.core.fairness import due_summary
@@ -652,6 +652,46 @@ async def audit_log(ctx: Ctx) -> Any:
     return out
 
 
+# -- charts ----------------------------------------------------------------------------------
+_WINDOWS = {"1h": (3600, 60), "24h": (86400, 900), "7d": (604800, 7200)}
+"""window -> (seconds, step seconds): 60, 96 and 84 points."""
+
+
+async def _stats(ctx: Ctx, queue: str | None) -> S.Stats:
+    window = ctx.q("window", "1h")
+    if window not in _WINDOWS:
+        raise InvalidInput(f"window must be one of {', '.join(_WINDOWS)}, not {window!r}", field="window")
+    span, step = _WINDOWS[window]
+    now = time.time()
+    first = int((now - span) // step + 1) * step
+    rows = await ctx.client.stores.db.fetch("queue_stats", queue, datetime.fromtimestamp(first, _UTC),
+                                            timedelta(seconds=step), ctx.p.scope)
+    by_t = {int(r["t"].timestamp()): r for r in rows}
+    points = []
+    for t in range(first, int(now) + 1, step):
+        r = by_t.get(t)
+        if r is None:
+            points.append(S.StatsPoint(t=datetime.fromtimestamp(t, _UTC)))
+            continue
+        lag, run = list(r["lag_hist"]), list(r["run_hist"])
+        points.append(S.StatsPoint(t=r["t"], started=r["started"], succeeded=r["succeeded"], failed=r["failed"],
+                                   retried=r["retried"], lag_p50_ms=stats.percentile(lag, 0.5),
+                                   lag_p95_ms=stats.percentile(lag, 0.95), run_p50_ms=stats.percentile(run, 0.5),
+                                   run_p95_ms=stats.percentile(run, 0.95)))
+    return S.Stats(queue=queue, window=window, step_s=step, points=points)  # type: ignore[arg-type]
+
+
+async def queue_stats(ctx: Ctx) -> Any:
+    name = ctx.path("queue")
+    ctx.p.require_queue(name)
+    return await _stats(ctx, name)
+
+
+async def fleet_stats(ctx: Ctx) -> Any:
+    """Every queue in the caller's scope, summed."""
+    return await _stats(ctx, None)
+
+
 # -- workers ---------------------------------------------------------------------------------
 def _scoped_worker(ctx: Ctx, w: fleet.WorkerInfo) -> fleet.WorkerInfo | None:
     """A worker as the caller may see it: scoped tokens see the workers serving one of their queues,
@@ -695,6 +735,7 @@ _LIMIT = ("limit", "integer", 50, "At most this many rows (1-1000)")
 _REASON = ("reason", "string", None, "Recorded in the audit log with the token that acted")
 _QUEUE = ("queue", "string", None, "Only this queue")
 _RUN = "/v1/runs/{run_id}"
+_WINDOW = ("window", "string", "1h", "1h (per minute), 24h (per 15 min) or 7d (per 2 h)")
 
 async def _dispatch_view(client: Client, name: str) -> S.DispatchSettings:
     d = await fairness.describe(client.stores, name)
@@ -830,6 +871,11 @@ ROUTES: list[RouteSpec] = [
               body=S.TokenCreate, response=S.TokenCreated, status=201, tag="tokens"),
     RouteSpec("DELETE", "/v1/tokens/{token_id}", revoke_token_route, "Revoke a token", roles=("admin",),
               response=S.Token, params=[_REASON], tag="tokens"),
+    RouteSpec("GET", "/v1/queues/{queue}/stats", queue_stats,
+              "Started, succeeded, failed, retried per step, start lag and run time percentiles (per-minute rollup)",
+              roles=READ, response=S.Stats, params=[_WINDOW], tag="queues"),
+    RouteSpec("GET", "/v1/stats", fleet_stats, "The same, summed over every queue in the token's scope", roles=READ,
+              response=S.Stats, params=[_WINDOW], tag="queues"),
     RouteSpec("GET", "/v1/workers", list_workers, "Live workers: host, pid, version, queues, concurrency, held runs",
               roles=READ, response=list[S.WorkerInfo], params=[_QUEUE], tag="workers"),
     RouteSpec("POST", "/v1/workers/{worker_id}/stop", stop_worker,

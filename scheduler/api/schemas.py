@@ -46,6 +46,8 @@ __all__ = [
     "ScheduleEdit",
     "ScheduleRun",
     "ScheduleSpec",
+    "Stats",
+    "StatsPoint",
     "StopRequest",
     "SubmitBatch",
     "SubmitRequest",
@@ -510,3 +512,26 @@ class WorkerStopped(msgspec.Struct, kw_only=True):
 
     id: str
     stop_requested: StopRequest
+
+
+class StatsPoint(msgspec.Struct, kw_only=True):
+    """One step of a chart: transitions counted in it and percentiles (ms) of start lag and run time."""
+
+    t: datetime
+    started: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    lag_p50_ms: float | None = None
+    lag_p95_ms: float | None = None
+    run_p50_ms: float | None = None
+    run_p95_ms: float | None = None
+
+
+class Stats(msgspec.Struct, kw_only=True):
+    """A queue's (or, queue null, the caller's fleet's) activity over a window, from the per-minute rollup."""
+
+    queue: str | None
+    window: Literal["1h", "24h", "7d"]
+    step_s: int
+    points: list[StatsPoint]
