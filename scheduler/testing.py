@@ -10,6 +10,7 @@ registry by overriding the `fencepost_registry` fixture. Needs the `test` extra 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import tempfile
 import time
@@ -26,6 +27,7 @@ from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.errors import FencepostError
 from fencepost.core.models import decode_payload, decode_result, encode_payload, encode_result
+from fencepost.core.queues import declare_queues, require_queue, stamp_created
 from fencepost.core.record import Database
 from fencepost.core.registry import Handler, Registry
 from fencepost.core.stores import Stores
@@ -37,6 +39,7 @@ from fencepost.worker.runtime import Worker, WorkerOptions
 
 __all__ = ["Clock", "DrainTimeout", "Harness", "JobRun", "run_job"]
 
+log = logging.getLogger("fencepost.testing")
 _Scored = list[tuple[bytes, float]]
 _INTERRUPTS = {"pause": "PAUSED", "stop": "STOPPED", "cancel": "CANCELLED"}
 
@@ -102,6 +105,19 @@ async def run_job(handle: Handler[..., Any], *args: Any, checkpoint: Any = None,
         return JobRun(status=_INTERRUPTS[exc.kind], checkpoints=committed, processed=ctx.processed, ctx=ctx)
     return JobRun(status="SUCCEEDED", result=decode_result(encode_result(value)), checkpoints=committed,
                   processed=ctx.processed, ctx=ctx)
+
+
+async def _stopped(task: asyncio.Task[None], grace: float = 10.0) -> None:
+    """Wait for the drain's worker to stop; one that does not within `grace` (a helper that lost its
+    cancellation) is cancelled again: the jobs it ran are recorded already."""
+    done, _ = await asyncio.wait({task}, timeout=grace)
+    if not done:
+        log.warning("the drain's worker did not stop within %gs; cancelling it", grace,
+                    extra={"event": "testing_worker_cancelled"})
+        task.cancel()
+        await asyncio.wait({task}, timeout=grace)
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        raise task.exception()  # type: ignore[misc]
 
 
 class DrainTimeout(FencepostError, TimeoutError):
@@ -177,9 +193,17 @@ class Harness:
                 await asyncio.sleep(0.02)
         finally:
             worker.request_stop()
-            await asyncio.wait_for(task, timeout=30)
+            await _stopped(task)
         await self.record(timeout=max(deadline - time.monotonic(), 5.0))
         await self.relay.close()
+
+    async def stamp(self) -> None:
+        """Stamp the registry's queues in this (fresh) key prefix with PostgreSQL's epochs: a database shared
+        by several tests knows the queues already, and an unstamped queue is left to a reconciler's rebuild.
+        Only for a prefix nothing else uses: Redis there has nothing to lose."""
+        stores = self.client.stores
+        await declare_queues(stores, self.queues)
+        await stamp_created(stores, {q: int(str((await require_queue(stores, q))["epoch"])) for q in self.queues})
 
     async def _idle(self, skip_delays: bool) -> bool:
         stores = self.client.stores
@@ -215,11 +239,12 @@ class Harness:
 
 @pytest.fixture(scope="session")
 def fencepost_urls() -> Iterator[tuple[str, str]]:
-    """(redis_url, database_url) for the session: FENCEPOST_TEST_REDIS_URL / FENCEPOST_TEST_DATABASE_URL,
-    else FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL, else embedded servers started now (the `embedded`
-    extra) and stopped after the session. The database is migrated once."""
-    redis_url = os.environ.get("FENCEPOST_TEST_REDIS_URL") or os.environ.get("FENCEPOST_REDIS_URL")
-    database_url = os.environ.get("FENCEPOST_TEST_DATABASE_URL") or os.environ.get("FENCEPOST_DATABASE_URL")
+    """(redis_url, database_url) for the session: FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL (point the
+    database at one for tests: it is migrated once, and runs of earlier tests stay in it), else embedded
+    servers started now (the `embedded` extra) and stopped after the session. Override the fixture to
+    choose otherwise."""
+    redis_url = os.environ.get("FENCEPOST_REDIS_URL")
+    database_url = os.environ.get("FENCEPOST_DATABASE_URL")
     servers: EmbeddedServers | None = None
     if not (redis_url and database_url):
         base = tempfile.mkdtemp(prefix="fencepost-testing-")
@@ -258,7 +283,9 @@ async def fencepost(fencepost_urls: tuple[str, str], fencepost_registry: Registr
     client = await Client(settings=settings).connect()
     try:
         await client.register(fencepost_registry)
-        yield Harness(settings, fencepost_registry, client)
+        harness = Harness(settings, fencepost_registry, client)
+        await harness.stamp()
+        yield harness
     finally:
         await client.close()
         r = aioredis.Redis.from_url(redis_url)

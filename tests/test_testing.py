@@ -122,7 +122,7 @@ async def test_the_clock_brings_delayed_runs_forward(fp: Harness) -> None:
     assert EFFECTS == [f"{now}:y", f"{run_id}:x"]
 
 
-def test_the_pytest_plugin_in_a_user_project(tmp_path: Path) -> None:
+def test_the_pytest_plugin_in_a_user_project(tmp_path: Path, settings: Settings) -> None:
     """A project with `pytest_plugins = ["fencepost.testing"]` and its own registry fixture: the
     fencepost fixture gives a client on the configured stores and drain() runs its jobs."""
     (tmp_path / "myapp.py").write_text(textwrap.dedent('''
@@ -159,8 +159,9 @@ def test_the_pytest_plugin_in_a_user_project(tmp_path: Path) -> None:
             await fencepost.drain()
             assert (await fencepost.client.wait(run_id, timeout=10)).result == 5
     '''))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    env["PYTHONPATH"] = str(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "FENCEPOST_"))}
+    env.update(PYTHONPATH=str(tmp_path), FENCEPOST_REDIS_URL=settings.redis_url,
+               FENCEPOST_DATABASE_URL=settings.database_url)  # this test's own database
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto",
                            str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
