@@ -317,6 +317,14 @@ async def test_dashboard_operates_a_fleet(settings: Settings, client: Client, st
                         await wait_state(stores, fired, {"SUCCEEDED"}, log=log)
                         await page.screenshot(path=str(ARTIFACTS / "dashboard-schedules.png"), full_page=True)
 
+                        # charts from the rollup: what the worker did so far, per minute
+                        await page.click("a[href='#/charts']")
+                        await page.click("nav a[href='#/charts?queue=tq&window=1h']")
+                        await expect(page.locator("#chart-throughput polyline[data-series=started]")).to_have_count(1)
+                        await expect(page.locator("figure.chart").first).to_contain_text("failed (")
+                        await expect(page.locator("#chart-runtime circle").first).to_be_attached()
+                        await page.screenshot(path=str(ARTIFACTS / "dashboard-charts.png"), full_page=True)
+
                         # fleet events and the audit log
                         await page.click("a[href='#/events']")
                         await expect(page.locator("#audit-table")).to_contain_text("fixed the validation bug")

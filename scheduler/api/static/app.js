@@ -169,6 +169,7 @@ const views = {
       ["Schedule lag", (q) => q.schedule_lag_s === null ? "" : `${q.schedule_lag_s.toFixed(2)}s`],
       ["Throughput", (q) => `${q.throughput_per_min}/min`],
       ["Dispatch", (q) => el("a", { href: `#/dispatch/${enc(q.queue)}` }, "tenants & limits")],
+      ["Charts", (q) => el("a", { href: `#/charts?queue=${enc(q.queue)}` }, "activity")],
       ["", (q) => el("span", { class: "commands" },
         el("button", { onclick: () => confirmQueue(q.queue, q.paused ? "resume" : "pause") }, q.paused ? "Resume queue" : "Pause queue"))],
     ], qs, "queues-table")];
@@ -398,6 +399,26 @@ const views = {
       ["Detail", (a) => a.data ? JSON.stringify(a.data) : ""]], audit, "audit-table")];
   },
 
+  // Activity over time from the per-minute rollup (GET /v1/stats, /v1/queues/{q}/stats): inline SVG.
+  async charts(params) {
+    const queue = params.get("queue"), window = params.get("window") || "1h";
+    const [st, qs] = await Promise.all([
+      api("GET", queue ? `/v1/queues/${enc(queue)}/stats?window=${window}` : `/v1/stats?window=${window}`),
+      api("GET", "/v1/queues")]);
+    const pick = el("nav", { class: "filters", "aria-label": "chart window and queue" },
+      ["1h", "24h", "7d"].map((w) => el("a", { href: `#/charts?${new URLSearchParams({ ...(queue ? { queue } : {}), window: w })}`,
+        "aria-current": w === window ? "page" : null, class: w === window ? "chosen" : null }, w)), " · ",
+      el("a", { href: `#/charts?window=${window}`, class: queue ? null : "chosen" }, "fleet"),
+      qs.map((q) => el("a", { href: `#/charts?queue=${enc(q.queue)}&window=${window}`, class: q.queue === queue ? "chosen" : null }, q.queue)));
+    const per = st.step_s >= 3600 ? `${st.step_s / 3600} h` : `${st.step_s / 60} min`;
+    return [el("h1", {}, `Activity: ${queue || "fleet"}, last ${window}`), pick,
+      el("h2", {}, `Runs per ${per}`), lineChart("chart-throughput", st.points,
+        [["started", "started"], ["succeeded", "succeeded"], ["failed", "failed"], ["retried", "retried"]], ""),
+      el("h2", {}, "Start lag (due → claimed)"), lineChart("chart-lag", st.points, [["lag_p50_ms", "p50"], ["lag_p95_ms", "p95"]], "ms"),
+      el("h2", {}, "Run time (attempt start → finish)"), lineChart("chart-runtime", st.points,
+        [["run_p50_ms", "p50"], ["run_p95_ms", "p95"]], "ms")];
+  },
+
   async workflows() {
     const rows = await api("GET", "/v1/workflows");
     return [el("h1", {}, "Workflows"), table([
@@ -414,6 +435,55 @@ const views = {
         ["Depends on", (n) => n.depends_on.join(", ")], ["Reason", (n) => n.reason || ""]], wf.nodes, "nodes-table")];
   },
 };
+
+// A line chart as inline SVG: one polyline per series (gaps where a step has no value), the y axis
+// from 0 to the largest value, the first and last times on the x axis; every point has a tooltip.
+function lineChart(id, points, series, unit) {
+  const NS = "http://www.w3.org/2000/svg";
+  const s = (tag, attrs, text) => {
+    const e = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  };
+  const W = 900, H = 180, L = 56, B = 22, T = 8;
+  const max = Math.max(1, ...points.flatMap((p) => series.map(([k]) => p[k] ?? 0)));
+  const x = (i) => L + (W - L - 8) * (points.length > 1 ? i / (points.length - 1) : 0);
+  const y = (v) => T + (H - T - B) * (1 - v / max);
+  const fmt = (v) => unit === "ms" ? (v >= 1000 ? `${(v / 1000).toFixed(1)} s` : `${Math.round(v)} ms`) : String(Math.round(v));
+  const svg = s("svg", { id, class: "chart", viewBox: `0 0 ${W} ${H}`, role: "img",
+    "aria-label": `${series.map(([, l]) => l).join(", ")}: peak ${fmt(max)}` });
+  svg.append(s("line", { x1: L, y1: y(0), x2: W - 8, y2: y(0), class: "axis" }),
+    s("line", { x1: L, y1: T, x2: L, y2: y(0), class: "axis" }),
+    s("text", { x: L - 4, y: T + 10, "text-anchor": "end" }, fmt(max)), s("text", { x: L - 4, y: y(0), "text-anchor": "end" }, "0"));
+  if (points.length) {
+    svg.append(s("text", { x: L, y: H - 4 }, fmtTime(points[0].t)),
+      s("text", { x: W - 8, y: H - 4, "text-anchor": "end" }, fmtTime(points[points.length - 1].t)));
+  }
+  series.forEach(([key, label], n) => {
+    let run = [];
+    const flush = () => {
+      if (run.length) svg.append(s("polyline", { points: run.join(" "), class: `series s${n}`, "data-series": key }));
+      run = [];
+    };
+    points.forEach((p, i) => {
+      const v = p[key];
+      if (v === null || v === undefined) { flush(); return; }
+      run.push(`${x(i).toFixed(1)},${y(v).toFixed(1)}`);
+      if (v) {
+        const dot = s("circle", { cx: x(i).toFixed(1), cy: y(v).toFixed(1), r: 2.5, class: `series s${n}` });
+        dot.append(s("title", {}, `${fmtTime(p.t)} ${label}: ${fmt(v)}`));
+        svg.append(dot);
+      }
+    });
+    flush();
+  });
+  const legend = el("p", { class: "legend" }, series.map(([key, label], n) => {
+    const total = points.reduce((a, p) => a + (p[key] ?? 0), 0);
+    return el("span", { class: `key s${n}` }, unit === "ms" ? label : `${label} (${total})`);
+  }));
+  return el("figure", { class: "chart" }, svg, legend);
+}
 
 function go(route, params, changes) {
   const q = new URLSearchParams(params);
