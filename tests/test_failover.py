@@ -286,7 +286,7 @@ async def test_postgres_connections_terminated_mid_load(drill: Any, settings: Se
                 return await admin.fetchval(
                     "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock' "
                     # the head of insert_runs (pg_stat_activity keeps only the first 1 kB of a query)
-                    "AND query LIKE '%nextval(pg_get_serial_sequence(''runs''%' LIMIT 1", dbname)
+                    "AND query LIKE '%pg_get_serial_sequence(''runs''%' LIMIT 1", dbname)
 
             pid = await wait_until(waiting, timeout=10, what="a submit waiting inside PostgreSQL")
             failed_at = time.time()
