@@ -470,7 +470,7 @@ async def test_cli_talks_to_the_api_without_store_credentials(settings: Settings
         assert str(rid) in out.stdout
         await record_all(client.stores)  # bulk selections read PostgreSQL
         out = await asyncio.to_thread(cli, "resume", "--queue", "tq", "--status", "PAUSED")
-        assert out.returncode == 1 and "1 runs in queue 'tq' match" in out.stdout
+        assert out.returncode == 0 and "1 runs in queue 'tq' match" in out.stdout
         out = await asyncio.to_thread(cli, "resume", "--queue", "tq", "--status", "PAUSED", "--yes")
         assert out.returncode == 0 and "1 matched, 1 acted on: 1 PENDING" in out.stdout, out.stdout + out.stderr
         out = await asyncio.to_thread(cli, "queue", "pause", "tq", "--reason", "x")
