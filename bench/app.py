@@ -14,8 +14,9 @@ import asyncio
 import os
 import time
 
-from fencepost.core.registry import Registry
 from redis.asyncio import Redis
+
+from fencepost.core.registry import Registry
 
 DONE_URL = os.environ.get("BENCH_DONE_URL", "redis://127.0.0.1:6379/15")
 DONE_KEY = "bench:done"

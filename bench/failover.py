@@ -36,12 +36,11 @@ import redis.asyncio as aioredis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fencepost.client import Client  # noqa: E402
-from fencepost.core.config import Settings  # noqa: E402
-from fencepost.core.models import Submit  # noqa: E402
-from fencepost.core.registry import Registry  # noqa: E402
-
-from bench.throughput import fresh_database  # noqa: E402
+from bench.throughput import fresh_database
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.models import Submit
+from fencepost.core.registry import Registry
 
 QUEUE = "failover"
 registry = Registry()

@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fencepost.core.config import Settings  # noqa: E402
-from fencepost.core.stores import Stores  # noqa: E402
+from fencepost.core.config import Settings
+from fencepost.core.stores import Stores
 
 T0 = 1_700_000_000_000
 

@@ -10,12 +10,15 @@ inside the window still counts up to its last sample.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
 import os
 import statistics
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 __all__ = [
     "CpuMeter",
@@ -241,6 +244,28 @@ class CpuMeter:
         out["wall"] = wall
         out["machine"] = machine
         return out
+
+
+@contextlib.contextmanager
+def one_bench_at_a_time(path: str = "/tmp/fencepost-bench.lock") -> Iterator[None]:
+    """Hold a machine-wide lock for a whole benchmark run. Two runs at once would drop each other's
+    databases and flush each other's Redis DB, and each would count the other's load."""
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            print(f"waiting for another benchmark run to finish ({path}: {f.read().strip() or '?'})",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}: {' '.join(sys.argv)[:200]}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def settle(pids: Callable[[], Sequence[int]], *, quiet_cpu_s: float = 0.02, every: float = 0.5,

@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fencepost.core.models import Submit
-
+from bench.measure import one_bench_at_a_time
 from bench.throughput import Fencepost, wait_queues_empty
+from fencepost.core.models import Submit
 
 PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
 
@@ -123,7 +123,8 @@ def main() -> None:
         return
     a.concurrency, a.noop = None, False
     os.environ["BENCH_DONE_URL"] = a.done_url
-    asyncio.run(profile(a))
+    with one_bench_at_a_time():
+        asyncio.run(profile(a))
 
 
 if __name__ == "__main__":

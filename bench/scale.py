@@ -28,14 +28,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from redis.crc import key_slot  # noqa: E402
+from redis.crc import key_slot
 
-from bench.throughput import drain_and_record, fresh_database  # noqa: E402
-from fencepost.client import Client  # noqa: E402
-from fencepost.core.config import Settings  # noqa: E402
-from fencepost.core.models import Submit  # noqa: E402
-
-from bench.app import registry  # noqa: E402
+from bench.app import registry
+from bench.throughput import drain_and_record, fresh_database
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.models import Submit
 
 
 def spread_queues(n: int = 3) -> list[str]:

@@ -61,6 +61,7 @@ from bench.measure import (
     CpuMeter,
     commandstats_delta,
     median,
+    one_bench_at_a_time,
     parent_pid,
     percentile,
     pg_aux_pids,
@@ -742,7 +743,11 @@ def main() -> None:
         a.redis_url, a.done_url = f"redis://127.0.0.1:{port}/14", f"redis://127.0.0.1:{port}/15"
     os.environ["BENCH_DONE_URL"] = a.done_url  # the spawned workers' handlers write here
     try:
-        run_mode(a)
+        if a.case:  # a --ref-python case: the parent run holds the lock
+            run_mode(a)
+        else:
+            with one_bench_at_a_time():
+                run_mode(a)
     finally:
         if server is not None:
             server.terminate()
