@@ -51,6 +51,8 @@ class Executors:
                  checkpoints: Checkpoints | None = None) -> None:
         self.registry = registry
         self.checkpoints = checkpoints
+        for h in registry.handlers.values():
+            h.prepare()  # signatures read now, not on the first job's time
         self._threads = ThreadPoolExecutor(max_workers=max(threads, 1), thread_name_prefix="fencepost-job")
         self.procs = ProcessPool(app, processes) if app and processes > 0 and any(
             h.spec.model == "process" for h in registry.handlers.values()) else None

@@ -58,7 +58,7 @@ _ARG_NAME = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
 class _Signature:
     """A handler's parameters after ctx, with the types msgspec converts annotated arguments to."""
 
-    __slots__ = ("sig", "types", "var_kw", "var_pos")
+    __slots__ = ("fast", "pos_types", "required", "sig", "types", "var_kw", "var_pos")
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         sig = inspect.signature(fn)
@@ -68,11 +68,26 @@ class _Signature:
         self.types = {p.name: hints[p.name] for p in params if p.name in hints and hints[p.name] is not Any}
         self.var_pos = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), None)
         self.var_kw = next((p.name for p in params if p.kind == p.VAR_KEYWORD), None)
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self.pos_types = [self.types.get(p.name) for p in positional]
+        self.required = sum(1 for p in positional if p.default is p.empty)
+        self.fast = self.var_pos is None and not any(p.kind == p.KEYWORD_ONLY and p.default is p.empty for p in params)
+        """Positional-only calls (what a worker mostly sees) are checked without inspect's bind."""
 
     def bind(self, handler: str, args: Sequence[Any], kwargs: dict[str, Any], *, strict: bool
              ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """(args, kwargs) as the handler will receive them, annotated ones converted; the shape the
         caller chose (positional or keyword) is kept. Raises InvalidInput naming the parameter."""
+        if self.fast and not kwargs and self.required <= len(args) <= len(self.pos_types):
+            out = list(args)
+            for i, (tp, value) in enumerate(zip(self.pos_types, args)):
+                if tp is not None and type(value) is not tp:  # an exact builtin match needs no conversion
+                    try:
+                        out[i] = msgspec.convert(value, tp, strict=strict)
+                    except msgspec.ValidationError as exc:
+                        name = list(self.sig.parameters)[i]
+                        raise InvalidInput(f"{handler}: argument {name!r}: {exc}", field=name) from None
+            return tuple(out), {}
         try:
             bound = self.sig.bind(*args, **kwargs)
         except TypeError as exc:
@@ -166,9 +181,14 @@ class Handler(Generic[P, R]):
              ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Check (args, kwargs) against the signature and convert annotated arguments with msgspec
         (strict on submit; lax at execution, where they come back from msgpack). Raises InvalidInput."""
+        return self.prepare().bind(self.spec.name, args, kwargs, strict=strict)
+
+    def prepare(self) -> _Signature:
+        """The signature and resolved annotations, read once (a worker does it at start-up, not on a job's
+        time; lazily, so a type defined after the handler in its module still resolves)."""
         if self._sig is None:
             self._sig = _Signature(self.fn)
-        return self._sig.bind(self.spec.name, args, kwargs, strict=strict)
+        return self._sig
 
     def options(self, **options: Any) -> Handler[P, R]:
         """The same handle with submit options (queue, priority, run_at, delay, timeout, max_retries,
