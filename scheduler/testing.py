@@ -34,7 +34,7 @@ from fencepost.core.stores import Stores
 from fencepost.dev.embedded import EmbeddedServers, resolve_urls
 from fencepost.reconciler.outbox import OutboxRelay
 from fencepost.reconciler.recorder import Recorder
-from fencepost.worker.context import Context, Interrupt, SyncContext
+from fencepost.worker.context import Context, Interrupt, Progress, RunResult, SyncContext
 from fencepost.worker.runtime import Worker, WorkerOptions
 
 __all__ = ["Clock", "DrainTimeout", "Harness", "JobRun", "run_job"]
@@ -54,6 +54,8 @@ class JobRun(msgspec.Struct, kw_only=True):
     checkpoints: list[Any] = []
     """Each committed checkpoint's state, as the next attempt would read it back."""
     processed: int | None = None
+    progress: list[Progress] = []
+    """Every ctx.progress() report, in order (a worker writes only the latest, about once a second)."""
     ctx: Any = None
     """The Context the handler saw (run_id, attempt, token, op_key(...))."""
 
@@ -63,13 +65,34 @@ class JobRun(msgspec.Struct, kw_only=True):
         return self.checkpoints[-1] if self.checkpoints else None
 
 
+class _Services:
+    """What a worker lends the context besides checkpoints: progress is recorded, upstream results given."""
+
+    def __init__(self, upstream: dict[str, Any]) -> None:
+        self.reports: list[Progress] = []
+        self.upstream = {name: RunResult(run_id=i, status="SUCCEEDED", result=decode_result(encode_result(v)))
+                         for i, (name, v) in enumerate(upstream.items(), start=1_000_000)}
+
+    def progress_changed(self, ctx: Context) -> None:
+        if ctx.last_progress is not None:
+            self.reports.append(ctx.last_progress)
+
+    async def upstream_results(self, ctx: Context) -> dict[str, RunResult]:
+        return dict(self.upstream)
+
+    async def batch_results(self, ctx: Context) -> list[RunResult]:
+        return []
+
+
 async def run_job(handle: Handler[..., Any], *args: Any, checkpoint: Any = None, interrupt_at: int | None = None,
-                  interrupt: str = "pause", run_id: int = 1, attempt: int = 1, **kwargs: Any) -> JobRun:
+                  interrupt: str = "pause", run_id: int = 1, attempt: int = 1, upstream: dict[str, Any] | None = None,
+                  **kwargs: Any) -> JobRun:
     """Run `handle` in-process as a worker would: arguments bound and validated against its signature
     (InvalidInput naming the parameter), sent through msgpack, converted back; `checkpoint` is the state
     a resumed attempt starts from (ctx.checkpoint_data). `interrupt_at=n`: an operator's `interrupt`
     (pause, stop or cancel) is seen at the n-th checkpoint: it is committed, then Interrupt is raised in
-    the handler and the run ends PAUSED / STOPPED / CANCELLED. The handler's own exceptions propagate."""
+    the handler and the run ends PAUSED / STOPPED / CANCELLED. `upstream={"node": result}` is what
+    ctx.upstream_results() answers (a workflow node's inputs). The handler's own exceptions propagate."""
     if interrupt not in _INTERRUPTS:
         raise ValueError(f"interrupt must be pause, stop or cancel, not {interrupt!r}")
     bound_args, bound_kwargs = handle.bind(args, kwargs)
@@ -96,15 +119,18 @@ async def run_job(handle: Handler[..., Any], *args: Any, checkpoint: Any = None,
         return c.checkpoint_version
 
     ctx._writer = write
+    services = _Services(upstream or {})
+    ctx._services = services
     try:
         if sync:
             value = await asyncio.to_thread(handle.fn, ctx, *call_args, **call_kwargs)
         else:
             value = await handle.fn(ctx, *call_args, **call_kwargs)
     except Interrupt as exc:
-        return JobRun(status=_INTERRUPTS[exc.kind], checkpoints=committed, processed=ctx.processed, ctx=ctx)
+        return JobRun(status=_INTERRUPTS[exc.kind], checkpoints=committed, processed=ctx.processed,
+                      progress=services.reports, ctx=ctx)
     return JobRun(status="SUCCEEDED", result=decode_result(encode_result(value)), checkpoints=committed,
-                  processed=ctx.processed, ctx=ctx)
+                  processed=ctx.processed, progress=services.reports, ctx=ctx)
 
 
 async def _stopped(task: asyncio.Task[None], grace: float = 10.0) -> None:

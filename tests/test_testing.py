@@ -47,6 +47,15 @@ def sync_batch(ctx: SyncContext, n: int) -> str:
     return f"{done}/{n}"
 
 
+@registry.job("t.node", queue="tt")
+async def node(ctx: Context, factor: int) -> int:
+    """A workflow node reading its upstream's result, reporting progress as it goes."""
+    total = sum(r.result for r in (await ctx.upstream_results()).values())
+    for i in range(3):
+        ctx.progress(i + 1, total=3, message=f"step {i + 1}")
+    return total * factor
+
+
 @registry.job("t.flaky", queue="tt", max_retries=5)
 async def flaky(ctx: Context, fail_times: int) -> int:
     """Fails (a transient ConnectionError) on its first `fail_times` attempts."""
@@ -73,6 +82,12 @@ async def test_run_job_checkpoints_interrupts_and_resumes() -> None:
     assert EFFECTS == ["7:a", "7:b", "7:c", "7:d"]  # op keys are stable across attempts of the run
     stopped = await run_job(batch, items, interrupt_at=1, interrupt="cancel")
     assert stopped.status == "CANCELLED"
+
+
+async def test_run_job_progress_and_upstream_results() -> None:
+    done = await run_job(node, 10, upstream={"a": 2, "b": 3})
+    assert done.result == 50
+    assert [(p.done, p.total, p.message) for p in done.progress] == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
 
 
 async def test_run_job_thread_handlers_and_validation() -> None:
