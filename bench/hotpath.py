@@ -1,0 +1,197 @@
+"""Redis CPU per job of each hot-path script, and PostgreSQL CPU per event row, in isolation.
+
+    python bench/hotpath.py                          # Redis: enqueue, claim, finish, read, expire, ack+trim
+    python bench/hotpath.py --lua-dir /tmp/old/lua   # the same scripts from another tree (A/B a Lua change)
+    python bench/hotpath.py --events                 # PostgreSQL: jsonb insert vs binary COPY of event rows
+
+Redis: a private redis-server (no persistence) on a free port, N runs enqueued, claimed and finished
+in batches as a worker does (100 per claim, one finish call per claim), then the recorder's side:
+XREADGROUP, expire_finished, XACK and the trim (or, with --xdel, XDEL per entry as before). CPU from
+the server's `INFO cpu` (user + sys) around each phase, so nothing else on the machine is counted;
+medians of --rounds. PostgreSQL: a scratch database `bench_hotpath`, the backend's CPU from /proc.
+These isolate one hop each; bench/throughput.py measures the whole system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncpg
+import msgspec
+
+from fencepost.core import hot
+from fencepost.core.config import Settings
+from fencepost.core.hot import ClaimArgs, EnqueueItem, Finish, FinishArgs, Now, StampArgs, TtlArgs, Versioned
+from fencepost.core.models import encode_payload
+from fencepost.core.record import Database, upgrade
+from fencepost.core.stores import Stores
+
+_EVENT_COLUMNS = ("run_id", "type", "from_status", "to_status", "version", "attempt", "token", "worker_id", "reason",
+                  "error_class", "error_message", "at", "stream", "stream_id", "actor")
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
+async def _cpu(r: object) -> float:
+    info = await r.info("cpu")  # type: ignore[attr-defined]
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool) -> dict[str, float]:
+    st = Stores(Settings(redis_url=url, prefix=prefix))
+    r, k = st.redis, st.keys("q")
+    await st.scripts.stamp_queue(k, StampArgs(1, 1))
+    payload = encode_payload((1,), {})
+    now = int(time.time() * 1000)
+    t: dict[str, float] = {}
+    c0 = await _cpu(r)
+    for i in range(0, n, 1000):
+        items = [EnqueueItem(j + 1, "PENDING", now, 0, "bench.tiny", payload, 3, 60_000, 0, 0, "", "", 0, "", "", "")
+                 for j in range(i, min(i + 1000, n))]
+        await st.scripts._call("enqueue_runs", k, Now(now), items)
+    t["enqueue"] = await _cpu(r) - c0
+    t["claim"] = t["finish"] = 0.0
+    while True:
+        c0 = await _cpu(r)
+        jobs = await st.scripts.claim_due(k, ClaimArgs(int(time.time() * 1000), batch, "w1", 30_000, 100))
+        t["claim"] += await _cpu(r) - c0
+        if not jobs:
+            break
+        c0 = await _cpu(r)
+        await st.scripts.finish_runs(k, FinishArgs(int(time.time() * 1000), 3),
+                                     [Finish(j.id, j.token, "ok", b"\x91\x01", "", 0) for j in jobs])
+        t["finish"] += await _cpu(r) - c0
+    await r.xgroup_create(k.events, "recorder", id="0", mkstream=True)
+    t["xreadgroup"] = t["expire"] = t["ack+trim"] = 0.0
+    while True:
+        c0 = await _cpu(r)
+        rep = await r.xreadgroup("recorder", "c", {k.events: ">"}, count=5000)
+        t["xreadgroup"] += await _cpu(r) - c0
+        if not rep:
+            break
+        entries = rep[0][1]
+        done = [Versioned(int(f[b"run"]), int(f[b"v"])) for _, f in entries if f[b"to"] == b"SUCCEEDED"]
+        c0 = await _cpu(r)
+        if done:
+            await st.scripts.expire_finished(k, TtlArgs(3_600_000), done)
+        t["expire"] += await _cpu(r) - c0
+        ids = [e for e, _ in entries]
+        c0 = await _cpu(r)
+        pipe = r.pipeline(transaction=False)
+        pipe.xack(k.events, "recorder", *ids)
+        if xdel:
+            pipe.xdel(k.events, *ids)
+        else:
+            ms, _, seq = ids[-1].partition(b"-")
+            pipe.xtrim(k.events, minid=b"%s-%d" % (ms, int(seq) + 1), approximate=False)
+        await pipe.execute()
+        t["ack+trim"] += await _cpu(r) - c0
+    await r.aclose()
+    return {name: v / n * 1e6 for name, v in t.items()}
+
+
+async def redis_main(a: argparse.Namespace) -> None:
+    if a.lua_dir:
+        lua = Path(a.lua_dir)
+        real = hot.resource_dir
+        hot.resource_dir = lambda name: lua if name == "lua" else real(name)  # type: ignore[assignment]
+        hot.render.cache_clear()
+    port = _free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        await asyncio.sleep(0.3)
+        runs = [await redis_phases(f"redis://127.0.0.1:{port}/0", f"hp{i}", a.jobs, a.batch, a.xdel)
+                for i in range(a.rounds)]
+    finally:
+        server.kill()
+        server.wait()
+    print(f"Redis CPU-us per job, {a.jobs:,} jobs, claims of {a.batch}, medians of {a.rounds} "
+          f"({'XDEL per entry' if a.xdel else 'XTRIM MINID'}; lua from {a.lua_dir or 'this tree'})")
+    total = 0.0
+    for name in runs[0]:
+        vals = sorted(r[name] for r in runs)
+        med = vals[len(vals) // 2]
+        total += med
+        print(f"  {name:11s} {med:6.1f}   ({' '.join(f'{r[name]:.1f}' for r in runs)})")
+    print(f"  {'total':11s} {total:6.1f}")
+
+
+def _backend_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def events_main(a: argparse.Namespace) -> None:
+    admin = await asyncpg.connect(a.admin_url)
+    await admin.execute("DROP DATABASE IF EXISTS bench_hotpath WITH (FORCE)")
+    await admin.execute("CREATE DATABASE bench_hotpath")
+    url = a.admin_url.rsplit("/", 1)[0] + "/bench_hotpath"
+    conn = await asyncpg.connect(url)
+    await upgrade(conn)
+    await conn.close()
+    db = Database(url, max_size=1)
+    await db.connect()
+    enc = msgspec.json.Encoder()
+    ts = int(time.time() * 1000)
+    at = datetime.fromtimestamp(ts / 1000, UTC)
+    sid, n, batch = 1, a.jobs * 3, a.rows
+    res: dict[str, list[tuple[float, float]]] = {}
+    try:
+        for _ in range(a.rounds):
+            for mode in ("jsonb insert", "binary COPY"):
+                async with db.transaction() as tx:
+                    pid = await tx.conn.fetchval("SELECT pg_backend_pid()")
+                b0, p0 = _backend_cpu(pid), time.process_time()
+                for i in range(0, n, batch):
+                    rows = [(i + j, "claimed", "PENDING", "RUNNING", 2, 1, 1099511627777 + j, "host:123:abcdef", None,
+                             None, None, ts if mode == "jsonb insert" else at, "fp:{q}:events", sid + j, None)
+                            for j in range(batch)]
+                    sid += batch
+                    async with db.transaction() as tx:
+                        if mode == "jsonb insert":
+                            await tx.fetch("insert_events_json", enc.encode(rows).decode())
+                        else:
+                            await tx.copy_in("events", rows, _EVENT_COLUMNS)
+                res.setdefault(mode, []).append(((_backend_cpu(pid) - b0) / n * 1e6, (time.process_time() - p0) / n * 1e6))
+    finally:
+        await db.close()
+        await admin.execute("DROP DATABASE IF EXISTS bench_hotpath WITH (FORCE)")
+        await admin.close()
+    print(f"CPU-us per event row, {n:,} rows in batches of {batch:,}, {a.rounds} interleaved rounds")
+    for mode, vals in res.items():
+        be = sorted(v[0] for v in vals)[len(vals) // 2]
+        cl = sorted(v[1] for v in vals)[len(vals) // 2]
+        print(f"  {mode:13s} PostgreSQL backend {be:5.1f}   client {cl:4.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=20_000)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--lua-dir", default=None, help="lua/ of another tree (A/B a script change)")
+    ap.add_argument("--xdel", action="store_true", help="delete recorded entries one by one (the old way)")
+    ap.add_argument("--events", action="store_true", help="PostgreSQL: event rows by jsonb insert vs COPY")
+    ap.add_argument("--rows", type=int, default=3000, help="--events: rows per statement (a recorder batch)")
+    ap.add_argument("--admin-url", default=os.environ.get("BENCH_DATABASE_URL",
+                                                          "postgresql://postgres@127.0.0.1:5432/postgres"))
+    a = ap.parse_args()
+    asyncio.run(events_main(a) if a.events else redis_main(a))
+
+
+if __name__ == "__main__":
+    main()
