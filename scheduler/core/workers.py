@@ -104,7 +104,7 @@ async def list_workers(stores: Stores, *, stale_after_s: float = 3600) -> list[W
     prefix = stores.settings.prefix
     r = stores.redis
     await r.zremrangebyscore(WORKERS_KEY(prefix), 0, int((time.time() - stale_after_s) * 1000))
-    ids = [i.decode() if isinstance(i, bytes) else i for i in await r.zrange(WORKERS_KEY(prefix), 0, -1)]
+    ids: list[str] = [i.decode() if isinstance(i, bytes) else str(i) for i in await r.zrange(WORKERS_KEY(prefix), 0, -1)]
     if not ids:
         return []
     pipe = r.pipeline(transaction=False)

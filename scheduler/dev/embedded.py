@@ -41,11 +41,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-import asyncpg
 import msgspec
 
 from fencepost.core.errors import FencepostError
-from fencepost.core.record import psql_script, upgrade
+from fencepost.core.record import Database, psql_script
 
 __all__ = ["DEFAULT_DIR", "DIR_ENV", "EmbeddedPair", "EmbeddedServerError", "EmbeddedServers", "attach", "down",
            "resolve_urls", "up"]
@@ -520,11 +519,11 @@ def up(base_dir: str | os.PathLike[str] = ".fencepost") -> EmbeddedPair:
 
 
 async def _migrate(database_url: str) -> None:
-    conn = await asyncpg.connect(database_url, timeout=30)
+    db = await Database(database_url, max_size=1).connect()
     try:
-        await upgrade(conn)
+        await db.upgrade()
     finally:
-        await conn.close()
+        await db.close()
 
 
 def down(base_dir: str | os.PathLike[str] = ".fencepost", *, purge: bool = False) -> bool:
