@@ -319,7 +319,10 @@ class Recorder:
             if b"worker" in f:
                 p["worker_id"] = f[b"worker"].decode()
             if typ == b"claimed":
-                p["lease"] = _ts(f[b"lease"])
+                lease = at_of.get(f[b"lease"])  # a claim batch shares its lease expiry
+                if lease is None:
+                    lease = at_of[f[b"lease"]] = _ts(f[b"lease"])
+                p["lease"] = lease
                 p["started_at"] = at
                 p["result"] = None
                 a = cast(bytes, a)  # a claim always carries its attempt
