@@ -429,10 +429,12 @@ class Recorder:
             pipe.xack(stream, GROUP, *ids)
             pipe.xpending(stream, GROUP)
             pipe.xinfo_groups(stream)
-        replies = await pipe.execute()
+        replies = await pipe.execute(raise_on_error=False)
         pipe = self.stores.redis.pipeline(transaction=False)
         for i, stream in enumerate(by_stream):
             pending, groups = replies[3 * i + 1], replies[3 * i + 2]
+            if isinstance(pending, Exception) or isinstance(groups, Exception):
+                continue  # the stream (or its group) is gone since the read (FLUSHALL, a rebuild): nothing to trim
             if pending["pending"]:
                 minid = pending["min"]
             else:

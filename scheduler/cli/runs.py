@@ -25,7 +25,7 @@ from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.models import decode_payload, decode_result
 from fencepost.core.queues import require_queue
-from fencepost.core.states import Status
+from fencepost.core.states import DEAD, Status
 
 __all__ = ["dlq", "events", "ls", "status", "submit"]
 
@@ -83,7 +83,7 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
             _print_outcome(out.status, out.result, out.error, out.error_class, out.reason)
 
 
-_DEAD = {"FAILED", "TIMED_OUT"}
+_DEAD = frozenset(s.value for s in DEAD)  # the dead-letter states
 
 
 def _print_outcome(status: str, result: Any, error: str | None, error_class: str | None, reason: str | None) -> None:

@@ -116,6 +116,9 @@ WAITING = LIVE - ACTIVE
 """Live but not leased: due, delayed, held for a concurrency slot, paused or blocked."""
 UNSUCCESSFUL = FINISHED - {S.SUCCEEDED}
 """Finished without success: the nodes a workflow retry runs again."""
+RESTORED = WAITING - {S.BLOCKED}
+"""Waiting states a rebuild restores from PostgreSQL and a lost dataset may already have claimed
+(a BLOCKED run never reached Redis): each gets an `unknown` attempt row before it is claimed again."""
 DEAD = frozenset({S.FAILED, S.TIMED_OUT})
 """The dead-letter view (minus the review queue, which is FAILED with reason 'review')."""
 STOP_ENDS = frozenset({S.STOPPED, S.CANCELLED})
@@ -133,7 +136,7 @@ UNCLAIMED = frozenset({S.BLOCKED, S.PENDING, S.PAUSED, S.CANCELLED})
 
 GROUPS: dict[str, frozenset[Status]] = {
     "TERMINAL": TERMINAL, "FINISHED": FINISHED, "LIVE": LIVE, "RESTING": RESTING, "ACTIVE": ACTIVE,
-    "WAITING": WAITING, "UNSUCCESSFUL": UNSUCCESSFUL,
+    "WAITING": WAITING, "RESTORED": RESTORED, "UNSUCCESSFUL": UNSUCCESSFUL,
     "FAILED_FOR_GOOD": FAILED_FOR_GOOD, "DEAD": DEAD, "STOP_ENDS": STOP_ENDS, "RESUMABLE": RESUMABLE, "RESTARTABLE": RESTARTABLE,
     "CANCEL_AT_ONCE": CANCEL_AT_ONCE, "PAUSE_AT_ONCE": PAUSE_AT_ONCE, "UNCLAIMED": UNCLAIMED,
 }
