@@ -35,10 +35,9 @@ from typing import Any, cast
 
 import asyncpg
 
-from fencepost.core import fairness
+from fencepost.core import fairness, states
 from fencepost.core.errors import FencepostError
 from fencepost.core.hot import Inspected, Now, StampArgs, Versioned
-from fencepost.core.states import RESTORED
 from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import Drift, DriftRepair
 from fencepost.reconciler.metrics import EPOCH, REBUILD_SECONDS, REBUILDS, RESTORED
@@ -62,7 +61,7 @@ class EpochExhausted(FencepostError):
                          "above the old ones; move its producers and workers to a new queue name "
                          "(docs/runbooks/FencepostEpochNearCap.md)")
         self.queue = queue
-CLAIMABLE = frozenset(s.value for s in RESTORED)
+CLAIMABLE = frozenset(s.value for s in states.RESTORED)
 """States a run may leave for a claim by a command or a due time inside Redis alone."""
 
 
