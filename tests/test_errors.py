@@ -249,7 +249,10 @@ async def test_breaker_opens_after_the_threshold_holds_runs_and_closes_after_a_h
     apps.DEPENDENCY.update(up=False, calls=[])
     runs = [await client.submit("t.err.dependency") for _ in range(5)]  # max_retries=8
     state_key = breaker_keys(settings.prefix, service)[0]
-    worker = _worker(settings, burst=False)
+    # Retries now start the instant they are due (the worker wakes on time), so the failures before the
+    # breaker opens can exhaust the default retry budget, which would delay runs past this test's waits:
+    # the budget is test 6's subject, not this one's.
+    worker = _worker(msgspec.structs.replace(settings, retry_budget_floor=1000), burst=False)
     worker.breakers = breakers = _RecordingBreakers(
         stores, BreakerPolicy(min_calls=5, cooldown_ms=500, window_ms=5000, probe_ms=1000))
 
