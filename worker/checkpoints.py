@@ -32,7 +32,7 @@ class Checkpoints:
         """`write` for a state already encoded (a process-model child sends it encoded)."""
         key = self.stores.keys(ctx.queue).run(ctx.run_id)
         # Stores opens Redis with decode_responses=False: replies are bytes (redis-py types them bytes | str).
-        state, token, ctl = cast(list[bytes | None], await self.stores.redis.hmget(key, "state", "token", "ctl"))
+        state, token, ctl = cast("list[bytes | None]", await self.stores.redis.hmget(key, "state", "token", "ctl"))
         if token is None or int(token) != ctx.token or state not in (b"RUNNING", b"STOPPING"):
             self.refused += 1
             ctx._stop = True
