@@ -287,8 +287,8 @@ class Client(ControlMixin, WorkflowMixin):
                      concurrency_key: str | None = None, concurrency_limit: int | None = None,
                      connection: Conn | None = None) -> int:
         name = handler.name if isinstance(handler, Handler) else handler
-        if isinstance(handler, Handler):  # a typed handle binds its arguments before anything is written
-            args, kwargs = handler.bind(args, kwargs or {})
+        if isinstance(handler, Handler) and not self._binds(handler):
+            args, kwargs = handler.bind(args, kwargs or {})  # a typed handle binds before anything is written
         req = Submit(handler=name, args=args, kwargs=kwargs or {}, queue=queue, priority=priority, run_at=run_at,
                      delay=delay, timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key,
                      trace=trace, tenant=tenant, concurrency_key=concurrency_key,
@@ -336,6 +336,11 @@ class Client(ControlMixin, WorkflowMixin):
             return req
         args, kwargs = handler.bind(req.args, req.kwargs)
         return msgspec.structs.replace(req, args=args, kwargs=kwargs)
+
+    def _binds(self, handler: Handler[..., Any]) -> bool:
+        """`_bound` will bind this handle's arguments anyway (its function is the registered one)."""
+        registered = self.registry.handlers.get(handler.name) if self.registry is not None else None
+        return registered is not None and registered.fn is handler.fn
 
     chunk = 2000
     """Large batches are split so chunk k reaches Redis while chunk k+1 is being committed;
