@@ -7,7 +7,7 @@
 -- won. $19 request fingerprints and $20 scopes line up with the runs (NULL when unkeyed).
 -- Returns insert_runs' rows; the caller looks up the keys it did not win (idempotency_lookup).
 WITH input AS MATERIALIZED (
-    SELECT nextval(pg_get_serial_sequence('runs', 'id')) AS id, t.*
+    SELECT nextval((SELECT pg_get_serial_sequence('runs', 'id'))::regclass) AS id, t.*
     FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::timestamptz[],
                 $6::integer[], $7::double precision[], $8::text[], $9::text[], $10::text[],
                 $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[], $15::text[], $16::text[],

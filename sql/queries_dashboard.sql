@@ -57,7 +57,8 @@ SELECT count(*) AS n FROM (
 ) m;
 
 -- name: rollup_minutes
--- The recorder's batch into queue_minutes (its own transaction): one element per counted transition.
+-- The recorder's batch into queue_minutes (in the transaction of the events it counts): one element per
+-- counted transition.
 -- $1 queue, $2 minute, $3 kind (started / succeeded / failed / retried), $4 run id, $5 attempt,
 -- $6 start lag (ms, for started). Run time comes from the attempt row the same transaction just wrote.
 WITH ev AS (
