@@ -11,6 +11,7 @@ with one job, run as its own asyncio task (reconciler/loops.py):
     scale_hint  FENCEPOST_SCALE_EVERY_S (30 s)          fencepost_scale_hint_workers
     partitions  1 h                                     history partitions of this month and the next two
     archive     1 h; the next tick while batches are full   old finished runs -> runs_archive
+    idempotency 1 h; the next tick while batches are full   idempotency keys past FENCEPOST_IDEMPOTENCY_WINDOW
 
 A failed pass (Redis or PostgreSQL unreachable, one bad queue) is logged and counted in
 `fencepost_maintenance_runs_total{loop,outcome}`, and the loop tries again after its
