@@ -29,9 +29,8 @@ from fencepost.core.errors import (
     UnknownRun,
     WaitTimeout,
 )
-from fencepost.core.keys import valid_queue_name
 from fencepost.core.models import JobSpec, Outcome, RunRow, Submit, decode_result, encode_payload, run_columns
-from fencepost.core.queues import declare_queues, stamp_created
+from fencepost.core.queues import check_queue_name, declare_queues, stamp_created
 from fencepost.core.record import REFUSED, Conn, store_definitions
 from fencepost.core.registry import Handler, Registry
 from fencepost.core.states import DEAD, RESTING, Status
@@ -437,9 +436,7 @@ class Client(ControlMixin, WorkflowMixin):
 
     def _validated(self, req: Submit, now: datetime, *, outbox: bool) -> RunRow:
         spec = self._defs[req.handler]
-        queue = req.queue or spec.queue
-        if not valid_queue_name(queue):
-            raise InvalidInput(f"queue name {queue!r} must be 1-64 of letters, digits, '_', '-', '.'", field="queue")
+        queue = check_queue_name(req.queue or spec.queue)
         priority = validate.integer("priority", spec.priority if req.priority is None else req.priority)
         timeout = validate.number("timeout", spec.timeout_s if req.timeout is None else req.timeout)
         retries = validate.integer("max_retries", spec.max_retries if req.max_retries is None else req.max_retries)

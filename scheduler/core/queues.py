@@ -13,7 +13,14 @@ from fencepost.core.hot import StampArgs
 from fencepost.core.keys import valid_queue_name
 from fencepost.core.stores import Stores
 
-__all__ = ["declare_queues", "require_queue", "stamp_created"]
+__all__ = ["check_queue_name", "declare_queues", "require_queue", "stamp_created"]
+
+
+def check_queue_name(name: str) -> str:
+    """NAME, or InvalidInput when it is not a queue name."""
+    if not valid_queue_name(name):
+        raise InvalidInput(f"queue name {name!r} must be 1-64 of letters, digits, '_', '-', '.'", field="queue")
+    return name
 
 
 async def declare_queues(stores: Stores, names: Iterable[str]) -> list[str]:
@@ -21,8 +28,7 @@ async def declare_queues(stores: Stores, names: Iterable[str]) -> list[str]:
     those. Idempotent: declaring a known queue changes nothing."""
     wanted = sorted(set(names))
     for name in wanted:
-        if not valid_queue_name(name):
-            raise InvalidInput(f"queue name {name!r} must be 1-64 of letters, digits, '_', '-', '.'", field="queue")
+        check_queue_name(name)
     if not wanted:
         return []
     rows = await stores.db.fetch("declare_queues", wanted)
