@@ -33,8 +33,6 @@ class Acknowledger:
         self._base, self._cap, self._quarantine = s.backoff_base_ms, s.backoff_cap_ms, s.quarantine_after
         self._pending: dict[str, list[tuple[Finish, asyncio.Future[str]]]] = defaultdict(list)
         self._flushing: asyncio.Task[None] | None = None
-        self.stale = 0
-        self.finished: dict[str, int] = defaultdict(int)
 
     def add(self, queue: str, run_id: int, token: int, attempt: int, kind: str, data: bytes | str,
             error_class: str, retry_after: float | None = None) -> asyncio.Future[str]:
@@ -71,10 +69,8 @@ class Acknowledger:
         for (item, fut), reply in zip(items, replies):
             state = reply.state
             if state == "STALE":
-                self.stale += 1
                 log.warning("late finish of run %s discarded: its token %s is stale", item.id, item.token,
                             extra={"event": "stale_finish", "run_id": item.id})
-            self.finished[state] += 1
             if not fut.done():
                 fut.set_result(state)
 
