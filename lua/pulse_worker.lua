@@ -12,12 +12,10 @@
 -- @argv worker liveness_ms
 -- @returns int
 -- @include common
-local K_WORKERS = BASE .. 'workers'
 local liveness = tonumber(ARGV[2])
 if liveness <= 0 then
   redis.call('ZREM', K_WORKERS, ARGV[1])
   return 1
 end
-local t = redis.call('TIME')
-redis.call('ZADD', K_WORKERS, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + liveness, ARGV[1])
+redis.call('ZADD', K_WORKERS, server_now_ms() + liveness, ARGV[1])
 return 1

@@ -16,9 +16,7 @@
 local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local ids = redis.call('ZRANGEBYSCORE', K_ACTIVE, '-inf', now, 'LIMIT', 0, limit)
 local expired = #ids
-local K_WORKERS = BASE .. 'workers'
-local t = redis.call('TIME')
-local dead = redis.call('ZRANGEBYSCORE', K_WORKERS, '-inf', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local dead = redis.call('ZRANGEBYSCORE', K_WORKERS, '-inf', server_now_ms())
 local gone = {}
 if #dead > 0 then
   for _, w in ipairs(dead) do gone[w] = true end

@@ -143,6 +143,7 @@ end
 -- stream of higher-priority ones. rescore_due.lua re-scores from `qpos` when the step changes.
 local K_TENANTS, K_WEIGHTS, K_FAIR = BASE .. 'tenants', BASE .. 'weights', BASE .. 'fair'
 local K_HELDKEYS = BASE .. 'heldkeys'
+local K_WORKERS = BASE .. 'workers'  -- ZSET worker id -> alive until (ms, server clock): pulse_worker.lua
 local DEFAULT_AGE_MS = 60000
 
 local function tenant_due(tenant)
@@ -151,6 +152,12 @@ local function tenant_due(tenant)
 end
 
 local clock, age_units, vnow, server_ms = nil, nil, nil, nil
+
+-- The Redis server's clock in ms (a caller's clock may be skewed).
+local function server_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local activated = {}
 local defer_seq = false  -- a batch script writes K_SEQ once, at its end (flush_seq)
 
@@ -159,8 +166,7 @@ local defer_seq = false  -- a batch script writes K_SEQ once, at its end (flush_
 local function next_position(now)
   if not clock then
     clock = tonumber(redis.call('GET', K_SEQ) or '0')
-    local t = redis.call('TIME')
-    server_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    server_ms = server_now_ms()
   end
   clock = math.max(clock + 1, math.floor(math.min(now, server_ms + 1000)) * 1000)
   if not defer_seq then redis.call('SET', K_SEQ, string.format('%.0f', clock)) end
