@@ -95,7 +95,8 @@ class Keys:
         self.limits = b + "limits"      # HASH concurrency key -> operator's limit
         self.heldkeys = b + "heldkeys"  # SET concurrency keys with held runs
         # also, built by Lua from `base`: budget:a:<bucket> / budget:r:<bucket> counters,
-        # fair, climits, and the per-tenant / per-key sets below
+        # fair, climits, workers (ZSET worker id -> alive-until ms: the liveness pulse,
+        # lua/includes/common.lua K_WORKERS), and the per-tenant / per-key sets below
 
     def run(self, run_id: int | str) -> str:
         return f"{self.base}run:{run_id}"
