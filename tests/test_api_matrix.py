@@ -354,6 +354,29 @@ async def test_cli_token_from_a_file_or_the_environment_and_a_warning_for_the_fl
     assert out.returncode == 2 and "--token-file" in out.stderr
 
 
+
+async def test_control_characters_in_dispatch_labels_and_workflow_names_change_nothing(api: Api,
+                                                                                       client: Client) -> None:
+    """Invariant 7 on the mutating routes whose text fields were checked for length and spaces only:
+    a dispatch tenant or key and a workflow name holding a control character are refused (422, the
+    field named), and nothing is written: no setting, no audit row, no workflow."""
+    await client.submit("t.echo", 0)  # the queue exists
+    pool = client.stores.db.pool
+    assert pool is not None
+    for body, fld in (({"setting": "weight", "tenant": "a\u001bb", "value": 2}, "tenant"),
+                      ({"setting": "limit", "key": "k\u0085", "value": 2}, "key")):
+        r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={**body, "reason": "x"})
+        assert r.status_code == 422 and r.json()["field"] == fld, r.text
+    assert await pool.fetchval("SELECT count(*) FROM audit_log WHERE action LIKE 'dispatch_%'") == 0
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "weight", "tenant": "", "value": 2})
+    assert r.status_code == 200, "'' is still the tenant of runs without one"
+    before = await pool.fetchval("SELECT count(*) FROM workflows")
+    r = await api.req("POST", "/v1/workflows", "admin", json={"name": "wf\u001b[31m", "nodes": [
+        {"name": "a", "handler": "t.echo", "queue": Q}]})
+    assert r.status_code == 422 and r.json()["field"] == "name", r.text
+    assert await pool.fetchval("SELECT count(*) FROM workflows") == before
+
+
 # -- bulk exactly as confirmed ----------------------------------------------------------------
 async def test_bulk_acts_on_exactly_the_runs_counted(settings: Settings, client: Client) -> None:
     """Issue 14 repro 4: counting and acting were separate statements, so runs submitted in between

@@ -245,18 +245,15 @@ class QueueResult(msgspec.Struct, kw_only=True):
     paused: bool
 
 
-Label = Annotated[str, Meta(max_length=128, pattern=r"^[^\s{}]*$")]
-
-
 class DispatchUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One change to a queue's dispatch settings; null resets that setting to its default."""
 
     setting: Literal["weight", "limit", "max_running", "aging"]
     reason: Reason = ""
     """Recorded in the audit log with the token that changed the setting."""
-    tenant: Label | None = None
+    tenant: Annotated[str, meta("tenant", min_length=0)] | None = None
     """weight: the tenant ('' = runs without a tenant)."""
-    key: Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[^\s{}]+$")] | None = None
+    key: Annotated[str, meta("concurrency_key")] | None = None
     """limit: the concurrency key."""
     value: Annotated[float, Meta(gt=0, le=1e9)] | None = None
     """weight (0.001-1000), limit or max_running (integer >= 1), aging (seconds per priority level)."""
@@ -371,7 +368,7 @@ class NextFires(msgspec.Struct, kw_only=True):
 
 class WorkflowSubmit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nodes: Annotated[list[Node], Meta(min_length=1)]
-    name: Annotated[str, Meta(max_length=200)] | None = None
+    name: Annotated[str, meta("name", min_length=0)] | None = None
 
 
 class WorkflowSubmitted(msgspec.Struct, kw_only=True):
