@@ -84,15 +84,23 @@ def trace_id(traceparent: str | None) -> str | None:
 
 
 # -- OpenTelemetry -------------------------------------------------------------------------------
+_TRACER: Any = None
+"""The tracer once a provider is set: OpenTelemetry lets an application set its provider only once,
+so with tracing on, each job no longer looks the provider up (a lookup reads the environment); while
+none is set the lookup stays per job, since the application may set one at any time."""
+
+
 def _tracer() -> Any:
     """The application's tracer, or None (extra absent, disabled, or no provider set: spans would
     be non-recording, so none are made)."""
-    if not OTEL:
-        return None
+    global _TRACER
+    if _TRACER is not None or not OTEL:
+        return _TRACER
     provider = _ot.get_tracer_provider()
     if isinstance(provider, ProxyTracerProvider | NoOpTracerProvider):
         return None
-    return provider.get_tracer("fencepost")
+    _TRACER = provider.get_tracer("fencepost")
+    return _TRACER
 
 
 def _parent(tp: str | None) -> Any:
