@@ -401,7 +401,7 @@ def _queue_command(paused: bool) -> Callable[[Ctx], Awaitable[Any]]:
     async def queue_command(ctx: Ctx) -> Any:
         name = ctx.path("queue")
         ctx.p.require_queue(name)
-        body: S.QueueCommand = ctx.body or S.QueueCommand()
+        body: S.ConfigCommand = ctx.body or S.ConfigCommand()
         if paused:
             await ctx.client.pause_queue(name, reason=body.reason)
         else:
@@ -818,9 +818,9 @@ ROUTES: list[RouteSpec] = [
               response=list[S.QueueStats], params=[("window", "integer", 300, "Seconds of history for rates")],
               tag="queues"),
     RouteSpec("POST", "/v1/queues/{queue}/pause", _queue_command(True), "Pause a queue (nothing new is dispatched)",
-              roles=READ, body=S.QueueCommand, response=S.QueueResult, tag="queues"),
+              roles=READ, body=S.ConfigCommand, response=S.QueueResult, tag="queues"),
     RouteSpec("POST", "/v1/queues/{queue}/resume", _queue_command(False), "Resume a queue", roles=READ,
-              body=S.QueueCommand, response=S.QueueResult, tag="queues"),
+              body=S.ConfigCommand, response=S.QueueResult, tag="queues"),
     RouteSpec("GET", "/v1/queues/{queue}/dispatch", get_dispatch,
               "Dispatch settings (tenant weights, concurrency limits, aging) and tenants / keys now", roles=READ,
               response=S.DispatchSettings, tag="queues"),
@@ -890,7 +890,7 @@ ROUTES: list[RouteSpec] = [
               tag="audit"),
 ]
 
-OPTIONAL_BODY = {S.CommandRequest, S.QueueCommand, S.WorkflowRetry, S.ConfigCommand}
+OPTIONAL_BODY = {S.CommandRequest, S.WorkflowRetry, S.ConfigCommand}
 """Bodies that may be left out entirely (all their fields have defaults)."""
 
 

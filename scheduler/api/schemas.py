@@ -32,7 +32,6 @@ __all__ = [
     "NextFires",
     "Node",
     "Problem",
-    "QueueCommand",
     "QueueResult",
     "QueueStats",
     "Readiness",
@@ -234,10 +233,6 @@ class ResolveRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     as_: Literal["succeeded", "failed", "retry"] = msgspec.field(name="as")
     reason: Reason = ""
     expected_version: Annotated[int, Meta(ge=0, le=2**62)] | None = None
-
-
-class QueueCommand(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    reason: Reason = ""
 
 
 class QueueResult(msgspec.Struct, kw_only=True):
@@ -483,7 +478,7 @@ class ScheduleEdit(ScheduleUpdate, kw_only=True, frozen=True, forbid_unknown_fie
 
 
 class ConfigCommand(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """An optional body of a configuration command: the reason the audit log records."""
+    """The optional body of a queue, schedule or worker command: the reason the audit log records."""
 
     reason: Reason = ""
 
