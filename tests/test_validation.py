@@ -27,7 +27,7 @@ from fencepost.api import ApiConfig
 from fencepost.api import schemas as S
 from fencepost.cli.main import cli
 from fencepost.client import Client
-from fencepost.core import validate
+from fencepost.core import fairness, validate
 from fencepost.core.config import Settings
 from fencepost.core.errors import InvalidInput
 from fencepost.core.schedules import ScheduleSpec, validated
@@ -329,3 +329,18 @@ async def test_next_fires_of_a_stored_bad_schedule_is_4xx_not_500(api: Api, clie
         await conn.close()
     r = await api.req("GET", "/v1/schedules/s/next?n=3", "admin")
     assert r.status_code == 422 and r.json()["field"] == "interval_s", r.text
+
+
+@pytest.mark.parametrize(("tenant", "key"), [("acme\x1b[2J", "ok"), ("acme", "k\x85ey"), ("a\u200bb", "ok")])
+async def test_dispatch_settings_refuse_control_characters_from_python_too(client: Client, stores: Stores,
+                                                                          tenant: str, key: str) -> None:
+    """The client/CLI path of dispatch settings checks tenants and keys with the same table as the API."""
+    await client.submit("t.noop", queue="tq")  # the queue exists
+    before = await fairness.describe(stores, "tq")
+    with pytest.raises(InvalidInput) as exc:
+        if tenant != "acme":
+            await fairness.set_weight(stores, "tq", tenant, 2.0)
+        else:
+            await fairness.set_limit(stores, "tq", key, 3)
+    assert exc.value.field in ("tenant", "concurrency_key")
+    assert await fairness.describe(stores, "tq") == before

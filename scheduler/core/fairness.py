@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any, cast
 
 import msgspec
 
-from fencepost.core import audit
+from fencepost.core import audit, validate
 from fencepost.core.errors import InvalidInput, UnknownQueue
 from fencepost.core.hot import PageArgs, RescoreArgs
 from fencepost.core.record import Session
@@ -36,7 +35,6 @@ __all__ = [
     "set_weight",
 ]
 
-_LABEL_RE = re.compile(r"[^\s{}]{1,128}")  # fullmatch: no trailing newline sneaks through
 DEFAULT_AGE_MS = 60_000
 """One priority level is worth this much waiting (lua/includes/common.lua DEFAULT_AGE_MS)."""
 MAX_AGE_MS = 30 * 86_400_000
@@ -156,17 +154,11 @@ async def scan_queue(stores: Stores, queue: str, pattern: str, cursor: int, coun
     return int(cursor), [n.decode() if isinstance(n, bytes) else n for n in names]
 
 
-def _label(value: str, what: str) -> str:
-    if not isinstance(value, str) or not _LABEL_RE.fullmatch(value):
-        raise InvalidInput(f"{what} {value!r} must be 1-128 characters without spaces or braces", field=what)
-    return value
-
-
 async def set_weight(stores: Stores, queue: str, tenant: str, weight: float | None, *, actor: str = "client",
                      reason: str = "") -> QueueSettings:
     """Weight of a tenant (None: back to the default, 1). Applies to dispatch from now on."""
     if tenant != "":
-        _label(tenant, "tenant")
+        validate.label("tenant", tenant)
     if weight is not None and not (isinstance(weight, (int, float)) and math.isfinite(weight)
                                    and 0.001 <= weight <= 1000):
         raise InvalidInput(f"weight must be between 0.001 and 1000, not {weight}", field="weight")
@@ -178,7 +170,7 @@ async def set_weight(stores: Stores, queue: str, tenant: str, weight: float | No
 async def set_limit(stores: Stores, queue: str, key: str, limit: int | None, *, actor: str = "client",
                     reason: str = "") -> QueueSettings:
     """Override the limit of one concurrency key (None: back to the runs' declared limit)."""
-    _label(key, "concurrency_key")
+    validate.label("concurrency_key", key)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1_000_000):
         raise InvalidInput(f"limit must be a whole number from 1 to 1000000, not {limit!r}", field="limit")
     await _update(stores, queue, "set_queue_limit", key, limit, audit_=(actor, reason, {"limit": limit, "key": key}))
