@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from fencepost.core.keys import QUEUE_NAME_PATTERN
 from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.validate import meta
 from fencepost.core.workers import HeldRun, StopRequest, WorkerInfo
@@ -71,7 +72,7 @@ Role = Literal["producer", "operator", "admin"]
 Verb = Literal["pause", "stop", "cancel", "resume", "restart", "retry"]
 Status = Literal["BLOCKED", "PENDING", "RUNNING", "RETRY_WAIT", "PAUSED", "STOPPING", "STOPPED", "SUCCEEDED",
                  "FAILED", "TIMED_OUT", "CANCELLED"]
-QueueName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$", description="1-64 of letters, digits, '_', '-', '.'")]
+QueueName = Annotated[str, Meta(pattern=QUEUE_NAME_PATTERN, description="1-64 of letters, digits, '_', '-', '.'")]
 Reason = Annotated[str, meta("reason", description="Recorded in the run's history with the token that acted")]
 
 

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["QUEUES_KEY", "WORKERS_KEY", "Keys", "breaker_keys", "valid_queue_name", "worker_key", "worker_stop_key"]
+__all__ = [
+    "QUEUES_KEY", "QUEUE_NAME_PATTERN", "WORKERS_KEY", "Keys", "breaker_keys", "valid_queue_name",
+    "worker_key", "worker_stop_key",
+]
 
-_QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+QUEUE_NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
+"""What a queue name may be (also the API schema's pattern): it is part of every key of the queue."""
+_QUEUE_RE = re.compile(QUEUE_NAME_PATTERN)
 
 
 def valid_queue_name(name: str) -> bool:
