@@ -45,6 +45,8 @@ SKIP = re.compile(r"^<!--\s*doc-test:\s*skip\s*\((.+)\)\s*-->\s*$")
 SERVICE = re.compile(r"^fencepost\s+(worker|reconciler|api|trigger)\b")
 UP = re.compile(r"worker \S+ serving|reconciler started|trigger started|Uvicorn running|Application startup complete")
 """What each service logs once its signal handlers are installed."""
+DOWN = re.compile(r"worker \S+ stopped|reconciler stopped|trigger stopped")
+"""What a service logs when a block stopped it (`fencepost workers stop`): it is waited for, not signalled."""
 RUN_TIMEOUT = 120.0
 
 
@@ -156,7 +158,7 @@ class DocRun:
             deadline = time.monotonic() + 60
             while proc.poll() is None and not UP.search(log.read_text(errors="replace")) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if proc.poll() is None:
+            if proc.poll() is None and not DOWN.search(log.read_text(errors="replace")):
                 proc.send_signal(signal.SIGTERM)
         bad = []
         for line, proc, log in self.services:

@@ -25,6 +25,7 @@ import functools
 import getpass
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Iterator
 from datetime import datetime
@@ -123,10 +124,17 @@ class RootGroup(click.Group):
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to completion on uvloop when installed (workers and the demo run on it too)."""
-    if uvloop is None:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+    """Run a coroutine to completion on uvloop when installed (workers and the demo run on it too).
+
+    Once it has returned the command's work is done: a late SIGTERM (an orchestrator stopping a
+    service that already stopped itself) is ignored so it cannot turn exit 0 into 143."""
+    try:
+        if uvloop is None:
+            return asyncio.run(coro)
+        return uvloop.run(coro)
+    finally:
+        with contextlib.suppress(ValueError):  # not the main thread
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
