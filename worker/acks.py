@@ -3,6 +3,12 @@
 While one flush is in flight, new completions accumulate, so batches grow with load and
 latency stays at one round trip when idle. Flushes are shielded from cancellation: an
 outcome the worker has computed is never dropped by a shutdown.
+
+A store that is away (unreachable, not yet stamped after a failover) is waited for with the
+whole batch. A script that refuses the batch is a bad item, not an outage: the batch is split
+until the item is alone, the others are acknowledged, and the item is set aside (REJECTED,
+counted in fencepost_quarantined_total{loop="acks"}); its lease lapses and the reaper decides.
+Retrying it forever would hold every outcome batched with it, and those slots, with it.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import random
 import time
 from collections import defaultdict
 
+from fencepost.core import metrics
+from fencepost.core.errors import FencepostError, NotStamped, RedisUnavailable
 from fencepost.core.hot import Finish, FinishArgs
 from fencepost.core.stores import Stores
 
@@ -36,7 +44,8 @@ class Acknowledger:
 
     def add(self, queue: str, run_id: int, token: int, attempt: int, kind: str, data: bytes | str,
             error_class: str, retry_after: float | None = None) -> asyncio.Future[str]:
-        """Queue one outcome; the future resolves to the run's new state or 'STALE'."""
+        """Queue one outcome; the future resolves to the run's new state, 'STALE' (not the run's
+        current token) or 'REJECTED' (the script refused this item: set aside, see above)."""
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         if retry_after is not None:  # the dependency said when (rate limit, open breaker): a little jitter only
             delay = int(retry_after * 1000 * random.uniform(1.0, 1.2))
@@ -61,11 +70,15 @@ class Acknowledger:
             try:
                 replies = await self.stores.scripts.finish_runs(self.stores.keys(queue), args, finishes)
                 break
-            except Exception as exc:
-                log.warning("finish of %d runs failed, retrying: %s", len(items), exc,
-                            extra={"event": "finish_retry", "queue": queue})
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+            except (RedisUnavailable, NotStamped) as exc:  # the store is away: wait for it
+                self._retrying(queue, items, exc)
+            except FencepostError as exc:  # the script refused the batch: one item is bad
+                await self._isolate(queue, items, exc)
+                return
+            except Exception as exc:  # anything else unexpected: keep the outcome, try again
+                self._retrying(queue, items, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
         for (item, fut), reply in zip(items, replies):
             state = reply.state
             if state == "STALE":
@@ -73,6 +86,26 @@ class Acknowledger:
                             extra={"event": "stale_finish", "run_id": item.id})
             if not fut.done():
                 fut.set_result(state)
+
+    @staticmethod
+    def _retrying(queue: str, items: list[tuple[Finish, asyncio.Future[str]]], exc: Exception) -> None:
+        log.warning("finish of %d runs failed, retrying: %s", len(items), exc,
+                    extra={"event": "finish_retry", "queue": queue})
+
+    async def _isolate(self, queue: str, items: list[tuple[Finish, asyncio.Future[str]]], exc: Exception) -> None:
+        """Halve a refused batch until the bad item is alone. Items a refused call had already
+        applied (scripts are not rolled back on error) come back STALE on the retry: their
+        outcome is in Redis and its events are in the stream."""
+        if len(items) > 1:
+            half = len(items) // 2
+            await asyncio.gather(self._flush(queue, items[:half]), self._flush(queue, items[half:]))
+            return
+        (item, fut), = items
+        log.error("finish of run %s refused by the store, set aside for the reaper: %s", item.id, exc,
+                  extra={"event": "finish_rejected", "queue": queue, "run_id": item.id})
+        metrics.QUARANTINED.labels("acks", "finish").inc()
+        if not fut.done():
+            fut.set_result("REJECTED")
 
     async def drain(self) -> None:
         while self._flushing is not None and not self._flushing.done():

@@ -452,6 +452,8 @@ class Worker:
         if state == "STALE":
             metrics.STALE.labels(job.queue, "finish").inc()
             return
+        if state == "REJECTED":  # set aside by the acknowledger (counted there); the reaper decides
+            return
         self.m.count(metrics.FINISHED, job.queue, job.handler, state)
         if state == "SUCCEEDED":
             self.m.observe(metrics.ATTEMPTS_PER_SUCCESS, job.attempt, job.handler)
