@@ -1,5 +1,6 @@
 """History maintenance: monthly partitions, finished runs out of the hot table, and
-retention by partition drop (never a DELETE).
+retention by partition drop (never a DELETE); and the dashboard's per-minute chart rollup
+(queue_minutes, migration 013) pruned past FENCEPOST_CHART_RETENTION, a bounded batch at a time.
 
 The SQL lives in sql/007_history_partitions.sql (functions) and sql/queries_retention.sql.
 `fencepost retention` (fencepost/cli/retention.py) drops old partitions; the reconciler runs
@@ -24,6 +25,7 @@ from fencepost.core.errors import InvalidInput
 from fencepost.core.record import Conn, Database, Session
 
 __all__ = [
+    "CHART_WINDOW",
     "Dropped",
     "Maintenance",
     "Partition",
@@ -34,7 +36,9 @@ __all__ = [
     "expired_partitions",
     "month_of",
     "parse_archive_after",
+    "parse_chart_retention",
     "parse_duration",
+    "prune_rollup",
 ]
 
 log = logging.getLogger("fencepost.retention")
@@ -59,6 +63,22 @@ def parse_archive_after(text: str) -> timedelta | None:
     if text.strip() in ("", "0"):
         return None
     return parse_duration(text, what="FENCEPOST_ARCHIVE_AFTER")
+
+
+CHART_WINDOW = timedelta(days=7)
+"""The longest window the dashboard's charts show (GET /v1/stats?window=7d): the rollup is kept at least this long."""
+
+
+def parse_chart_retention(text: str) -> timedelta:
+    """FENCEPOST_CHART_RETENTION: a duration of at least CHART_WINDOW (a shorter one would cut the 7 d charts)."""
+    try:
+        keep = parse_duration(text, what="FENCEPOST_CHART_RETENTION")
+    except InvalidInput as exc:
+        raise InvalidInput(str(exc), field="chart_retention") from None  # the Settings field it came from
+    if keep < CHART_WINDOW:
+        raise InvalidInput(f"FENCEPOST_CHART_RETENTION must be at least 7d (the longest chart window), not {text!r}",
+                           field="chart_retention")
+    return keep
 
 
 def month_of(at: datetime) -> date:
@@ -103,6 +123,12 @@ async def expired_partitions(conn: Conn, cutoff: datetime, *, count: bool = Fals
         parts = [msgspec.structs.replace(p, rows=await s.fetchval("partition_rows", p.name, False))
                  for p in parts]
     return parts
+
+
+async def prune_rollup(conn: Conn, cutoff: datetime, batch: int = 10_000) -> int:
+    """Delete up to `batch` rollup minutes before `cutoff`, oldest first; returns how many."""
+    status = await Session.of(conn).execute("rollup_prune", cutoff, batch)
+    return int(status.rsplit(" ", 1)[-1])  # DELETE <n>
 
 
 def archive_path(archive_dir: Path, part: Partition) -> Path:
@@ -161,12 +187,18 @@ class Maintenance:
     """The reconciler's history step. Creates the partitions of this month and the next two
     (once an hour), and moves terminal runs finished more than `archive_after` ago to
     runs_archive, `batch` per tick: every tick while batches come back full (a backlog),
-    else once an hour. An advisory lock lets one replica do it; the others skip."""
+    else once an hour. Chart rollup minutes older than `chart_retention` are deleted the same
+    way, `rollup_batch` per tick. An advisory lock lets one replica do it; the others skip."""
 
     def __init__(self, db: Database, *, archive_after: timedelta | None, every_s: float = 3600.0,
-                 batch: int = 5000, clock: Callable[[], datetime] = _utcnow) -> None:
+                 batch: int = 5000, clock: Callable[[], datetime] = _utcnow,
+                 chart_retention: timedelta = timedelta(days=8), rollup_batch: int = 10_000) -> None:
         self.db = db
         self.archive_after = archive_after
+        self.chart_retention = chart_retention
+        self.rollup_batch = rollup_batch
+        self._rollup_due = 0.0
+        self.rollup_pruned = 0
         self.every_s = every_s
         self.batch = batch
         self.clock = clock
@@ -183,6 +215,9 @@ class Maintenance:
         if self.archive_after is not None and mono >= self._archive_due:
             moved = await self.archive()
             self._archive_due = mono if moved == self.batch else mono + self.every_s
+        if mono >= self._rollup_due:
+            pruned = await self.prune_rollup()
+            self._rollup_due = mono if pruned == self.rollup_batch else mono + self.every_s
 
     async def partitions(self) -> list[str]:
         """Create this month's partitions and the next two where missing; returns what was created."""
@@ -201,6 +236,16 @@ class Maintenance:
         if moved:
             log.info("archived %d finished runs", moved, extra={"event": "runs_archived"})
         return moved
+
+    async def prune_rollup(self) -> int:
+        """Delete one batch of chart rollup minutes older than chart_retention; returns how many
+        (a full batch: a backlog)."""
+        cutoff = self.clock() - self.chart_retention
+        pruned = await self._locked(lambda conn: prune_rollup(conn, cutoff, self.rollup_batch)) or 0
+        self.rollup_pruned += pruned
+        if pruned:
+            log.info("pruned %d chart rollup minutes", pruned, extra={"event": "rollup_pruned"})
+        return pruned
 
     async def _locked(self, fn: Callable[[Session], Awaitable[_T]]) -> _T | None:
         """Run `fn` in a transaction holding the maintenance lock; None if another holds it."""

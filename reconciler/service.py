@@ -12,6 +12,7 @@ with one job, run as its own asyncio task (reconciler/loops.py):
     partitions  1 h                                     history partitions of this month and the next two
     archive     1 h; the next tick while batches are full   old finished runs -> runs_archive
     idempotency 1 h; the next tick while batches are full   idempotency keys past FENCEPOST_IDEMPOTENCY_WINDOW
+    rollup      1 h; the next tick while batches are full   chart rollup minutes past FENCEPOST_CHART_RETENTION
 
 A failed pass (Redis or PostgreSQL unreachable, one bad queue) is logged and counted in
 `fencepost_maintenance_runs_total{loop,outcome}`, and the loop tries again after its
@@ -40,7 +41,7 @@ from fencepost.reconciler.loops import Loop, QueueGate, each_queue, run_loops
 from fencepost.reconciler.outbox import OutboxRelay
 from fencepost.reconciler.rebuild import rebuild_queue, untrusted_queues
 from fencepost.reconciler.recorder import Recorder
-from fencepost.reconciler.retention import Maintenance, parse_archive_after, parse_duration
+from fencepost.reconciler.retention import Maintenance, parse_archive_after, parse_chart_retention, parse_duration
 from fencepost.reconciler.scalehint import ScaleHints
 
 log = logging.getLogger("fencepost.reconciler")
@@ -61,7 +62,8 @@ class Reconciler:
         self.gauges = Gauges(self.stores)
         self.scale_hints = ScaleHints(self.stores)
         self.history = Maintenance(self.stores.db,
-                                   archive_after=parse_archive_after(self.stores.settings.archive_after))
+                                   archive_after=parse_archive_after(self.stores.settings.archive_after),
+                                   chart_retention=parse_chart_retention(self.stores.settings.chart_retention))
         self.idempotency_window = parse_duration(self.stores.settings.idempotency_window,
                                                  what="FENCEPOST_IDEMPOTENCY_WINDOW")
         """Idempotency keys older than this are pruned (the `idempotency` loop, at the archive interval)."""
@@ -82,6 +84,7 @@ class Reconciler:
             Loop("scale_hint", self._scale_hint, self.scale_hints.every_s),
             Loop("partitions", self._partitions, self.history.every_s),
             Loop("idempotency", self._prune_keys, self.history.every_s),
+            Loop("rollup", self._prune_rollup, self.history.every_s),
         ]
         if self.history.archive_after is not None:
             loops.append(Loop("archive", self._archive, self.history.every_s))
@@ -165,6 +168,10 @@ class Reconciler:
         """Forget idempotency keys older than FENCEPOST_IDEMPOTENCY_WINDOW, a bounded batch a pass."""
         status = await self.stores.db.execute("idempotency_prune", self.idempotency_window.total_seconds(), batch)
         return self.tick_s if status.endswith(f" {batch}") else None
+
+    async def _prune_rollup(self) -> float | None:
+        pruned = await self.history.prune_rollup()
+        return self.tick_s if pruned == self.history.rollup_batch else None  # a backlog: the next batch at the next tick
 
     async def _archive(self) -> float | None:
         moved = await self.history.archive()

@@ -60,3 +60,11 @@ SELECT fencepost_partition_rows(to_regclass($1::text), $2::boolean) AS n;
 
 -- name: drop_partition
 SELECT fencepost_drop_partition($1::text::regclass);
+
+-- name: rollup_prune
+-- The dashboard's per-minute rollup (013_queue_minutes) older than $1, at most $2 rows, oldest first
+-- (the primary key starts with minute: an index range scan, never the whole table).
+WITH old AS (
+    SELECT minute, queue FROM queue_minutes WHERE minute < $1 ORDER BY minute LIMIT $2
+)
+DELETE FROM queue_minutes q USING old WHERE (q.minute, q.queue) = (old.minute, old.queue);

@@ -391,3 +391,60 @@ async def test_recorder_redelivery_is_a_no_op_and_a_close_finds_its_attempt_in_a
     for e in (b_done, a_claim):
         await rec.record([(stream, *e)])
     assert await snapshot() == first, "a redelivered entry changes nothing"
+
+
+# -- the dashboard's chart rollup (issue 17: queue_minutes was never pruned) -----------------------
+async def _minutes(stores: Stores, queue: str, ages: list[timedelta], now: datetime) -> None:
+    pool = stores.db.pool
+    assert pool is not None
+    zeros = [0] * 16
+    await pool.executemany(
+        "INSERT INTO queue_minutes (queue, minute, started, lag_hist, run_hist) "
+        "VALUES ($1, date_trunc('minute', $2::timestamptz), 1, $3, $3)",
+        [(queue, now - age, zeros) for age in ages])
+
+
+async def test_chart_rollup_is_pruned_past_its_retention_in_bounded_batches(settings: Settings, stores: Stores) -> None:
+    now = datetime.now(UTC)
+    old = [timedelta(days=9, minutes=i) for i in range(5)] + [timedelta(days=30)]
+    kept = [timedelta(days=7, hours=23), timedelta(days=1), timedelta(minutes=3)]
+    await _minutes(stores, "tq", [*old, *kept], now)
+    await _minutes(stores, "other", [timedelta(days=8, minutes=5), timedelta(days=2)], now)
+    pool = stores.db.pool
+    assert pool is not None
+
+    keeper = Maintenance(stores.db, archive_after=None, batch=2, rollup_batch=3, clock=lambda: now)
+    assert keeper.chart_retention == timedelta(days=8), "the default outlives the 7 d chart window"
+    await keeper.tick()
+    assert keeper.rollup_pruned == 3, "one bounded batch per tick, oldest first"
+    assert await pool.fetchval("SELECT count(*) FROM queue_minutes WHERE minute < $1", now - timedelta(days=29)) == 0
+    await keeper.tick()
+    assert keeper.rollup_pruned == 6, "a full batch means a backlog: the next tick goes on"
+    await keeper.tick()
+    assert keeper.rollup_pruned == 7, "the last old minute"
+    await _minutes(stores, "tq", [timedelta(days=10)], now)
+    await keeper.tick()
+    assert keeper.rollup_pruned == 7, "after a short batch the next pass waits an hour"
+    left = {(r["queue"], now - r["minute"] < timedelta(days=8))
+            for r in await pool.fetch("SELECT queue, minute FROM queue_minutes")}
+    assert left == {("tq", True), ("other", True), ("tq", False)}
+    assert await pool.fetchval("SELECT count(*) FROM queue_minutes WHERE minute > $1", now - timedelta(days=8)) == 4
+
+    # the reconciler's own loop, with the setting from the environment: 8.5 days old stays under 9d
+    await _minutes(stores, "tq", [timedelta(days=8, hours=12)], datetime.now(UTC))
+    rec = Reconciler(msgspec.structs.replace(settings, chart_retention="9d"))
+    assert "rollup" in rec.loops and rec.history.chart_retention == timedelta(days=9)
+    await rec.stores.connect()
+    try:
+        await rec.loops["rollup"].once()
+    finally:
+        await rec.stores.close()
+    assert await pool.fetchval("SELECT count(*) FROM queue_minutes WHERE minute < now() - interval '9 days'") == 0
+    assert await pool.fetchval("SELECT count(*) FROM queue_minutes") == 5, "nothing younger than 9 days went"
+
+
+@pytest.mark.parametrize("value", ["6d", "1h", "0", "", "8 days", "-8d", "8d\x1b"])
+def test_chart_retention_is_validated(settings: Settings, value: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        Reconciler(msgspec.structs.replace(settings, chart_retention=value))
+    assert err.value.field == "chart_retention" and "FENCEPOST_CHART_RETENTION" in str(err.value)

@@ -46,6 +46,9 @@ class Settings(msgspec.Struct, kw_only=True):
     idempotency_window: str = "7d"
     """How long an idempotency key is honoured after its submit, archived run or not (the
     reconciler prunes older keys; same format as archive_after)."""
+    chart_retention: str = "8d"
+    """How long the dashboard's per-minute chart rollup (`queue_minutes`) is kept: the reconciler
+    prunes older minutes. At least `7d`, the longest chart window (same format as archive_after)."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
