@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
+from fencepost.core import audit, validate
 from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused
 from fencepost.core.models import Outcome, RunRow, Submit
 from fencepost.core.states import LIVE, UNSUCCESSFUL, Status
@@ -158,10 +159,9 @@ def _check_graph(nodes: Sequence[Node]) -> list[str]:
     names = [n.name for n in nodes]
     seen: set[str] = set()
     for n in names:
-        if not n or len(n) > 200:
-            raise InvalidInput("node names must be 1-200 characters", field="name")
+        validate.text("node", n)  # printed by `workflow show` and the dashboard: no control characters
         if n in seen:
-            raise InvalidInput(f"node name {n!r} is used twice", field="name")
+            raise InvalidInput(f"node name {n!r} is used twice", field="node")
         seen.add(n)
     deps = {n.name: list(dict.fromkeys(n.depends_on)) for n in nodes}
     for n, ds in deps.items():
@@ -342,13 +342,14 @@ class WorkflowMixin:
         as usual. With `recompute`, the named nodes and all their descendants run again as new
         runs, whatever their state (none of them may be active). Returns what was done by node.
         """
+        audit.reason(reason)
         wf = await self.workflow(workflow_id)
         nodes = {n["name"]: n for n in wf["nodes"]}
         for r in recompute:
             if r not in nodes:
                 raise InvalidInput(f"workflow {wf['id']} has no node {r!r}", field="recompute")
         if recompute:
-            return await self._recompute(wf["id"], nodes, recompute)
+            return await self._recompute(wf["id"], nodes, recompute, reason)
         down: dict[str, list[str]] = defaultdict(list)
         for n in nodes.values():
             for u in n["depends_on"]:
@@ -392,7 +393,7 @@ class WorkflowMixin:
         return done
 
     async def _recompute(self, wid: uuid.UUID, nodes: dict[str, dict[str, Any]],
-                         names: Sequence[str]) -> dict[str, list[str]]:
+                         names: Sequence[str], reason: str) -> dict[str, list[str]]:
         down: dict[str, list[str]] = defaultdict(list)
         for node in nodes.values():
             for u in node["depends_on"]:
@@ -436,6 +437,9 @@ class WorkflowMixin:
                     e_run.append(new[name])
                     e_dep.append(new.get(u, nodes[u]["id"]))
             await tx.execute("wf_add_nodes", wid, list(new.values()), list(new), e_run, e_dep)
+            # the new runs' submits carry no reason: the operator's is kept with the change
+            await audit.write(self.stores.db, tx, self.actor, "workflow_recomputed", target=str(wid),
+                              reason_=reason, data={"nodes": sorted(sub), "runs": sorted(new.values())})
         roots = [i for i in created if rows[i].status == "PENDING"]
         await self._enqueue(roots, ids, rows)
         await self.stores.db.execute("clear_outbox", [ids[i] for i in roots])

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from fencepost.client import Client
+from fencepost.core.errors import InvalidInput
 from fencepost.dev.examples import registry as examples
 from fencepost.workflows import Node, UnknownDependency, WorkflowCycle
 from tests.conftest import ROOT, record_all, spawn, wait_until, worker_env
@@ -61,6 +62,10 @@ async def test_cycle_and_unknown_dependency_are_rejected_naming_the_edge(client:
     assert unk.value.node == "b" and unk.value.depends_on == "ghost" and "ghost -> b" in str(unk.value)
     with pytest.raises(WorkflowCycle):
         await client.submit_workflow([_add("self", "self")])
+    for bad in ("", "a\x1b[2Jb", "x" * 201, "a\u202eb"):  # node names reach terminals and the dashboard
+        with pytest.raises(InvalidInput) as inv:
+            await client.submit_workflow([_add(bad)])
+        assert inv.value.field == "node"
     pool = client.stores.db.pool
     assert await pool.fetchval("SELECT count(*) FROM runs") == 0, "nothing stored"
     assert await pool.fetchval("SELECT count(*) FROM workflows") == 0
@@ -187,8 +192,12 @@ async def test_failure_in_the_middle_cancels_descendants_and_retry_reruns_only_t
         assert {k: after[k]["attempt"] for k in after} == {"a": 1, "b": 2, "c": 1, "d": 1, "e": 1, "f": 1}, \
             "only the failed subgraph ran again"
         # recompute a named subgraph: c and f run again as new runs, the rest is kept
-        done = await client.retry_workflow(wid, recompute=["c"])
+        done = await client.retry_workflow(wid, recompute=["c"], reason="bad input file")
         assert done == {"recomputed": ["c", "f"]}
+        [row] = [dict(r) for r in await client.stores.db.fetch("audit_list", None, None, None, None, 100, None, None)
+                 if r["action"] == "workflow_recomputed"]
+        assert (row["target"], row["reason"], row["actor"]) == (str(wid), "bad input file", client.actor), \
+            "the operator's reason is kept with the recompute"
         st = await wait_until(lambda: _settled(client, wid), timeout=60, what="the recompute to settle")
         again = {n["name"]: n for n in (await client.workflow(wid))["nodes"]}
         assert set(st.values()) == {"SUCCEEDED"}

@@ -62,6 +62,7 @@ LIMITS: dict[str, Limit] = {
     "catchup_window_s": Limit(kind="float", lo=0, lo_open=True, hi=366 * DAY, doc="seconds, up to a year"),
     "handler": Limit(kind="text", max_len=200, doc="a registered handler name"),
     "name": Limit(kind="text", max_len=200, doc="a schedule or workflow name"),
+    "node": Limit(kind="text", max_len=200, doc="a workflow node's name"),
     "idempotency_key": Limit(kind="text", max_len=200, doc="deduplicates submits"),
     "reason": Limit(kind="text", min_len=0, max_len=1000, doc="recorded in the history"),
     "tenant": Limit(kind="label", max_len=128, doc="who the run is for"),
