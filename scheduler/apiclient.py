@@ -22,7 +22,7 @@ from fencepost.core.errors import (
 )
 from fencepost.core.states import RESTING
 
-__all__ = ["ApiClient", "ApiProblem", "from_context", "require_store"]
+__all__ = ["ApiClient", "ApiProblem"]
 
 
 class ApiProblem(FencepostError):
@@ -209,30 +209,3 @@ class ApiClient:
                 "limit": limit, "until_id": until_id}
         return self.request("POST", f"/v1/queues/{urllib.parse.quote(queue, safe='')}/bulk",
                             {k: v for k, v in body.items() if v is not None})
-
-
-def require_store(command: str) -> None:
-    """Store-side admin tools have no API mode: with --api (or FENCEPOST_API_URL) they stop with
-    one line on stderr and exit code 1 instead of silently using the store settings."""
-    if from_context() is not None:
-        import sys
-
-        import click
-
-        click.echo(f"error: `fencepost {command}` needs direct Redis/PostgreSQL access and has no --api mode; "
-                   "run it without --api / FENCEPOST_API_URL where the stores are reachable", err=True)
-        sys.exit(1)
-
-
-def from_context() -> ApiClient | None:
-    """The API client when the CLI was given --api (or FENCEPOST_API_URL), else None."""
-    import click
-
-    ctx = click.get_current_context(silent=True)
-    while ctx is not None:
-        found = ctx.meta.get("fencepost.api")
-        if found is not None:
-            url, token = found
-            return ApiClient(url, token) if url else None
-        ctx = ctx.parent
-    return None

@@ -157,3 +157,19 @@ def test_core_loads_nothing_above_it() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('fencepost.') and not m.startswith('fencepost.core')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", out
+
+
+FACE_LIBRARIES = {"click", "fastapi", "starlette", "uvicorn"}
+"""Command-line and web libraries belong to the faces; a producer importing the client never loads them."""
+
+
+def test_below_the_faces_nothing_imports_a_face_library() -> None:
+    bad = []
+    for module, path in _modules().items():
+        if layer(module) in ("cli", "api", "dev", "root"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{module}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in FACE_LIBRARIES]
+    assert not bad, bad

@@ -36,7 +36,7 @@ import click
 from prometheus_client import start_http_server
 from redis.exceptions import RedisError
 
-from fencepost.apiclient import from_context, require_store
+from fencepost.apiclient import ApiClient
 from fencepost.core import validate
 from fencepost.core.config import Settings
 from fencepost.core.errors import FencepostError, InvalidInput
@@ -296,3 +296,24 @@ def to_json(v: Any) -> Any:
 def print_json(v: Any) -> None:
     """One JSON document on stdout (for scripts: `fencepost ls --json | jq ...`)."""
     click.echo(json.dumps(to_json(v), ensure_ascii=False))
+
+
+def require_store(command: str) -> None:
+    """Store-side admin tools have no API mode: with --api (or FENCEPOST_API_URL) they stop with
+    one line on stderr and exit code 1 instead of silently using the store settings."""
+    if from_context() is not None:
+        click.echo(f"error: `fencepost {command}` needs direct Redis/PostgreSQL access and has no --api mode; "
+                   "run it without --api / FENCEPOST_API_URL where the stores are reachable", err=True)
+        sys.exit(EXIT_REFUSED)
+
+
+def from_context() -> ApiClient | None:
+    """The API client when the CLI was given --api (or FENCEPOST_API_URL), else None."""
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        found = ctx.meta.get("fencepost.api")
+        if found is not None:
+            url, token = found
+            return ApiClient(url, token) if url else None
+        ctx = ctx.parent
+    return None

@@ -55,7 +55,7 @@ def cli(ctx: click.Context, redis_url: str | None, database_url: str | None, pre
     ctx.obj = Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=prefix)
     ctx.obj = with_embedded_default(ctx, ctx.obj, configured=bool(redis_url or database_url or api_url))
     api_token = api_token_from(ctx, api_token, api_token_file)
-    ctx.meta["fencepost.api"] = (api_url, api_token)  # read by fencepost.apiclient.from_context
+    ctx.meta["fencepost.api"] = (api_url, api_token)  # read by fencepost.cli.common.from_context
 
 
 COMMANDS: list[click.Command] = [
