@@ -151,14 +151,25 @@ class ControlMixin:
             raise BulkNotConfirmed(matched, limit)
         bound = until_id if until_id is not None else counted["until_id"]
         ids = [r["id"] for r in await self.stores.db.fetch("bulk_select", queue, status, handler, bound, limit)]
-        return {"matched": matched, **await self.act_on(command, ids, reason=reason)}
+        selection = {"status": status, "handler": handler, "until_id": bound, "matched": matched}
+        return {"matched": matched, **await self.act_on(command, ids, reason=reason, queue=queue,
+                                                          selection=selection)}
 
-    async def act_on(self, command: str, ids: list[int], *, reason: str = "") -> dict[str, Any]:
+    async def act_on(self, command: str, ids: list[int], *, reason: str = "", queue: str | None = None,
+                     selection: dict[str, Any] | None = None) -> dict[str, Any]:
         """Apply a command to exactly these runs, one compare-and-set each; what a run refuses
-        (its state changed, it is gone) is reported per run and does not stop the others."""
+        (its state changed, it is gone) is reported per run and does not stop the others.
+
+        One audit row (`bulk_<command>`: the filter, the count, the ids) is written before the
+        first run is touched, so the operator's intent and its size are on record even if the
+        act is interrupted; each run's own event follows as with a single command."""
         if command not in COMMANDS:
             raise InvalidInput(f"unknown command {command!r}; one of {', '.join(COMMANDS)}", field="command")
         audit.reason(reason)
+        db = self.stores.db
+        async with db.transaction() as tx:
+            await audit.write(db, tx, self.actor, f"bulk_{command}", queue=queue, reason_=reason,
+                              data={**(selection or {}), "runs": len(ids), "ids": ids[:1000]})
         done: dict[str, int] = {}
         refused: dict[int, str] = {}
         for run_id in ids:

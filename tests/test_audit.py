@@ -194,3 +194,22 @@ async def test_fencepost_audit_cli_lists_who_did_what(client: Client, settings: 
     assert out.returncode == 0 and "queue_paused" not in out.stdout
     out = await asyncio.to_thread(cli, "--since", "yesterday-ish")
     assert out.returncode == 2 and "--since" in out.stderr
+
+
+async def test_a_bulk_command_writes_one_audit_row_with_its_selection(api: Api, client: Client) -> None:
+    """Each run's event says what happened to it; the bulk row says who asked for how many, and by
+    what filter, before the first run is touched (from the API and from the Python client)."""
+    ids = [await client.submit("t.echo", i) for i in range(3)]
+    r = await api.req("POST", "/v1/queues/tq/bulk", "admin",
+                      json={"command": "cancel", "status": "PENDING", "confirm": 3, "reason": "bad deploy"})
+    assert r.status_code == 200, r.text
+    [row] = await _audit(client, action="bulk_cancel")
+    assert (row["actor"], row["address"], row["queue"], row["reason"]) == \
+        (f"token:{api.id('admin')}@{ADDR}", ADDR, "tq", "bad deploy")
+    data = json.loads(row["data"])
+    assert (data["status"], data["matched"], data["runs"], sorted(data["ids"])) == ("PENDING", 3, 3, sorted(ids))
+    more = [await client.submit("t.echo", i) for i in range(2)]
+    await record_all(client.stores)  # the cancels reach PostgreSQL, which the selection reads
+    await client.bulk("pause", queue="tq", status="PENDING", confirm=True, reason="hold")
+    [row] = await _audit(client, action="bulk_pause")
+    assert (row["actor"], row["reason"], json.loads(row["data"])["runs"]) == (client.actor, "hold", len(more))

@@ -438,7 +438,9 @@ async def bulk(ctx: Ctx) -> Any:
                     f"confirm={len(ids)} and until_id={bound} to {body.command} exactly them",)
         exc.confirm, exc.until_id, exc.acting = body.confirm, bound, len(ids)  # type: ignore[attr-defined]
         raise exc
-    out = await ctx.client.act_on(body.command, ids, reason=body.reason)
+    out = await ctx.client.act_on(body.command, ids, reason=body.reason, queue=name,
+                                  selection={"status": body.status, "handler": body.handler, "until_id": bound,
+                                             "matched": matched})
     return S.BulkResult(matched=matched, acted=out["acted"], results=out["results"], until_id=body.until_id,
                         refused={str(k): v for k, v in out["refused"].items()})
 
