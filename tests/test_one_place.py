@@ -1,0 +1,22 @@
+"""Concepts restated in another language are tied to their one Python definition by a test."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fencepost.core.stats import BOUNDS_MS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_rollups_histogram_bounds_are_the_ones_percentiles_read() -> None:
+    """The recorder's rollup buckets lag and run time in SQL; stats.percentile reads the buckets
+    back with BOUNDS_MS. A bound changed on one side only would shift every chart's percentiles."""
+    sql = (ROOT / "sql" / "queries_dashboard.sql").read_text()
+    arrays = re.findall(r"width_bucket\(\w+,\s*ARRAY\[([\d,\s]+)\]", sql)
+    assert arrays, "no width_bucket arrays found"
+    for arr in arrays:
+        assert tuple(int(x) for x in arr.replace("\n", " ").split(",")) == BOUNDS_MS
+    doc = (ROOT / "sql" / "013_queue_minutes.sql").read_text()
+    assert f"{len(BOUNDS_MS) + 1} buckets" in doc
