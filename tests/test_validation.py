@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -344,3 +347,26 @@ async def test_dispatch_settings_refuse_control_characters_from_python_too(clien
             await fairness.set_limit(stores, "tq", key, 3)
     assert exc.value.field in ("tenant", "concurrency_key")
     assert await fairness.describe(stores, "tq") == before
+
+
+# -- the environment is a boundary too ---------------------------------------------------------------
+@pytest.mark.parametrize(("var", "value"), [
+    ("FENCEPOST_LEASE_MS", "-1"), ("FENCEPOST_LEASE_MS", "inf"), ("FENCEPOST_RETRY_BUDGET_RATIO", "nan"),
+    ("FENCEPOST_CLAIM_WAIT_MS", "abc"), ("FENCEPOST_MAX_PAYLOAD_BYTES", "0"), ("FENCEPOST_REDIS_CLUSTER", "maybe"),
+    ("FENCEPOST_API_RATE_LIMIT", "-3"), ("FENCEPOST_API_TOKEN_CACHE_S", "inf"),
+])
+def test_a_setting_out_of_range_is_refused_naming_the_variable(var: str, value: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(var, value)
+    cls = ApiConfig if var.startswith("FENCEPOST_API_") else Settings
+    with pytest.raises(InvalidInput) as ei:
+        cls.from_env()
+    assert ei.value.field == var and var in str(ei.value) and repr(value) in str(ei.value)
+
+
+def test_the_cli_says_which_variable_is_wrong_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "FENCEPOST_LEASE_MS": "-4"}
+    out = subprocess.run([sys.executable, "-m", "fencepost", "queue", "list"], env=env, capture_output=True,
+                         text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 1
+    assert out.stderr.strip() == "error: FENCEPOST_LEASE_MS must be a whole number >= 10, not '-4'"

@@ -4,12 +4,12 @@ one shared connection pool per process, the dashboard's static files under /ui/.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -24,7 +24,7 @@ from fencepost.api.openapi import document
 from fencepost.api.problems import ApiError, problem_response
 from fencepost.api.routes import ROUTES, wrap
 from fencepost.client import Client
-from fencepost.core.config import Settings
+from fencepost.core.config import Settings, from_env
 
 __all__ = ["SECURITY_HEADERS", "STATIC_DIR", "Api", "ApiConfig", "SecurityHeaders", "create_app"]
 
@@ -34,31 +34,25 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 class ApiConfig(msgspec.Struct, kw_only=True):
     """Limits of the API (environment: FENCEPOST_API_<FIELD>)."""
 
-    max_body_bytes: int = 1024 * 1024
-    max_batch: int = 1000
-    rate_limit: int = 1200
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=1024 ** 3)] = 1024 * 1024
+    max_batch: Annotated[int, Meta(ge=1, le=100_000)] = 1000
+    rate_limit: Annotated[int, Meta(ge=0, le=10_000_000)] = 1200
     """Requests per token per window (0: off)."""
-    rate_window_s: int = 60
-    bulk_cap: int = 1000
+    rate_window_s: Annotated[int, Meta(ge=1, le=86_400)] = 60
+    bulk_cap: Annotated[int, Meta(ge=1, le=1_000_000)] = 1000
     """A bulk action refuses to act when more runs than this match."""
-    token_cache_s: float = 5.0
+    token_cache_s: Annotated[float, Meta(ge=0, le=3_600)] = 5.0
     """How long a token lookup is cached (a revoke reaches other replicas within this time)."""
-    auth_fail_limit: int = 20
+    auth_fail_limit: Annotated[int, Meta(ge=0, le=1_000_000)] = 20
     """Failed authentications per client address per window before it gets 429 (0: off)."""
-    auth_fail_window_s: int = 60
+    auth_fail_window_s: Annotated[int, Meta(ge=1, le=86_400)] = 60
     metrics_token: bool = False
     """/metrics asks for a token (any role) too; off by default, as scrapers usually reach
     /metrics on a private network (queue and handler names are its only labels)."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ApiConfig:
-        env: dict[str, Any] = {}
-        for f in cls.__struct_fields__:
-            raw = os.environ.get(f"FENCEPOST_API_{f.upper()}")
-            if raw is not None:
-                env[f] = raw
-        env.update({k: v for k, v in overrides.items() if v is not None})
-        return msgspec.convert(env, cls, strict=False)
+        return from_env(cls, "FENCEPOST_API_", overrides)
 
 
 class Api:

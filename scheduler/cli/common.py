@@ -113,6 +113,9 @@ class RootGroup(click.Group):
             sys.exit(exc.exit_code)
         except click.Abort:
             sys.exit(EXIT_INTERRUPTED)
+        except FencepostError as exc:  # e.g. a FENCEPOST_* variable out of range, found before any command ran
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_REFUSED)
         sys.exit(rv if isinstance(rv, int) else EXIT_OK)  # an int here is click's Exit code (--help: 0)
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
