@@ -3,35 +3,28 @@ checkpoints and interrupts behave as in a worker; the pytest plugin gives each t
 stores (configured, or embedded servers started for the session) and `drain()`, which runs the due
 jobs in-process to the end, with a clock that can be moved forward for delays and retries.
 
-Enable the plugin with `pytest_plugins = ["fencepost.testing"]` in your conftest.py and give it your
-registry by overriding the `fencepost_registry` fixture. Needs the `test` extra (pytest, pytest-asyncio).
+The plugin's fixtures live in fencepost.testing_plugin, which pytest loads by itself once fencepost is
+installed (the `pytest11` entry point); give it your registry by overriding the `fencepost_registry`
+fixture. Needs the `test` extra (pytest, pytest-asyncio).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
 import msgspec
-import pytest
-import pytest_asyncio
-import redis.asyncio as aioredis
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.errors import FencepostError
 from fencepost.core.models import decode_payload, decode_result, encode_payload, encode_result
 from fencepost.core.queues import declare_queues, require_queue, stamp_created
-from fencepost.core.record import Database
 from fencepost.core.registry import Handler, Registry
 from fencepost.core.stores import Stores
-from fencepost.dev.embedded import EmbeddedServers, resolve_urls
 from fencepost.reconciler.outbox import OutboxRelay
 from fencepost.reconciler.recorder import Recorder
 from fencepost.worker.context import Context, Interrupt, Progress, RunResult, SyncContext
@@ -259,63 +252,3 @@ class Harness:
     async def status(self, run_id: int) -> str:
         """The run's state (PostgreSQL's projection, up to date after drain())."""
         return str((await self.client.get(run_id))["status"])
-
-
-# -- the pytest plugin -------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def fencepost_urls() -> Iterator[tuple[str, str]]:
-    """(redis_url, database_url) for the session: FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL (point the
-    database at one for tests: it is migrated once, and runs of earlier tests stay in it), else embedded
-    servers started now (the `embedded` extra) and stopped after the session. Override the fixture to
-    choose otherwise."""
-    redis_url = os.environ.get("FENCEPOST_REDIS_URL")
-    database_url = os.environ.get("FENCEPOST_DATABASE_URL")
-    servers: EmbeddedServers | None = None
-    if not (redis_url and database_url):
-        base = tempfile.mkdtemp(prefix="fencepost-testing-")
-        redis_url, database_url, servers = resolve_urls(os.path.join(base, ".fencepost"))
-    try:
-        asyncio.run(_migrate(database_url))
-        yield redis_url, database_url
-    finally:
-        if servers is not None:
-            servers.stop()
-
-
-async def _migrate(database_url: str) -> None:
-    db = await Database(database_url).connect()
-    try:
-        await db.upgrade()
-    finally:
-        await db.close()
-
-
-@pytest.fixture
-def fencepost_registry() -> Registry:
-    """Override in your conftest.py to return your application's Registry."""
-    raise pytest.UsageError("define a `fencepost_registry` fixture returning your Registry to use the "
-                            "fencepost fixture")
-
-
-@pytest_asyncio.fixture
-async def fencepost(fencepost_urls: tuple[str, str], fencepost_registry: Registry) -> AsyncIterator[Harness]:
-    """A Harness with a registered client; each test gets its own Redis key prefix (its keys are removed
-    after it), and shares the session's PostgreSQL database."""
-    redis_url, database_url = fencepost_urls
-    prefix = f"fpt{uuid.uuid4().hex[:10]}"
-    settings = Settings(redis_url=redis_url, database_url=database_url, prefix=prefix, backoff_base_ms=50,
-                        backoff_cap_ms=1000)
-    client = await Client(settings=settings).connect()
-    try:
-        await client.register(fencepost_registry)
-        harness = Harness(settings, fencepost_registry, client)
-        await harness.stamp()
-        yield harness
-    finally:
-        await client.close()
-        r = aioredis.Redis.from_url(redis_url)
-        keys = [k async for k in r.scan_iter(match=f"{prefix}:*", count=1000)]
-        for i in range(0, len(keys), 500):
-            await r.unlink(*keys[i:i + 500])
-        await r.aclose()

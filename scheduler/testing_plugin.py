@@ -1,0 +1,113 @@
+"""The pytest plugin of fencepost.testing, loaded by pytest through the `pytest11` entry point once
+fencepost is installed (nothing to add to a conftest.py; `-p no:fencepost` turns it off).
+
+Loading it starts nothing: the fixtures reach the stores (or start embedded servers) only when a test
+requests them. `fencepost_urls` (session) is the stores: FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL,
+else embedded servers started for the session (the `embedded` extra); `fencepost_registry` is yours to
+override; `fencepost` is a Harness (`.client`, `.drain()`, `.clock`, `.status()`) on a fresh Redis key
+prefix. The async fixture needs pytest-asyncio (the `test` extra); without it the plugin still loads and
+the fixture says what to install.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.record import Database
+from fencepost.core.registry import Registry
+from fencepost.dev.embedded import EmbeddedServers, resolve_urls
+from fencepost.testing import Harness
+
+try:
+    from pytest_asyncio import fixture as _async_fixture
+except ImportError:  # every pytest run of a project with fencepost installed loads this plugin
+    _async_fixture = None  # type: ignore[assignment]
+
+__all__ = ["fencepost", "fencepost_registry", "fencepost_urls"]
+
+
+@pytest.fixture(scope="session")
+def fencepost_urls() -> Iterator[tuple[str, str]]:
+    """(redis_url, database_url) for the session: FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL (point the
+    database at one for tests: it is migrated once, and runs of earlier tests stay in it), else embedded
+    servers started now (the `embedded` extra) and stopped after the session. Override the fixture to
+    choose otherwise."""
+    redis_url = os.environ.get("FENCEPOST_REDIS_URL")
+    database_url = os.environ.get("FENCEPOST_DATABASE_URL")
+    servers: EmbeddedServers | None = None
+    if not (redis_url and database_url):
+        base = tempfile.mkdtemp(prefix="fencepost-testing-")
+        redis_url, database_url, servers = resolve_urls(os.path.join(base, ".fencepost"))
+    try:
+        asyncio.run(_migrate(database_url))
+        yield redis_url, database_url
+    finally:
+        if servers is not None:
+            servers.stop()
+
+
+async def _migrate(database_url: str) -> None:
+    db = await Database(database_url).connect()
+    try:
+        await db.upgrade()
+    finally:
+        await db.close()
+
+
+@pytest.fixture
+def fencepost_registry() -> Registry:
+    """Override in your conftest.py to return your application's Registry."""
+    raise pytest.UsageError("define a `fencepost_registry` fixture returning your Registry to use the "
+                            "fencepost fixture")
+
+
+async def _harness(urls: tuple[str, str], registry: Registry) -> AsyncIterator[Harness]:
+    redis_url, database_url = urls
+    prefix = f"fpt{uuid.uuid4().hex[:10]}"
+    settings = Settings(redis_url=redis_url, database_url=database_url, prefix=prefix, backoff_base_ms=50,
+                        backoff_cap_ms=1000)
+    client = await Client(settings=settings).connect()
+    try:
+        await client.register(registry)
+        harness = Harness(settings, registry, client)
+        await harness.stamp()
+        yield harness
+    finally:
+        await client.close()
+        r = aioredis.Redis.from_url(redis_url)
+        keys = [k async for k in r.scan_iter(match=f"{prefix}:*", count=1000)]
+        for i in range(0, len(keys), 500):
+            await r.unlink(*keys[i:i + 500])
+        await r.aclose()
+
+
+def _fencepost_fixture() -> Any:
+    """The `fencepost` fixture; without pytest-asyncio a plain one that says what is missing."""
+    if _async_fixture is None:
+        @pytest.fixture(name="fencepost")
+        def unavailable(fencepost_registry: Registry) -> Any:
+            raise pytest.UsageError("the fencepost fixture needs pytest-asyncio: pip install 'fencepost[test]'")
+
+        return unavailable
+
+    @_async_fixture(name="fencepost")
+    async def harness(fencepost_urls: tuple[str, str], fencepost_registry: Registry) -> AsyncIterator[Harness]:
+        """A Harness with a registered client; each test gets its own Redis key prefix (its keys are removed
+        after it), and shares the session's PostgreSQL database."""
+        async for h in _harness(fencepost_urls, fencepost_registry):
+            yield h
+
+    return harness
+
+
+fencepost = _fencepost_fixture()
