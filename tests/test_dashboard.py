@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from fencepost.api.auth import create_token
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.stores import Stores
+from fencepost.schedules import Schedules
 from tests.conftest import ROOT, log_tail, need_tool, spawn, wait_state, wait_until
 from tests.test_api import serve_in_thread
 from tests.test_control import WORKER, _kill, _worker
@@ -125,7 +128,6 @@ async def test_dashboard_pauses_and_resumes_a_running_checkpointed_job(
 
                     # a workflow drawn as a graph, and a schedule with its next fires
                     from fencepost.core.schedules import ScheduleSpec
-                    from fencepost.schedules import Schedules
                     from fencepost.workflows import Node
 
                     wid = await client.submit_workflow([Node(name="extract", handler="t.echo", args=(1,)),
@@ -317,6 +319,45 @@ async def test_dashboard_operates_a_fleet(settings: Settings, client: Client, st
                         await wait_state(stores, fired, {"SUCCEEDED"}, log=log)
                         await page.screenshot(path=str(ARTIFACTS / "dashboard-schedules.png"), full_page=True)
 
+                        # the schedule's page: its last fires with their runs' outcomes; edited in place (a new cron
+                        # line, then an interval instead), each time with the new next fires shown
+                        await page.click("#schedules-table a[data-action=edit][data-schedule=hourly-report]")
+                        fires = page.locator("#schedule-runs-table")
+                        await expect(fires.locator(f"tr[data-id='{fired}'] [data-state=SUCCEEDED]")).to_be_visible()
+                        await expect(page.locator("#next-fires time")).to_have_count(5)
+                        await expect(page.locator("#next-fires time").first).to_have_attribute("datetime", re.compile(":00:00"))
+                        edit = page.locator("#schedule-edit")
+                        await expect(edit.locator("input[name=cron]")).to_have_value("0 * * * *")
+                        await expect(edit.locator("input[name=args]")).to_have_value('["report"]')
+                        await edit.locator("input[name=cron]").fill("30 2 * * *")
+                        await refreshes(2)  # what the operator typed survives the poll
+                        await expect(edit.locator("input[name=cron]")).to_have_value("30 2 * * *")
+                        await edit.locator("button[type=submit]").click()
+                        await expect(page.locator("#confirm-text")).to_contain_text(
+                            "timing: cron 0 * * * * → cron 30 2 * * *")
+                        await page.fill("#confirm-reason", "the report at night")
+                        await page.click("#confirm-ok")
+                        await expect(page.locator("#cmd-result")).to_contain_text("updated hourly-report: next fire ")
+                        await expect(page.locator("#cmd-result")).to_contain_text("02:30:00Z")
+                        await expect(page.locator("[data-field=cron]")).to_have_text("30 2 * * *")
+                        await expect(page.locator("#next-fires time")).to_have_count(5)
+                        assert all(t.endswith(" 02:30:00Z") for t in await page.locator("#next-fires time").all_inner_texts())
+                        await expect(edit.locator("input[name=cron]")).to_have_value("30 2 * * *")
+                        await page.screenshot(path=str(ARTIFACTS / "dashboard-schedule-edit.png"), full_page=True)
+                        await edit.locator("input[name=cron]").fill("")
+                        await edit.locator("input[name=interval_s]").fill("45")
+                        await edit.locator("button[type=submit]").click()
+                        await expect(page.locator("#confirm-text")).to_contain_text("cron 30 2 * * * → every 45 s")
+                        await page.fill("#confirm-reason", "every 45 s")
+                        await page.click("#confirm-ok")
+                        await expect(page.locator("[data-field=interval_s]")).to_have_text("45")
+                        await expect(page.locator("[data-field=cron]")).to_have_count(0)
+                        times = await page.locator("#next-fires time").evaluate_all(
+                            "ts => ts.map(t => Date.parse(t.getAttribute('datetime')))")
+                        assert [b - a for a, b in itertools.pairwise(times)] == [45_000] * 4, times
+                        await edit.locator("button[type=submit]").click()  # nothing changed: nothing sent
+                        await expect(page.locator("#cmd-result")).to_have_text("edit hourly-report: nothing changed")
+
                         # charts from the rollup: what the worker did so far, per minute
                         await page.click("a[href='#/charts']")
                         await page.click("nav a[href='#/charts?queue=tq&window=1h']")
@@ -356,6 +397,10 @@ async def test_dashboard_operates_a_fleet(settings: Settings, client: Client, st
     assert len(retried) == 2 and {e["reason"] for e in retried} == {"fixed the validation bug"}
     assert not [e for e in await client.events(other) if e["type"] == "retried"]
     assert {(await client.get(r))["status"] for r in parked} == {"CANCELLED"}
+    edited = await Schedules(client).get("hourly-report")
+    assert (edited["cron"], edited["interval_s"]) == (None, 45)
+    audit = await client.stores.db.fetch("audit_list", None, None, None, None, 100, None, None)
+    assert [a["reason"] for a in audit if a["action"] == "schedule_updated"] == ["every 45 s", "the report at night"]
 
 
 async def test_charts_come_from_a_rollup_counted_once(settings: Settings, client: Client, stores: Stores) -> None:

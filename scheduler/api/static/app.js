@@ -351,7 +351,8 @@ const views = {
       ["Fires / skipped", (s) => `${s.fires} / ${s.skipped}`],
       ["", (s) => admin ? el("span", { class: "commands" },
         btn(s, s.paused ? "Resume" : "Pause", () => scheduleCommand(s, s.paused ? "resume" : "pause")),
-        btn(s, "Run now", () => scheduleCommand(s, "run-now")), btn(s, "Delete", () => scheduleCommand(s, "delete"))) : ""]],
+        btn(s, "Run now", () => scheduleCommand(s, "run-now")), btn(s, "Delete", () => scheduleCommand(s, "delete")),
+        el("a", { href: `#/schedule/${enc(s.name)}`, "data-schedule": s.name, "data-action": "edit" }, "Edit")) : ""]],
     rows, "schedules-table"), el("p", { id: "cmd-result", role: "status" }, lastResult.schedules || "")];
     if (admin) {
       out.push(el("h2", {}, "New schedule"), el("form", { id: "schedule-form", class: "filters", "data-keep": true,
@@ -365,18 +366,31 @@ const views = {
     return out;
   },
 
+  // One schedule: its definition, next fires, last fires with their runs' outcomes; admins pause / resume,
+  // run now, delete and edit it in place (PATCH: only the fields changed, with a reason).
   async schedule(params, name) {
     const [s, runs, next] = await Promise.all([api("GET", `/v1/schedules/${name}`),
       api("GET", `/v1/schedules/${name}/runs?limit=20`), api("GET", `/v1/schedules/${name}/next?n=5`)]);
-    return [el("h1", {}, `Schedule ${s.name}`), el("div", { class: "grid" },
-      ["handler", "queue", "cron", "interval_s", "timezone", "paused", "fires", "skipped", "created_at"]
+    const admin = isAdmin();
+    const btn = (label, fn) => el("button", { "data-schedule": s.name, "data-action": label.toLowerCase().replace(/\W+/g, "-"), onclick: fn }, label);
+    const out = [el("h1", {}, `Schedule ${s.name}`), el("div", { class: "grid", id: "schedule-fields" },
+      ["handler", "queue", "cron", "interval_s", "timezone", "priority", "paused", "next_fire_time", "last_fire_time",
+        "fires", "skipped", "created_at"]
         .filter((f) => s[f] !== null && s[f] !== undefined)
-        .map((f) => [el("span", { class: "muted" }, f), el("span", {}, f.endsWith("_at") ? fmtTime(s[f]) : String(s[f]))]),
+        .map((f) => [el("span", { class: "muted" }, f.replace(/_/g, " ")),
+          el("span", { "data-field": f }, f.endsWith("_time") || f.endsWith("_at") ? fmtTime(s[f]) : String(s[f]))]),
       [el("span", { class: "muted" }, "arguments"), el("code", {}, JSON.stringify(s.args_json))]),
-    el("h2", {}, "Next fires"), el("p", {}, next.fires.map(fmtTime).join(" · ")),
-    el("h2", {}, "Last fires"), table([["Fire time", (r) => fmtTime(r.fire_time)], ["Run", (r) => runLink(r.id)],
-      ["State", (r) => state(r.status)], ["Attempt", (r) => r.attempt], ["Finished", (r) => fmtTime(r.finished_at)]],
-    runs, "schedule-runs-table")];
+    admin ? el("div", { class: "commands", id: "schedule-commands" },
+      btn(s.paused ? "Resume" : "Pause", () => scheduleCommand(s, s.paused ? "resume" : "pause")),
+      btn("Run now", () => scheduleCommand(s, "run-now")), btn("Delete", () => scheduleCommand(s, "delete"))) : null,
+    el("p", { id: "cmd-result", role: "status" }, lastResult.schedules || ""),
+    el("h2", {}, "Next fires"), el("p", { id: "next-fires" }, next.fires.map((t, i) =>
+      [i ? " · " : "", el("time", { datetime: t }, fmtTime(t))])),
+    el("h2", {}, `Last fires (newest first, up to 20)`), table([["Fire time", (r) => fmtTime(r.fire_time)], ["Run", (r) => runLink(r.id)],
+      ["State", (r) => state(r.status)], ["Attempt", (r) => r.attempt], ["Started", (r) => fmtTime(r.started_at)],
+      ["Finished", (r) => fmtTime(r.finished_at)]], runs, "schedule-runs-table")];
+    if (admin) out.push(el("h2", {}, "Edit"), scheduleEditForm(s));
+    return out;
   },
 
   async events(params) {
@@ -702,13 +716,75 @@ async function scheduleCommand(s, action) {
   if (reason === null) return;
   const path = `/v1/schedules/${enc(s.name)}`;
   try {
-    if (action === "delete") await api("DELETE", `${path}?reason=${enc(reason)}`);
+    if (action === "delete") {
+      await api("DELETE", `${path}?reason=${enc(reason)}`);
+      if (location.hash.startsWith("#/schedule/")) location.hash = "#/schedules";
+    }
     else {
       const out = await api("POST", `${path}/${action}`, { reason });
       if (action === "run-now") { lastResult.schedules = `${s.name} fired: run ${out.id}`; return render(); }
     }
     lastResult.schedules = `${action} ${s.name}: done`;
   } catch (e) { lastResult.schedules = `${action} ${s.name} refused: ${e.message}`; }
+  await render();
+}
+
+// The edit form of a schedule, filled with what it is now; kept across refreshes while the operator types.
+const EDITABLE = [["cron", "cron (0 3 * * *)"], ["interval_s", "or every N seconds", "number"], ["timezone", "timezone"],
+  ["handler", "handler"], ["queue", "queue (empty: the handler's)"], ["priority", "priority (empty: the handler's)", "number"],
+  ["args", "arguments (JSON list)"], ["kwargs", "keyword arguments (JSON object)"]];
+
+function scheduleFormValue(s, f) {
+  if (f === "args") return JSON.stringify((s.args_json && s.args_json.args) || []);
+  if (f === "kwargs") return JSON.stringify((s.args_json && s.args_json.kwargs) || {});
+  return s[f] === null || s[f] === undefined ? "" : String(s[f]);
+}
+
+function scheduleEditForm(s) {
+  return el("form", { id: "schedule-edit", class: "filters", "data-keep": true, "aria-label": `edit schedule ${s.name}`,
+    onsubmit: (ev) => { ev.preventDefault(); editSchedule(s, ev.target); } },
+  EDITABLE.map(([f, label, type]) => el("label", {}, `${label} `, el("input", { name: f, value: scheduleFormValue(s, f),
+    type: type || "text", step: type === "number" ? "any" : null }))),
+  el("button", { type: "submit" }, "Save…"));
+}
+
+// Only what the operator changed goes to PATCH /v1/schedules/{name}. A cron line and an interval exclude
+// each other: whichever was changed (and is not empty) is sent, and the server clears the other.
+function scheduleChanges(s, form) {
+  const f = Object.fromEntries(new FormData(form).entries());
+  const body = {};
+  const cronChanged = f.cron.trim() !== scheduleFormValue(s, "cron"), ivChanged = f.interval_s !== scheduleFormValue(s, "interval_s");
+  if (cronChanged && f.cron.trim() && ivChanged && f.interval_s) throw new Error("give a cron line or an interval, not both");
+  if (cronChanged && f.cron.trim()) body.cron = f.cron.trim();
+  else if (ivChanged && f.interval_s) body.interval_s = Number(f.interval_s);
+  else if ((cronChanged || ivChanged) && !f.cron.trim() && !f.interval_s) throw new Error("a schedule needs a cron line or an interval");
+  for (const k of ["timezone", "handler"]) if (f[k].trim() !== scheduleFormValue(s, k)) body[k] = f[k].trim();
+  if (f.queue.trim() !== scheduleFormValue(s, "queue")) body.queue = f.queue.trim() || null;
+  if (f.priority !== scheduleFormValue(s, "priority")) body.priority = f.priority === "" ? null : Number(f.priority);
+  for (const k of ["args", "kwargs"]) {
+    if (f[k].trim() === scheduleFormValue(s, k)) continue;
+    try { body[k] = JSON.parse(f[k]); } catch (e) { throw new Error(`${k}: ${e.message}`); }
+    if (JSON.stringify(body[k]) === scheduleFormValue(s, k)) delete body[k];  // the same value, spelt differently
+  }
+  return body;
+}
+
+async function editSchedule(s, form) {
+  let body;
+  try { body = scheduleChanges(s, form); } catch (e) { lastResult.schedules = `edit ${s.name}: ${e.message}`; return render(); }
+  const keys = Object.keys(body);
+  if (!keys.length) { lastResult.schedules = `edit ${s.name}: nothing changed`; return render(); }
+  const show = (v) => v === null || v === undefined || v === "" ? "(default)" : typeof v === "string" ? v : JSON.stringify(v);
+  const lines = keys.map((k) => k === "cron" || k === "interval_s"
+    ? `timing: ${s.cron ? "cron " + s.cron : "every " + s.interval_s + " s"} → ${body.cron ? "cron " + body.cron : "every " + body.interval_s + " s"}`
+    : `${k}: ${k === "args" || k === "kwargs" ? scheduleFormValue(s, k) : show(s[k])} → ${show(body[k])}`);
+  const reason = await ask(`Edit schedule ${s.name}?`, `${lines.join("; ")}. A new timing or timezone recomputes the next fire from now.`);
+  if (reason === null) return;
+  try {
+    const out = await api("PATCH", `/v1/schedules/${enc(s.name)}`, { ...body, reason });
+    lastResult.schedules = `updated ${s.name}: next fire ${fmtTime(out.next_fire_time)}`;
+    form.removeAttribute("id");  // the next render shows the schedule as it now is, not the form as typed
+  } catch (e) { lastResult.schedules = `edit ${s.name} refused: ${e.message}`; }
   await render();
 }
 
