@@ -31,9 +31,9 @@ T0 = 1_700_000_000_000
 
 
 def _row(rid: int, tenant: str, ckey: str) -> list[object]:
-    # enqueue_runs, 16 per run (see its header)
+    # enqueue_runs, 18 per run (see its header)
     return [rid, "PENDING", T0, 0, "bench.noop", b"\x90", 3, 60000, 0, 1, "", "", 0, tenant,
-            ckey, 1000 if ckey else ""]
+            ckey, 1000 if ckey else "", "", ""]
 
 
 async def one(stores: Stores, runs: int, tenants: int, batch: int, keys: int) -> dict[str, float]:

@@ -59,7 +59,8 @@ async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool) ->
     t: dict[str, float] = {}
     c0 = await _cpu(r)
     for i in range(0, n, 1000):
-        items = [EnqueueItem(j + 1, "PENDING", now, 0, "bench.tiny", payload, 3, 60_000, 0, 0, "", "", 0, "", "", "")
+        items = [EnqueueItem(j + 1, "PENDING", now, 0, "bench.tiny", payload, 3, 60_000, 0, 0, "", "", 0, "", "", "",
+                             "", "")
                  for j in range(i, min(i + 1000, n))]
         await st.scripts._call("enqueue_runs", k, Now(now), items)
     t["enqueue"] = await _cpu(r) - c0

@@ -3,9 +3,11 @@
 -- within a priority (includes/common.lua, "Dispatch order"). Concurrency limits: at most
 -- config 'max_running' runs of the queue leased at once, and at most a key's limit of the
 -- runs sharing a concurrency key; a run whose key is full is held aside (not claimed, not
--- rescanned) until a lease of that key ends.
+-- rescanned) until a lease of that key ends. Rate limits (includes/common.lua "Rate limits"): at
+-- most N starts per interval for the queue (caps the runs claimed per call) and per rate key
+-- (a run over its key's window is held aside until the window frees), on the server's clock.
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV[1] now (ms)
+-- ARGV[1] now (ms, the caller's clock: leases and delays; rate windows use the server's TIME)
 -- ARGV[2] max runs to claim
 -- ARGV[3] worker id
 -- ARGV[4] lease duration (ms)
@@ -19,6 +21,7 @@
 --   (includes/common.lua, trusted_epoch): the dataset may have lost writes, so nothing
 --   is claimed until the reconciler has rebuilt and stamped it.
 -- Tokens are epoch * 2^40 + a per-queue counter, so they grow across failovers.
+-- A claimed event carries `rts` (the server's clock, ms) when a rate limit was in play.
 -- @keys queue
 -- @argv now limit worker lease_ms promote
 -- @returns [id token attempt handler payload timeout_ms max_retries fire_time trace gen]
@@ -50,6 +53,24 @@ local max_running = queue_config()[4]
 if max_running then
   want = math.min(want, max_running - redis.call('ZCARD', K_ACTIVE))
   if want <= 0 then return {} end
+end
+-- rate limits: held runs whose key's window has room go back to due first; the queue-wide
+-- window caps this call (and, when full, says when to try again)
+local rnow = nil  -- the server's clock, read once and only when a rate limit is in play
+if redis.call('EXISTS', K_RWAIT) == 1 or queue_config()[6] then
+  rnow = server_now_ms()
+  rate_release(rnow, 100)
+end
+local qrate = rnow and rate_state('', queue_config()[6], rnow)
+if qrate then
+  want = math.min(want, qrate.n - qrate.used)
+  if want <= 0 then
+    if redis.call('EXISTS', K_TENANTS) == 1 then
+      redis.call('ZADD', K_RWAIT, 'LT', rate_free_at(qrate, rnow), '')
+      redis.call('HINCRBY', K_STATS, 'rate_limited', 1)
+    end
+    return {}
+  end
 end
 
 local weights = {}
@@ -116,7 +137,7 @@ end
 local token_base = nil
 local lease = now + lease_ms
 local out = {}
-local firsts, claimed, rounds = 0, 0, 0
+local firsts, claimed, rounds, rate_held = 0, 0, 0, 0
 while claimed < want and rounds < 4 do
   rounds = rounds + 1
   local popped = pop_fair(want - claimed)
@@ -126,20 +147,31 @@ while claimed < want and rounds < 4 do
     local id = popped[2 * i - 1]
     local key = run_key(id)
     local f = redis.call('HMGET', key, 'state', 'attempt', 'handler', 'payload', 'timeout_ms',
-                         'max_retries', 'fire_time', 'trace', 'gen', 'run_at', 'ckey')
+                         'max_retries', 'fire_time', 'trace', 'gen', 'run_at', 'ckey', 'rkey', 'rlimit')
     if f[1] == 'PENDING' then
+      local rate = false
+      if f[12] then
+        rnow = rnow or server_now_ms()
+        rate = rate_state(f[12], f[13], rnow)
+      end
       if f[11] and not slot_free(f[11]) then
         hold(id, f[11], popped[2 * i])
+      elseif rate and rate.used >= rate.n then
+        rate_hold(id, f[12], popped[2 * i], rate, rnow)
+        rate_held = rate_held + 1
       else
         if f[11] then redis.call('SADD', ck_key(f[11]), id) end
         if not token_base then token_base = tonumber(epoch) * TOKEN_SPAN + redis.call('INCRBY', K_TOKEN, want) - want end
         claimed = claimed + 1
         local attempt = (tonumber(f[2]) or 0) + 1
         if attempt == 1 then firsts = firsts + 1 end
+        if rate then rate_start(rate, id .. ':' .. attempt, rnow) end
+        if qrate then rate_start(qrate, id .. ':' .. attempt, rnow) end
         local token = string.format('%.0f', token_base + claimed)
         redis.call('HSET', key, 'attempt', attempt, 'token', token, 'worker', worker, 'lease_until', lease)
-        transition(id, key, 'PENDING', 'RUNNING', 'claimed', now,
-                   {'attempt', attempt, 'token', token, 'worker', worker, 'lease', lease, 'due', f[10] or now})
+        local ev = {'attempt', attempt, 'token', token, 'worker', worker, 'lease', lease, 'due', f[10] or now}
+        if rnow then ev[#ev + 1], ev[#ev + 2] = 'rts', rnow end  -- the start as a rate window counts it
+        transition(id, key, 'PENDING', 'RUNNING', 'claimed', now, ev)
         redis.call('ZADD', K_ACTIVE, lease, id)
         local n = #out
         out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, token, attempt, f[3], f[4]
@@ -151,5 +183,6 @@ while claimed < want and rounds < 4 do
 end
 if token_base and claimed < want then redis.call('DECRBY', K_TOKEN, want - claimed) end  -- tokens stay dense
 budget_count('a', now, budget_window, firsts)
+if rate_held > 0 then redis.call('HINCRBY', K_STATS, 'rate_limited', rate_held) end
 if redis.call('EXISTS', K_TENANTS) == 1 then nudge() end
 return out

@@ -2,9 +2,10 @@
 -- outbox relay, reconciler repair and rebuild).
 -- KEYS: the queue keys (includes/common.lua)
 -- ARGV[1]  now (ms)
--- then 16 per run: id, state, run_at (ms), priority, handler, payload, max_retries,
+-- then 18 per run: id, state, run_at (ms), priority, handler, payload, max_retries,
 --   timeout_ms, attempt, version, fire_time (ms or ''), trace ('' if none), gen,
---   tenant ('' = none), ckey (concurrency key, '' = none), climit (the limit the run declares)
+--   tenant ('' = none), ckey (concurrency key, '' = none), climit (the limit the run declares),
+--   rkey (rate key, '' = none), rlimit (the rate the run declares, 'N/ms')
 -- state is PENDING, BLOCKED, RETRY_WAIT or PAUSED (the last two only from a rebuild).
 -- Returns: the number of runs created. A run whose hash already exists is left alone,
 -- so enqueueing twice never duplicates or rewinds a run, except a BLOCKED copy older
@@ -13,13 +14,13 @@
 -- @keys queue
 -- @argv now
 -- @each id state run_at priority handler payload max_retries timeout_ms
--- @each attempt version fire_time trace gen tenant ckey climit
+-- @each attempt version fire_time trace gen tenant ckey climit rkey rlimit
 -- @returns int
 -- @include common
 local now = tonumber(ARGV[1])
 local created = 0
 defer_seq = true
-for i = 2, #ARGV, 16 do
+for i = 2, #ARGV, 18 do
   local id, state, run_at, priority = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local key = run_key(id)
   local held = redis.call('HMGET', key, 'state', 'version')
@@ -41,6 +42,7 @@ for i = 2, #ARGV, 16 do
       redis.call('HSET', key, 'ckey', ARGV[i + 14], 'climit', ARGV[i + 15])
       declare_limit(ARGV[i + 14], ARGV[i + 15])
     end
+    if ARGV[i + 16] ~= '' then redis.call('HSET', key, 'rkey', ARGV[i + 16], 'rlimit', ARGV[i + 17]) end
     if state == 'RETRY_WAIT' or (state == 'PENDING' and run_at > now) then
       redis.call('ZADD', K_DELAYED, run_at, id)
     elseif due then

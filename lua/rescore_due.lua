@@ -2,7 +2,7 @@
 -- changed, from each run's queue position (`qpos`) and priority, so runs already waiting
 -- get the new step too (idempotent: a member met twice by ZSCAN gets the same score).
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV[1] set suffix after the queue base ('due', 'due:t:<tenant>' or 'held:<key>'),
+-- ARGV[1] set suffix after the queue base ('due', 'due:t:<tenant>', 'held:<key>' or 'rheld:<key>'),
 -- ARGV[2] cursor (ZSCAN; '0' to start), ARGV[3] page size,
 -- ARGV[4] the step (ms) the current scores were made with (for runs without `qpos`)
 -- Returns: {next cursor ('0' when done), runs re-scored}
@@ -12,7 +12,8 @@
 -- @returns {cursor count}
 -- @include common
 local suffix = ARGV[1]
-if suffix ~= 'due' and string.sub(suffix, 1, 6) ~= 'due:t:' and string.sub(suffix, 1, 5) ~= 'held:' then
+if suffix ~= 'due' and string.sub(suffix, 1, 6) ~= 'due:t:' and string.sub(suffix, 1, 5) ~= 'held:'
+   and string.sub(suffix, 1, 6) ~= 'rheld:' then
   return redis.error_reply('BAD_SET ' .. suffix)
 end
 local z = BASE .. suffix

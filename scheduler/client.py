@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 import msgspec
 
 from fencepost.control import ControlMixin
-from fencepost.core import validate
+from fencepost.core import rates, validate
 from fencepost.core.config import Settings
 from fencepost.core.errors import (
     FencepostError,
@@ -74,6 +74,34 @@ def _concurrency(spec: JobSpec, req: Submit) -> tuple[str | None, int | None]:
     return key, limit
 
 
+def _rate(spec: JobSpec, req: Submit) -> tuple[str | None, str | None]:
+    """The run's rate key and rate ('N/ms'): the submit's own, else `handler:<argument value>` with
+    the handler's declared rate."""
+    key = req.rate_key
+    if key is None and spec.rate_key == "":
+        key = spec.name  # a rate declared without a key argument: the handler's own
+    elif key is None and spec.rate_key is not None:
+        name, pos = spec.rate_key, spec.rate_arg
+        if name in req.kwargs:
+            value = req.kwargs[name]
+        elif pos is not None and pos < len(req.args):
+            value = req.args[pos]
+        else:
+            raise InvalidInput(f"{spec.name} limits its rate by its argument {name!r}, which this submit "
+                               "does not give", field="kwargs")
+        key = f"{spec.name}:{value}"
+    if key is None:
+        if req.rate_limit is not None:
+            raise InvalidInput("rate_limit needs a rate_key", field="rate_limit")
+        return None, None
+    validate.label("rate_key", key)
+    given = req.rate_limit if req.rate_limit is not None else spec.rate_limit
+    if given is None:
+        raise InvalidInput(f"rate key {key!r} needs a rate_limit", field="rate_limit")
+    # a spec holds the canonical 'N/ms'; a submit's is spelt like '100/1s'
+    return key, (rates.parse_stored(given) or rates.parse("rate_limit", given)).stored
+
+
 def _inserted(rows: Sequence[Any], n: int) -> tuple[list[int | None], list[int], dict[str, int]]:
     """insert_runs' answer: ids in request order (None: not created), created indexes, new queues."""
     ids: list[int | None] = [None] * n
@@ -100,6 +128,8 @@ def request_fingerprint(req: Submit, row: RunRow) -> str:
     when: Any = req.run_at.isoformat() if isinstance(req.run_at, datetime) else None
     data = [row.handler, row.queue, row.tenant, row.payload, row.priority, row.max_retries, row.timeout_s,
             row.concurrency_key, row.concurrency_limit, when, req.delay]
+    if row.rate_key is not None:  # appended only when set: fingerprints of other requests do not change
+        data += [row.rate_key, row.rate_limit]
     return hashlib.sha256(msgspec.json.encode(data)).hexdigest()
 
 
@@ -465,10 +495,11 @@ class Client(ControlMixin, WorkflowMixin):
         trace = submit_traceparent(req.trace, spec.name, queue)
         tenant = validate.label("tenant", req.tenant) if req.tenant is not None and req.tenant != "" else ""
         ckey, climit = _concurrency(spec, req)
+        rkey, rlimit = _rate(spec, req)
         return RunRow(handler=spec.name, queue=queue, priority=priority, payload=payload, run_at=run_at,
                       max_retries=retries, timeout_s=timeout, idempotency_key=req.idempotency_key, trace_id=trace,
                       status=Status.PENDING.value, outbox=outbox, tenant=tenant, concurrency_key=ckey,
-                      concurrency_limit=climit)
+                      concurrency_limit=climit, rate_key=rkey, rate_limit=rlimit)
 
     # -- read ----------------------------------------------------------------------------------
     async def get(self, run_id: int) -> dict[str, Any]:

@@ -425,7 +425,8 @@ class WorkflowMixin:
                                run_at=now, max_retries=o["max_retries"], timeout_s=o["timeout_s"],
                                trace_id=o["trace_id"], status="PENDING" if pending else "BLOCKED", workflow_id=wid,
                                outbox=pending, tenant=o.get("tenant") or "", concurrency_key=o.get("concurrency_key"),
-                               concurrency_limit=o.get("concurrency_limit")))
+                               concurrency_limit=o.get("concurrency_limit"), rate_key=o.get("rate_key"),
+                               rate_limit=o.get("rate_limit")))
             reqs.append(Submit(handler=o["handler"]))
         async with self.stores.db.transaction() as tx:
             await tx.execute("wf_supersede", [nodes[n]["id"] for n in sub], self.actor)

@@ -10,33 +10,33 @@ SELECT 1;
 -- One round trip per batch: creates queues on first use, inserts the runs (skipping
 -- idempotency keys and schedule fires that exist), and writes their submitted events.
 -- Returns one row per input (ord, id, created) and one per queue created.
--- $15-$17 (tenant, concurrency key, limit) may be empty arrays when no run of the batch
--- has them: multi-argument unnest pads a shorter array with NULLs.
+-- $15-$19 (tenant, concurrency key, limit, rate key, rate) may be empty arrays when no run of
+-- the batch has them: multi-argument unnest pads a shorter array with NULLs.
 WITH input AS MATERIALIZED (
     SELECT nextval((SELECT pg_get_serial_sequence('runs', 'id'))::regclass) AS id, t.*
     FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::timestamptz[],
                 $6::integer[], $7::double precision[], $8::text[], $9::text[], $10::text[],
                 $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[], $15::text[], $16::text[],
-                $17::integer[])
+                $17::integer[], $18::text[], $19::text[])
         WITH ORDINALITY AS t(handler, queue, priority, payload, run_at, max_retries, timeout_s,
                              idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-                             tenant, concurrency_key, concurrency_limit, ord)
+                             tenant, concurrency_key, concurrency_limit, rate_key, rate_limit, ord)
 ), new_queues AS (
     INSERT INTO queues (name) SELECT DISTINCT queue FROM input
     ON CONFLICT (name) DO NOTHING RETURNING name, epoch
 ), ins AS (
     INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
                       idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-                      tenant, concurrency_key, concurrency_limit)
+                      tenant, concurrency_key, concurrency_limit, rate_key, rate_limit)
     SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
            idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-           COALESCE(tenant, ''), concurrency_key, concurrency_limit
+           COALESCE(tenant, ''), concurrency_key, concurrency_limit, rate_key, rate_limit
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
     RETURNING id, status, trace_id
 ), ev AS (
     INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
-    SELECT id, 'submitted', status, 0, $18, trace_id, now() FROM ins
+    SELECT id, 'submitted', status, 0, $20, trace_id, now() FROM ins
 ), notify AS (
     SELECT pg_notify('fencepost_outbox', q.queue)
     FROM (SELECT DISTINCT queue FROM input WHERE outbox) q
@@ -164,7 +164,8 @@ SELECT name, epoch, paused FROM queues ORDER BY name;
 
 -- name: outbox_runs
 SELECT id, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
-       fire_time, trace_id, version, token, lease_owner, gen, tenant, concurrency_key, concurrency_limit
+       fire_time, trace_id, version, token, lease_owner, gen, tenant, concurrency_key, concurrency_limit,
+       rate_key, rate_limit
 FROM runs WHERE outbox AND queue = $1 ORDER BY id LIMIT $2;
 
 -- name: outbox_queues

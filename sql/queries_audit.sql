@@ -4,17 +4,18 @@
 -- name: insert_runs_keyed
 -- insert_runs for a batch in which some runs carry an idempotency key: each key is claimed
 -- in idempotency_keys (unique per scope) first, and a keyed run is inserted only if its claim
--- won. $19 request fingerprints and $20 scopes line up with the runs (NULL when unkeyed).
+-- won. $21 request fingerprints and $22 scopes line up with the runs (NULL when unkeyed).
 -- Returns insert_runs' rows; the caller looks up the keys it did not win (idempotency_lookup).
 WITH input AS MATERIALIZED (
     SELECT nextval((SELECT pg_get_serial_sequence('runs', 'id'))::regclass) AS id, t.*
     FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::timestamptz[],
                 $6::integer[], $7::double precision[], $8::text[], $9::text[], $10::text[],
                 $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[], $15::text[], $16::text[],
-                $17::integer[], $19::text[], $20::text[])
+                $17::integer[], $18::text[], $19::text[], $21::text[], $22::text[])
         WITH ORDINALITY AS t(handler, queue, priority, payload, run_at, max_retries, timeout_s,
                              idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-                             tenant, concurrency_key, concurrency_limit, request_sha256, scope, ord)
+                             tenant, concurrency_key, concurrency_limit, rate_key, rate_limit, request_sha256,
+                             scope, ord)
 ), claimed AS (
     INSERT INTO idempotency_keys (scope, key, request_sha256, run_id)
     SELECT scope, idempotency_key, request_sha256, id FROM input
@@ -27,16 +28,16 @@ WITH input AS MATERIALIZED (
 ), ins AS (
     INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
                       idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-                      tenant, concurrency_key, concurrency_limit)
+                      tenant, concurrency_key, concurrency_limit, rate_key, rate_limit)
     SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
            idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-           COALESCE(tenant, ''), concurrency_key, concurrency_limit
+           COALESCE(tenant, ''), concurrency_key, concurrency_limit, rate_key, rate_limit
     FROM input WHERE idempotency_key IS NULL OR id IN (SELECT run_id FROM claimed)
     ORDER BY ord
     RETURNING id, status, trace_id
 ), ev AS (
     INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
-    SELECT id, 'submitted', status, 0, $18, trace_id, now() FROM ins
+    SELECT id, 'submitted', status, 0, $20, trace_id, now() FROM ins
 ), notify AS (
     SELECT pg_notify('fencepost_outbox', q.queue)
     FROM (SELECT DISTINCT queue FROM input WHERE outbox AND id IN (SELECT id FROM ins)) q

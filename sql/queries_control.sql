@@ -82,7 +82,7 @@ WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR 
 ORDER BY e.at DESC, e.id DESC LIMIT $4;
 
 -- name: queue_settings
-SELECT name, weights, limits, max_running, priority_age_ms FROM queues WHERE name = $1;
+SELECT name, weights, limits, max_running, priority_age_ms, rate_limit, rate_limits FROM queues WHERE name = $1;
 
 -- name: set_queue_weight
 -- $3 NULL removes the tenant's weight (back to 1).
@@ -101,6 +101,16 @@ UPDATE queues SET max_running = $2::integer WHERE name = $1 RETURNING name;
 
 -- name: set_queue_aging
 UPDATE queues SET priority_age_ms = $2::bigint WHERE name = $1 RETURNING name;
+
+-- name: set_queue_rate
+-- The queue-wide rate ('N/ms'; NULL: none).
+UPDATE queues SET rate_limit = $2::text WHERE name = $1 RETURNING name;
+
+-- name: set_queue_key_rate
+-- $3 NULL removes the override (the runs' declared rate applies again).
+UPDATE queues SET rate_limits = CASE WHEN $3::text IS NULL THEN rate_limits - $2::text
+                                     ELSE rate_limits || jsonb_build_object($2::text, $3::text) END
+WHERE name = $1 RETURNING name;
 
 -- name: lock_queue_settings
 -- Held while a settings change is copied to Redis: concurrent changes reach Redis in order.

@@ -18,7 +18,7 @@ ORDER BY id DESC LIMIT $2;
 -- Redis write is always seen). `settled`: not changed within the grace period, so a submit
 -- or command between its PostgreSQL commit and its Redis write is not taken for drift.
 SELECT id, queue, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
-       fire_time, trace_id, version, token, tenant, concurrency_key, concurrency_limit,
+       fire_time, trace_id, version, token, tenant, concurrency_key, concurrency_limit, rate_key, rate_limit,
        updated_at < now() - make_interval(secs => $2::double precision) AS settled
 FROM runs WHERE id = ANY($1::bigint[]);
 

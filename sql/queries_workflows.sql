@@ -129,7 +129,7 @@ SELECT * FROM unnest($4::bigint[], $5::bigint[]);
 
 -- name: wf_runs_full
 SELECT id, handler, queue, priority, payload, max_retries, timeout_s, trace_id, tenant, concurrency_key,
-       concurrency_limit FROM runs WHERE id = ANY($1::bigint[]);
+       concurrency_limit, rate_key, rate_limit FROM runs WHERE id = ANY($1::bigint[]);
 
 -- name: wf_lock_blocked
 SELECT id FROM runs WHERE id = ANY($1::bigint[]) AND status = 'BLOCKED' ORDER BY id FOR UPDATE;

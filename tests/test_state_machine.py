@@ -271,7 +271,7 @@ def enqueue_args(now: int, *runs: dict) -> list:
     for r in runs:
         row = dict(state="PENDING", run_at=now, priority=0, handler="t.echo", payload=f"p{r['id']}", max_retries=0,
                    timeout_ms=1000, attempt=0, version=1, fire_time="", trace="", gen=0, tenant="", ckey="",
-                   climit="")
+                   climit="", rkey="", rlimit="")
         row.update(r)
         missing = [f for f in ENQUEUE_FIELDS if f not in row]
         assert not missing, f"enqueue_runs wants {missing}: teach enqueue_args a default"

@@ -83,15 +83,16 @@ end
 -- sliding window (12 buckets, each a counter key with a TTL, in the queue's hash slot).
 -- Configured per queue in the hash BASE..'config' (workers write it from their settings;
 -- absent = no budget): budget_ratio, budget_floor, budget_window_ms.
--- The config hash also holds max_running and priority_age_ms (fairness.py writes them);
+-- The config hash also holds max_running, priority_age_ms and rate ('N/ms', the queue-wide
+-- rate limit) (fairness.py writes them);
 -- one HMGET per script call reads it all.
 local config_cache = nil
 local function queue_config()
   if not config_cache then
     local c = redis.call('HMGET', BASE .. 'config', 'budget_ratio', 'budget_floor', 'budget_window_ms',
-                         'max_running', 'priority_age_ms')
+                         'max_running', 'priority_age_ms', 'rate')
     config_cache = {tonumber(c[1] or '0') or 0, tonumber(c[2] or '0') or 0, tonumber(c[3] or '0') or 0,
-                    tonumber(c[4] or ''), tonumber(c[5] or '')}
+                    tonumber(c[4] or ''), tonumber(c[5] or ''), c[6] or nil}
   end
   return config_cache
 end
@@ -263,24 +264,132 @@ local function refill(ckey)
   return moved
 end
 
+-- Rate limits: at most N starts per interval, for the whole queue (config 'rate' = 'N/ms',
+-- fairness.py writes it) and per rate key (a run's `rkey` with the limit it
+-- declares, `rlimit` = 'N/ms', unless the operator's override in BASE..'rates' replaces it).
+-- Windows are exact and slide on the Redis server's clock (never a worker's): BASE..'rw'
+-- (queue) and BASE..'rw:'..rkey hold one member per start ('<id>:<attempt>', so retries count)
+-- scored by its start time in ms; a start is allowed while fewer than N lie in (now - ms, now].
+-- A due run whose key's window is full waits in BASE..'rheld:'..rkey at its due score (its
+-- place in the fair order), and K_RWAIT scores the key with when its window frees: claim_due
+-- releases it then (no rescan before), and idle workers set their wake-up timer by it. The
+-- member '' of K_RWAIT is the queue-wide window (nothing is held for it: claims just stop).
+local K_RWAIT = BASE .. 'rwait'
+local RELEASE_PAGE = 1000  -- held runs released per key per call (the rest at the next call)
+local function rheld_key(rkey) return BASE .. 'rheld:' .. rkey end
+local function rw_key(rkey)
+  if rkey == '' then return BASE .. 'rw' end
+  return BASE .. 'rw:' .. rkey
+end
+
+local function parse_rate(v)
+  if not v then return nil end
+  local n, ms = string.match(v, '^(%d+)/(%d+)$')
+  n, ms = tonumber(n), tonumber(ms)
+  if not n or n < 1 or ms < 1 then return nil end
+  return n, ms
+end
+
+-- A window's state for this call: {n, ms, used, key}, or false when no limit applies.
+-- `declared` is the run's own 'N/ms' (the queue-wide limit passes its config's).
+local rate_states = {}
+local function rate_state(rkey, declared, now)
+  local s = rate_states[rkey]
+  if s == nil then
+    local n, ms
+    if rkey == '' then
+      n, ms = parse_rate(declared)
+    else
+      n, ms = parse_rate(redis.call('HGET', BASE .. 'rates', rkey) or declared)
+    end
+    s = false
+    if n then
+      local w = rw_key(rkey)
+      redis.call('ZREMRANGEBYSCORE', w, '-inf', now - ms)
+      s = {n = n, ms = ms, used = redis.call('ZCARD', w), key = w}
+    end
+    rate_states[rkey] = s
+  end
+  return s
+end
+
+-- When the window's next start is allowed (ms): its oldest start leaves it, or, while it is
+-- empty, a full interval after starts made now.
+local function rate_free_at(s, now)
+  local oldest = redis.call('ZRANGE', s.key, 0, 0, 'WITHSCORES')
+  return (tonumber(oldest[2]) or now) + s.ms
+end
+
+local function rate_start(s, member, now)
+  redis.call('ZADD', s.key, now, member)
+  redis.call('PEXPIRE', s.key, s.ms + 1000)
+  s.used = s.used + 1
+end
+
+local function rate_hold(id, rkey, score, s, now)
+  redis.call('ZADD', rheld_key(rkey), score, id)
+  redis.call('ZADD', K_RWAIT, 'LT', rate_free_at(s, now), rkey)
+end
+
+-- Give held runs of keys whose windows may have room back to their tenant's due set (at
+-- their old score), as many as each window has room for; a key with runs still held is
+-- scored with when its window frees next. Returns the runs moved.
+local function rate_release(now, page)
+  local moved = 0
+  for _, rkey in ipairs(redis.call('ZRANGEBYSCORE', K_RWAIT, '-inf', now, 'LIMIT', 0, page)) do
+    local h = rheld_key(rkey)
+    local head = rkey ~= '' and redis.call('ZRANGE', h, 0, 0) or {}
+    if not head[1] then
+      redis.call('ZREM', K_RWAIT, rkey)
+    else
+      local s = rate_state(rkey, redis.call('HGET', run_key(head[1]), 'rlimit'), now)
+      local room = RELEASE_PAGE
+      if s then room = math.min(room, s.n - s.used) end
+      while room > 0 do
+        local nxt = redis.call('ZPOPMIN', h, 1)
+        if not nxt[1] then break end
+        local f = redis.call('HMGET', run_key(nxt[1]), 'state', 'tenant')
+        if f[1] == 'PENDING' then
+          queue_at(nxt[1], f[2], tonumber(nxt[2]))
+          room = room - 1
+          moved = moved + 1
+        end
+      end
+      if redis.call('EXISTS', h) == 0 then
+        redis.call('ZREM', K_RWAIT, rkey)
+      elseif s then
+        redis.call('ZADD', K_RWAIT, rate_free_at(s, now), rkey)
+      else
+        redis.call('ZADD', K_RWAIT, now, rkey)  -- no limit any more: the rest at the next call
+      end
+    end
+  end
+  return moved
+end
+
 -- Take a run out of the due structures (cancel, pause, repair), wherever it waits; a slot
 -- its key offered it goes to the next held run.
 local function unqueue(id, key)
-  local f = redis.call('HMGET', key, 'tenant', 'ckey')
+  local f = redis.call('HMGET', key, 'tenant', 'ckey', 'rkey')
   local z = tenant_due(f[1])
   if redis.call('ZREM', z, id) == 1 and redis.call('EXISTS', z) == 0 then deactivate(f[1]) end
   if f[2] then
     redis.call('ZREM', held_key(f[2]), id)
     refill(f[2])
   end
+  if f[3] then redis.call('ZREM', rheld_key(f[3]), id) end
 end
 
 -- Whether a run waits where it will be dispatched: in its tenant's due set with the tenant
--- active, or held for its key (drift inspection; a run elsewhere needs a requeue).
+-- active, or held for its concurrency or rate key (drift inspection; a run elsewhere needs a
+-- requeue).
 local function queued(id, key)
-  local f = redis.call('HMGET', key, 'tenant', 'ckey')
+  local f = redis.call('HMGET', key, 'tenant', 'ckey', 'rkey')
   if redis.call('ZSCORE', tenant_due(f[1]), id) then
     return redis.call('ZSCORE', K_TENANTS, f[1] or '') ~= false
+  end
+  if f[3] and redis.call('ZSCORE', rheld_key(f[3]), id) then
+    return redis.call('ZSCORE', K_RWAIT, f[3]) ~= false  -- held for its rate key, with a release time
   end
   return f[2] ~= false and f[2] ~= nil and redis.call('ZSCORE', held_key(f[2]), id) ~= false
 end

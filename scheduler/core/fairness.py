@@ -1,8 +1,8 @@
-"""A queue's dispatch settings: tenant weights, concurrency limits, priority aging.
+"""A queue's dispatch settings: tenant weights, concurrency limits, rate limits, priority aging.
 
-PostgreSQL's `queues` row is the record (migration 006); Redis holds the copy the claim
-script reads (`<base>weights`, `<base>limits`, `max_running` / `priority_age_ms` in
-`<base>config`). Every change writes the record first, then the copy, and a rebuild after a
+PostgreSQL's `queues` row is the record (migrations 006, 014); Redis holds the copy the claim
+script reads (`<base>weights`, `<base>limits`, `<base>rates`, `max_running` / `priority_age_ms` /
+`rate` in `<base>config`). Every change writes the record first, then the copy, and a rebuild after a
 Redis failover copies them again (`apply`), so a failover never forgets a limit.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import msgspec
 
-from fencepost.core import audit, validate
+from fencepost.core import audit, rates, validate
 from fencepost.core.errors import InvalidInput, UnknownQueue
 from fencepost.core.hot import PageArgs, RescoreArgs
 from fencepost.core.record import Session
@@ -27,11 +27,14 @@ __all__ = [
     "due_and_held_sets",
     "due_summary",
     "load",
+    "rate_use",
     "refill_held",
     "scan_queue",
     "set_aging",
+    "set_key_rate",
     "set_limit",
     "set_max_running",
+    "set_rate",
     "set_weight",
 ]
 
@@ -47,6 +50,10 @@ class QueueSettings(msgspec.Struct, kw_only=True):
     limits: dict[str, int] = {}
     max_running: int | None = None
     priority_age_ms: int | None = None
+    rate: str | None = None
+    """The queue-wide rate limit, 'N/ms' (None: none)."""
+    rates: dict[str, str] = {}
+    """Rate key -> the operator's rate, 'N/ms' (replaces the rate its runs declare)."""
 
 
 async def load(stores: Stores, queue: str, *, conn: Session | None = None) -> QueueSettings:
@@ -54,7 +61,8 @@ async def load(stores: Stores, queue: str, *, conn: Session | None = None) -> Qu
     if row is None:
         raise UnknownQueue(queue)
     return QueueSettings(queue=queue, weights=_obj(row["weights"]), limits=_obj(row["limits"]),
-                         max_running=row["max_running"], priority_age_ms=row["priority_age_ms"])
+                         max_running=row["max_running"], priority_age_ms=row["priority_age_ms"],
+                         rate=row["rate_limit"], rates=_obj(row["rate_limits"]))
 
 
 def _obj(v: Any) -> dict[str, Any]:
@@ -73,6 +81,7 @@ async def apply(stores: Stores, queue: str, *, rescore_from_ms: int | None = Non
         s = await load(stores, queue, conn=tx)
         await _copy(stores, queue, s)
     await refill_held(stores, queue)
+    await _recheck_rates(stores, queue)
     if rescore_from_ms is not None:
         await _rescore(stores, queue, rescore_from_ms)
     return s
@@ -81,17 +90,35 @@ async def apply(stores: Stores, queue: str, *, rescore_from_ms: int | None = Non
 async def _copy(stores: Stores, queue: str, s: QueueSettings) -> None:
     k = stores.keys(queue)
     pipe = stores.redis.pipeline(transaction=False)  # idempotent full rewrite; any client version
-    pipe.delete(k.weights, k.limits)
+    pipe.delete(k.weights, k.limits, k.rates)
     if s.weights:
         pipe.hset(k.weights, mapping={t: repr(float(w)) for t, w in s.weights.items()})
     if s.limits:
         pipe.hset(k.limits, mapping={key: int(n) for key, n in s.limits.items()})
-    for field, value in (("max_running", s.max_running), ("priority_age_ms", s.priority_age_ms)):
+    if s.rates:
+        pipe.hset(k.rates, mapping={key: str(v) for key, v in s.rates.items()})
+    for field, value in (("max_running", s.max_running), ("priority_age_ms", s.priority_age_ms),
+                         ("rate", s.rate)):
         if value is None:
             pipe.hdel(k.config, field)
         else:
-            pipe.hset(k.config, field, int(value))
+            pipe.hset(k.config, field, value if isinstance(value, str) else int(value))
     await pipe.execute()
+
+
+async def _recheck_rates(stores: Stores, queue: str, page: int = 1000) -> None:
+    """After a rate changed, every key with held runs is due for a look at its next claim (its
+    release time was computed with the old rate), and idle workers are woken to make that claim."""
+    k, r = stores.keys(queue), stores.redis
+    start = 0
+    while True:
+        names = cast("list[bytes]", await r.zrange(k.rwait, start, start + page - 1))
+        if not names:
+            break
+        await r.zadd(k.rwait, dict.fromkeys(names, 0), xx=True)
+        start += page
+    if start:
+        await r.rpush(k.wake, 1)
 
 
 async def refill_held(stores: Stores, queue: str, page: int = 200) -> int:
@@ -120,16 +147,17 @@ async def _rescore(stores: Stores, queue: str, old_ms: int, page: int = 500) -> 
 
 async def due_and_held_sets(stores: Stores, queue: str, *, scan: bool = False) -> list[str]:
     """Every sorted set a PENDING run of the queue can wait in: the default due set, the
-    tenants' due sets, and the held sets of concurrency keys. From the registries
-    (`tenants`, `heldkeys`); with `scan`, also from a SCAN of the queue's keys, which finds a
+    tenants' due sets, and the held sets of concurrency and rate keys. From the registries
+    (`tenants`, `heldkeys`, `rwait`); with `scan`, also from a SCAN of the queue's keys, which finds a
     set its registry lost (a rebuild and full drift pass use it; ticks do not)."""
     k, r = stores.keys(queue), stores.redis
     names = {k.due}
     # Stores opens Redis with decode_responses=False: replies are bytes (redis-py types them bytes | str).
     names.update(k.tenant_due(t.decode()) for t in cast("list[bytes]", await r.zrange(k.tenants, 0, -1)))
     names.update(k.held(m.decode()) for m in cast("set[bytes]", await r.smembers(k.heldkeys)))
+    names.update(k.rate_held(m.decode()) for m in cast("list[bytes]", await r.zrange(k.rwait, 0, -1)) if m)
     if scan:
-        for pattern in ("due:t:*", "held:*"):
+        for pattern in ("due:t:*", "held:*", "rheld:*"):
             cursor = 0
             while True:
                 cursor, found = await scan_queue(stores, queue, pattern, cursor, 1000)
@@ -184,6 +212,25 @@ async def set_max_running(stores: Stores, queue: str, limit: int | None, *, acto
         raise InvalidInput(f"max running must be a whole number from 1 to 1000000, not {limit!r}",
                            field="max_running")
     await _update(stores, queue, "set_queue_max_running", limit, audit_=(actor, reason, {"max_running": limit}))
+    return await apply(stores, queue)
+
+
+async def set_rate(stores: Stores, queue: str, rate: str | None, *, actor: str = "client",
+                   reason: str = "") -> QueueSettings:
+    """At most N runs of the queue start per interval, over all workers: `rate` like '100/1s'
+    (fencepost.core.rates; None: no limit)."""
+    stored = None if rate is None else rates.parse("rate", rate).stored
+    await _update(stores, queue, "set_queue_rate", stored, audit_=(actor, reason, {"rate": stored}))
+    return await apply(stores, queue)
+
+
+async def set_key_rate(stores: Stores, queue: str, key: str, rate: str | None, *, actor: str = "client",
+                       reason: str = "") -> QueueSettings:
+    """Override the rate of one rate key (None: back to the rate its runs declare)."""
+    validate.label("rate_key", key)
+    stored = None if rate is None else rates.parse("rate", rate).stored
+    await _update(stores, queue, "set_queue_key_rate", key, stored,
+                  audit_=(actor, reason, {"rate": stored, "key": key}))
     return await apply(stores, queue)
 
 
@@ -253,4 +300,28 @@ async def describe(stores: Stores, queue: str) -> dict[str, Any]:
         keys.append({"key": key, "limit": s.limits[key], "leased": await r.scard(k.leased(key)),
                      "held": await r.zcard(k.held(key))})
     return {"settings": msgspec.to_builtins(s), "tenants": tenants, "keys": keys,
-            "leased": await r.zcard(k.active)}
+            "leased": await r.zcard(k.active), "rates": await rate_use(stores, queue, s)}
+
+
+async def rate_use(stores: Stores, queue: str, s: QueueSettings, max_keys: int = 100) -> list[dict[str, Any]]:
+    """Each rate window in play: the queue's ('' key), the keys with an operator's rate and the
+    keys with held runs (the first `max_keys`): its rate, starts in the window now (on the Redis
+    server's clock, as the claim script counts them) and runs held for it."""
+    k, r = stores.keys(queue), stores.redis
+    waiting = [m.decode() for m in cast("list[bytes]", await r.zrange(k.rwait, 0, max_keys - 1)) if m]
+    sec, usec = await r.time()
+    now_ms = int(sec) * 1000 + int(usec) // 1000
+    out: list[dict[str, Any]] = []
+    for key in ([""] if s.rate else []) + sorted(set(s.rates) | set(waiting))[:max_keys]:
+        stored = s.rate if key == "" else s.rates.get(key)
+        if stored is None:  # a declared rate: the one its first held run carries
+            head = cast("list[bytes]", await r.zrange(k.rate_held(key), 0, 0))
+            raw = await r.hget(k.run(head[0].decode()), "rlimit") if head else None
+            stored = raw.decode() if isinstance(raw, bytes) else raw
+        rate = rates.parse_stored(stored)
+        used = 0 if rate is None else await r.zcount(k.rate_window(key), f"({now_ms - rate.ms}", "+inf")
+        out.append({"key": key, "rate": None if rate is None else str(rate), "window_ms": rate and rate.ms,
+                    "limit": rate and rate.n, "used": used,
+                    "held": 0 if key == "" else await r.zcard(k.rate_held(key)),
+                    "override": key == "" or key in s.rates})
+    return out

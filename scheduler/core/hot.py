@@ -248,6 +248,9 @@ class EnqueueItem(msgspec.Struct, frozen=True):
     tenant: str
     ckey: str
     climit: int | str
+    rkey: str
+    rlimit: str
+    """The rate the run declares for its rate key, 'N/ms' ('' with no key)."""
 
 
 class Versioned(msgspec.Struct, frozen=True):
@@ -312,7 +315,7 @@ class PageArgs(msgspec.Struct, frozen=True):
 
 class RescoreArgs(msgspec.Struct, frozen=True):
     suffix: str
-    """The set after the queue base: 'due', 'due:t:<tenant>' or 'held:<key>'."""
+    """The set after the queue base: 'due', 'due:t:<tenant>', 'held:<key>' or 'rheld:<key>'."""
     cursor: str
     page: int
     old_step_ms: int
@@ -492,7 +495,7 @@ def enqueue_item(r: RunRow) -> EnqueueItem:
     return EnqueueItem(r.id, r.status, _ms(r.run_at), r.priority, r.handler, r.payload, r.max_retries,
                        int(r.timeout_s * 1000), r.attempt, r.version, _ms(ft) if ft is not None else "",
                        r.trace_id or "", r.gen, r.tenant or "", r.concurrency_key or "",
-                       r.concurrency_limit or "")
+                       r.concurrency_limit or "", r.rate_key or "", r.rate_limit or "")
 
 
 def _script_error(exc: ResponseError, keys: Keys | Sequence[str]) -> Exception:

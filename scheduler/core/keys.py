@@ -69,6 +69,8 @@ class Keys:
         "limits",
         "paused",
         "queue",
+        "rates",
+        "rwait",
         "seq",
         "stats",
         "tenants",
@@ -99,6 +101,9 @@ class Keys:
         self.weights = b + "weights"    # HASH tenant -> weight (absent = 1)
         self.limits = b + "limits"      # HASH concurrency key -> operator's limit
         self.heldkeys = b + "heldkeys"  # SET concurrency keys with held runs
+        # rate limits (lua/includes/common.lua "Rate limits"); the queue-wide rate is config 'rate'
+        self.rates = b + "rates"        # HASH rate key -> operator's rate ('N/ms')
+        self.rwait = b + "rwait"        # ZSET rate key ('' = the queue) -> when its window frees (server ms)
         # also, built by Lua from `base`: budget:a:<bucket> / budget:r:<bucket> counters,
         # fair, climits, workers (ZSET worker id -> alive-until ms: the liveness pulse,
         # lua/includes/common.lua K_WORKERS), and the per-tenant / per-key sets below
@@ -117,6 +122,14 @@ class Keys:
     def leased(self, ckey: str) -> str:
         """SET of a concurrency key's runs holding a lease."""
         return f"{self.base}ck:{ckey}"
+
+    def rate_window(self, rkey: str) -> str:
+        """ZSET of a rate window's starts ('<id>:<attempt>' -> server ms); '' is the queue-wide one."""
+        return f"{self.base}rw" if rkey == "" else f"{self.base}rw:{rkey}"
+
+    def rate_held(self, rkey: str) -> str:
+        """ZSET of due runs waiting for their rate key's window to free (same score as in due)."""
+        return f"{self.base}rheld:{rkey}"
 
     def script_keys(self) -> list[str]:
         """The KEYS every queue script receives, in this order (see each script's header)."""

@@ -48,6 +48,11 @@ class Submit(msgspec.Struct, kw_only=True, frozen=True):
     """Runs sharing a key are limited to `concurrency_limit` leased at once; by default the
     handler's declared key (`handler:<argument value>`) and limit."""
     concurrency_limit: int | None = None
+    rate_key: str | None = None
+    """Runs sharing a rate key start at most `rate_limit` times per interval (over all workers);
+    by default the handler's declared key (`handler:<argument value>`) and rate."""
+    rate_limit: str | None = None
+    """'N/interval', e.g. '100/1s' or '5/250ms' (fencepost.core.rates.parse)."""
 
 
 class JobSpec(msgspec.Struct, kw_only=True, frozen=True):
@@ -80,19 +85,27 @@ class JobSpec(msgspec.Struct, kw_only=True, frozen=True):
     """Its position among the positional arguments (after ctx), for submits that pass it so."""
     concurrency_limit: int | None = None
     """At most this many runs per key value leased at once."""
+    rate_key: str | None = None
+    """Name of the argument whose value keys the rate limit (e.g. 'customer'); '' when the rate is
+    the handler's own (every run shares the key `<handler>`)."""
+    rate_arg: int | None = None
+    """Its position among the positional arguments (after ctx)."""
+    rate_limit: str | None = None
+    """At most N starts per interval per key value, canonical 'N/ms' (fencepost.core.rates)."""
 
     def options(self) -> dict[str, object]:
         return {"stop_grace_s": self.stop_grace_s, "side_effects": self.side_effects,
                 "compensate": self.compensate, "migrates": self.migrates, "service": self.service,
                 "concurrency_key": self.concurrency_key, "concurrency_arg": self.concurrency_arg,
-                "concurrency_limit": self.concurrency_limit}
+                "concurrency_limit": self.concurrency_limit, "rate_key": self.rate_key,
+                "rate_arg": self.rate_arg, "rate_limit": self.rate_limit}
 
 
 class RunRow(msgspec.Struct, kw_only=True, frozen=True):
     """One run on its way into the stores: the submit path inserts it into PostgreSQL
     (`run_columns` -> insert_runs) and the hot-store gateway makes it claimable
     (`enqueue_runs`); the outbox relay, drift repair and commands re-enqueue rows read back
-    from PostgreSQL (`run_row`). The first 17 fields are insert_runs' unnest columns, in order."""
+    from PostgreSQL (`run_row`). The first 19 fields are insert_runs' unnest columns, in order."""
 
     handler: str
     queue: str
@@ -112,6 +125,9 @@ class RunRow(msgspec.Struct, kw_only=True, frozen=True):
     tenant: str = ""
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    rate_key: str | None = None
+    rate_limit: str | None = None
+    """The rate the run declares for its key, canonical 'N/ms' (fencepost.core.rates)."""
     # known once PostgreSQL holds the run
     id: int = 0
     attempt: int = 0
@@ -121,8 +137,8 @@ class RunRow(msgspec.Struct, kw_only=True, frozen=True):
 
 _ROW_FIELDS = RunRow.__struct_fields__
 _ROW_NAMES = frozenset(_ROW_FIELDS)
-_SQL_WIDTH = _ROW_FIELDS.index("concurrency_limit") + 1
-_TENANT, _CKEY = _ROW_FIELDS.index("tenant"), _ROW_FIELDS.index("concurrency_key")
+_SQL_WIDTH = _ROW_FIELDS.index("rate_limit") + 1
+_TENANT, _CKEY, _RKEY = _ROW_FIELDS.index("tenant"), _ROW_FIELDS.index("concurrency_key"), _ROW_FIELDS.index("rate_key")
 
 
 def run_row(record: Mapping[str, Any], **fields: Any) -> RunRow:
@@ -136,14 +152,16 @@ def run_row(record: Mapping[str, Any], **fields: Any) -> RunRow:
 
 
 def run_columns(rows: Sequence[RunRow]) -> list[list[Any]]:
-    """insert_runs' 17 column arrays ($1-$17). With no tenant or concurrency key in the batch,
-    the last three are empty (unnest pads them with NULLs, the column defaults): three full
-    arrays would cost PostgreSQL ~7 % of the insert."""
+    """insert_runs' 19 column arrays ($1-$19). With no rate key in the batch the last two are
+    empty, and with no tenant or concurrency key either the last five (unnest pads them with
+    NULLs, the column defaults): full arrays would cost PostgreSQL ~7 % of the insert."""
     if not rows:
         return [[] for _ in range(_SQL_WIDTH)]
     cols = [list(c) for c in zip(*map(msgspec.structs.astuple, rows))][:_SQL_WIDTH]
-    if not any(cols[_TENANT]) and not any(cols[_CKEY]):
-        cols[_TENANT:] = [[], [], []]
+    if not any(cols[_RKEY]):
+        cols[_RKEY:] = [[], []]
+        if not any(cols[_TENANT]) and not any(cols[_CKEY]):
+            cols[_TENANT:] = [[] for _ in range(_SQL_WIDTH - _TENANT)]
     return cols
 
 

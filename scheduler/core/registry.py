@@ -12,6 +12,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 import msgspec
 
+from fencepost.core import rates
 from fencepost.core.classify import validate_mapping
 from fencepost.core.errors import InvalidInput
 from fencepost.core.models import JobSpec, Model, Submit
@@ -49,6 +50,8 @@ class Options(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=T
     tenant: str | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    rate_key: str | None = None
+    rate_limit: str | None = None
 
 
 _NO_OPTIONS = Options()
@@ -192,7 +195,8 @@ class Handler(Generic[P, R]):
 
     def options(self, **options: Any) -> Handler[P, R]:
         """The same handle with submit options (queue, priority, run_at, delay, timeout, max_retries,
-        idempotency_key, trace, tenant, concurrency_key, concurrency_limit) set for its submits."""
+        idempotency_key, trace, tenant, concurrency_key, concurrency_limit, rate_key, rate_limit) set for
+        its submits."""
         try:
             opts = msgspec.convert({**msgspec.structs.asdict(self._opts), **options}, Options)
         except msgspec.ValidationError as exc:
@@ -234,12 +238,14 @@ class Registry:
             migrate: Callable[[int, Any], Any] | None = None,
             resume_check: Callable[..., str | None] | None = None, errors: dict[type, str] | None = None,
             depends_on_service: str | None = None, concurrency_key: str | None = None,
-            concurrency_limit: int | None = None
+            concurrency_limit: int | None = None, rate_key: str | None = None, rate_limit: str | None = None
             ) -> Callable[[Callable[Concatenate[Any, P], R]], Handler[P, R]]:
         """Declare a handler. `depends_on_service` puts its runs behind that dependency's
         shared circuit breaker; `errors` maps the handler's own exception types to kinds;
         `concurrency_key="customer", concurrency_limit=5` lets at most 5 runs per value of the
-        `customer` argument hold a lease at once (enforced by the claim script). Returns the typed
+        `customer` argument hold a lease at once (enforced by the claim script); `rate_key="customer",
+        rate_limit="10/1s"` lets at most 10 runs per value of `customer` start in any second, over
+        all workers (`rate_limit` alone: per handler, whatever the arguments). Returns the typed
         handle (Handler): `await send.submit(client, ...)`, `send.options(delay=60).submit(...)`."""
 
         mapping = validate_mapping(errors or {})
@@ -253,14 +259,26 @@ class Registry:
             raise InvalidInput(f"concurrency_limit must be a positive integer, not {concurrency_limit!r}",
                                field="concurrency_limit")
 
+        rate = None if rate_limit is None else rates.parse("rate_limit", rate_limit).stored
+        if rate_key is not None:
+            if rate is None:
+                raise InvalidInput("rate_key needs a rate_limit", field="rate_limit")
+            if not isinstance(rate_key, str) or not rate_key.isidentifier():
+                raise InvalidInput(f"rate_key must name an argument, not {rate_key!r}", field="rate_key")
+
         def register(fn: Callable[Concatenate[Any, P], R]) -> Handler[P, R]:
             arg = _argument_position(fn, concurrency_key) if concurrency_key else None
-            spec = JobSpec(name=name or f"{fn.__module__}.{fn.__qualname__}", model=model, queue=queue,
+            rarg = _argument_position(fn, rate_key, "rate_key") if rate_key else None
+            job_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            # a rate without a key argument is the handler's own: every run shares the key `<handler>`
+            rkey = rate_key if rate_key is not None or rate is None else ""
+            spec = JobSpec(name=job_name, model=model, queue=queue,
                            priority=priority, timeout_s=float(timeout), max_retries=max_retries,
                            version=version, resumable=resumable, owner=owner, stop_grace_s=stop_grace,
                            side_effects=side_effects, compensate=compensate, migrates=migrate is not None,
                            service=depends_on_service, concurrency_key=concurrency_key,
-                           concurrency_arg=arg, concurrency_limit=concurrency_limit)
+                           concurrency_arg=arg, concurrency_limit=concurrency_limit, rate_key=rkey,
+                           rate_arg=rarg, rate_limit=rate)
             handler = Handler(spec, fn, migrate, resume_check, mapping)
             self.handlers[spec.name] = handler
             return handler
@@ -277,7 +295,7 @@ class Registry:
         return [h.spec for h in self.handlers.values()]
 
 
-def _argument_position(fn: Callable[..., Any], name: str) -> int | None:
+def _argument_position(fn: Callable[..., Any], name: str, field: str = "concurrency_key") -> int | None:
     """Where `name` sits among the positional arguments after ctx (None: keyword-only)."""
     params = list(inspect.signature(fn).parameters.values())[1:]
     for i, p in enumerate(params):
@@ -285,7 +303,7 @@ def _argument_position(fn: Callable[..., Any], name: str) -> int | None:
             return i if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) else None
     if any(p.kind == p.VAR_KEYWORD for p in params):
         return None
-    raise InvalidInput(f"concurrency_key {name!r} is not an argument of {fn.__qualname__}", field="concurrency_key")
+    raise InvalidInput(f"{field} {name!r} is not an argument of {fn.__qualname__}", field=field)
 
 
 def load_registry(path: str) -> Registry:

@@ -67,6 +67,7 @@ LIMITS: dict[str, Limit] = {
     "reason": Limit(kind="text", min_len=0, max_len=1000, doc="recorded in the history"),
     "tenant": Limit(kind="label", max_len=128, doc="who the run is for"),
     "concurrency_key": Limit(kind="label", max_len=128, doc="runs sharing it are limited together"),
+    "rate_key": Limit(kind="label", max_len=128, doc="runs sharing it share a rate limit"),
 }
 """Field name -> constraint (the names the errors and the API use; docs/validation.md lists them)."""
 

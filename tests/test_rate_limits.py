@@ -1,0 +1,173 @@
+"""Proactive rate limits: at most N starts per interval per queue and per rate key, enforced by
+claim_due.lua on the Redis server's clock (lua/includes/common.lua "Rate limits").
+
+Declaration and validation; the Lua enforcement on real Redis (held runs, release, fair order,
+the queue-wide cap); a property test in which concurrent claimers on separate connections never
+start more than N runs in any window of the interval (start times read from the claimed events'
+`rts`, the server's clock the windows slide on); the dispatch settings (PostgreSQL record, Redis
+copy, audit), `queue show`, the API, and two real worker processes sharing one limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from fencepost.core import rates
+from fencepost.core.errors import InvalidInput
+from fencepost.core.registry import Registry
+from fencepost.core.stores import Stores
+from tests.conftest import wait_until
+from tests.test_fencing import Queue
+
+_names = itertools.count()
+DAY = 86_400_000
+
+
+async def _queue(stores: Stores, **config: Any) -> Queue:
+    q = await Queue(stores, f"rate{next(_names)}").setup()
+    if config:
+        await q.r.hset(q.keys.config, mapping=config)
+    return q
+
+
+async def _server_ms(r: Any) -> int:
+    sec, usec = await r.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def _ids(claimed: list[dict[str, str]]) -> list[str]:
+    return [c["id"] for c in claimed]
+
+
+# -- declaration and validation --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "n", "ms"), [
+    ("100/1s", 100, 1000), ("5/250ms", 5, 250), ("60/m", 60, 60_000), ("1/1d", 1, DAY), ("3 / 1.5s", 3, 1500),
+    ("1000000/1h", 1_000_000, 3_600_000), ("1/1ms", 1, 1),
+])
+def test_rates_parse(text: str, n: int, ms: int) -> None:
+    rate = rates.parse("rate", text)
+    assert (rate.n, rate.ms) == (n, ms)
+    assert rates.parse_stored(rate.stored) == rate
+    assert rates.parse("rate", str(rate)) == rate, "the shown form parses back to the same rate"
+
+
+@pytest.mark.parametrize("text", [
+    "0/1s", "-1/1s", "1/0s", "1/0.5ms", "1/2d", "1/86400001ms", "inf/1s", "1/infs", "nan/1s", "1/nan", "100",
+    "100/1", "100/1 fortnight", "", "1e3/1s", "10000000/1s", "1/1s\x1b[31m", None, 5, 1.5,
+])
+def test_bad_rates_are_refused_naming_the_field(text: Any) -> None:
+    with pytest.raises(InvalidInput) as exc:
+        rates.parse("rate_limit", text)
+    assert exc.value.field == "rate_limit"
+
+
+def test_declaration_errors_name_the_field() -> None:
+    reg = Registry()
+    with pytest.raises(InvalidInput) as exc:
+        reg.job("x", rate_key="customer")
+    assert exc.value.field == "rate_limit"
+    with pytest.raises(InvalidInput) as exc:
+        reg.job("x", rate_key="customer", rate_limit="0/1s")
+    assert exc.value.field == "rate_limit"
+    with pytest.raises(InvalidInput) as exc:
+        reg.job("x", rate_key="customer", rate_limit="10/2d")
+    assert exc.value.field == "rate_limit"
+
+    with pytest.raises(InvalidInput) as exc:
+        @reg.job("x", rate_key="customer", rate_limit="10/1s")
+        async def x(ctx: Any, account: str) -> None: ...
+    assert exc.value.field == "rate_key"
+
+    @reg.job("y", rate_key="customer", rate_limit="10/1s")
+    async def y(ctx: Any, customer: str, n: int = 1) -> None: ...
+
+    assert (y.spec.rate_key, y.spec.rate_arg, y.spec.rate_limit) == ("customer", 0, "10/1000")
+
+    @reg.job("z", rate_limit="2/1m")
+    async def z(ctx: Any) -> None: ...
+
+    assert (z.spec.rate_key, z.spec.rate_limit) == ("", "2/60000"), "a rate without a key is the handler's own"
+
+
+# -- Lua enforcement --------------------------------------------------------------------------------
+
+async def test_a_full_key_is_held_aside_not_rescanned(stores: Stores) -> None:
+    q = await _queue(stores)
+    now = await _server_ms(q.r)
+    await q.enqueue(now, *[dict(id=f"a{i}", rkey="A", rlimit=f"3/{DAY}") for i in range(10)],
+                    *[dict(id=f"b{i}", rkey="B", rlimit=f"1/{DAY}") for i in range(2)], dict(id="free"))
+    got = _ids(await q.claim(now, 100))
+    assert got == ["a0", "a1", "a2", "b0", "free"], "3 of A, 1 of B, and the run without a key, in order"
+    assert await q.r.zcard(q.keys.rate_held("A")) == 7
+    assert await q.r.zcard(q.keys.rate_held("B")) == 1
+    waits = dict(await q.r.zrange(q.keys.rwait, 0, -1, withscores=True))
+    assert set(waits) == {b"A", b"B"} and all(now + DAY - 5_000 < s <= now + DAY + 5_000 for s in waits.values()), \
+        "each key waits until its oldest start leaves the window"
+    assert await q.r.zcard(q.keys.due) == 0, "held runs are out of the due set: a claim does not look at them"
+    for _ in range(3):
+        assert await q.claim(now, 100) == []
+    assert await q.r.zcard(q.keys.rate_held("A")) == 7, "nothing moved: no rescan"
+    assert int(await q.r.hget(q.keys.stats, "rate_limited")) == 8
+    # held runs are where drift inspection expects them, and a cancel takes one out of the held set
+    inspected = await q.run("repair_inspect", "a5")
+    assert inspected[13] == "1", "a run held for its rate key counts as queued (drift leaves it alone)"
+    assert await q.run("cancel_run", now, "a5", "op", "test", "", "") in ("CANCELLED", "cancelled")
+    assert await q.r.zscore(q.keys.rate_held("A"), "a5") is None
+
+
+async def test_held_runs_come_back_in_their_order_when_the_window_frees(stores: Stores) -> None:
+    q = await _queue(stores)
+    now = await _server_ms(q.r)
+    await q.enqueue(now, *[dict(id=f"r{i}", rkey="K", rlimit="2/150") for i in range(6)])
+    order: list[str] = _ids(await q.claim(now, 100))
+    assert order == ["r0", "r1"]
+
+    async def more() -> bool:
+        order.extend(_ids(await q.claim(now, 100)))
+        return len(order) == 6
+
+    await wait_until(more, timeout=30, what="every held run started")
+    assert order == [f"r{i}" for i in range(6)], "released runs keep their place in the fair order"
+    assert await q.r.exists(q.keys.rate_held("K")) == 0
+    assert await q.r.zscore(q.keys.rwait, "K") is None
+
+
+async def test_the_queue_rate_caps_each_claim(stores: Stores) -> None:
+    q = await _queue(stores, rate=f"5/{DAY}")
+    now = await _server_ms(q.r)
+    await q.enqueue(now, *[dict(id=f"q{i}") for i in range(8)])
+    assert _ids(await q.claim(now, 3)) == ["q0", "q1", "q2"]
+    assert _ids(await q.claim(now, 100)) == ["q3", "q4"]
+    assert await q.claim(now, 100) == []
+    assert await q.r.zcard(q.keys.due) == 3, "the rest stay due (nothing is held for the queue's window)"
+    score = await q.r.zscore(q.keys.rwait, "")
+    assert score is not None and score > now + DAY - 5_000, "idle workers are told when the window frees"
+    await q.r.hdel(q.keys.config, "rate")
+    await q.r.zadd(q.keys.rwait, {"": 0}, xx=True)  # what fairness.apply does after a change (_recheck_rates)
+    assert _ids(await q.claim(now, 100)) == ["q5", "q6", "q7"]
+    assert await q.r.zscore(q.keys.rwait, "") is None
+
+
+async def test_retries_count_as_starts(stores: Stores) -> None:
+    q = await _queue(stores)
+    now = await _server_ms(q.r)
+    await q.enqueue(now, dict(id="x", rkey="K", rlimit=f"2/{DAY}", max_retries=5))
+    for attempt in (1, 2):
+        [x] = await q.claim(now + attempt, 1)
+        assert x["attempt"] == str(attempt)
+        assert await q.finish(now + attempt, "x", x["token"], outcome="error", delay=0) == "RETRY_WAIT"
+    assert await q.claim(now + 3, 10) == [], "two starts (a first attempt and a retry) fill the window"
+    assert await q.r.zscore(q.keys.rate_held("K"), "x") is not None
+    assert await q.r.zcard(q.keys.rate_window("K")) == 2
+
+
+async def test_an_operator_rate_replaces_the_declared_one(stores: Stores) -> None:
+    q = await _queue(stores)
+    now = await _server_ms(q.r)
+    await q.r.hset(q.keys.rates, "K", f"4/{DAY}")
+    await q.enqueue(now, *[dict(id=f"k{i}", rkey="K", rlimit=f"1/{DAY}") for i in range(6)])
+    assert len(await q.claim(now, 100)) == 4
