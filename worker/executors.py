@@ -80,7 +80,7 @@ class Executors:
                 if self.procs is None:
                     return Outcome("fatal", "process handler but the worker has no --app to spawn from", "NoProcessPool")
                 assert self.checkpoints is not None
-                handler.bind(*decode_payload(job.payload), strict=False)  # arguments that no longer bind: fatal
+                # decoded and bound in the child only (arguments that no longer bind come back as fatal)
                 return Outcome("ok", await self.procs.run(job.handler, job.payload, ctx, timeout,
                                                           self.checkpoints.write_encoded))
             # Arguments that no longer bind (a producer on an older version) are invalid input: fatal, not retried.

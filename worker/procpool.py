@@ -12,18 +12,22 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
+
+import msgspec
 
 from fencepost.core import metrics
 from fencepost.core.classify import classify
+from fencepost.core.errors import InvalidInput, StoreUnavailable
 from fencepost.core.models import decode_payload, decode_result, encode_result
 from fencepost.core.registry import load_registry
 from fencepost.core.tracing import traceparent_var
-from fencepost.worker.context import Context, Interrupt, LeaseLost, SyncContext
+from fencepost.worker.context import Context, Interrupt, LeaseLost, RunResult, SyncContext
 
 log = logging.getLogger("fencepost.worker.procpool")
 _CTX = mp.get_context("spawn")
@@ -45,12 +49,14 @@ class RemoteError(Exception):
 
 
 class _ChildContext(SyncContext):
-    """The handler's context inside a child process: checkpoints go through the parent."""
+    """The handler's context inside a child process: checkpoints, progress and result reads go through
+    the parent (which holds the stores), over the child's pipe."""
 
     __slots__ = ("_conn",)
     _conn: Connection
 
     def checkpoint(self, state: Any, *, processed: int | None = None) -> int:  # type: ignore[override]
+        _flush_progress(self)
         self._conn.send(("ckpt", encode_result(state), processed))
         reply = self._conn.recv()
         if reply[0] == "lost":
@@ -60,6 +66,56 @@ class _ChildContext(SyncContext):
         if self._ctl in ("pause", "stop", "cancel"):
             raise Interrupt(self._ctl)
         return self.checkpoint_version
+
+    def upstream_results(self) -> dict[str, RunResult]:  # type: ignore[override]
+        return cast("dict[str, RunResult]", self._ask("upstream"))
+
+    def batch_results(self) -> list[RunResult]:  # type: ignore[override]
+        return cast("list[RunResult]", self._ask("batch"))
+
+    def _ask(self, what: str) -> Any:
+        """A read the parent answers from PostgreSQL (upstream results, batch results)."""
+        _flush_progress(self)
+        self._conn.send((what,))
+        reply = self._conn.recv()
+        if reply[0] == "ok":
+            return reply[1]
+        error_class, message = reply[1], reply[2]
+        if error_class in ("StoreUnavailable", "DatabaseUnavailable", "RedisUnavailable"):
+            raise StoreUnavailable(message)  # transient: the attempt is retried, as in an async handler
+        raise RuntimeError(f"{what} results: {error_class}: {message}")
+
+
+class _ChildProgress:
+    """ctx.progress() in a child: the latest report goes to the parent at most every EVERY_S (a handler
+    reporting a million times sends a handful of messages), and always before the child's next
+    checkpoint or read and before its final reply, so the last report is never lost."""
+
+    EVERY_S = 0.2
+
+    def __init__(self) -> None:
+        self.sent_at = 0.0
+        self.pending = False
+
+    def progress_changed(self, ctx: Context) -> None:
+        self.pending = True
+        if time.monotonic() - self.sent_at >= self.EVERY_S:
+            _flush_progress(ctx)
+
+    async def upstream_results(self, ctx: Context) -> dict[str, RunResult]:  # _ChildContext asks the parent instead
+        raise RuntimeError("upstream_results() goes through the parent")
+
+    async def batch_results(self, ctx: Context) -> list[RunResult]:
+        raise RuntimeError("batch_results() goes through the parent")
+
+
+def _flush_progress(ctx: Context) -> None:
+    services = ctx._services
+    if isinstance(services, _ChildProgress) and services.pending and isinstance(ctx, _ChildContext):
+        p = ctx.last_progress
+        if p is not None:
+            ctx._conn.send(("progress", p.done, p.total, p.message))
+        services.pending, services.sent_at = False, time.monotonic()
 
 
 def _child_main(app: str, conn: Connection) -> None:
@@ -73,21 +129,30 @@ def _child_main(app: str, conn: Connection) -> None:
         except (EOFError, OSError):
             return
         handler, payload, ctx_fields, checkpoint, checkpoint_version, ctl = msg
+        ctx = _ChildContext(*ctx_fields)
+        ctx._conn = conn
+        ctx._services = _ChildProgress()
         try:
-            args, kwargs = decode_payload(payload)
-            ctx = _ChildContext(*ctx_fields)
-            ctx._conn = conn
+            # Decoded and bound here only (the parent does not decode): annotated parameters are converted as
+            # for async and thread handlers; arguments that no longer bind are invalid input, never retried.
+            try:
+                args, kwargs = registry[handler].bind(*decode_payload(payload), strict=False)
+            except (InvalidInput, msgspec.DecodeError) as exc:
+                conn.send(("err", type(exc).__name__, str(exc), "invalid_input", None))
+                continue
             ctx.checkpoint_data = decode_result(checkpoint) if checkpoint is not None else None
             ctx.checkpoint_version, ctx._ctl = checkpoint_version, ctl
             traceparent_var.set(ctx.trace)  # runs submitted from this job continue its trace
             result = registry[handler].fn(ctx, *args, **kwargs)
+            _flush_progress(ctx)
             conn.send(("ok", encode_result(result)))
         except Interrupt as exc:
+            _flush_progress(ctx)
             conn.send(("interrupted", exc.kind))
         except LeaseLost as exc:
             conn.send(("lost", str(exc)))
         except BaseException as exc:
-
+            _flush_progress(ctx)
             kind, retry_after = classify(exc, registry[handler].errors if handler in registry else None)
             conn.send(("err", type(exc).__name__, f"{exc}\n{traceback.format_exc(limit=5)}"[:4000], kind, retry_after))
 
@@ -107,6 +172,25 @@ class _Child:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.join(5)
         self.conn.close()
+
+
+def _progress(ctx: Context, reply: tuple[Any, ...]) -> None:
+    try:
+        ctx.progress(reply[1], total=reply[2], message=reply[3])  # checked in the child already
+    except InvalidInput as exc:
+        log.warning("progress from a child refused: %s", exc, extra={"event": "progress_refused"})
+
+
+async def _results(ctx: Context, what: str) -> tuple[Any, ...]:
+    """The parent's answer to a child's ctx.upstream_results() / ctx.batch_results()."""
+    if ctx._services is None:
+        return ("fail", "RuntimeError", f"{what}_results() is only available inside a worker")
+    try:
+        if what == "upstream":
+            return ("ok", await ctx._services.upstream_results(ctx))
+        return ("ok", await ctx._services.batch_results(ctx))
+    except Exception as exc:
+        return ("fail", type(exc).__name__, str(exc)[:2000])
 
 
 class ProcessPool:
@@ -143,6 +227,12 @@ class ProcessPool:
                 if remaining <= 0:
                     raise TimeoutError
                 reply = await asyncio.wait_for(loop.run_in_executor(self._io, child.conn.recv), remaining)
+                if reply[0] == "progress":  # one-way: recorded as the handler's, coalesced by the worker
+                    _progress(ctx, reply)
+                    continue
+                if reply[0] in ("upstream", "batch"):
+                    child.conn.send(await _results(ctx, reply[0]))
+                    continue
                 if reply[0] != "ckpt":
                     break
                 try:
