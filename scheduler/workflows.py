@@ -284,6 +284,8 @@ class WorkflowMixin:
         lose them. A callback reads the members' results with `ctx.batch_results()`."""
         if not requests:
             raise InvalidInput("a batch needs at least one run", field="requests")
+        if name is not None:
+            validate.text("name", name)  # shown by `batch show` and the API: no control characters
         if on_complete is None and on_success is None:
             raise InvalidInput("a batch needs on_complete or on_success (else use submit_many)", field="on_complete")
         if any(r.idempotency_key is not None for r in requests):
@@ -306,6 +308,10 @@ class WorkflowMixin:
             complete_id = next(cb) if on_complete is not None else None
             success_id = next(cb) if on_success is not None else None
             await tx.execute("batch_insert", bid, name, complete_id, success_id, ids[:len(requests)])
+            queues = sorted({r.queue for r in rows})
+            await audit.write(self.stores.db, tx, self.actor, "batch_submitted", queue=queues[0] if len(queues) == 1
+                              else None, target=str(bid), data={"name": name, "runs": len(requests), "queues": queues,
+                                                                 "on_complete": complete_id, "on_success": success_id})
         await self._stamp_new_queues(new_queues)
         members = [i for i in created if i < len(requests)]
         await self._enqueue(members, ids, rows)

@@ -117,3 +117,17 @@ SELECT run_id, attempt, done, total, message, updated_at FROM run_progress WHERE
 DELETE FROM run_progress p
 WHERE p.run_id IN (SELECT q.run_id FROM run_progress q
                    WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = q.run_id) LIMIT $1);
+
+-- name: api_batch_queues
+-- The queues of a batch's members and callbacks (hot row, else archived): the API's scope check.
+SELECT array_agg(DISTINCT x.queue) FROM (
+    SELECT COALESCE(r.queue, a.queue) AS queue
+    FROM batch_members m LEFT JOIN runs r ON r.id = m.run_id
+    LEFT JOIN runs_archive a ON a.id = m.run_id AND r.id IS NULL
+    WHERE m.batch_id = $1
+    UNION ALL
+    SELECT COALESCE(r.queue, a.queue)
+    FROM batches b CROSS JOIN LATERAL (VALUES (b.on_complete), (b.on_success)) c(id)
+    LEFT JOIN runs r ON r.id = c.id LEFT JOIN runs_archive a ON a.id = c.id AND r.id IS NULL
+    WHERE b.id = $1 AND c.id IS NOT NULL
+) x WHERE x.queue IS NOT NULL;

@@ -74,6 +74,12 @@ class World:
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
 
+    async def batch(self) -> str:
+        r = await self.api.req("POST", "/v1/batches", "admin-all", json={
+            "runs": [{"handler": "t.echo", "queue": Q}], "on_complete": {"handler": "t.noop", "queue": Q}})
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
     async def token(self) -> int:
         row, _ = await create_token(self.stores.db, "producer", [Q], "victim", "test")
         return int(row["id"])
@@ -105,6 +111,10 @@ def _on_workflow(suffix: str = "", body: Any = None) -> Callable[[World, str], A
         return f"/v1/workflows/{await w.workflow()}{suffix}", ({} if body is None else {"json": body})
 
     return make
+
+
+async def _on_batch(w: World, who: str) -> tuple[str, dict[str, Any]]:
+    return f"/v1/batches/{await w.batch()}", {}
 
 
 async def _new_schedule(w: World, who: str) -> tuple[str, dict[str, Any]]:
@@ -154,6 +164,7 @@ MATRIX: dict[tuple[str, str], Decision] = {
     ("POST", RUN + "/retry"): Decision(READ, 409, 404, _on_run("/retry", {"reason": "m"})),
     ("POST", RUN + "/resolve"): Decision(READ, 422, 404, _on_run("/resolve", {"as": "failed"})),  # not under review
     ("GET", "/v1/events"): Decision(READ, 200, 200, _get("/v1/events")),
+    ("GET", "/v1/events/stream"): Decision(READ, 200, 200, _get("/v1/events/stream?duration=0")),  # ends at once
     ("GET", "/v1/queues"): Decision(READ, 200, 200, _get("/v1/queues")),
     ("POST", "/v1/queues/{queue}/pause"): Decision(READ, 200, 403, _get(f"/v1/queues/{Q}/pause", json={})),
     ("POST", "/v1/queues/{queue}/resume"): Decision(READ, 200, 403, _get(f"/v1/queues/{Q}/resume", json={})),
@@ -179,6 +190,9 @@ MATRIX: dict[tuple[str, str], Decision] = {
     ("GET", "/v1/workflows"): Decision(READ, 200, 200, _get("/v1/workflows")),
     ("GET", "/v1/workflows/{workflow_id}"): Decision(READ, 200, 404, _on_workflow()),
     ("POST", "/v1/workflows/{workflow_id}/retry"): Decision(READ, 200, 404, _on_workflow("/retry", {})),
+    ("POST", "/v1/batches"): Decision(SUBMIT, 201, 403, _get("/v1/batches", json={
+        "runs": [{"handler": "t.echo", "queue": Q}], "on_success": {"handler": "t.noop"}})),
+    ("GET", "/v1/batches/{batch_id}"): Decision(READ, 200, 404, _on_batch),
     ("GET", "/v1/tokens"): Decision(ADMIN, 200, 200, _get("/v1/tokens")),
     ("POST", "/v1/tokens"): Decision(ADMIN, 201, 403, _get("/v1/tokens", json={"role": "producer", "queues": [Q]})),
     ("DELETE", "/v1/tokens/{token_id}"): Decision(ADMIN, 200, 404, _revoke),

@@ -21,7 +21,7 @@ _ERRORS = {
     "400": "Malformed body (not JSON)",
     "401": "Missing, unknown or revoked token",
     "403": "The token's role or queue scope does not allow this",
-    "404": "No such run / queue / schedule / workflow / token, or not in the token's scope (the same answer)",
+    "404": "No such run / queue / schedule / workflow / batch / token, or not in the token's scope (the same answer)",
     "409": "Illegal transition, concurrent modification, resume refused (offer: restart), idempotency key used "
            "for a different request",
     "413": "Body, batch or payload too large",
@@ -51,7 +51,7 @@ def spec() -> dict[str, Any]:
             schema: dict[str, Any] = {"type": "string", "minLength": 1}
             if name in ("run_id", "token_id"):
                 schema = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
-            elif name == "workflow_id":
+            elif name in ("workflow_id", "batch_id"):
                 schema = {"type": "string", "format": "uuid"}
             elif name == "queue":
                 schema = {"type": "string", "pattern": r"^[A-Za-z0-9_.\-]{1,64}$"}

@@ -45,7 +45,7 @@ from fencepost.core.models import Submit, decode_payload, decode_result
 from fencepost.core.schedules import UnknownSchedule
 from fencepost.core.states import RESTING, Status
 from fencepost.schedules import Schedules, ScheduleUpdate
-from fencepost.workflows import UnknownWorkflow
+from fencepost.workflows import UnknownBatch, UnknownWorkflow
 
 __all__ = ["ROUTES", "Ctx", "RouteSpec"]
 
@@ -603,6 +603,55 @@ async def retry_workflow(ctx: Ctx) -> Any:
     return S.WorkflowRetried(id=wf["id"], done=done)
 
 
+# -- batches -----------------------------------------------------------------------------------
+async def create_batch(ctx: Ctx) -> Any:
+    """A batch with its callbacks; a scoped token may only name its queues (members and callbacks)."""
+    body: S.BatchCreate = ctx.body
+    limit = ctx.api.config.max_batch
+    if len(body.runs) > limit:
+        raise TooLarge(f"a batch may hold at most {limit} runs, not {len(body.runs)}", limit=limit,
+                       size=len(body.runs), field="runs")
+    if ctx.request.headers.get("idempotency-key") is not None:
+        raise InvalidInput("a batch is not idempotent as a whole: send it without an Idempotency-Key",
+                           field="Idempotency-Key")
+    callbacks = [c for c in (body.on_complete, body.on_success) if c is not None]
+    for r in [*body.runs, *callbacks]:
+        ctx.p.require_queue(await _queue_of(ctx.client, r.handler, r.queue))
+    b = await ctx.client.submit_batch([_submit(r, None) for r in body.runs],
+                                      on_complete=None if body.on_complete is None else _submit(body.on_complete, None),
+                                      on_success=None if body.on_success is None else _submit(body.on_success, None),
+                                      name=body.name)
+    return _json(S.BatchCreated(id=b.id, run_ids=b.run_ids, on_complete=b.on_complete, on_success=b.on_success), 201)
+
+
+async def get_batch(ctx: Ctx) -> Any:
+    """Counts by state and the callbacks, if every member and callback is in the caller's scope (else 404,
+    as for a missing batch)."""
+    raw = ctx.path("batch_id")
+    try:
+        bid = uuid.UUID(raw)
+    except ValueError:
+        raise InvalidInput(f"batch id must be a UUID, not {raw!r}", field="batch_id") from None
+    try:
+        batch = await ctx.client.batch(bid)
+    except UnknownBatch:
+        raise NotFound(f"no batch with id {bid}", batch_id=str(bid)) from None
+    queues = await ctx.client.stores.db.fetchval("api_batch_queues", bid)
+    if not all(ctx.p.in_scope(q) for q in queues or ()):
+        raise NotFound(f"no batch with id {bid}", batch_id=str(bid))
+    counts: dict[str, int] = {}
+    for m in batch["members"]:
+        counts[m["status"]] = counts.get(m["status"], 0) + 1
+    callbacks: dict[str, S.BatchCallback | None] = {}
+    for kind in ("on_complete", "on_success"):
+        cb = batch[kind]
+        run = None if cb is None else await ctx.client.get(cb)
+        callbacks[kind] = None if run is None else S.BatchCallback(id=run["id"], status=run["status"],
+                                                                    reason=run.get("reason"))
+    return S.Batch(id=bid, name=batch["name"], created_at=batch["created_at"], settled_at=batch["settled_at"],
+                   total=len(batch["members"]), counts=counts, **callbacks)
+
+
 # -- tokens ------------------------------------------------------------------------------------
 async def list_tokens(ctx: Ctx) -> Any:
     """Every token for an unscoped admin; a scoped admin sees the tokens within its queues."""
@@ -867,6 +916,11 @@ ROUTES: list[RouteSpec] = [
               response=S.Workflow, tag="workflows"),
     RouteSpec("POST", "/v1/workflows/{workflow_id}/retry", retry_workflow, "Re-run what did not succeed",
               roles=READ, body=S.WorkflowRetry, response=S.WorkflowRetried, tag="workflows"),
+    RouteSpec("POST", "/v1/batches", create_batch,
+              "Submit runs as one batch with on_complete / on_success callbacks (run once when all are terminal)",
+              roles=("producer", "admin"), body=S.BatchCreate, response=S.BatchCreated, status=201, tag="batches"),
+    RouteSpec("GET", "/v1/batches/{batch_id}", get_batch, "A batch: its members counted by state, its callbacks",
+              roles=READ, response=S.Batch, tag="batches"),
     RouteSpec("GET", "/v1/tokens", list_tokens, "List API tokens (never their secrets)", roles=("admin",),
               response=list[S.Token], tag="tokens"),
     RouteSpec("POST", "/v1/tokens", add_token, "Create a token; the secret is shown once", roles=("admin",),

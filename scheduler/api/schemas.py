@@ -410,6 +410,46 @@ class WorkflowRetried(msgspec.Struct, kw_only=True):
     done: dict[str, list[str]]
 
 
+class BatchCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Runs submitted as one batch, with the callbacks that run once when all of them are terminal."""
+
+    runs: Annotated[list[SubmitRequest], Meta(min_length=1)]
+    """The members (no idempotency keys: a member belongs to one batch)."""
+    on_complete: SubmitRequest | None = None
+    """Runs once when every member is terminal (SUCCEEDED, FAILED, TIMED_OUT or CANCELLED)."""
+    on_success: SubmitRequest | None = None
+    """Runs once when every member SUCCEEDED; CANCELLED (reason batch_failed) otherwise."""
+    name: Annotated[str, meta("name", min_length=0)] | None = None
+
+
+class BatchCreated(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+    run_ids: list[int]
+    """The members, in request order."""
+    on_complete: int | None = None
+    on_success: int | None = None
+
+
+class BatchCallback(msgspec.Struct, kw_only=True):
+    id: int
+    status: str
+    """BLOCKED until the batch settles; CANCELLED (reason batch_failed) for an on_success whose batch failed."""
+    reason: str | None = None
+
+
+class Batch(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+    name: str | None
+    created_at: datetime
+    settled_at: datetime | None
+    """When the last member became terminal (null: members still running)."""
+    total: int
+    counts: dict[str, int]
+    """Members by state (PostgreSQL's record)."""
+    on_complete: BatchCallback | None = None
+    on_success: BatchCallback | None = None
+
+
 class TokenCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     role: Role
     queues: list[QueueName] = []

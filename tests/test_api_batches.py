@@ -1,0 +1,121 @@
+"""Batches over the HTTP API (issue 16): POST /v1/batches submits members and on_complete / on_success
+callbacks in one transaction (audited with the token that did it); GET /v1/batches/{id} counts the
+members by state and shows the callbacks; a scoped token creates and reads only batches whose members
+and callbacks are all in its queues; bad input is a 4xx naming the field and writes nothing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from fencepost.api import ApiConfig
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from tests.conftest import record_all
+from tests.test_api import Api, _make_api
+
+Q = "tq"
+
+
+@pytest.fixture
+async def api(settings: Settings, client: Client) -> AsyncIterator[Api]:
+    async for a in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0, max_batch=5)):
+        await a.token("producer", Q, name="producer-in")
+        await a.token("operator", Q, name="operator-in")
+        await a.token("operator", "other", name="operator-out")
+        await client.submit("t.echo", 0, queue="other")  # both queues exist
+        yield a
+
+
+async def _count(client: Client, sql: str) -> int:
+    pool = client.stores.db.pool
+    assert pool is not None
+    return int(await pool.fetchval(sql))
+
+
+def _body(n: int = 2, **extra: Any) -> dict[str, Any]:
+    return {"runs": [{"handler": "t.echo", "args": [i]} for i in range(n)],
+            "on_complete": {"handler": "t.echo", "args": ["done"]},
+            "on_success": {"handler": "t.echo", "args": ["all ok"]}, **extra}
+
+
+async def test_create_read_and_settle_a_batch(api: Api, client: Client) -> None:
+    r = await api.req("POST", "/v1/batches", "producer-in", json=_body(name="nightly"))
+    assert r.status_code == 201, r.text
+    made = r.json()
+    assert len(made["run_ids"]) == 2 and made["on_complete"] and made["on_success"]
+    r = await api.req("GET", f"/v1/batches/{made['id']}", "operator-in")
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert (got["name"], got["total"], got["counts"], got["settled_at"]) == ("nightly", 2, {"PENDING": 2}, None)
+    assert got["on_complete"] == {"id": made["on_complete"], "status": "BLOCKED", "reason": None}
+    # audited in the batch's transaction, with the token that submitted it
+    pool = client.stores.db.pool
+    assert pool is not None
+    row = await pool.fetchrow("SELECT actor, queue FROM audit_log WHERE action = 'batch_submitted' AND target = $1",
+                              made["id"])
+    assert row is not None and row["actor"].startswith(f"token:{api.id('producer-in')}@") and row["queue"] == Q
+    # one member fails for good (cancelled): the batch settles, on_complete is released, on_success cancelled
+    await client.cancel(made["run_ids"][0], reason="test")
+    await api.req("POST", f"/v1/runs/{made['run_ids'][1]}/cancel", "admin", json={"reason": "test"})
+    await record_all(client.stores)
+    got = (await api.req("GET", f"/v1/batches/{made['id']}", "operator-in")).json()
+    assert got["counts"] == {"CANCELLED": 2} and got["settled_at"] is not None
+    assert got["on_complete"]["status"] == "PENDING"
+    assert got["on_success"] == {"id": made["on_success"], "status": "CANCELLED", "reason": "batch_failed"}
+
+
+async def test_scope_decides_who_creates_and_reads_a_batch(api: Api, client: Client) -> None:
+    batches = "SELECT count(*) FROM batches"
+    runs = "SELECT count(*) FROM runs"
+    before = (await _count(client, batches), await _count(client, runs))
+    # a callback outside the producer's queue: refused, nothing written
+    body = _body(on_complete={"handler": "t.echo", "queue": "other"})
+    r = await api.req("POST", "/v1/batches", "producer-in", json=body)
+    assert r.status_code == 403, r.text
+    assert (await _count(client, batches), await _count(client, runs)) == before
+    # a batch spanning both queues (made by an unscoped admin) is unknown to tokens of either queue
+    r = await api.req("POST", "/v1/batches", "admin", json=body)
+    assert r.status_code == 201, r.text
+    mixed = r.json()["id"]
+    hidden = [await api.req("GET", f"/v1/batches/{mixed}", who) for who in ("operator-in", "operator-out")]
+    missing = await api.req("GET", f"/v1/batches/{uuid.uuid4()}", "operator-in")
+    assert {h.status_code for h in hidden} == {missing.status_code} == {404}
+    assert set(hidden[0].json()) == set(missing.json()) and "queue" not in hidden[0].text
+    assert (await api.req("GET", f"/v1/batches/{mixed}", "admin")).json()["total"] == 2
+    # producers submit; reading is for operators and admins (as for workflows)
+    assert (await api.req("GET", f"/v1/batches/{mixed}", "producer-in")).status_code == 403
+
+
+@pytest.mark.parametrize(("change", "status", "field"), [
+    ({"runs": []}, 422, "runs"),
+    ({"on_complete": None, "on_success": None}, 422, "on_complete"),
+    ({"name": "n\u001b[31m"}, 422, "name"),
+    ({"runs": [{"handler": "t.echo", "idempotency_key": "k"}]}, 422, "idempotency_key"),
+    ({"on_success": {"handler": "t.echo", "delay": 5}}, 422, "on_complete"),
+    ({"runs": [{"handler": "t.echo", "args": [i]} for i in range(6)]}, 413, "runs"),
+    ({"runs": [{"handler": "t.nope"}]}, 422, None),
+    ({"surprise": 1}, 422, "surprise"),
+])
+async def test_bad_batches_are_refused_naming_the_field_and_write_nothing(api: Api, client: Client,
+                                                                          change: dict[str, Any], status: int,
+                                                                          field: str | None) -> None:
+    before = (await _count(client, "SELECT count(*) FROM batches"), await _count(client, "SELECT count(*) FROM runs"),
+              await _count(client, "SELECT count(*) FROM audit_log"))
+    r = await api.req("POST", "/v1/batches", "admin", json=_body(**change))
+    assert r.status_code == status, r.text
+    if field is not None:
+        assert r.json().get("field") == field, r.text
+    after = (await _count(client, "SELECT count(*) FROM batches"), await _count(client, "SELECT count(*) FROM runs"),
+             await _count(client, "SELECT count(*) FROM audit_log"))
+    assert after == before
+
+
+async def test_an_idempotency_key_header_and_a_malformed_id_are_refused(api: Api) -> None:
+    r = await api.req("POST", "/v1/batches", "admin", json=_body(), headers={"Idempotency-Key": "k1"})
+    assert r.status_code == 422 and r.json()["field"] == "Idempotency-Key", r.text
+    r = await api.req("GET", "/v1/batches/not-a-uuid", "admin")
+    assert r.status_code == 422 and r.json()["field"] == "batch_id", r.text
