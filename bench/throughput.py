@@ -53,6 +53,11 @@ from typing import Any, Self
 import asyncpg
 from redis.asyncio import Redis
 
+try:
+    import uvloop
+except ImportError:  # the default loop
+    uvloop = None  # type: ignore[assignment]
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -451,7 +456,9 @@ def case(a: argparse.Namespace, system: str, mode: str, workers: int = 2, rate: 
     if system == "fencepost":
         coro = {"drain": lambda: fp_drain(a, workers), "single": lambda: fp_single(a),
                 "open": lambda: fp_open_loop(a, rate), "spike": lambda: fp_spike(a), "kill": lambda: fp_kill(a)}[mode]
-        return asyncio.run(coro())
+        # the harness's own Fencepost client (bulk and single submits, the open-loop producer) on uvloop,
+        # as the peers' clients are (bench/peers/run_peer.py) and as Fencepost's services are
+        return (uvloop.run if uvloop is not None else asyncio.run)(coro())
     if system == REF:
         return run_ref(a, mode, workers, rate)
     if mode == "drain":
@@ -490,7 +497,7 @@ def drain_table(a: argparse.Namespace) -> None:
     results: list[dict[str, Any]] = []
     for rep in range(a.repeats):
         for system in systems:
-            for w in a.workers:
+            for w in a.workers if a.jobs else ():  # --jobs 0: sequential single submits only
                 r = case(a, system, "drain", w)
                 r.update(repeat=rep, workers=w, system=system)
                 results.append(r)
@@ -545,6 +552,10 @@ def print_drain(a: argparse.Namespace, systems: list[str], results: list[dict[st
                 cells.append(f"x{f / v:.2f}" if not (math.isnan(f) or math.isnan(v)) and v else "-")
         print(f"{label:34}" + "".join(f"{c:>15}" for c in cells))
 
+    if not a.jobs:
+        if a.single and not a.noop:
+            row(f"single submit/s ({a.single:,} sequential)", "single_per_s")
+        return
     for w in a.workers:
         row(f"drain jobs/s, {w} worker{'s' if w > 1 else ''}", "drain_per_s", w)
     for w in a.workers:
@@ -704,7 +715,7 @@ def private_redis() -> tuple[subprocess.Popen[bytes], int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=20_000)
+    ap.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (0: no drain, single submits only)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=(*SYSTEMS, "arq", REF))

@@ -177,31 +177,54 @@ class _Coalescer:
     """Group commit for `Client.submit`: concurrent single submits of one client process become
     one insert_runs statement and one enqueue_runs call per queue.
 
-    A submit joins the pending list; a flush starts at the end of the current event-loop turn
-    (plus `Client.coalesce_window` seconds when set), and while `Client.parallel` flushes are in
-    flight new submits accumulate, so batches grow with load and an idle client pays one loop
-    turn. Each caller still returns only after PostgreSQL committed its run. Flushes run as
-    tasks of their own: a caller giving up never cancels its neighbours' commit."""
+    A lone submit (nothing pending, no flush in flight) goes straight out from its caller's own
+    task: one statement and one Lua call, no timer, no extra event-loop turn, no task. A submit
+    made while another is in flight joins the pending list; a flush starts at the end of the
+    current event-loop turn (plus `Client.coalesce_window` seconds when set), and while
+    `Client.parallel` flushes (the lone one included) are in flight new submits accumulate, so
+    batches grow with load. Each caller still returns only after PostgreSQL committed its run.
+    Batched flushes run as tasks of their own: a caller giving up never cancels its neighbours'
+    commit (a lone caller has no neighbours; if it is cancelled after the commit, the reconciler's
+    drift repair enqueues its run)."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self.pending: list[_Pending] = []
         self.inflight: set[asyncio.Task[None]] = set()
         self.scheduled = False
+        self.direct = 0
+        """Lone submits in flight from their callers' own tasks (they count against `parallel`)."""
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def submit(self, req: Submit) -> int:
         loop = asyncio.get_running_loop()
         if loop is not self.loop:  # a new event loop (asyncio.run again): nothing of the old one survives
-            self.loop, self.pending, self.inflight, self.scheduled = loop, [], set(), False
+            self.loop, self.pending, self.inflight, self.scheduled, self.direct = loop, [], set(), False, 0
         row = (await self.client._prepare([req], outbox=False))[0]  # bad input fails this caller only
+        if not self.pending and not self.inflight and not self.direct:
+            return await self._lone(req, row)
         fut: asyncio.Future[int] = loop.create_future()
         self.pending.append(_Pending(req, row, fut))
         self._schedule()
         return await fut
 
+    async def _lone(self, req: Submit, row: RunRow) -> int:
+        """A submit with nothing to coalesce with goes straight out; submits arriving meanwhile
+        accumulate behind it (it counts as a flush in flight)."""
+        client = self.client
+        self.direct += 1
+        try:
+            ids, created, new_queues = await client._insert([req], [row], None)
+            await client._stamp_new_queues(new_queues)
+            await client._enqueue(created, ids, [row])
+            return ids[0]
+        finally:
+            self.direct -= 1
+            if self.pending:
+                self._schedule()
+
     def _schedule(self) -> None:
-        if self.scheduled or not self.pending or len(self.inflight) >= self.client.parallel:
+        if self.scheduled or not self.pending or len(self.inflight) + self.direct >= self.client.parallel:
             return
         self.scheduled = True
         assert self.loop is not None
@@ -213,7 +236,7 @@ class _Coalescer:
 
     def _start(self) -> None:
         self.scheduled = False
-        while self.pending and len(self.inflight) < self.client.parallel:
+        while self.pending and len(self.inflight) + self.direct < self.client.parallel:
             batch = [p for p in self.pending[:self.client.chunk] if not p.fut.done()]  # done: the caller gave up
             del self.pending[:self.client.chunk]
             if batch:
@@ -253,13 +276,13 @@ class _Coalescer:
 
     async def drain(self) -> None:
         """Flush what is pending and wait for every flush in flight (close)."""
-        while self.pending or self.inflight:
+        while self.pending or self.inflight or self.direct:
             if self.pending and not self.scheduled:
                 self._start()
             if self.inflight:
                 await asyncio.gather(*self.inflight, return_exceptions=True)
             else:
-                await asyncio.sleep(0)
+                await asyncio.sleep(0.001 if self.direct else 0)  # a lone submit finishes in its caller's task
 
 
 class Client(ControlMixin, WorkflowMixin):

@@ -64,17 +64,32 @@ async def test_a_single_submit_is_one_statement_and_one_redis_call(client: Clien
     assert dict(traffic.redis) == {"EVALSHA": 5}
 
 
-async def test_concurrent_submits_are_one_statement_and_one_lua_call(client: Client, monkeypatch) -> None:
+async def test_a_lone_submit_goes_straight_out(client: Client, monkeypatch) -> None:
+    """Nothing in flight: the submit is sent from its caller's task, with no flush scheduled (no
+    timer, no extra event-loop turn, no task of its own)."""
     await client.submit("t.echo", 0)
+
+    def scheduled() -> None:
+        raise AssertionError("a lone submit scheduled a flush")
+
+    monkeypatch.setattr(client._coalescer, "_schedule", scheduled)
+    for i in range(3):
+        assert await client.submit("t.echo", i) > 0
+    assert not client._coalescer.inflight and not client._coalescer.pending
+
+
+async def test_concurrent_submits_are_one_statement_and_one_lua_call(client: Client, monkeypatch) -> None:
+    await asyncio.gather(*(client.submit("t.echo", 0) for _ in range(3)))  # warm two connections: lone + batch
     traffic = await Traffic().watch(client, monkeypatch)
     ids = await asyncio.gather(*(client.submit("t.echo", f"v{i}:") for i in range(200)))
     assert len(set(ids)) == 200
-    # before: 200 statements (and 200 resets) and 200 Lua calls
-    assert traffic.inserts() == 1 and len(traffic.sql) == 1, traffic.sql
-    assert dict(traffic.redis) == {"EVALSHA": 1}
-    assert await _runs(client) == 201
+    # before: 200 statements (and 200 resets) and 200 Lua calls. The first submit finds nothing in
+    # flight and goes straight out alone; the other 199 accumulate behind it and go as one batch.
+    assert traffic.inserts() == 2 and len(traffic.sql) == 2, traffic.sql
+    assert dict(traffic.redis) == {"EVALSHA": 2}
+    assert await _runs(client) == 203
     keys = client.stores.keys("tq")
-    assert await client.stores.redis.zcard(keys.due) == 201
+    assert await client.stores.redis.zcard(keys.due) == 203
     # each caller got its own run: its arguments went with the id returned to it
     rows = await client.stores.db.pool.fetch(  # type: ignore[union-attr]
         "SELECT id, payload FROM runs WHERE id = ANY($1::bigint[])", list(ids))
