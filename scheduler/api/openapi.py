@@ -38,7 +38,7 @@ def spec() -> dict[str, Any]:
     for r in ROUTES:
         if r.body is not None:
             types.append(r.body)
-        if r.response not in (None, "text", "object"):
+        if r.response not in (None, "text", "object", "event-stream"):
             types.append(r.response)
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
     by_type = dict(zip(types, schemas))
@@ -87,6 +87,8 @@ def spec() -> dict[str, Any]:
             ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
         elif r.response == "object":
             ok["content"] = {"application/json": {"schema": {"type": "object"}}}
+        elif r.response == "event-stream":  # Server-Sent Events: each message's data is an Event (fencepost.api.stream)
+            ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
         elif r.response is not None:
             ok["content"] = {"application/json": {"schema": by_type[r.response]}}
         responses: dict[str, Any] = {str(r.status): ok}

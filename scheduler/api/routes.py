@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from fencepost.api import schemas as S
+from fencepost.api import stream
 from fencepost.api.auth import Principal, create_token, revoke_token
 from fencepost.api.metrics import LATENCY, REFUSED, REQUESTS
 from fencepost.api.problems import (
@@ -374,6 +375,25 @@ async def fleet_events(ctx: Ctx) -> Any:
     rows = await ctx.client.stores.db.fetch("api_events_scoped", since, ctx.q("type"), ctx.q_queue(),
                                             ctx.q_int("limit", 100, 1, 1000), ctx.p.scope)
     return [_row(r, S.Event) for r in rows]
+
+
+async def fleet_events_stream(ctx: Ctx) -> Any:
+    """GET /v1/events live (Server-Sent Events, fencepost.api.stream): what is recorded from now on,
+    filtered as /v1/events filters (type, queue, the token's scope), until `duration` seconds passed
+    or the token stops being valid."""
+    kind, queue = _q_text(ctx, "type"), ctx.q_queue()
+    duration = ctx.q_int("duration", 300, 0, 3600)
+    p, request, tokens = ctx.p, ctx.request, ctx.api.tokens
+
+    def accept(item: stream.Item) -> bool:
+        seen = p.in_scope(item.queue) if item.queue is not None else not p.queues
+        return seen and queue in (None, item.queue) and kind in (None, item.type)
+
+    async def recheck() -> None:
+        await tokens.authenticate(request.headers.get("authorization"), _addr(request))
+
+    hub = stream.hub_for(request.app.state, ctx.client.stores.db)
+    return stream.sse_response(hub, accept, duration_s=duration, recheck=recheck)
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -865,6 +885,11 @@ ROUTES: list[RouteSpec] = [
     RouteSpec("GET", "/v1/events", fleet_events, "Fleet history", roles=READ, response=list[S.Event],
               params=[("since", "string", None, "ISO 8601 (default: an hour ago)"),
                       ("type", "string", None, "Only this event type"), _QUEUE, _LIMIT]),
+    RouteSpec("GET", "/v1/events/stream", fleet_events_stream,
+              "Fleet history as it is recorded (Server-Sent Events; data: an Event, as /v1/events)", roles=READ,
+              response="event-stream", params=[("type", "string", None, "Only this event type"), _QUEUE,
+                                               ("duration", "integer", 300,
+                                                "Seconds until the server ends the stream (0-3600; clients reconnect)")]),
     RouteSpec("GET", "/v1/queues", list_queues, "Queues: depth, oldest age, schedule lag, throughput", roles=READ,
               response=list[S.QueueStats], params=[("window", "integer", 300, "Seconds of history for rates")],
               tag="queues"),
