@@ -187,6 +187,9 @@ class ApiClient:
         return self.request("POST", f"/v1/workflows/{self._name(workflow_id)}/retry",
                             {"recompute": list(recompute), "reason": reason})["done"]
 
+    def batch(self, batch_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/batches/{self._name(batch_id)}")
+
     # -- operator ------------------------------------------------------------------------------
     def command(self, verb: str, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
         body: dict[str, Any] = {"reason": reason}

@@ -236,6 +236,7 @@ class WorkflowMixin:
         async def resume(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str: ...
         async def restart(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str: ...
         async def retry(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str: ...
+        async def get(self, run_id: int) -> dict[str, Any]: ...
 
     async def submit_workflow(self, nodes: Sequence[Node], *, name: str | None = None,
                               trace: str | None = None) -> uuid.UUID:
@@ -320,13 +321,28 @@ class WorkflowMixin:
 
     async def batch(self, batch_id: uuid.UUID | str) -> dict[str, Any]:
         """A batch: callbacks, settled_at (None while members run) and each member's status."""
-        bid = _uuid(batch_id)
+        bid = _uuid(batch_id, "batch")
         row = await self.stores.db.fetchrow("batch_get", bid)
         if row is None:
             raise UnknownBatch(batch_id)
         out = dict(row)
         out["members"] = [{"run_id": r, "status": st} for r, st in zip(out.pop("run_ids"), out.pop("statuses"))]
         return out
+
+    async def batch_view(self, batch_id: uuid.UUID | str) -> dict[str, Any]:
+        """A batch as `batch show` and the API show it: its members counted by state (total, counts), when
+        it settled, and each callback's run id, status and reason (None: not declared)."""
+        batch = await self.batch(batch_id)
+        counts: dict[str, int] = {}
+        for m in batch["members"]:
+            counts[m["status"]] = counts.get(m["status"], 0) + 1
+        callbacks: dict[str, dict[str, Any] | None] = {}
+        for kind in ("on_complete", "on_success"):
+            run = None if batch[kind] is None else await self.get(batch[kind])
+            callbacks[kind] = None if run is None else {"id": run["id"], "status": run["status"],
+                                                        "reason": run.get("reason")}
+        return {"id": batch["id"], "name": batch["name"], "created_at": batch["created_at"],
+                "settled_at": batch["settled_at"], "total": len(batch["members"]), "counts": counts, **callbacks}
 
     async def workflow(self, workflow_id: uuid.UUID | str) -> dict[str, Any]:
         """The workflow and its current nodes (name, run id, status, upstream names)."""
@@ -453,10 +469,10 @@ class WorkflowMixin:
         return {"recomputed": sorted(sub)}
 
 
-def _uuid(v: uuid.UUID | str) -> uuid.UUID:
+def _uuid(v: uuid.UUID | str, what: str = "workflow") -> uuid.UUID:
     if isinstance(v, uuid.UUID):
         return v
     try:
         return uuid.UUID(str(v))
     except ValueError:
-        raise InvalidInput(f"{v!r} is not a workflow id (a UUID)", field="workflow_id") from None
+        raise InvalidInput(f"{v!r} is not a {what} id (a UUID)", field=f"{what}_id") from None

@@ -5,17 +5,23 @@ and callbacks are all in its queues; bad input is a 4xx naming the field and wri
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from fencepost.api import ApiConfig
+from fencepost.api import ApiConfig, create_app
+from fencepost.api.auth import create_token
 from fencepost.client import Client
 from fencepost.core.config import Settings
-from tests.conftest import record_all
-from tests.test_api import Api, _make_api
+from fencepost.core.models import Submit
+from tests.conftest import ROOT, record_all, worker_env
+from tests.test_api import Api, _make_api, serve_in_thread
+from tests.test_cli_api import Cli
 
 Q = "tq"
 
@@ -119,3 +125,32 @@ async def test_an_idempotency_key_header_and_a_malformed_id_are_refused(api: Api
     assert r.status_code == 422 and r.json()["field"] == "Idempotency-Key", r.text
     r = await api.req("GET", "/v1/batches/not-a-uuid", "admin")
     assert r.status_code == 422 and r.json()["field"] == "batch_id", r.text
+
+
+@pytest.fixture
+async def cli(settings: Settings, client: Client) -> AsyncIterator[Cli]:
+    _, admin = await create_token(client.stores.db, "admin", [], "cli-admin", "test")
+    _, operator = await create_token(client.stores.db, "operator", [], "cli-operator", "test")
+    with serve_in_thread(create_app(settings, ApiConfig(token_cache_s=0, rate_limit=0))) as url:
+        yield Cli(url, admin, operator, settings)
+
+
+async def test_batch_show_on_the_stores_and_over_the_api(cli: Cli, client: Client) -> None:
+    b = await client.submit_batch([Submit(handler="t.echo", args=(i,)) for i in range(3)], name="nightly",
+                                  on_complete=Submit(handler="t.echo", args=("done",)),
+                                  on_success=Submit(handler="t.echo", args=("ok",)))
+    shown = cli.same("batch", "show", str(b.id), token=cli.operator)
+    assert shown == (f"batch {b.id} (nightly): 3 runs, 3 PENDING; not settled (members still running)\n"
+                     f"  on_complete run {b.on_complete}  BLOCKED\n  on_success  run {b.on_success}  BLOCKED\n")
+    for rid in b.run_ids:
+        await client.cancel(rid, reason="test")
+    await record_all(client.stores)
+    shown = cli.same("batch", "show", str(b.id))
+    assert "3 runs, 3 CANCELLED; settled 20" in shown and f"run {b.on_success}  CANCELLED (batch_failed)" in shown
+    assert json.loads(cli.ok("batch", "show", str(b.id), "--json"))["counts"] == {"CANCELLED": 3}
+    for args in (("batch", "show", str(uuid.uuid4())), ("batch", "show", "nope")):
+        out = cli.api(*args)
+        assert out.returncode == 1 and out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
+        direct = subprocess.run([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, capture_output=True,
+                                text=True, timeout=60, env=worker_env(cli.settings))
+        assert direct.returncode == 1 and direct.stderr.startswith("error: ") and direct.stderr.count("\n") == 1

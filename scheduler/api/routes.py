@@ -652,24 +652,13 @@ async def get_batch(ctx: Ctx) -> Any:
         bid = uuid.UUID(raw)
     except ValueError:
         raise InvalidInput(f"batch id must be a UUID, not {raw!r}", field="batch_id") from None
+    queues = await ctx.client.stores.db.fetchval("api_batch_queues", bid)
     try:
-        batch = await ctx.client.batch(bid)
+        if not all(ctx.p.in_scope(q) for q in queues or ()):
+            raise UnknownBatch(bid)
+        return msgspec.convert(await ctx.client.batch_view(bid), S.Batch)
     except UnknownBatch:
         raise NotFound(f"no batch with id {bid}", batch_id=str(bid)) from None
-    queues = await ctx.client.stores.db.fetchval("api_batch_queues", bid)
-    if not all(ctx.p.in_scope(q) for q in queues or ()):
-        raise NotFound(f"no batch with id {bid}", batch_id=str(bid))
-    counts: dict[str, int] = {}
-    for m in batch["members"]:
-        counts[m["status"]] = counts.get(m["status"], 0) + 1
-    callbacks: dict[str, S.BatchCallback | None] = {}
-    for kind in ("on_complete", "on_success"):
-        cb = batch[kind]
-        run = None if cb is None else await ctx.client.get(cb)
-        callbacks[kind] = None if run is None else S.BatchCallback(id=run["id"], status=run["status"],
-                                                                    reason=run.get("reason"))
-    return S.Batch(id=bid, name=batch["name"], created_at=batch["created_at"], settled_at=batch["settled_at"],
-                   total=len(batch["members"]), counts=counts, **callbacks)
 
 
 # -- tokens ------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import click
 from fencepost import __version__
 from fencepost.cli.api import api
 from fencepost.cli.audit import audit
+from fencepost.cli.batch import batch
 from fencepost.cli.common import RootGroup
 from fencepost.cli.control import RUN_COMMANDS
 from fencepost.cli.dev import dev, with_embedded_default
@@ -60,7 +61,7 @@ def cli(ctx: click.Context, redis_url: str | None, database_url: str | None, pre
 
 COMMANDS: list[click.Command] = [
     submit, status, ls, events, dlq, *RUN_COMMANDS, queue, review,  # runs and the operator's commands
-    schedule, trigger, workflow,
+    schedule, trigger, workflow, batch,
     worker, reconciler, db, demo, api, dev,  # services
     reconcile, retention, scale_hint, token, audit, loadtest, workers,  # operations
 ]
