@@ -366,10 +366,26 @@ async def test_dashboard_operates_a_fleet(settings: Settings, client: Client, st
                         await expect(page.locator("#chart-runtime circle").first).to_be_attached()
                         await page.screenshot(path=str(ARTIFACTS / "dashboard-charts.png"), full_page=True)
 
-                        # fleet events and the audit log
+                        # fleet events, live from the event stream, and the audit log
+                        asked: list[str] = []
+                        page.on("request", lambda r: asked.append(r.url))
                         await page.click("a[href='#/events']")
+                        await expect(page.locator("#events-live")).to_have_attribute("data-live", "stream")
                         await expect(page.locator("#audit-table")).to_contain_text("fixed the validation bug")
                         await page.screenshot(path=str(ARTIFACTS / "dashboard-events.png"), full_page=True)
+                        await refreshes(1)
+                        listed = [u for u in asked if "/v1/events?" in u]  # the first render's, and once when ready
+                        await refreshes(2)
+                        assert [u for u in asked if "/v1/events?" in u] == listed, "no list fetched every 2 s"
+                        fresh = await client.submit("t.noop", delay=3600)  # its `submitted` event: straight to PostgreSQL
+                        await expect(page.locator(f"#fleet-events-table a[href='#/run/{fresh}']")).to_be_visible()
+                        assert [u for u in asked if "/v1/events?" in u] == listed, "it came by the stream"
+                        await page.fill("#events-filter input[name=type]", "cancelled")  # a filter: a new stream
+                        await expect(page.locator("#fleet-events-table tbody tr").first).to_contain_text("cancelled")
+                        await expect(page.locator("#events-live")).to_have_attribute("data-live", "stream")
+                        await client.cancel(fresh, reason="live")
+                        await expect(page.locator(f"#fleet-events-table a[href='#/run/{fresh}']")).to_be_visible()
+                        assert sum("/v1/events/stream?type=cancelled" in u for u in asked) == 1
 
                         # the worker, live, asked to drain and stop
                         await page.click("a[href='#/workers']")
@@ -401,6 +417,41 @@ async def test_dashboard_operates_a_fleet(settings: Settings, client: Client, st
     assert (edited["cron"], edited["interval_s"]) == (None, 45)
     audit = await client.stores.db.fetch("audit_list", None, None, None, None, 100, None, None)
     assert [a["reason"] for a in audit if a["action"] == "schedule_updated"] == ["every 45 s", "the report at night"]
+
+
+async def test_events_view_polls_when_the_stream_is_unavailable(settings: Settings, client: Client) -> None:
+    """The live view's fallback: with GET /v1/events/stream refused (an older API, a proxy that buffers
+    or cuts streams), the events view says so and refreshes by the 2 s poll; new events still appear."""
+    chromium = need_tool(CHROMIUM)
+    from playwright.async_api import Route, async_playwright, expect
+
+    _, secret = await create_token(client.stores.db, "operator", [], "poll-op", "test")
+    app = create_app(settings, ApiConfig(token_cache_s=1, rate_limit=0))
+    errors: list[str] = []
+    with serve_in_thread(app) as base:
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
+            try:
+                page = await browser.new_page()
+                page.set_default_timeout(30_000)
+                page.on("pageerror", lambda e: errors.append(str(e)))
+
+                async def refuse(route: Route) -> None:
+                    await route.fulfill(status=503, content_type="application/problem+json", body="{}")
+
+                await page.route("**/v1/events/stream*", refuse)
+                await page.goto(f"{base}/")
+                await page.fill("#token", secret)
+                await page.click("#login")
+                await page.click("a[href='#/events']")
+                live = page.locator("#events-live")
+                await expect(live).to_have_attribute("data-live", "poll")
+                await expect(live).to_contain_text("live stream: HTTP 503")
+                rid = await client.submit("t.noop", delay=3600)
+                await expect(page.locator(f"#fleet-events-table a[href='#/run/{rid}']")).to_be_visible()
+            finally:
+                await browser.close()
+    assert not errors, errors
 
 
 async def test_charts_come_from_a_rollup_counted_once(settings: Settings, client: Client, stores: Stores) -> None:

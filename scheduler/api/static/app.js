@@ -1,5 +1,6 @@
 // Fencepost dashboard: plain JavaScript, no build step. Talks to the same API as everyone
-// else (/v1/...) with the token kept in sessionStorage. Views refresh by polling, and a refresh
+// else (/v1/...) with the token kept in sessionStorage. Views refresh by polling (the events view
+// by the live stream GET /v1/events/stream while it is up, the poll otherwise), and a refresh
 // never takes what the operator is doing away: forms marked data-keep survive it (typed text,
 // selections, focus), open tracebacks stay open, selected rows stay selected; filters live in
 // the URL so a view can be shared and survives a reload.
@@ -152,6 +153,7 @@ function logout() {
   sessionStorage.removeItem(TOKEN_KEY);
   me = null;
   clearInterval(pollTimer);
+  stopLive();
   $("nav").hidden = $("view").hidden = $("logout").hidden = true;
   $("login-view").hidden = false;
   $("who").textContent = "";
@@ -393,16 +395,28 @@ const views = {
     return out;
   },
 
+  // The fleet's history: live from the event stream while it is up (the list is loaded once when the stream
+  // is ready or reports a gap, then every event recorded is added as it comes), from the 2 s poll otherwise.
   async events(params) {
-    const q = new URLSearchParams({ limit: "200" });
+    const q = new URLSearchParams();
     for (const k of ["type", "queue"]) if (params.get(k)) q.set(k, params.get(k));
+    liveEvents(q.toString());
     const aq = new URLSearchParams({ limit: "100" });
     for (const k of ["actor", "queue"]) if (params.get(k)) aq.set(k, params.get(k));
-    const [events, audit] = await Promise.all([api("GET", `/v1/events?${q}`), api("GET", `/v1/audit?${aq}`)]);
+    const list = () => api("GET", `/v1/events?${new URLSearchParams({ limit: "200", ...Object.fromEntries(q) })}`);
+    let events;
+    if (live.status === "live") {
+      if (live.reload) { live.reload = false; live.merge(await list(), true); }
+      events = live.events;
+    } else events = await list();
+    const audit = await api("GET", `/v1/audit?${aq}`);
     const actor = params.get("actor");
     const shown = actor ? events.filter((e) => (e.actor || "").startsWith(actor)) : events;
     return [el("h1", {}, "Fleet events"), filterForm("events-filter", "events", params,
       [["type", "event type"], ["queue", "queue"], ["actor", "actor"]]),
+    el("p", { id: "events-live", class: "muted", "data-live": live.status === "live" ? "stream" : "poll" },
+      live.status === "live" ? "Live: events appear as they are recorded." :
+        `Refreshing every ${POLL_MS / 1000} s${live.why ? ` (live stream: ${live.why})` : ""}.`),
     table([["At", (e) => fmtTime(e.at)], ["Event", (e) => e.type], ["Run", (e) => e.run_id ? runLink(e.run_id) : ""],
       ["Queue", (e) => e.queue || ""], ["Handler", (e) => e.handler || ""],
       ["Transition", (e) => e.from_status || e.to_status ? `${e.from_status || "·"} → ${e.to_status || "·"}` : ""],
@@ -819,6 +833,95 @@ async function changeDispatch(queue, form) {
   await render();
 }
 
+// -- the live event stream ------------------------------------------------------------------
+// GET /v1/events/stream read with fetch (so the token goes in the Authorization header, never in a URL)
+// and parsed as Server-Sent Events. One stream at a time, for the events view's type / queue filter;
+// it is closed when the view is left or the filter changes. When it fails or ends it is reopened
+// after a pause (growing to 30 s); meanwhile the view polls.
+const EVENTS_KEPT = 500;
+const live = {
+  key: null, controller: null, status: "off", why: "", reload: false, retry: null, delay: 2000, events: [], ids: new Set(),
+  merge(rows, replace) {
+    if (replace) { this.events = []; this.ids = new Set(); }
+    for (const e of rows) if (!this.ids.has(e.id)) { this.ids.add(e.id); this.events.push({ ...e, t: Date.parse(e.at) }); }
+    this.events.sort((a, b) => b.t - a.t || b.id - a.id);  // as GET /v1/events orders them: newest first
+    if (this.events.length > EVENTS_KEPT) {
+      for (const e of this.events.splice(EVENTS_KEPT)) this.ids.delete(e.id);
+    }
+  },
+};
+let liveRender = null;
+
+function liveEvents(key) {
+  if (live.key === key && (live.controller || live.retry)) return;
+  stopLive();
+  live.key = key;
+  openLive(key);
+}
+
+function stopLive() {
+  if (live.controller) live.controller.abort();
+  clearTimeout(live.retry);
+  Object.assign(live, { key: null, controller: null, retry: null, status: "off", why: "", events: [], ids: new Set() });
+}
+
+function soon() {  // a render shortly, once for a burst of events
+  if (!liveRender) liveRender = setTimeout(() => { liveRender = null; render(); }, 150);
+}
+
+async function openLive(key) {
+  const ctl = new AbortController();
+  live.controller = ctl;
+  live.status = "connecting";
+  let why = "closed";
+  try {
+    const resp = await fetch(`/v1/events/stream${key ? "?" + key : ""}`, { signal: ctl.signal,
+      headers: { Authorization: `Bearer ${sessionStorage.getItem(TOKEN_KEY) || ""}`, Accept: "text/event-stream" } });
+    if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+    const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += value.replace(/\r\n?/g, "\n");
+      let cut;
+      while ((cut = buf.indexOf("\n\n")) >= 0) {
+        const msg = { event: "message", data: "" };
+        for (const line of buf.slice(0, cut).split("\n")) {
+          if (!line || line.startsWith(":")) continue;
+          const at = line.indexOf(":");
+          const field = at < 0 ? line : line.slice(0, at), value = at < 0 ? "" : line.slice(at + 1).replace(/^ /, "");
+          if (field === "data") msg.data += (msg.data ? "\n" : "") + value; else msg[field] = value;
+        }
+        buf = buf.slice(cut + 2);
+        if (live.controller !== ctl) return;
+        onLive(msg);
+        if (msg.event === "end") why = JSON.parse(msg.data || "{}").reason || "ended";
+      }
+    }
+  } catch (e) {
+    if (ctl.signal.aborted) return;
+    why = e.message;
+  }
+  if (live.controller !== ctl) return;
+  const again = why === "duration";  // the server's regular end: straight back
+  Object.assign(live, { controller: null, status: "off", why: again ? "" : why });
+  live.retry = setTimeout(() => { live.retry = null; if (live.key === key) openLive(key); }, again ? 0 : live.delay);
+  live.delay = again ? live.delay : Math.min(live.delay * 2, 30000);
+  soon();
+}
+
+function onLive(msg) {
+  if (msg.event === "ready") {  // subscribed: everything recorded from now on comes; load what came before
+    Object.assign(live, { status: "live", why: "", reload: true, delay: 2000 });
+  } else if (msg.event === "fleet") {
+    live.merge([JSON.parse(msg.data)]);
+  } else if (msg.event === "gap") {
+    live.reload = true;
+  } else return;
+  soon();
+}
+
 // -- routing and polling ---------------------------------------------------------------------
 let rendering = false, again = false;
 async function render() {
@@ -830,6 +933,7 @@ async function render() {
     const [path, query] = (location.hash.slice(2) || "queues").split("?");
     const [name, id] = path.split("/");
     const view = views[name] || views.queues;
+    if (name !== "events" && live.key !== null) stopLive();
     document.querySelectorAll("#nav a").forEach((a) => {
       const here = a.getAttribute("href") === `#/${name}`;
       a.classList.toggle("active", here);
