@@ -1,5 +1,5 @@
 """Fleet-wide gauges the reconciler publishes (queue depth and age, dead-letter and review
-queues, retry budgets, recorder lag) and the stuck-run detector behind the SLA alerts.
+queues, retry budgets, rate limits, recorder lag) and the stuck-run detector behind the SLA alerts.
 
 Bounded labels only: queue, priority band, state, reason.
 """
@@ -12,6 +12,7 @@ import time
 from prometheus_client import Counter, Gauge, Histogram
 
 from fencepost.core.fairness import due_summary
+from fencepost.core.rates import parse_stored
 from fencepost.core.stores import Stores
 
 log = logging.getLogger("fencepost.reconciler")
@@ -27,6 +28,10 @@ STUCK = Gauge("fencepost_stuck_runs", "Runs in RUNNING / STOPPING / PAUSED beyon
 STUCK_EVENTS = Counter("fencepost_stuck_detected_total", "Runs newly found stuck beyond their SLA", ["queue", "state"])
 BUDGET_EXHAUSTED = Gauge("fencepost_retry_budget_exhausted", "Retries delayed by the queue's retry budget (counter in Redis)",
                          ["queue"])
+RATE_DEFERRED = Gauge("fencepost_rate_deferred", "Starts a proactive rate limit deferred: runs held for their rate key's "
+                      "window, and claims the queue's window refused (counter in Redis)", ["queue"])
+RATE_HELD = Gauge("fencepost_rate_held_runs", "Due runs held until their rate key's window frees", ["queue"])
+RATE_WINDOW_USED = Gauge("fencepost_rate_window_used", "Starts in the queue-wide rate window now (of its limit)", ["queue"])
 STALE_FINISH = Gauge("fencepost_stale_finishes", "Finishes refused for a stale token (counter in Redis)", ["queue"])
 RECORDER_LAG = Gauge("fencepost_recorder_lag_seconds", "Age of the newest transition the recorder committed when it did")
 POISON = Counter("fencepost_recorder_poison_total",
@@ -62,9 +67,11 @@ class Gauges:
             pipe = r.pipeline(transaction=False)
             pipe.zcard(k.delayed)
             pipe.zcard(k.active)
-            pipe.hmget(k.stats, "budget_exhausted", "stale_finish")
+            pipe.hmget(k.stats, "budget_exhausted", "stale_finish", "rate_limited")
             pipe.srandmember(k.heldkeys, MAX_TENANTS)
-            delayed, active, stats, held_keys = await pipe.execute()
+            pipe.zrange(k.rwait, 0, MAX_TENANTS - 1)
+            pipe.hget(k.config, "rate")
+            delayed, active, stats, held_keys, rate_keys, qrate = await pipe.execute()
             held = 0
             if held_keys:
                 pipe = r.pipeline(transaction=False)
@@ -72,6 +79,7 @@ class Gauges:
                     pipe.zcard(k.held(key.decode()))
                 held = sum(await pipe.execute())
             HELD.labels(q).set(held)
+            await self._rates(q, rate_keys, qrate, int(stats[2] or 0))
             DEPTH.labels(q, "all", "due").set(due)
             DEPTH.labels(q, "all", "delayed").set(delayed)
             DEPTH.labels(q, "all", "active").set(active)
@@ -79,6 +87,25 @@ class Gauges:
             BUDGET_EXHAUSTED.labels(q).set(int(stats[0] or 0))
             STALE_FINISH.labels(q).set(int(stats[1] or 0))
         await self._from_postgres(now, queues)
+
+    async def _rates(self, q: str, rate_keys: list[bytes], qrate: bytes | None, deferred: int) -> None:
+        """Rate limits: starts deferred, runs held (over the first keys with held runs), and the
+        queue-wide window's use on the Redis server's clock (as the claim script counts it)."""
+        k, r = self.stores.keys(q), self.stores.redis
+        held, used = 0, 0
+        rate = parse_stored(qrate.decode() if qrate else None)
+        if rate_keys or rate is not None:
+            pipe = r.pipeline(transaction=False)
+            for key in rate_keys:
+                if key:
+                    pipe.zcard(k.rate_held(key.decode()))
+            held = sum(await pipe.execute()) if any(rate_keys) else 0
+            if rate is not None:
+                sec, usec = await r.time()
+                used = await r.zcount(k.rate_window(""), f"({int(sec) * 1000 + int(usec) // 1000 - rate.ms}", "+inf")
+        RATE_DEFERRED.labels(q).set(deferred)
+        RATE_HELD.labels(q).set(held)
+        RATE_WINDOW_USED.labels(q).set(used)
 
     async def _from_postgres(self, now: float, queues: list[str]) -> None:
         db = self.stores.db

@@ -189,3 +189,9 @@ async def export(ctx, customer: str, seconds: float = 0.2) -> str:
     """At most 5 exports per customer at once (the claim script enforces it)."""
     await asyncio.sleep(seconds)
     return customer
+
+
+@registry.job("t.rated", queue="tq", rate_key="account", rate_limit="3/400ms", max_retries=0)
+async def rated(ctx, account: str, n: int = 0) -> int:
+    """At most 3 starts per account in any 400 ms, over all workers (the claim script enforces it)."""
+    return n

@@ -10,16 +10,23 @@ copy, audit), `queue show`, the API, and two real worker processes sharing one l
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+from collections import defaultdict
 from typing import Any
 
 import pytest
+import redis.asyncio as aredis
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from fencepost.core import rates
 from fencepost.core.errors import InvalidInput
+from fencepost.core.hot import render
 from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
-from tests.conftest import wait_until
+from tests.conftest import REDIS_URL, wait_until
 from tests.test_fencing import Queue
 
 _names = itertools.count()
@@ -171,3 +178,70 @@ async def test_an_operator_rate_replaces_the_declared_one(stores: Stores) -> Non
     await q.r.hset(q.keys.rates, "K", f"4/{DAY}")
     await q.enqueue(now, *[dict(id=f"k{i}", rkey="K", rlimit=f"1/{DAY}") for i in range(6)])
     assert len(await q.claim(now, 100)) == 4
+
+
+# -- property: no window ever holds more than N starts ----------------------------------------------
+
+async def _starts(r: Any, keys: Any) -> dict[str, list[tuple[int, str]]]:
+    """Claimed events of the queue's stream: run id -> [(rts, attempt)] (the server's clock)."""
+    out: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for _, f in await r.xrange(keys.events, "-", "+"):
+        if f.get(b"type") == b"claimed":
+            assert b"rts" in f, "a rate-limited start carries the server's clock"
+            out[f[b"run"].decode()].append((int(f[b"rts"]), f[b"attempt"].decode()))
+    return out
+
+
+def _worst_window(times: list[int], ms: int) -> int:
+    """The most starts in any half-open span [t, t + ms)."""
+    times = sorted(times)
+    worst, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] <= t - ms:
+            j += 1
+        worst = max(worst, i - j + 1)
+    return worst
+
+
+@hsettings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(limits=st.lists(st.tuples(st.integers(1, 6), st.integers(20, 150)), min_size=1, max_size=3),
+       queue_rate=st.one_of(st.none(), st.tuples(st.integers(1, 5), st.integers(20, 150)),
+                            st.tuples(st.integers(1, 5), st.integers(20, 150))),
+       runs=st.integers(4, 14), claimers=st.integers(2, 4), batch=st.integers(1, 5))
+async def test_concurrent_claimers_never_exceed_a_window(stores: Stores, limits: list[tuple[int, int]],
+                                                         queue_rate: tuple[int, int] | None, runs: int,
+                                                         claimers: int, batch: int) -> None:
+    """Claimers on separate connections race for runs of several rate keys (and maybe a queue-wide
+    rate): every run starts, and no span of a window's length holds more than its N starts, on the
+    server's clock the limit promises."""
+    q = await _queue(stores, **({"rate": f"{queue_rate[0]}/{queue_rate[1]}"} if queue_rate else {}))
+    now = await _server_ms(q.r)
+    rows = [dict(id=f"k{k}r{i}", rkey=f"K{k}", rlimit=f"{n}/{ms}") for k, (n, ms) in enumerate(limits)
+            for i in range(runs)]
+    await q.enqueue(now, *rows)
+    conns = [aredis.Redis.from_url(REDIS_URL) for _ in range(claimers)]
+    claim = conns[0].register_script(render("claim_due"))
+    total = len(rows)
+    claimed: set[str] = set()
+
+    async def claimer(conn: aredis.Redis, name: str) -> None:
+        while len(claimed) < total:
+            got = await claim(keys=q.keys.script_keys(), args=[now, batch, name, 60_000, 100], client=conn)
+            for i in range(0, len(got), 10):
+                claimed.add(got[i].decode())
+            if not got:
+                await asyncio.sleep(0.005)  # a claimer that found nothing asks again shortly (a worker waits on rwait)
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(claimer(c, f"w{i}") for i, c in enumerate(conns))), 60)
+    finally:
+        for c in conns:
+            await c.aclose()
+    starts = await _starts(q.r, q.keys)
+    assert set(starts) == {r["id"] for r in rows}, "every held run eventually started"
+    for k, (n, ms) in enumerate(limits):
+        times = [t for rid, s in starts.items() if rid.startswith(f"k{k}r") for t, _ in s]
+        assert _worst_window(times, ms) <= n, f"key K{k} ({n}/{ms} ms): a window held more than {n} starts"
+    if queue_rate:
+        every = [t for s in starts.values() for t, _ in s]
+        assert _worst_window(every, queue_rate[1]) <= queue_rate[0], "the queue's window held more than its N"

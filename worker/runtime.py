@@ -294,17 +294,21 @@ class Worker:
         return []
 
     async def _next_due(self) -> tuple[int, str] | None:
-        """The earliest delayed or retry-wait run of our queues that no claim was offered yet:
-        (run_at in ms, queue). One pipelined read per idle wait, not per job."""
+        """The earliest delayed or retry-wait run of our queues that no claim was offered yet, or
+        the earliest rate window (queue-wide or a key's with held runs) to free up: (ms, queue).
+        One pipelined read per idle wait, not per job."""
         pipe = self.stores.redis.pipeline(transaction=False)
         queues = self.opts.queues
         for q in queues:
-            pipe.zrangebyscore(self.stores.keys(q).delayed, f"({self._due_seen.get(q, 0)}", "+inf",
-                               start=0, num=1, withscores=True)
+            keys = self.stores.keys(q)
+            for z in (keys.delayed, keys.rwait):
+                pipe.zrangebyscore(z, f"({self._due_seen.get(q, 0)}", "+inf", start=0, num=1, withscores=True)
         best: tuple[int, str] | None = None
-        for q, head in zip(queues, await pipe.execute(), strict=True):
-            if head and (best is None or head[0][1] < best[0]):
-                best = (int(head[0][1]), q)
+        heads = await pipe.execute()
+        for i, q in enumerate(queues):
+            for head in heads[2 * i:2 * i + 2]:
+                if head and (best is None or head[0][1] < best[0]):
+                    best = (int(head[0][1]), q)
         return best
 
     def _ring(self, run_at: int, queue: str) -> None:

@@ -38,7 +38,7 @@ from fencepost.api.problems import (
     problem_response,
 )
 from fencepost.client import Client
-from fencepost.core import fairness, stats, validate
+from fencepost.core import fairness, rates, stats, validate
 from fencepost.core import workers as fleet
 from fencepost.core.errors import BulkNotConfirmed, InvalidInput, UnknownRun
 from fencepost.core.fairness import due_summary
@@ -800,10 +800,14 @@ _WINDOW = ("window", "string", "1h", "1h (per minute), 24h (per 15 min) or 7d (p
 async def _dispatch_view(client: Client, name: str) -> S.DispatchSettings:
     d = await fairness.describe(client.stores, name)
     st = d["settings"]
+    shown = {k: str(r) for k, v in st["rates"].items() if (r := rates.parse_stored(v)) is not None}
+    qrate = rates.parse_stored(st["rate"])
     return S.DispatchSettings(queue=name, weights=st["weights"], limits=st["limits"], max_running=st["max_running"],
                               priority_age_ms=st["priority_age_ms"], leased=d["leased"],
                               tenants=[msgspec.convert(t, S.TenantDue) for t in d["tenants"]],
-                              keys=[msgspec.convert(k, S.KeyUse) for k in d["keys"]])
+                              keys=[msgspec.convert(k, S.KeyUse) for k in d["keys"]],
+                              rate=None if qrate is None else str(qrate), rates=shown,
+                              rate_use=[msgspec.convert(r, S.RateUse) for r in d["rates"]])
 
 
 async def get_dispatch(ctx: Ctx) -> Any:
@@ -831,6 +835,11 @@ async def set_dispatch(ctx: Ctx) -> Any:
         await fairness.set_limit(stores, name, b.key, None if v is None else int(v), **who)
     elif b.setting == "max_running":
         await fairness.set_max_running(stores, name, None if v is None else int(v), **who)
+    elif b.setting == "rate":
+        if b.key is None:
+            await fairness.set_rate(stores, name, b.rate, **who)
+        else:
+            await fairness.set_key_rate(stores, name, b.key, b.rate, **who)
     else:
         await fairness.set_aging(stores, name, v, **who)
     return await _dispatch_view(ctx.client, name)
@@ -887,7 +896,7 @@ ROUTES: list[RouteSpec] = [
     RouteSpec("POST", "/v1/queues/{queue}/resume", _queue_command(False), "Resume a queue", roles=READ,
               body=S.ConfigCommand, response=S.QueueResult, tag="queues"),
     RouteSpec("GET", "/v1/queues/{queue}/dispatch", get_dispatch,
-              "Dispatch settings (tenant weights, concurrency limits, aging) and tenants / keys now", roles=READ,
+              "Dispatch settings (tenant weights, concurrency and rate limits, aging) and tenants / keys now", roles=READ,
               response=S.DispatchSettings, tag="queues"),
     RouteSpec("POST", "/v1/queues/{queue}/dispatch", set_dispatch,
               "Change one dispatch setting (value null: back to the default)", roles=("admin",),

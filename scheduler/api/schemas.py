@@ -11,6 +11,7 @@ import msgspec
 from msgspec import Meta
 
 from fencepost.core.keys import QUEUE_NAME_PATTERN
+from fencepost.core.rates import PATTERN as RATE_PATTERN
 from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.validate import meta
 from fencepost.core.workers import HeldRun, StopRequest, WorkerInfo
@@ -244,15 +245,18 @@ class QueueResult(msgspec.Struct, kw_only=True):
 class DispatchUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One change to a queue's dispatch settings; null resets that setting to its default."""
 
-    setting: Literal["weight", "limit", "max_running", "aging"]
+    setting: Literal["weight", "limit", "max_running", "aging", "rate"]
     reason: Reason = ""
     """Recorded in the audit log with the token that changed the setting."""
     tenant: Annotated[str, meta("tenant", min_length=0)] | None = None
     """weight: the tenant ('' = runs without a tenant)."""
     key: Annotated[str, meta("concurrency_key")] | None = None
-    """limit: the concurrency key."""
+    """limit: the concurrency key; rate: the rate key (none: the whole queue's rate)."""
     value: Annotated[float, Meta(gt=0, le=1e9)] | None = None
     """weight (0.001-1000), limit or max_running (integer >= 1), aging (seconds per priority level)."""
+    rate: Annotated[str, Meta(max_length=40, pattern=RATE_PATTERN,
+                              description="N starts per interval: 100/1s, 5/250ms (ms, s, m, h, d)")] | None = None
+    """rate: at most N starts per interval over all workers (null: no queue rate / the runs' declared one)."""
 
 
 class TenantDue(msgspec.Struct, kw_only=True):
@@ -269,6 +273,21 @@ class KeyUse(msgspec.Struct, kw_only=True):
     held: int
 
 
+class RateUse(msgspec.Struct, kw_only=True):
+    key: str
+    """The rate key ('' = the whole queue)."""
+    rate: str | None
+    """N/interval, e.g. 100/1s (null: unknown, the held runs carry none)."""
+    limit: int | None
+    window_ms: int | None
+    used: int
+    """Starts in the window now (the Redis server's clock, as the claim script counts them)."""
+    held: int
+    """Due runs held until the key's window frees."""
+    override: bool
+    """Set by an operator (else declared by the runs)."""
+
+
 class DispatchSettings(msgspec.Struct, kw_only=True):
     queue: str
     weights: dict[str, float]
@@ -278,6 +297,11 @@ class DispatchSettings(msgspec.Struct, kw_only=True):
     leased: int
     tenants: list[TenantDue]
     keys: list[KeyUse]
+    rate: str | None = None
+    """The queue-wide rate limit (N/interval), null: none."""
+    rates: dict[str, str] = {}
+    """Rate key -> the operator's rate."""
+    rate_use: list[RateUse] = []
 
 
 class QueueStats(msgspec.Struct, kw_only=True):

@@ -1,5 +1,5 @@
 """`fencepost queue ...`: pause / resume a whole queue, its dispatch settings (tenant weights,
-concurrency limits, priority aging) and what its tenants and keys hold now. Logic in
+concurrency limits, rate limits, priority aging) and what its tenants and keys hold now. Logic in
 fencepost.core.fairness."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _GROUPS = {"waiting": WAITING - RESUMABLE, "running": ACTIVE, "parked": RESUMABL
 @click.group()
 def queue() -> None:
     """A whole queue: pause / resume (nothing new is dispatched while paused); dispatch
-    settings: tenant weights, concurrency limits, priority aging."""
+    settings: tenant weights, concurrency limits, rate limits, priority aging."""
 
 
 @queue.command("ls")
@@ -104,6 +104,11 @@ def _print(d: dict[str, Any]) -> None:
     if d["keys"]:
         click.echo("concurrency key overrides:")
         table(d["keys"], ["key", "limit", "leased", "held"])
+    if d.get("rates"):
+        click.echo("rate limits (starts in the window now, on the Redis server's clock):")
+        table([{**r, "key": r["key"] or "(queue)", "rate": r["rate"] or "-",
+                "set by": "operator" if r["override"] else "runs"} for r in d["rates"]],
+              ["key", "rate", "used", "held", "set by"])
 
 
 async def _change_and_show(settings: Settings, change: Callable[..., Awaitable[Any]] | None, name: str, *args: Any,
@@ -159,6 +164,23 @@ async def limit(settings: Settings, name: str, limit: int | None, key: str | Non
         await _change_and_show(settings, fairness.set_max_running, name, value)
     else:
         await _change_and_show(settings, fairness.set_limit, name, key, value)
+
+
+@queue.command("rate")
+@click.argument("name")
+@click.argument("rate", required=False)
+@click.option("--key", help="Limit this rate key (e.g. sync:customer-42) instead of the whole queue.")
+@click.option("--reset", is_flag=True, help="Remove the rate (a key goes back to its runs' declared rate).")
+@async_command
+async def rate(settings: Settings, name: str, rate: str | None, key: str | None, reset: bool) -> None:
+    """At most RATE starts, like 100/1s or 5/250ms (units ms, s, m, h, d): of the whole queue, or
+    of one rate --key, over all workers."""
+    if (rate is None) == (not reset):
+        raise InvalidInput("give a RATE (like 100/1s) or --reset", field="rate")
+    if key is None:
+        await _change_and_show(settings, fairness.set_rate, name, rate)
+    else:
+        await _change_and_show(settings, fairness.set_key_rate, name, key, rate)
 
 
 @queue.command("aging")

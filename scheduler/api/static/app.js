@@ -191,17 +191,23 @@ const views = {
         ["Virtual time", (t) => t.virtual_time]], d.tenants, "tenants-table"),
       el("h2", {}, "Concurrency keys with an operator's limit"),
       table([["Key", (k) => k.key], ["Limit", (k) => k.limit], ["Leased", (k) => k.leased],
-        ["Held (waiting for a slot)", (k) => k.held]], d.keys, "keys-table")];
+        ["Held (waiting for a slot)", (k) => k.held]], d.keys, "keys-table"),
+      el("h2", {}, "Rate limits (starts per interval, over all workers)"),
+      el("p", { id: "rate-summary" }, d.rate === null ? "No queue-wide rate limit." : `The queue starts at most ${d.rate}.`),
+      table([["Key", (r) => r.key || "(whole queue)"], ["Rate", (r) => r.rate || "-"],
+        ["Started in the window", (r) => r.used], ["Held (waiting for the window)", (r) => r.held],
+        ["Set by", (r) => r.override ? "operator" : "runs"]], d.rate_use || [], "rates-table")];
     if (!isAdmin()) {
-      out.push(el("p", { class: "muted" }, "An admin token changes these here, or: fencepost queue weight / limit / aging."));
+      out.push(el("p", { class: "muted" }, "An admin token changes these here, or: fencepost queue weight / limit / rate / aging."));
       return out;
     }
     const field = (name, label, type) => el("label", {}, `${label} `, el("input", { name, type: type || "text", step: "any" }));
     out.push(el("h2", {}, "Change a setting"), el("form", { id: "dispatch-form", class: "filters", "data-keep": true,
       onsubmit: (ev) => { ev.preventDefault(); changeDispatch(name, ev.target); } },
-    el("label", {}, "Setting ", el("select", { name: "setting" }, ["weight", "limit", "max_running", "aging"]
+    el("label", {}, "Setting ", el("select", { name: "setting" }, ["weight", "limit", "max_running", "aging", "rate"]
       .map((v) => el("option", { value: v }, v)))),
-    field("tenant", "tenant (weight)"), field("key", "key (limit)"), field("value", "value (empty: default)", "number"),
+    field("tenant", "tenant (weight)"), field("key", "key (limit, rate)"), field("value", "value (empty: default)", "number"),
+    field("rate", "rate, like 100/1s (empty: none)"),
     el("button", { type: "submit" }, "Apply…")), el("p", { id: "dispatch-result", role: "status" }, lastResult[`dispatch:${name}`] || ""));
     return out;
   },
@@ -823,8 +829,14 @@ async function changeDispatch(queue, form) {
   const body = { setting: f.setting, value: f.value === "" ? null : Number(f.value) };
   if (f.setting === "weight") body.tenant = f.tenant;
   if (f.setting === "limit") body.key = f.key;
+  if (f.setting === "rate") {  // a rate is text (100/1s); no key: the whole queue's
+    delete body.value;
+    body.rate = f.rate === "" ? null : f.rate;
+    if (f.key) body.key = f.key;
+  }
+  const shown = f.setting === "rate" ? body.rate : body.value;
   const reason = await ask(`Change ${f.setting} of ${queue}?`, `${f.setting}${body.tenant ? " of tenant " + body.tenant : ""}` +
-    `${body.key ? " of key " + body.key : ""} → ${body.value === null ? "the default" : body.value}.`);
+    `${body.key ? " of key " + body.key : ""} → ${shown === null ? "the default" : shown}.`);
   if (reason === null) return;
   try {
     await api("POST", `/v1/queues/${enc(queue)}/dispatch`, { ...body, reason });
