@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
@@ -66,18 +67,23 @@ def stream_id_int(entry_id: bytes) -> int:
     return (int(ms) << 20) | int(seq)
 
 
-def _rollup(entries: list[tuple[str, bytes, dict[bytes, bytes]]], only: set[tuple[str, int]] | None) -> list[list[Any]]:
-    """Columns of rollup_minutes (queue, minute, kind, run, attempt, start lag ms) for the fresh entries."""
-    cols: list[list[Any]] = [[], [], [], [], [], []]
-    for stream, entry_id, f in entries:
-        kind = stats.KINDS.get(f[b"type"])
-        if kind is None or (only is not None and (stream, stream_id_int(entry_id)) not in only):
-            continue
-        ts, a, due = int(f[b"ts"]), f.get(b"attempt"), f.get(b"due")
-        for col, v in zip(cols, (stream[stream.index("{") + 1: stream.index("}")], _ts(ts - ts % 60_000), kind,
-                                 int(f[b"run"]), int(a) if a else None,
-                                 max(0, ts - int(due)) if due and kind == "started" else None)):
-            col.append(v)
+_R_ID, _R_STATUS, _R_VERSION, _R_ATTEMPT, _R_TOKEN, _R_WORKER, _R_LEASE, _R_STARTED, _R_FINISHED, _R_RUN_AT, \
+    _R_ERROR, _R_ERROR_CLASS, _R_REASON, _R_RESULT, _R_AT, _R_CTL, _R_FORCED, _R_GEN = range(18)
+"""Slots of a run's projection row: apply_runs' parameters $1-$18, in order."""
+
+_A_TOKEN, _A_WORKER, _A_STARTED, _A_FINISHED, _A_OUTCOME, _A_ERROR_CLASS, _A_ERROR = range(2, 9)
+"""Slots of an attempt row (after run id and attempt): apply_attempts' parameters $1-$9, in order."""
+
+
+def _columns(rows: Iterable[list[Any]], width: int) -> list[list[Any]]:
+    """Rows to one array per column (the transposition in C). A column that is NULL in every row goes
+    as an empty array: the statements read their arrays with multi-argument unnest, which pads a
+    shorter array with NULLs, and asyncpg then encodes nothing for it (most error, reason and
+    control columns of a batch of successes)."""
+    cols = [list(c) for c in zip(*rows, strict=True)] or [[] for _ in range(width)]
+    for i, col in enumerate(cols):
+        if col.count(None) == len(col):
+            cols[i] = []
     return cols
 
 
@@ -248,158 +254,161 @@ class Recorder:
 
     async def _record(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], *, copy: bool = False) -> None:
         rows = []
-        at_of: dict[bytes, Any] = {}  # the entries of one script call share their ts: one datetime each
-        for stream, entry_id, f in entries:
+        at_of: dict[bytes, datetime] = {}  # the entries of one script call share their ts: one datetime each
+        for stream, entry_id, f in entries:  # each entry parsed once; _fold reuses the row
             g = f.get
             a, t, w, r = g(b"attempt"), g(b"token"), g(b"worker"), g(b"reason") or g(b"outcome")
             ec, em, actor = g(b"error_class"), g(b"error"), g(b"actor")
             ts = f[b"ts"]
-            if copy:
-                at = at_of.get(ts)
-                if at is None:
-                    at = at_of[ts] = _ts(ts)
-            else:
-                at = int(ts)
+            at = at_of.get(ts)
+            if at is None:
+                at = at_of[ts] = _ts(ts)
+            ms, _, seq = entry_id.partition(b"-")
             rows.append((int(f[b"run"]), f[b"type"].decode(), f[b"from"].decode(), f[b"to"].decode(), int(f[b"v"]),
                          int(a) if a else None, int(t) if t else None, w.decode() if w else None,
                          r.decode() if r else None, ec.decode() if ec else None,
                          em.decode(errors="replace") if em else None, at, stream,
-                         stream_id_int(entry_id), actor.decode() if actor else None))
+                         (int(ms) << 20) | int(seq), actor.decode() if actor else None))
         async with self.stores.db.transaction() as tx:
             if copy:
                 await tx.copy_in("events", rows, _EVENT_COLUMNS)
                 new: set[tuple[str, int]] | None = None
             else:
-                written = await tx.fetch("insert_events_json", _json.encode(rows).decode())
+                written = await tx.fetch("insert_events_json", _json.encode(
+                    [(*row[:11], int(f[b"ts"]), *row[12:]) for row, (_, _, f) in zip(rows, entries, strict=True)]
+                ).decode())
                 new = {(r["stream"], r["stream_id"]) for r in written}
                 if len(new) == len(entries):
                     new = None
-            runs, attempts = self._fold(entries, new, at_of)
+            runs, attempts, rollup = self._fold(entries, new, at_of, rows)
             if runs:
                 await tx.execute("apply_runs", *runs)
-                await workflows.on_recorded(tx, runs[0], runs[1])  # release / cancel dependents
+                await workflows.on_recorded(tx, runs[_R_ID], runs[_R_STATUS])  # release / cancel dependents
             if attempts:
                 await tx.execute("apply_attempts", *attempts)
-            rollup = _rollup(entries, new)
             if rollup[0]:  # the dashboard's per-minute counts, exactly once with the events they count
                 await tx.execute("rollup_minutes", *rollup)
             if self._compensations:
                 await tx.execute("insert_compensations", *map(list, zip(*self._compensations)))
         await self._acknowledge(entries, runs)
-        self._observe(entries, new)
+        self._observe(entries, new, rows)
         self.recorded += len(entries) if new is None else len(new)
         self.last_lag_s = max(0.0, time.time() - int(entries[-1][2][b"ts"]) / 1000)
 
     def _fold(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], only: set[tuple[str, int]] | None,
-              at_of: dict[bytes, Any] | None = None) -> tuple[list[list[Any]], list[list[Any]]]:
-        """One projection row per run and one attempt row per (run, attempt) for the whole batch
-        (`at_of`: datetimes already made for the batch's ts values)."""
-        at_of = {} if at_of is None else at_of
-        runs: dict[int, dict[str, Any]] = {}
-        atts: dict[tuple[int, int], dict[str, Any]] = {}
+              at_of: dict[bytes, datetime], rows: Sequence[tuple[Any, ...]]
+              ) -> tuple[list[list[Any]], list[list[Any]], list[list[Any]]]:
+        """One projection row per run and one attempt row per (run, attempt) for the whole batch, and
+        the dashboard's rollup columns (queue, minute, kind, run, attempt, start lag ms) of the fresh
+        entries, in one pass. `at_of`: datetimes already made for the batch's ts values; `rows`: the
+        entries' event rows as `_record` parsed them."""
+        minutes: dict[int, datetime] = {}
+        runs: dict[int, list[Any]] = {}
+        atts: dict[tuple[int, int], list[Any]] = {}
         compensations: list[tuple[int, str, bytes]] = []
-        for stream, entry_id, f in entries:
-            if only is not None and (stream, stream_id_int(entry_id)) not in only:
+        roll: list[tuple[str, datetime, str, int, int | None, int | None]] = []
+        kinds = stats.KINDS
+        for row, (stream, _, f) in zip(rows, entries, strict=True):
+            if only is not None and (stream, row[13]) not in only:
                 continue
-            run_id = int(f[b"run"])
+            run_id, status, a, at = row[0], row[3], row[5], row[11]
             typ = f[b"type"]
-            at = at_of.get(f[b"ts"])
-            if at is None:
-                at = at_of[f[b"ts"]] = _ts(f[b"ts"])
-            p = runs.setdefault(run_id, {})
-            p["status"] = f[b"to"].decode()
-            p["version"] = int(f[b"v"])
-            p["at"] = at
-            p["queue_stream"] = stream
-            a = f.get(b"attempt")
-            if a:
-                p["attempt"] = int(a)
-            if b"token" in f:
-                p["token"] = int(f[b"token"])
-            if b"worker" in f:
-                p["worker_id"] = f[b"worker"].decode()
+            p = runs.get(run_id)
+            if p is None:
+                p = runs[run_id] = [run_id, None, None, None, None, None, None, None, None, None, None, None, None,
+                                    None, None, None, None, None]
+            p[_R_STATUS] = status
+            p[_R_VERSION] = row[4]
+            p[_R_AT] = at
+            if a is not None:
+                p[_R_ATTEMPT] = a
+            token = f.get(b"token")
+            if token is not None:
+                p[_R_TOKEN] = int(token)
+            worker = f.get(b"worker")
+            if worker is not None:
+                p[_R_WORKER] = worker.decode()
             if typ == b"claimed":
                 lease = at_of.get(f[b"lease"])  # a claim batch shares its lease expiry
                 if lease is None:
                     lease = at_of[f[b"lease"]] = _ts(f[b"lease"])
-                p["lease"] = lease
-                p["started_at"] = at
-                p["result"] = None
-                a = cast(bytes, a)  # a claim always carries its attempt
-                atts[(run_id, int(a))] = {"token": int(f[b"token"]), "worker": f[b"worker"].decode(),
-                                          "started": at, "finished": None, "outcome": None,
-                                          "eclass": None, "emsg": None}
+                p[_R_LEASE] = lease
+                p[_R_STARTED] = at
+                p[_R_RESULT] = None
+                if a is None or token is None or worker is None:  # a claim always carries all three
+                    raise KeyError(f"claim of run {run_id} without attempt, token or worker")
+                atts[(run_id, a)] = [run_id, a, p[_R_TOKEN], p[_R_WORKER], at, None, None, None, None]
             if b"run_at" in f:
-                p["run_at"] = _ts(f[b"run_at"])
+                p[_R_RUN_AT] = _ts(f[b"run_at"])
             if b"error" in f:
-                p["error_message"] = f[b"error"].decode(errors="replace")[:4000]
-                p["error_class"] = f[b"error_class"].decode()
+                p[_R_ERROR] = f[b"error"].decode(errors="replace")[:4000]
+                p[_R_ERROR_CLASS] = f[b"error_class"].decode()
             if b"reason" in f:
-                p["reason"] = f[b"reason"].decode()
+                p[_R_REASON] = f[b"reason"].decode()
             if b"result" in f:
-                p["result"] = f[b"result"]
+                p[_R_RESULT] = f[b"result"]
             if b"ctl" in f:
-                p["ctl"] = f[b"ctl"].decode()
+                p[_R_CTL] = f[b"ctl"].decode()
             if b"forced" in f:
-                p["forced"] = True
+                p[_R_FORCED] = True
             if b"gen" in f:
-                p["gen"] = int(f[b"gen"])
-            if b"compensate" in f and p["status"] == "CANCELLED":
+                p[_R_GEN] = int(f[b"gen"])
+            if b"compensate" in f and status == "CANCELLED":
                 compensations.append((run_id, f[b"compensate"].decode(), encode_payload((run_id,), {})))
-            if p["status"] in _TERMINAL or p["status"] == "STOPPED":
-                p["finished_at"] = at
+            if status in _TERMINAL or status == "STOPPED":
+                p[_R_FINISHED] = at
             outcome = f.get(b"outcome") or (b"succeeded" if typ == b"succeeded" else None)
-            if outcome and a:
-                att = atts.get((run_id, int(a)))
+            if outcome and a is not None:
+                att = atts.get((run_id, a))
                 if att is None:
-                    att = atts[(run_id, int(a))] = {"token": int(f[b"token"]), "worker": f[b"worker"].decode(),
-                                                    "started": at}
-                att.update(finished=at, outcome=outcome.decode(),
-                           eclass=f[b"error_class"].decode() if b"error_class" in f else None,
-                           emsg=f[b"error"].decode(errors="replace")[:4000] if b"error" in f else None)
+                    att = atts[(run_id, a)] = [run_id, a, int(f[b"token"]), f[b"worker"].decode(), at,
+                                               None, None, None, None]
+                att[_A_FINISHED] = at
+                att[_A_OUTCOME] = outcome.decode()
+                att[_A_ERROR_CLASS] = f[b"error_class"].decode() if b"error_class" in f else None
+                att[_A_ERROR] = f[b"error"].decode(errors="replace")[:4000] if b"error" in f else None
+            kind = kinds.get(typ)
+            if kind is not None:
+                t = int(f[b"ts"])
+                minute = minutes.get(t // 60_000)
+                if minute is None:
+                    minute = minutes[t // 60_000] = _ts(t - t % 60_000)
+                due = f.get(b"due")
+                roll.append((stream[stream.index("{") + 1: stream.index("}")], minute, kind, run_id, a,
+                             max(0, t - int(due)) if due and kind == "started" else None))
         # From every entry, not only fresh ones: a replayed batch was committed by the pass that died
         # before acknowledging it, and its finished runs still need their hashes to expire.
-        self._versions = {int(f[b"run"]): (stream, int(f[b"v"]), f[b"to"].decode()) for stream, _, f in entries}
+        self._versions = {row[0]: (row[12], row[4], row[3]) for row in rows}
         self._compensations = compensations
-        rcols: list[list[Any]] = [[] for _ in range(18)]
-        for rid, p in runs.items():
-            for i, name in enumerate(("id", "status", "version", "attempt", "token", "worker_id", "lease",
-                                      "started_at", "finished_at", "run_at", "error_message", "error_class",
-                                      "reason", "result", "at", "ctl", "forced", "gen")):
-                rcols[i].append(rid if name == "id" else p.get(name))
-        acols: list[list[Any]] = [[] for _ in range(9)]
-        for (rid, n), att in atts.items():
-            for i, v in enumerate((rid, n, att["token"], att["worker"], att["started"], att.get("finished"),
-                                   att.get("outcome"), att.get("eclass"), att.get("emsg"))):
-                acols[i].append(v)
-        return (rcols if runs else []), (acols if atts else [])
+        rollup = [list(c) for c in zip(*roll, strict=True)] if roll else [[], [], [], [], [], []]
+        return (_columns(runs.values(), 18) if runs else []), (_columns(atts.values(), 9) if atts else []), rollup
 
-    def _observe(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], only: set[tuple[str, int]] | None) -> None:
+    def _observe(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], only: set[tuple[str, int]] | None,
+                 rows: Sequence[tuple[Any, ...]]) -> None:
         """Metrics from the transitions just committed (once each: replays are skipped).
         Counts are summed per batch and labelled children cached: per-event labels() cost
         more than the rest of the recorder's Python work."""
-        types: dict[bytes, int] = {}
+        types: dict[str, int] = {}
         m = self._metrics
-        for stream, entry_id, f in entries:
-            if only is not None and (stream, stream_id_int(entry_id)) not in only:
+        for row, (stream, _, f) in zip(rows, entries, strict=True):
+            if only is not None and (stream, row[13]) not in only:
                 continue
-            typ = f[b"type"]
+            typ = row[1]
             types[typ] = types.get(typ, 0) + 1
-            if typ == b"claimed":
+            if typ == "claimed":
                 queue = stream[stream.index("{") + 1: stream.index("}")]
                 ts = int(f[b"ts"])
                 due = f.get(b"due")
                 if due:
                     m.observe(gauges.SCHEDULE_LAG, max(0, ts - int(due)) / 1000, queue)
-                expired = self._expired_at.pop(int(f[b"run"]), None)
+                expired = self._expired_at.pop(row[0], None)
                 if expired is not None:
                     m.observe(gauges.RECOVERY, max(0, ts - expired) / 1000, queue)
-            elif typ == b"lease_expired" and f[b"to"] == b"PENDING":
+            elif typ == "lease_expired" and row[3] == "PENDING":
                 if len(self._expired_at) > 100_000:
                     self._expired_at.clear()
-                self._expired_at[int(f[b"run"])] = int(f[b"ts"])
-        for typ, n in types.items():
-            name = typ.decode()
+                self._expired_at[row[0]] = int(f[b"ts"])
+        for name, n in types.items():
             m.child(gauges.RECORDED, name).inc(n)
             action = gauges.CONTROL_TYPES.get(name)
             if action is not None:
