@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import signal
 from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,12 +25,21 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from fencepost.core import rates
-from fencepost.core.errors import InvalidInput
+from fencepost.api import ApiConfig
+from fencepost.cli.common import EXIT_REFUSED
+from fencepost.client import Client
+from fencepost.core import fairness, rates
+from fencepost.core.config import Settings
+from fencepost.core.errors import InvalidInput, UnknownQueue
 from fencepost.core.hot import render
+from fencepost.core.models import Submit
 from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
-from tests.conftest import REDIS_URL, wait_until
+from fencepost.reconciler.drift import DriftRepair
+from fencepost.reconciler.rebuild import rebuild_queue
+from tests.conftest import REDIS_URL, log_tail, spawn, wait_until
+from tests.test_api import Api, _make_api
+from tests.test_cli import fp
 from tests.test_fencing import Queue
 
 _names = itertools.count()
@@ -245,3 +258,168 @@ async def test_concurrent_claimers_never_exceed_a_window(stores: Stores, limits:
     if queue_rate:
         every = [t for s in starts.values() for t, _ in s]
         assert _worst_window(every, queue_rate[1]) <= queue_rate[0], "the queue's window held more than its N"
+
+
+# -- submits, the record, and a rebuild ------------------------------------------------------------
+
+async def test_submits_carry_the_rate_key_into_the_record(client: Client, stores: Stores) -> None:
+    a = await client.submit("t.rated", "acme", 1)
+    b = await client.submit("t.rated", kwargs={"account": "globex"})
+    c = await client.submit_many([Submit(handler="t.echo", args=(1,), rate_key="acct-7", rate_limit="10/1m")])
+    pool = stores.db.pool
+    assert pool is not None
+    rows = {r["id"]: (r["rate_key"], r["rate_limit"]) for r in await pool.fetch(
+        "SELECT id, rate_key, rate_limit FROM runs WHERE id = ANY($1::bigint[])", [a, b, *c])}
+    assert rows == {a: ("t.rated:acme", "3/400"), b: ("t.rated:globex", "3/400"), c[0]: ("acct-7", "10/60000")}
+    h = await stores.redis.hmget(stores.keys("tq").run(a), "rkey", "rlimit")
+    assert h == [b"t.rated:acme", b"3/400"]
+    for bad, fld in ((Submit(handler="t.echo", args=(1,), rate_limit="10/1s"), "rate_limit"),
+                     (Submit(handler="t.echo", args=(1,), rate_key="k", rate_limit="0/1s"), "rate_limit"),
+                     (Submit(handler="t.echo", args=(1,), rate_key="k"), "rate_limit"),
+                     (Submit(handler="t.echo", args=(1,), rate_key="k k", rate_limit="1/1s"), "rate_key"),
+                     (Submit(handler="t.rated", kwargs={"n": 2}), "account")):
+        with pytest.raises(InvalidInput) as exc:
+            await client.submit_many([bad])
+        assert exc.value.field == fld, (bad, exc.value)
+    assert await pool.fetchval("SELECT count(*) FROM runs") == 3, "a refused submit wrote nothing"
+
+
+async def test_held_runs_come_back_after_redis_lost_the_queue(client: Client, stores: Stores) -> None:
+    ids = await client.submit_many([Submit(handler="t.rated", args=("acme", i), rate_limit="2/1d") for i in range(6)])
+    k, r = stores.keys("tq"), stores.redis
+    now = await _server_ms(r)
+    first = await stores.scripts.run("claim_due", k, [now, 10, "w", 60_000, 0])
+    assert len(first) == 2 * 10
+    assert await r.zcard(k.rate_held("t.rated:acme")) == 4
+    # drift leaves held runs alone: the full pass finds nothing to requeue
+    found = await DriftRepair(stores, page=100, grace_s=0.0).full_pass("tq", repair=False)
+    assert not [d for d in found if int(d.run_id) in ids], found
+    # Redis loses every key of the queue; the rebuild restores the held runs from PostgreSQL
+    names = [n async for n in r.scan_iter(match=k.base.replace("{", "\\{").replace("}", "\\}") + "*")]
+    await r.delete(*names)
+    stats = await rebuild_queue(stores, "tq")
+    assert stats["restored"] == 6, "the held runs and the two whose attempts the lost dataset knew"
+    assert await r.hmget(k.run(ids[5]), "rkey", "rlimit") == [b"t.rated:acme", b"2/86400000"]
+    again = await stores.scripts.run("claim_due", k, [await _server_ms(r), 10, "w", 60_000, 0])
+    assert len(again) == 2 * 10, "the windows were lost with the dataset: up to N start at once (docs)"
+    assert await r.zcard(k.rate_held("t.rated:acme")) == 4, "the rest are held again, not lost"
+
+
+# -- dispatch settings: record, copy, audit; CLI and API --------------------------------------------
+
+async def test_rate_settings_are_validated_recorded_copied_and_audited(client: Client, stores: Stores) -> None:
+    await client.submit("t.noop")
+    pool = stores.db.pool
+    assert pool is not None
+    for bad in ("0/1s", "1/0s", "inf/1s", "nan/1s", "1/2d", "1/0.1ms", "lots", "-1/1s", "5"):
+        with pytest.raises(InvalidInput) as exc:
+            await fairness.set_rate(stores, "tq", bad, actor="t", reason="r")
+        assert exc.value.field == "rate"
+        with pytest.raises(InvalidInput):
+            await fairness.set_key_rate(stores, "tq", "k", bad, actor="t", reason="r")
+    with pytest.raises(InvalidInput) as exc:
+        await fairness.set_key_rate(stores, "tq", "bad key", "1/1s", actor="t", reason="r")
+    assert exc.value.field == "rate_key"
+    assert await pool.fetchval("SELECT count(*) FROM audit_log WHERE action LIKE 'dispatch_%'") == 0
+    with pytest.raises(UnknownQueue):
+        await fairness.set_rate(stores, "nosuch", "1/1s", actor="t", reason="r")
+
+    s = await fairness.set_rate(stores, "tq", "100/1s", actor="alice", reason="api quota")
+    assert s.rate == "100/1000"
+    s = await fairness.set_key_rate(stores, "tq", "t.rated:acme", "1/1m", actor="alice", reason="one")
+    assert s.rates == {"t.rated:acme": "1/60000"}
+    k = stores.keys("tq")
+    assert await stores.redis.hget(k.config, "rate") == b"100/1000"
+    assert await stores.redis.hgetall(k.rates) == {b"t.rated:acme": b"1/60000"}
+    actions = [tuple(r) for r in await pool.fetch(
+        "SELECT action, actor, reason FROM audit_log WHERE action LIKE 'dispatch_%' ORDER BY id")]
+    assert actions == [("dispatch_rate", "alice", "api quota"), ("dispatch_key_rate", "alice", "one")]
+    d = await fairness.describe(stores, "tq")
+    assert [(x["key"], x["rate"], x["override"]) for x in d["rates"]] == [("", "100/1s", True),
+                                                                          ("t.rated:acme", "1/1m", True)]
+    await fairness.set_rate(stores, "tq", None, actor="alice", reason="off")
+    await fairness.set_key_rate(stores, "tq", "t.rated:acme", None, actor="alice", reason="off")
+    assert await stores.redis.hget(k.config, "rate") is None and not await stores.redis.exists(k.rates)
+
+
+async def test_cli_sets_and_shows_rates(settings: Settings, client: Client, stores: Stores) -> None:
+    await client.submit("t.rated", "acme")
+    out = await fp(settings, "queue", "rate", "tq", "5/1s")
+    assert out.code == 0 and "(queue)" in out.stdout and "5/1s" in out.stdout, out
+    out = await fp(settings, "queue", "rate", "tq", "2/1m", "--key", "t.rated:acme")
+    assert out.code == 0 and "t.rated:acme" in out.stdout and "2/1m" in out.stdout, out
+    shown = json.loads((await fp(settings, "queue", "show", "tq", "--json")).stdout)
+    assert {r["key"]: r["rate"] for r in shown["rates"]} == {"": "5/1s", "t.rated:acme": "2/1m"}
+    for args in (("queue", "rate", "tq", "0/1s"), ("queue", "rate", "tq", "1/inf"), ("queue", "rate", "tq")):
+        bad = await fp(settings, *args)
+        assert bad.code == EXIT_REFUSED and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad
+    assert (await fp(settings, "queue", "rate", "tq", "--reset")).code == 0
+    assert (await fp(settings, "queue", "rate", "tq", "--reset", "--key", "t.rated:acme")).code == 0
+    assert (await fairness.load(stores, "tq")).rate is None
+
+
+@pytest.fixture
+async def api(settings: Settings, client: Client) -> AsyncIterator[Api]:
+    async for a in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        yield a
+
+
+async def test_api_reads_and_changes_rates(api: Api, client: Client) -> None:
+    await client.submit("t.noop")
+    pool = client.stores.db.pool
+    assert pool is not None
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "rate", "rate": "0/1s", "reason": "x"})
+    assert r.status_code == 422 and r.json()["field"] == "rate", r.text
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "rate", "rate": "1/1s\u001b",
+                                                                      "reason": "x"})
+    assert r.status_code == 422, r.text
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "op_tq", json={"setting": "rate", "rate": "5/1s"})
+    assert r.status_code == 403, "only admins change dispatch settings"
+    assert await pool.fetchval("SELECT count(*) FROM audit_log WHERE action LIKE 'dispatch_%'") == 0
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "rate", "rate": "5/1s",
+                                                                      "reason": "quota"})
+    assert r.status_code == 200 and r.json()["rate"] == "5/1s", r.text
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "rate", "key": "k1",
+                                                                      "rate": "7/250ms"})
+    assert r.status_code == 200 and r.json()["rates"] == {"k1": "7/250ms"}, r.text
+    got = (await api.req("GET", "/v1/queues/tq/dispatch", "op_tq")).json()
+    assert [(u["key"], u["rate"], u["used"]) for u in got["rate_use"]] == [("", "5/1s", 0), ("k1", "7/250ms", 0)]
+    assert (await api.req("GET", "/v1/queues/tq/dispatch", "op_other")).status_code == 403
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "rate", "rate": None})
+    assert r.status_code == 200 and r.json()["rate"] is None
+
+
+# -- two real worker processes share one limit ------------------------------------------------------
+
+@pytest.mark.slow
+async def test_two_worker_processes_share_one_limit(client: Client, settings: Settings, stores: Stores,
+                                                    tmp_path: Path) -> None:
+    """30 runs of one account (3 per 400 ms) and 6 of another, two worker processes: every run
+    succeeds, and no 400 ms span of the server's clock holds more than 3 starts of one account."""
+    a = await client.submit_many([Submit(handler="t.rated", args=("A", i)) for i in range(30)])
+    b = await client.submit_many([Submit(handler="t.rated", args=("B", i)) for i in range(6)])
+    logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
+    workers = [spawn(settings, "worker", "--app", "tests.apps:registry", "--queue", "tq", "--concurrency", "20",
+                     log=log) for log in logs]
+    try:
+        for rid in a + b:
+            try:
+                out = await client.wait(rid, timeout=120)
+            except Exception as exc:
+                raise AssertionError(f"run {rid}: {exc}\n{log_tail(logs[0])}\n{log_tail(logs[1])}") from None
+            assert out.status == "SUCCEEDED", out
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            w.wait(30)
+    starts = await _starts(stores.redis, stores.keys("tq"))
+    workers_seen = set()
+    for _, f in await stores.redis.xrange(stores.keys("tq").events, "-", "+"):
+        if f.get(b"type") == b"claimed":
+            workers_seen.add(f[b"worker"])
+    for ids in (a, b):
+        times = [t for rid in ids for t, _ in starts[str(rid)]]
+        assert len(times) == len(ids)
+        assert _worst_window(times, 400) <= 3
+    assert len(workers_seen) == 2, "both workers claimed (the limit is shared, not per worker)"
