@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from fencepost.api import ApiConfig
+from fencepost.api import ApiConfig, create_app
+from fencepost.api.auth import create_token
 from fencepost.cli.common import EXIT_REFUSED
 from fencepost.client import Client
 from fencepost.core import fairness, rates
@@ -37,8 +38,8 @@ from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import DriftRepair
 from fencepost.reconciler.rebuild import rebuild_queue
-from tests.conftest import REDIS_URL, log_tail, spawn, wait_until
-from tests.test_api import Api, _make_api
+from tests.conftest import REDIS_URL, log_tail, need_tool, spawn, wait_until
+from tests.test_api import Api, _make_api, serve_in_thread
 from tests.test_cli import fp
 from tests.test_fencing import Queue
 
@@ -423,3 +424,60 @@ async def test_two_worker_processes_share_one_limit(client: Client, settings: Se
         assert len(times) == len(ids)
         assert _worst_window(times, 400) <= 3
     assert len(workers_seen) == 2, "both workers claimed (the limit is shared, not per worker)"
+
+
+# -- the dashboard: an admin edits the rates ---------------------------------------------------------
+
+@pytest.mark.slow
+async def test_dashboard_admin_edits_rate_limits(settings: Settings, client: Client, stores: Stores) -> None:
+    from tests.test_dashboard import ARGS, ARTIFACTS, CHROMIUM
+
+    chromium = need_tool(CHROMIUM)
+    from playwright.async_api import async_playwright, expect
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    _, secret = await create_token(client.stores.db, "admin", [], "rate-admin", "test")
+    app = create_app(settings, ApiConfig(token_cache_s=1, rate_limit=0))
+    await client.submit("t.rated", "acme")
+    page_errors: list[str] = []
+
+    async def change(page: Any, key: str, rate: str, reason: str) -> None:
+        await page.select_option("#dispatch-form select[name=setting]", "rate")
+        await page.fill("#dispatch-form input[name=key]", key)
+        await page.fill("#dispatch-form input[name=rate]", rate)
+        await page.click("#dispatch-form button[type=submit]")
+        await page.fill("#confirm-reason", reason)
+        await page.click("#confirm-ok")
+
+    with serve_in_thread(app) as base:
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
+            try:
+                page = await browser.new_page(viewport={"width": 1280, "height": 900})
+                page.set_default_timeout(30_000)
+                page.on("pageerror", lambda e: page_errors.append(str(e)))
+                await page.goto(f"{base}/")
+                await page.fill("#token", secret)
+                await page.click("#login")
+                await expect(page.locator("#who")).to_contain_text("rate-admin")
+                await page.goto(f"{base}/ui/#/dispatch/tq")
+                await expect(page.locator("#rate-summary")).to_contain_text("No queue-wide rate limit")
+                await change(page, "", "50/1s", "partner quota")
+                await expect(page.locator("#dispatch-result")).to_contain_text("rate changed")
+                await expect(page.locator("#rate-summary")).to_contain_text("at most 50/1s")
+                await change(page, "t.rated:acme", "1/1m", "acme asked")
+                await expect(page.locator("#rates-table")).to_contain_text("t.rated:acme")
+                await expect(page.locator("#rates-table")).to_contain_text("1/1m")
+                await change(page, "", "0/1s", "typo")
+                await expect(page.locator("#dispatch-result")).to_contain_text("refused")
+                await page.screenshot(path=str(ARTIFACTS / "dashboard-rate-limits.png"), full_page=True)
+            finally:
+                await browser.close()
+    assert not page_errors, page_errors
+    s = await fairness.load(stores, "tq")
+    assert (s.rate, s.rates) == ("50/1000", {"t.rated:acme": "1/60000"}), "the refused change changed nothing"
+    pool = stores.db.pool
+    assert pool is not None
+    rows = await pool.fetch("SELECT action, reason FROM audit_log WHERE action LIKE 'dispatch_%' ORDER BY id")
+    assert [(r["action"], r["reason"]) for r in rows] == [("dispatch_rate", "partner quota"),
+                                                          ("dispatch_key_rate", "acme asked")]
