@@ -20,3 +20,10 @@ def test_the_rollups_histogram_bounds_are_the_ones_percentiles_read() -> None:
         assert tuple(int(x) for x in arr.replace("\n", " ").split(",")) == BOUNDS_MS
     doc = (ROOT / "sql" / "013_queue_minutes.sql").read_text()
     assert f"{len(BOUNDS_MS) + 1} buckets" in doc
+
+
+def test_the_reconciler_doc_lists_every_maintenance_loop() -> None:
+    names = set(re.findall(r'Loop\("(\w+)"', (ROOT / "reconciler" / "service.py").read_text()))
+    doc = (ROOT / "docs" / "reconciler.md").read_text()
+    listed = set(re.findall(r"^\| `(\w+)` \|", doc, flags=re.M))
+    assert names and names <= listed, f"loops missing from docs/reconciler.md: {sorted(names - listed)}"
