@@ -388,6 +388,16 @@ async def test_api_reads_and_changes_rates(api: Api, client: Client) -> None:
     assert (await api.req("GET", "/v1/queues/tq/dispatch", "op_other")).status_code == 403
     r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "rate", "rate": None})
     assert r.status_code == 200 and r.json()["rate"] is None
+    # a submit through the API names its own rate key, checked like the client's
+    r = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "args": [1], "rate_key": "acct-9",
+                                                             "rate_limit": "4/1s"})
+    assert r.status_code in (200, 201), r.text
+    row = await pool.fetchrow("SELECT rate_key, rate_limit FROM runs WHERE id = $1", r.json()["id"])
+    assert tuple(row) == ("acct-9", "4/1000")
+    for body, fld in (({"rate_limit": "4/1s"}, "rate_limit"), ({"rate_key": "k", "rate_limit": "0/1s"}, "rate_limit"),
+                      ({"rate_key": "k", "rate_limit": "4/1y"}, "rate_limit")):
+        r = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "args": [1], **body})
+        assert r.status_code == 422 and r.json()["field"] == fld, (body, r.text)
 
 
 # -- two real worker processes share one limit ------------------------------------------------------

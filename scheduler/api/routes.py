@@ -214,7 +214,8 @@ def _submit(req: S.SubmitRequest, key: str | None) -> Submit:
     return Submit(handler=req.handler, args=tuple(req.args), kwargs=dict(req.kwargs), queue=req.queue,
                   priority=req.priority, run_at=req.run_at, delay=req.delay, timeout=req.timeout,
                   max_retries=req.max_retries, idempotency_key=req.idempotency_key or key, trace=req.trace,
-                  tenant=req.tenant, concurrency_key=req.concurrency_key, concurrency_limit=req.concurrency_limit)
+                  tenant=req.tenant, concurrency_key=req.concurrency_key, concurrency_limit=req.concurrency_limit,
+                  rate_key=req.rate_key, rate_limit=req.rate_limit)
 
 
 def _idem_header(ctx: Ctx) -> str | None:

@@ -97,6 +97,10 @@ class SubmitRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Who the run is for: a queue's tenants share dispatch by weight."""
     concurrency_key: Annotated[str, meta("concurrency_key")] | None = None
     concurrency_limit: Annotated[int, meta("concurrency_limit")] | None = None
+    rate_key: Annotated[str, meta("rate_key")] | None = None
+    """Runs sharing a rate key start at most `rate_limit` times per interval (default: the handler's)."""
+    rate_limit: Annotated[str, Meta(max_length=40, pattern=RATE_PATTERN,
+                                    description="N starts per interval: 100/1s, 5/250ms (ms, s, m, h, d)")] | None = None
 
 
 class SubmitBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
