@@ -3,12 +3,18 @@
     python bench/hotpath.py                          # Redis: enqueue, claim, finish, read, expire, ack+trim
     python bench/hotpath.py --lua-dir /tmp/old/lua   # the same scripts from another tree (A/B a Lua change)
     python bench/hotpath.py --events                 # PostgreSQL: jsonb insert vs binary COPY of event rows
+    python bench/hotpath.py --recorder               # the recorder: its own CPU, PostgreSQL's and Redis's per job
 
 Redis: a private redis-server (no persistence) on a free port, N runs enqueued, claimed and finished
 in batches as a worker does (100 per claim, one finish call per claim), then the recorder's side:
 XREADGROUP, expire_finished, XACK and the trim (or, with --xdel, XDEL per entry as before). CPU from
 the server's `INFO cpu` (user + sys) around each phase, so nothing else on the machine is counted;
 medians of --rounds. PostgreSQL: a scratch database `bench_hotpath`, the backend's CPU from /proc.
+Recorder: N jobs submitted, claimed and finished through the real scripts on a private redis-server
+(no recorder running, so their transitions wait in the stream), then the recorder drains the stream in
+batches of --record-batch entries: CPU of this process (only the recorder runs in it then), of the
+scratch database's PostgreSQL backends, and of the Redis server, per job. Run it with each build's
+interpreter in turn to A/B a recorder change (the harness is this file; the package is the venv's).
 These isolate one hop each; bench/throughput.py measures the whole system.
 """
 
@@ -19,12 +25,15 @@ import asyncio
 import os
 import socket
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
 import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench.app
 
 from fencepost.core import hot
 from fencepost.core.config import Settings
@@ -179,6 +188,70 @@ async def events_main(a: argparse.Namespace) -> None:
         print(f"  {mode:13s} PostgreSQL backend {be:5.1f}   client {cl:4.1f}")
 
 
+async def recorder_round(a: argparse.Namespace, redis_url: str, admin: asyncpg.Connection, i: int) -> dict[str, float]:
+    from bench.app import registry
+    from fencepost.client import Client
+    from fencepost.core.models import Submit
+    from fencepost.reconciler.recorder import Recorder
+
+    await admin.execute("DROP DATABASE IF EXISTS bench_hotpath WITH (FORCE)")
+    await admin.execute("CREATE DATABASE bench_hotpath")
+    url = a.admin_url.rsplit("/", 1)[0] + "/bench_hotpath"
+    conn = await asyncpg.connect(url)
+    await upgrade(conn)
+    settings = Settings(redis_url=redis_url, database_url=url, prefix=f"hr{i}")
+    client = await Client(settings=settings).connect()
+    try:
+        await client.register(registry)
+        for j in range(0, a.jobs, 1000):
+            await client.submit_many([Submit(handler="bench.tiny")] * min(1000, a.jobs - j))
+        st, k = client.stores, client.stores.keys("bench")
+        while jobs := await st.scripts.claim_due(k, ClaimArgs(int(time.time() * 1000), a.batch, "w1", 30_000, 100)):
+            await st.scripts.finish_runs(k, FinishArgs(int(time.time() * 1000), 3),
+                                         [Finish(j.id, j.token, "ok", b"\xc0", "", 0) for j in jobs])
+        rec = Recorder(st, batch=a.record_batch, consumer="bench")
+        await rec.run_once(block_ms=1)  # the consumer group, the pool and the statements, before the clock starts
+        me = await conn.fetchval("SELECT pg_backend_pid()")
+        pids = [r[0] for r in await conn.fetch("SELECT pid FROM pg_stat_activity WHERE datname = 'bench_hotpath' "
+                                               "AND pid <> $1", me)]
+        pg0, r0, p0, t0 = sum(map(_backend_cpu, pids)), await _cpu(st.redis), time.process_time(), time.perf_counter()
+        while await rec.run_once(block_ms=1):
+            pass
+        wall = time.perf_counter() - t0
+        proc, red = time.process_time() - p0, await _cpu(st.redis) - r0
+        pg = sum(map(_backend_cpu, pids)) - pg0
+        left = await conn.fetchval("SELECT count(*) FROM runs WHERE status <> 'SUCCEEDED'")
+        if left:
+            raise SystemExit(f"{left} runs not recorded as SUCCEEDED")
+    finally:
+        await client.close()
+        await conn.close()
+    n = a.jobs
+    return {"recorder": proc / n * 1e6, "postgres": pg / n * 1e6, "redis": red / n * 1e6,
+            "total": (proc + pg + red) / n * 1e6, "jobs/s": n / wall}
+
+
+async def recorder_main(a: argparse.Namespace) -> None:
+    port = _free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    admin = await asyncpg.connect(a.admin_url)
+    try:
+        await asyncio.sleep(0.3)
+        runs = [await recorder_round(a, f"redis://127.0.0.1:{port}/0", admin, i) for i in range(a.rounds)]
+    finally:
+        await admin.execute("DROP DATABASE IF EXISTS bench_hotpath WITH (FORCE)")
+        await admin.close()
+        server.kill()
+        server.wait()
+    import fencepost
+    print(f"recorder CPU-us per job, {a.jobs:,} jobs (claimed + succeeded), batches of {a.record_batch:,} entries, "
+          f"medians of {a.rounds} (fencepost from {Path(fencepost.__file__).parent})")
+    for name in runs[0]:
+        vals = sorted(r[name] for r in runs)
+        print(f"  {name:9s} {vals[len(vals) // 2]:8.1f}   ({' '.join(f'{r[name]:.1f}' for r in runs)})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=20_000)
@@ -187,11 +260,13 @@ def main() -> None:
     ap.add_argument("--lua-dir", default=None, help="lua/ of another tree (A/B a script change)")
     ap.add_argument("--xdel", action="store_true", help="delete recorded entries one by one (the old way)")
     ap.add_argument("--events", action="store_true", help="PostgreSQL: event rows by jsonb insert vs COPY")
+    ap.add_argument("--recorder", action="store_true", help="the recorder draining a stream of finished jobs")
+    ap.add_argument("--record-batch", type=int, default=1000, help="--recorder: entries per recorder batch")
     ap.add_argument("--rows", type=int, default=3000, help="--events: rows per statement (a recorder batch)")
     ap.add_argument("--admin-url", default=os.environ.get("BENCH_DATABASE_URL",
                                                           "postgresql://postgres@127.0.0.1:5432/postgres"))
     a = ap.parse_args()
-    asyncio.run(events_main(a) if a.events else redis_main(a))
+    asyncio.run(events_main(a) if a.events else recorder_main(a) if a.recorder else redis_main(a))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
@@ -70,6 +71,10 @@ def stream_id_int(entry_id: bytes) -> int:
 _R_ID, _R_STATUS, _R_VERSION, _R_ATTEMPT, _R_TOKEN, _R_WORKER, _R_LEASE, _R_STARTED, _R_FINISHED, _R_RUN_AT, \
     _R_ERROR, _R_ERROR_CLASS, _R_REASON, _R_RESULT, _R_AT, _R_CTL, _R_FORCED, _R_GEN = range(18)
 """Slots of a run's projection row: apply_runs' parameters $1-$18, in order."""
+
+_BUCKETS = len(stats.BOUNDS_MS) + 1
+_KIND_SLOT = {"started": 2, "succeeded": 3, "failed": 4, "retried": 5}
+"""rollup_minutes' row: queue, minute, these four counts, the start-lag and run-time histograms."""
 
 _A_TOKEN, _A_WORKER, _A_STARTED, _A_FINISHED, _A_OUTCOME, _A_ERROR_CLASS, _A_ERROR = range(2, 9)
 """Slots of an attempt row (after run id and attempt): apply_attempts' parameters $1-$9, in order."""
@@ -299,14 +304,16 @@ class Recorder:
               at_of: dict[bytes, datetime], rows: Sequence[tuple[Any, ...]]
               ) -> tuple[list[list[Any]], list[list[Any]], list[list[Any]]]:
         """One projection row per run and one attempt row per (run, attempt) for the whole batch, and
-        the dashboard's rollup columns (queue, minute, kind, run, attempt, start lag ms) of the fresh
-        entries, in one pass. `at_of`: datetimes already made for the batch's ts values; `rows`: the
-        entries' event rows as `_record` parsed them."""
-        minutes: dict[int, datetime] = {}
+        the dashboard's per-minute rollup of the fresh entries (rollup_minutes' arguments: counted and
+        bucketed here, run times of attempts started in an earlier batch left to PostgreSQL), in one
+        pass. `at_of`: datetimes already made for the batch's ts values; `rows`: the entries' event
+        rows as `_record` parsed them."""
         runs: dict[int, list[Any]] = {}
         atts: dict[tuple[int, int], list[Any]] = {}
         compensations: list[tuple[int, str, bytes]] = []
-        roll: list[tuple[str, datetime, str, int, int | None, int | None]] = []
+        groups: dict[tuple[str, int], list[Any]] = {}  # (queue, minute) -> rollup_minutes' row
+        started: dict[tuple[int, int | None], int] = {}  # (run, attempt) -> claim ts (ms), from this batch
+        looked: list[tuple[str, datetime, int, int | None]] = []  # finishes whose run time PostgreSQL has
         kinds = stats.KINDS
         for row, (stream, _, f) in zip(rows, entries, strict=True):
             if only is not None and (stream, row[13]) not in only:
@@ -368,19 +375,33 @@ class Recorder:
                 att[_A_ERROR_CLASS] = f[b"error_class"].decode() if b"error_class" in f else None
                 att[_A_ERROR] = f[b"error"].decode(errors="replace")[:4000] if b"error" in f else None
             kind = kinds.get(typ)
-            if kind is not None:
+            if kind is not None:  # the dashboard's per-minute counts and histograms (stats.BOUNDS_MS buckets)
                 t = int(f[b"ts"])
-                minute = minutes.get(t // 60_000)
-                if minute is None:
-                    minute = minutes[t // 60_000] = _ts(t - t % 60_000)
-                due = f.get(b"due")
-                roll.append((stream[stream.index("{") + 1: stream.index("}")], minute, kind, run_id, a,
-                             max(0, t - int(due)) if due and kind == "started" else None))
+                queue = stream[stream.index("{") + 1: stream.index("}")]
+                grp = groups.get((queue, t // 60_000))
+                if grp is None:
+                    grp = groups[(queue, t // 60_000)] = [queue, _ts(t - t % 60_000), 0, 0, 0, 0,
+                                                          [0] * _BUCKETS, [0] * _BUCKETS]
+                grp[_KIND_SLOT[kind]] += 1
+                if kind == "started":
+                    started[(run_id, a)] = t
+                    due = f.get(b"due")
+                    if due:
+                        grp[6][bisect_right(stats.BOUNDS_MS, max(0, t - int(due)))] += 1
+                elif kind != "retried":  # succeeded / failed: the attempt's run time
+                    begun = started.get((run_id, a))
+                    if begun is None:
+                        looked.append((queue, grp[1], run_id, a))
+                    else:
+                        grp[7][bisect_right(stats.BOUNDS_MS, t - begun)] += 1
         # From every entry, not only fresh ones: a replayed batch was committed by the pass that died
         # before acknowledging it, and its finished runs still need their hashes to expire.
         self._versions = {row[0]: (row[12], row[4], row[3]) for row in rows}
         self._compensations = compensations
-        rollup = [list(c) for c in zip(*roll, strict=True)] if roll else [[], [], [], [], [], []]
+        rows_ = list(groups.values())
+        rollup = [[g[i] for g in rows_] for i in range(6)]
+        rollup += [[n for g in rows_ for n in g[6]], [n for g in rows_ for n in g[7]]]
+        rollup += [list(c) for c in zip(*looked, strict=True)] if looked else [[], [], [], []]
         return (_columns(runs.values(), 18) if runs else []), (_columns(atts.values(), 9) if atts else []), rollup
 
     def _observe(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], only: set[tuple[str, int]] | None,

@@ -57,37 +57,32 @@ SELECT count(*) AS n FROM (
 ) m;
 
 -- name: rollup_minutes
--- The recorder's batch into queue_minutes (in the transaction of the events it counts): one element per
--- counted transition.
--- $1 queue, $2 minute, $3 kind (started / succeeded / failed / retried), $4 run id, $5 attempt,
--- $6 start lag (ms, for started). Run time comes from the attempt row the same transaction just wrote.
-WITH ev AS (
-    SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bigint[], $5::int[], $6::bigint[])
-        AS e(queue, minute, kind, run_id, attempt, lag_ms)
-), d AS (
-    SELECT ev.queue, ev.minute, ev.kind, ev.lag_ms,
-           CASE WHEN ev.kind IN ('succeeded', 'failed') THEN
-               (SELECT (extract(epoch FROM a.finished_at - a.started_at) * 1000)::bigint FROM attempts a
-                WHERE a.run_id = ev.run_id AND a.attempt = ev.attempt) END AS run_ms
-    FROM ev
-), b AS (
-    SELECT queue, minute, kind,
-           width_bucket(lag_ms, ARRAY[10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000,
-                                      900000, 3600000]::bigint[]) + 1 AS lag_b,
-           width_bucket(run_ms, ARRAY[10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000,
-                                      900000, 3600000]::bigint[]) + 1 AS run_b
-    FROM d
-), agg AS (
+-- The recorder's batch into queue_minutes (in the transaction of the events it counts). The recorder
+-- counts the batch per (queue, minute) itself: $1 queue, $2 minute, $3-$6 started / succeeded / failed /
+-- retried, $7 and $8 the 16-bucket start-lag and run-time histograms, flattened (16 per row, buckets of
+-- fencepost.core.stats.BOUNDS_MS). Run times it cannot know (the attempt started in an earlier batch)
+-- come from the attempt row this transaction just wrote: $9 queue, $10 minute, $11 run id, $12 attempt
+-- of each such finish, bucketed here and added to its row's run-time histogram.
+WITH g AS (
+    SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::int[], $4::int[], $5::int[], $6::int[])
+        WITH ORDINALITY AS g(queue, minute, started, succeeded, failed, retried, n)
+), looked AS (
+    SELECT l.queue, l.minute,
+           (SELECT (extract(epoch FROM a.finished_at - a.started_at) * 1000)::bigint FROM attempts a
+            WHERE a.run_id = l.run_id AND a.attempt = l.attempt) AS run_ms
+    FROM unnest($9::text[], $10::timestamptz[], $11::bigint[], $12::int[]) AS l(queue, minute, run_id, attempt)
+), lb AS (
     SELECT queue, minute,
-           count(*) FILTER (WHERE kind = 'started') AS started,
-           count(*) FILTER (WHERE kind = 'succeeded') AS succeeded,
-           count(*) FILTER (WHERE kind = 'failed') AS failed,
-           count(*) FILTER (WHERE kind = 'retried') AS retried,
-           ARRAY(SELECT count(*) FILTER (WHERE x.lag_b = i)::int FROM b x, generate_series(1, 16) i
-                 WHERE x.queue = b.queue AND x.minute = b.minute GROUP BY i ORDER BY i) AS lag_hist,
-           ARRAY(SELECT count(*) FILTER (WHERE x.run_b = i)::int FROM b x, generate_series(1, 16) i
-                 WHERE x.queue = b.queue AND x.minute = b.minute GROUP BY i ORDER BY i) AS run_hist
-    FROM b GROUP BY queue, minute
+           width_bucket(run_ms, ARRAY[10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000,
+                                      900000, 3600000]::bigint[]) + 1 AS b
+    FROM looked
+), agg AS (
+    SELECT g.queue, g.minute, g.started, g.succeeded, g.failed, g.retried,
+           ($7::int[])[(g.n - 1) * 16 + 1:g.n * 16] AS lag_hist,
+           ARRAY(SELECT ($8::int[])[(g.n - 1) * 16 + i]
+                        + (SELECT count(*) FROM lb WHERE lb.queue = g.queue AND lb.minute = g.minute AND lb.b = i)::int
+                 FROM generate_series(1, 16) i ORDER BY i) AS run_hist
+    FROM g
 )
 INSERT INTO queue_minutes AS q (queue, minute, started, succeeded, failed, retried, lag_hist, run_hist)
 SELECT * FROM agg
