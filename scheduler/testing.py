@@ -11,6 +11,8 @@ fixture. Needs the `test` extra (pytest, pytest-asyncio).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import importlib.util
 import logging
 import time
 import uuid
@@ -23,6 +25,7 @@ from fencepost.core.config import Settings
 from fencepost.core.errors import FencepostError
 from fencepost.core.models import decode_payload, decode_result, encode_payload, encode_result
 from fencepost.core.queues import declare_queues, require_queue, stamp_created
+from fencepost.core.redisconn import register_scheme
 from fencepost.core.registry import Handler, Registry
 from fencepost.core.stores import Stores
 from fencepost.reconciler.outbox import OutboxRelay
@@ -30,7 +33,16 @@ from fencepost.reconciler.recorder import Recorder
 from fencepost.worker.context import Context, Interrupt, Progress, RunResult, SyncContext
 from fencepost.worker.runtime import Worker, WorkerOptions
 
-__all__ = ["Clock", "DrainTimeout", "Harness", "JobRun", "run_job"]
+try:  # the `test` extra: fakeredis with its Lua support (lupa)
+    import fakeredis
+    import fakeredis.aioredis
+    from fakeredis._commands import SUPPORTED_COMMANDS as _FAKE_COMMANDS
+    from fakeredis._commands import command as _fake_command
+    from fakeredis._socket import FakeSocket as _FakeSocket
+except ImportError:  # fencepost.testing (and the pytest plugin) still load; use_fakeredis() says what to install
+    fakeredis = None  # type: ignore[assignment]
+
+__all__ = ["FAKE_REDIS_URL", "Clock", "DrainTimeout", "Harness", "JobRun", "run_job", "use_fakeredis"]
 
 log = logging.getLogger("fencepost.testing")
 _Scored = list[tuple[bytes, float]]
@@ -252,3 +264,37 @@ class Harness:
     async def status(self, run_id: int) -> str:
         """The run's state (PostgreSQL's projection, up to date after drain())."""
         return str((await self.client.get(run_id))["status"])
+
+
+# -- a hot store without a Redis server --------------------------------------------------------------
+
+FAKE_REDIS_URL = "fakeredis://fencepost"
+"""A Redis URL served in this process by fakeredis once use_fakeredis() ran (the pytest plugin calls it when
+FENCEPOST_REDIS_URL starts with fakeredis://): every client of one URL shares one in-memory server."""
+_FAKE_SERVERS: dict[str, Any] = {}
+
+
+def _fencepost_info(self: Any, *sections: bytes) -> bytes:
+    """INFO, which fakeredis lacks and the scripts read (`run_id` tells a restarted server from the one a
+    queue was stamped on): one run_id per in-memory server, no AOF, no memory used."""
+    run_id = hashlib.sha1(f"fakeredis:{id(self._server)}".encode()).hexdigest()
+    return (f"# Server\r\nredis_version:7.2.0\r\nrun_id:{run_id}\r\n# Persistence\r\naof_enabled:0\r\n"
+            "# Memory\r\nused_memory:0\r\n").encode()
+
+
+def _fake_client(url: str, **kwargs: Any) -> fakeredis.aioredis.FakeRedis:
+    server = _FAKE_SERVERS.setdefault(url, fakeredis.FakeServer())
+    return fakeredis.aioredis.FakeRedis(server=server, decode_responses=bool(kwargs.get("decode_responses", False)))
+
+
+def use_fakeredis() -> None:
+    """Serve fakeredis:// Redis URLs from fakeredis in this process (its Lua runs the real scripts; the
+    state-machine tests pass on it: tests/test_fakeredis.py): tests then need PostgreSQL but no Redis
+    server. One server per URL, for the life of the process. A worker in another process cannot reach it."""
+    if fakeredis is None:
+        raise RuntimeError("fakeredis:// needs fakeredis with Lua: pip install 'fencepost[test]' (fakeredis[lua])")
+    if "info" not in _FAKE_COMMANDS:  # a command of fakeredis: a method of its socket, its signature declared
+        _FakeSocket._fencepost_info = _fake_command((), (bytes,), name="info")(_fencepost_info)  # type: ignore[attr-defined]
+    if importlib.util.find_spec("lupa") is None:  # what fakeredis runs Lua with
+        raise RuntimeError("fakeredis cannot run the Lua scripts without lupa: pip install 'fakeredis[lua]'")
+    register_scheme("fakeredis", _fake_client)

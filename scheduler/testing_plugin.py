@@ -5,8 +5,9 @@ Loading it starts nothing: the fixtures reach the stores (or start embedded serv
 requests them. `fencepost_urls` (session) is the stores: FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL,
 else embedded servers started for the session (the `embedded` extra); `fencepost_registry` is yours to
 override; `fencepost` is a Harness (`.client`, `.drain()`, `.clock`, `.status()`) on a fresh Redis key
-prefix. The async fixture needs pytest-asyncio (the `test` extra); without it the plugin still loads and
-the fixture says what to install.
+prefix; with FENCEPOST_REDIS_URL=fakeredis:// no Redis server is needed (fencepost.testing.use_fakeredis).
+The async fixture needs pytest-asyncio (the `test` extra); without it the plugin still loads and the
+fixture says what to install.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.record import Database
+from fencepost.core.redisconn import connect
 from fencepost.core.registry import Registry
 from fencepost.dev.embedded import EmbeddedServers, resolve_urls
-from fencepost.testing import Harness
+from fencepost.testing import Harness, use_fakeredis
 
 try:
     from pytest_asyncio import fixture as _async_fixture
@@ -44,6 +45,8 @@ def fencepost_urls() -> Iterator[tuple[str, str]]:
     choose otherwise."""
     redis_url = os.environ.get("FENCEPOST_REDIS_URL")
     database_url = os.environ.get("FENCEPOST_DATABASE_URL")
+    if redis_url and redis_url.startswith("fakeredis://"):
+        use_fakeredis()  # no Redis server: fakeredis in this process (its Lua runs the scripts)
     servers: EmbeddedServers | None = None
     if not (redis_url and database_url):
         base = tempfile.mkdtemp(prefix="fencepost-testing-")
@@ -84,7 +87,7 @@ async def _harness(urls: tuple[str, str], registry: Registry) -> AsyncIterator[H
         yield harness
     finally:
         await client.close()
-        r = aioredis.Redis.from_url(redis_url)
+        r = connect(redis_url)
         keys = [k async for k in r.scan_iter(match=f"{prefix}:*", count=1000)]
         for i in range(0, len(keys), 500):
             await r.unlink(*keys[i:i + 500])

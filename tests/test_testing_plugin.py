@@ -98,6 +98,13 @@ def test_the_entry_point_gives_a_project_the_fixtures(project: pytest.Pytester) 
     result.assert_outcomes(passed=3)
 
 
+def test_a_project_without_a_redis_server(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FENCEPOST_REDIS_URL=fakeredis://...: the hot store is fakeredis in the test process (PostgreSQL only)."""
+    monkeypatch.setenv("FENCEPOST_REDIS_URL", "fakeredis://myapp")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(passed=3)
+
+
 def test_loading_it_starts_nothing_without_configured_stores(project: pytest.Pytester,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """No URLs configured: a test that requests no fixture starts no embedded server."""

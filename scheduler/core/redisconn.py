@@ -3,6 +3,7 @@ pure-Python packer, which dominated the worker's profile for batched EVALSHA cal
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -13,7 +14,9 @@ try:
 except ImportError:  # pragma: no cover - hiredis is a declared dependency
     hiredis = None  # type: ignore[assignment]  # the module or None; checked before use
 
-__all__ = ["connect"]
+__all__ = ["connect", "register_scheme"]
+
+_SCHEMES: dict[str, Callable[..., aioredis.Redis]] = {}
 
 
 class _HiredisPackedConnection(aioredis.Connection):
@@ -28,7 +31,15 @@ class _HiredisPackedConnection(aioredis.Connection):
             raise DataError(str(exc)) from None
 
 
+def register_scheme(scheme: str, factory: Callable[..., aioredis.Redis]) -> None:
+    """Serve Redis URLs `scheme://...` with `factory(url, **kwargs)` (fencepost.testing's fakeredis://)."""
+    _SCHEMES[scheme] = factory
+
+
 def connect(url: str, **kwargs: Any) -> aioredis.Redis:
+    factory = _SCHEMES.get(url.partition("://")[0])
+    if factory is not None:
+        return factory(url, **kwargs)
     if hiredis is not None and url.startswith("redis://"):
         kwargs.setdefault("connection_class", _HiredisPackedConnection)
     return aioredis.Redis.from_url(url, **kwargs)
