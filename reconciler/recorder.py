@@ -27,7 +27,7 @@ from fencepost.core.hot import TtlArgs, Versioned
 from fencepost.core.metrics import Cached
 from fencepost.core.models import encode_payload
 from fencepost.core.record import REFUSED
-from fencepost.core.states import TERMINAL
+from fencepost.core.states import ACTIVE, TERMINAL
 from fencepost.core.stores import Stores
 from fencepost.reconciler import gauges
 
@@ -42,6 +42,7 @@ _StreamReply: TypeAlias = list[tuple[bytes | str, list[tuple[bytes, dict[bytes, 
 _json = msgspec.json.Encoder()
 _UTC = UTC
 _TERMINAL = {s.value for s in TERMINAL}
+_ACTIVE = {s.value for s in ACTIVE}
 
 
 def _ts(ms: Any) -> datetime:
@@ -398,6 +399,11 @@ class Recorder:
         # before acknowledging it, and its finished runs still need their hashes to expire.
         self._versions = {row[0]: (row[12], row[4], row[3]) for row in rows}
         self._compensations = compensations
+        for p in runs.values():  # what apply_runs would ignore goes as NULL: fewer values to encode
+            if p[_R_STATUS] not in _ACTIVE:  # a lease and its owner are kept only for an active run
+                p[_R_WORKER] = p[_R_LEASE] = None
+            if p[_R_FINISHED] is not None:  # `at` only stands in for a finish time the fold did not set
+                p[_R_AT] = None
         rows_ = list(groups.values())
         rollup = [[g[i] for g in rows_] for i in range(6)]
         rollup += [[n for g in rows_ for n in g[6]], [n for g in rows_ for n in g[7]]]
