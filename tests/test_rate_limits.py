@@ -157,6 +157,26 @@ async def test_held_runs_come_back_in_their_order_when_the_window_frees(stores: 
     assert await q.r.zscore(q.keys.rwait, "K") is None
 
 
+async def test_a_lost_held_run_does_not_lift_the_limit(stores: Stores) -> None:
+    """A held member whose run hash is gone (a repair dropped it) is skipped at release; the
+    key's limit still holds for the runs behind it."""
+    q = await _queue(stores)
+    now = await _server_ms(q.r)
+    await q.enqueue(now, *[dict(id=f"h{i}", rkey="K", rlimit="1/200") for i in range(4)])
+    assert _ids(await q.claim(now, 10)) == ["h0"]
+    await q.r.delete(q.keys.run("h1"))
+    got: list[list[str]] = []
+
+    async def released() -> bool:
+        ids = _ids(await q.claim(now, 10))
+        if ids:
+            got.append(ids)
+        return len(got) == 2
+
+    await wait_until(released, timeout=30, what="two more windows")
+    assert got == [["h2"], ["h3"]], "one start per window, the lost run skipped"
+
+
 async def test_the_queue_rate_caps_each_claim(stores: Stores) -> None:
     q = await _queue(stores, rate=f"5/{DAY}")
     now = await _server_ms(q.r)

@@ -291,7 +291,9 @@ local function parse_rate(v)
 end
 
 -- A window's state for this call: {n, ms, used, key}, or false when no limit applies.
--- `declared` is the run's own 'N/ms' (the queue-wide limit passes its config's).
+-- `declared` is the run's own 'N/ms' (the queue-wide limit passes its config's). Runs of one
+-- key declare one rate (the key names their handler); if they differ, the first run a call
+-- meets decides for that call. "No limit" is not remembered: a later run may declare one.
 local rate_states = {}
 local function rate_state(rkey, declared, now)
   local s = rate_states[rkey]
@@ -302,12 +304,10 @@ local function rate_state(rkey, declared, now)
     else
       n, ms = parse_rate(redis.call('HGET', BASE .. 'rates', rkey) or declared)
     end
-    s = false
-    if n then
-      local w = rw_key(rkey)
-      redis.call('ZREMRANGEBYSCORE', w, '-inf', now - ms)
-      s = {n = n, ms = ms, used = redis.call('ZCARD', w), key = w}
-    end
+    if not n then return false end
+    local w = rw_key(rkey)
+    redis.call('ZREMRANGEBYSCORE', w, '-inf', now - ms)
+    s = {n = n, ms = ms, used = redis.call('ZCARD', w), key = w}
     rate_states[rkey] = s
   end
   return s
