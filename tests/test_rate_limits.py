@@ -112,6 +112,15 @@ def test_declaration_errors_name_the_field() -> None:
     async def z(ctx: Any) -> None: ...
 
     assert (z.spec.rate_key, z.spec.rate_limit) == ("", "2/60000"), "a rate without a key is the handler's own"
+    from fencepost.client import _rate
+    assert _rate(z.spec, z.request()) == ("z", "2/60000")
+    assert _rate(y.spec, y.request("acme")) == ("y:acme", "10/1000")
+    assert _rate(y.spec, y.options(rate_key="mine", rate_limit="1/1h").request("acme")) == ("mine", "1/3600000")
+    req = y.options(rate_limit="1/1h").request("acme")
+    assert (req.rate_key, req.rate_limit) == (None, "1/1h"), "a handle's options carry a submit's own rate"
+    with pytest.raises(InvalidInput) as exc:
+        y.options(rate_limit=5)
+    assert exc.value.field == "rate_limit"
 
 
 # -- Lua enforcement --------------------------------------------------------------------------------
