@@ -38,6 +38,7 @@ from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import DriftRepair
 from fencepost.reconciler.rebuild import rebuild_queue
+from fencepost.worker.runtime import Worker, WorkerOptions
 from tests.conftest import REDIS_URL, log_tail, need_tool, spawn, wait_until
 from tests.test_api import Api, _make_api, serve_in_thread
 from tests.test_cli import fp
@@ -520,3 +521,43 @@ async def test_dashboard_admin_edits_rate_limits(settings: Settings, client: Cli
     rows = await pool.fetch("SELECT action, reason FROM audit_log WHERE action LIKE 'dispatch_%' ORDER BY id")
     assert [(r["action"], r["reason"]) for r in rows] == [("dispatch_rate", "partner quota"),
                                                           ("dispatch_key_rate", "acme asked")]
+
+
+# -- an idle worker wakes when a window frees -------------------------------------------------------
+
+wake_registry = Registry()
+
+
+@wake_registry.job("rate.wake", queue="rq", rate_key="who", rate_limit="1/400ms")
+async def rate_wake(ctx: Any, who: str, i: int) -> int:
+    return i
+
+
+@wake_registry.job("rate.plain", queue="rq")
+async def rate_plain(ctx: Any, i: int) -> int:
+    return i
+
+
+async def test_an_idle_worker_wakes_when_a_window_frees(settings: Settings, stores: Stores) -> None:
+    """The worker idles 30 s at a time; held runs (a key's window) and due runs behind a full
+    queue-wide window all finish well inside that, so it woke at the windows' release times
+    (rwait), not at the end of its idle wait."""
+    idle_s, bound_s = 30.0, 12.0
+    async with Client(settings=settings) as c:
+        await c.register(wake_registry)
+        worker = Worker(wake_registry, WorkerOptions(queues=["rq"], concurrency=20, idle_wait_s=idle_s),
+                        settings=settings)
+        task = asyncio.ensure_future(worker.run())
+        try:
+            first = await rate_plain.submit(c, 0)
+            assert (await c.wait(first, timeout=bound_s)).status == "SUCCEEDED"  # started, and idle now
+            ids = [await rate_wake.submit(c, "acme", i) for i in range(4)]
+            for rid in ids:
+                assert (await c.wait(rid, timeout=bound_s)).status == "SUCCEEDED"
+            await fairness.set_rate(stores, "rq", "2/500ms", actor="t", reason="wake test")
+            ids = await c.submit_many([rate_plain.request(i) for i in range(6)])
+            for rid in ids:
+                assert (await c.wait(rid, timeout=bound_s)).status == "SUCCEEDED"
+        finally:
+            worker.request_stop()
+            await asyncio.wait_for(task, bound_s)
