@@ -14,7 +14,9 @@ import asyncio
 import hashlib
 import importlib.util
 import logging
+import sys
 import time
+import types
 import uuid
 from typing import Any, cast
 
@@ -22,11 +24,11 @@ import msgspec
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
-from fencepost.core.errors import FencepostError
+from fencepost.core.errors import FencepostError, InvalidInput
 from fencepost.core.models import decode_payload, decode_result, encode_payload, encode_result
 from fencepost.core.queues import declare_queues, require_queue, stamp_created
 from fencepost.core.redisconn import register_scheme
-from fencepost.core.registry import Handler, Registry
+from fencepost.core.registry import Handler, Registry, load_registry
 from fencepost.core.stores import Stores
 from fencepost.reconciler.outbox import OutboxRelay
 from fencepost.reconciler.recorder import Recorder
@@ -42,7 +44,7 @@ try:  # the `test` extra: fakeredis with its Lua support (lupa)
 except ImportError:  # fencepost.testing (and the pytest plugin) still load; use_fakeredis() says what to install
     fakeredis = None  # type: ignore[assignment]
 
-__all__ = ["FAKE_REDIS_URL", "Clock", "DrainTimeout", "Harness", "JobRun", "run_job", "use_fakeredis"]
+__all__ = ["FAKE_REDIS_URL", "Clock", "DrainTimeout", "Harness", "JobRun", "find_app", "run_job", "use_fakeredis"]
 
 log = logging.getLogger("fencepost.testing")
 _Scored = list[tuple[bytes, float]]
@@ -187,14 +189,61 @@ class Clock:
         return first
 
 
+_NO_APP = ("process handler, but fencepost.testing found no module holding the registry to spawn a child "
+           "process from: pass app=\"pkg.mod:registry\" to Harness (with the pytest plugin: a `fencepost_app` "
+           "fixture returning it)")
+"""The outcome's message for a process handler under a drain without `app` (instead of the worker's --app)."""
+
+
+def _has_process_handlers(registry: Registry) -> bool:
+    return any(h.spec.model == "process" for h in registry.handlers.values())
+
+
+def find_app(registry: Registry) -> str | None:
+    """`module:attribute` of a loaded module holding `registry` as a global, for a child process to import
+    (None: none; __main__ is skipped, a child cannot import it). The modules defining its handlers are tried
+    first, then the others, conftest and test modules (which import it too) last. Only searched when the
+    registry has a process handler: nothing else needs it."""
+    if not _has_process_handlers(registry):
+        return None
+    loaded = dict(sys.modules)  # a snapshot: imports in other threads change it
+    defining = dict.fromkeys(str(getattr(h.fn, "__module__", "")) for h in registry.handlers.values())
+    late = ("conftest", "test_")
+    others = sorted((n for n in loaded if n not in defining),
+                    key=lambda n: (n.rpartition(".")[2].startswith(late), n.count("."), n))
+    for name in [*defining, *others]:
+        module = loaded.get(name)
+        if name in ("__main__", "__mp_main__") or not isinstance(module, types.ModuleType):
+            continue
+        spec = getattr(module, "__spec__", None)
+        if spec is None or spec.name != name:  # made by hand, or an alias: not what importing the name gives
+            continue
+        attrs = sorted((a for a, v in list(vars(module).items()) if v is registry), key=lambda a: (a[0] == "_", a))
+        if attrs:
+            return f"{name}:{attrs[0]}"
+    return None
+
+
+def _check_app(app: str, registry: Registry) -> str:
+    """An `app` given to Harness: it must import as a Registry serving the registry's process handlers."""
+    loaded = load_registry(app)  # InvalidInput (field app) when it does not import or is no Registry
+    missing = sorted(n for n, h in registry.handlers.items() if h.spec.model == "process" and n not in loaded)
+    if missing:
+        raise InvalidInput(f"app {app!r} has no handler {missing[0]!r} of this registry", field="app")
+    return app
+
+
 class Harness:
     """A client on the test's stores plus `drain()`: a worker runs in this process until nothing is due
     (optionally skipping delays); each time it goes idle the recorder brings PostgreSQL up to date (so
     client.get(), events() and wait() see the outcome) and the outbox relay moves what that released
     (workflow nodes, outbox submits) to Redis, until nothing more comes."""
 
-    def __init__(self, settings: Settings, registry: Registry, client: Client) -> None:
+    def __init__(self, settings: Settings, registry: Registry, client: Client, *, app: str | None = None) -> None:
         self.settings, self.registry, self.client = settings, registry, client
+        self.app = _check_app(app, registry) if app is not None else find_app(registry)
+        """`module:attribute` of the registry, which the drain's worker spawns its child process from to run
+        `model="process"` handlers (as `fencepost worker --app`): given, or found among the loaded modules."""
         self.queues = sorted({h.spec.queue for h in registry.handlers.values()} | {"default"})
         self.clock = Clock(client.stores, self.queues)
         self.relay = OutboxRelay(client.stores)
@@ -202,10 +251,13 @@ class Harness:
 
     async def drain(self, *, skip_delays: bool = False, timeout: float = 60.0, concurrency: int = 10) -> None:
         """Run every due job to the end in-process. With skip_delays, delayed runs and retries are made
-        due by advancing the clock to each in turn (time skipping), so retries run to their end too."""
+        due by advancing the clock to each in turn (time skipping), so retries run to their end too.
+        `model="process"` handlers run in one child process spawned from `app` for this drain, as a worker's."""
         worker = Worker(self.registry, WorkerOptions(queues=self.queues, concurrency=concurrency, processes=1,
                                                      idle_wait_s=0.05, heartbeat_s=0.2, reap_every_s=0.5),
-                        settings=self.settings, worker_id=f"fencepost.testing:{uuid.uuid4().hex[:6]}")
+                        settings=self.settings, app=self.app, worker_id=f"fencepost.testing:{uuid.uuid4().hex[:6]}")
+        if self.app is None:
+            worker.executors.no_pool = _NO_APP
         task = asyncio.create_task(worker.run())
         deadline = time.monotonic() + timeout
         try:

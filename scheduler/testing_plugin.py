@@ -4,7 +4,8 @@ fencepost is installed (nothing to add to a conftest.py; `-p no:fencepost` turns
 Loading it starts nothing: the fixtures reach the stores (or start embedded servers) only when a test
 requests them. `fencepost_urls` (session) is the stores: FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL,
 else embedded servers started for the session (the `embedded` extra); `fencepost_registry` is yours to
-override; `fencepost` is a Harness (`.client`, `.drain()`, `.clock`, `.status()`) on a fresh Redis key
+override, and `fencepost_app` (the registry's "module:attribute", found by itself when None) too;
+`fencepost` is a Harness (`.client`, `.drain()`, `.clock`, `.status()`) on a fresh Redis key
 prefix; with FENCEPOST_REDIS_URL=fakeredis:// no Redis server is needed (fencepost.testing.use_fakeredis).
 The async fixture needs pytest-asyncio (the `test` extra); without it the plugin still loads and the
 fixture says what to install.
@@ -34,7 +35,7 @@ try:
 except ImportError:  # every pytest run of a project with fencepost installed loads this plugin
     _async_fixture = None  # type: ignore[assignment]
 
-__all__ = ["fencepost", "fencepost_registry", "fencepost_urls"]
+__all__ = ["fencepost", "fencepost_app", "fencepost_registry", "fencepost_urls"]
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +75,15 @@ def fencepost_registry() -> Registry:
                             "fencepost fixture")
 
 
-async def _harness(urls: tuple[str, str], registry: Registry) -> AsyncIterator[Harness]:
+@pytest.fixture
+def fencepost_app() -> str | None:
+    """The registry's "module:attribute", which drain() spawns a child process from for `model="process"`
+    handlers (as `fencepost worker --app`). None: the loaded module holding the registry, found by itself;
+    override in conftest.py when it is not found (the run's error says so)."""
+    return None
+
+
+async def _harness(urls: tuple[str, str], registry: Registry, app: str | None = None) -> AsyncIterator[Harness]:
     redis_url, database_url = urls
     prefix = f"fpt{uuid.uuid4().hex[:10]}"
     settings = Settings(redis_url=redis_url, database_url=database_url, prefix=prefix, backoff_base_ms=50,
@@ -82,7 +91,7 @@ async def _harness(urls: tuple[str, str], registry: Registry) -> AsyncIterator[H
     client = await Client(settings=settings).connect()
     try:
         await client.register(registry)
-        harness = Harness(settings, registry, client)
+        harness = Harness(settings, registry, client, app=app)
         await harness.stamp()
         yield harness
     finally:
@@ -104,10 +113,11 @@ def _fencepost_fixture() -> Any:
         return unavailable
 
     @_async_fixture(name="fencepost")
-    async def harness(fencepost_urls: tuple[str, str], fencepost_registry: Registry) -> AsyncIterator[Harness]:
+    async def harness(fencepost_urls: tuple[str, str], fencepost_registry: Registry,
+                      fencepost_app: str | None) -> AsyncIterator[Harness]:
         """A Harness with a registered client; each test gets its own Redis key prefix (its keys are removed
         after it), and shares the session's PostgreSQL database."""
-        async for h in _harness(fencepost_urls, fencepost_registry):
+        async for h in _harness(fencepost_urls, fencepost_registry, fencepost_app):
             yield h
 
     return harness

@@ -39,6 +39,9 @@ class Outcome(msgspec.Struct, frozen=True):
 
 
 class Executors:
+    no_pool = "process handler but the worker has no --app to spawn from"
+    """The outcome's message when a process handler meets no pool (fencepost.testing says how to give it one)."""
+
     def model(self, handler: str) -> str:
         h = self.registry.handlers.get(handler)
         return h.spec.model if h is not None else "async"
@@ -78,7 +81,7 @@ class Executors:
         try:
             if model == "process":
                 if self.procs is None:
-                    return Outcome("fatal", "process handler but the worker has no --app to spawn from", "NoProcessPool")
+                    return Outcome("fatal", self.no_pool, "NoProcessPool")
                 assert self.checkpoints is not None
                 # decoded and bound in the child only (arguments that no longer bind come back as fatal)
                 return Outcome("ok", await self.procs.run(job.handler, job.payload, ctx, timeout,

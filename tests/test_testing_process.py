@@ -1,0 +1,190 @@
+"""fencepost.testing's drain() runs `model="process"` handlers for real, in a child process spawned from the
+registry's module as a worker's (`--app`): found among the loaded modules, or given as `app=`; without
+one the outcome says how to give it."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.errors import InvalidInput
+from fencepost.core.registry import Registry
+from fencepost.testing import Harness, find_app
+from fencepost.worker.context import SyncContext
+from tests.apps_process import boom, count, registry
+
+pytest_plugins = ["pytester"]
+
+
+@pytest_asyncio.fixture
+async def client(settings: Settings) -> AsyncIterator[Client]:
+    c = await Client(settings=settings).connect()
+    await c.register(registry)
+    yield c
+    await c.close()
+
+
+def test_the_app_is_the_module_defining_the_registry() -> None:
+    """This module and conftest-like importers hold it too: the defining module comes first."""
+    assert globals()["registry"] is registry
+    assert find_app(registry) == "tests.apps_process:registry"
+    assert find_app(Registry()) is None  # no process handler: nothing to spawn, nothing searched
+
+
+async def test_drain_runs_a_process_handler_in_a_child(settings: Settings, client: Client) -> None:
+    fp = Harness(settings, registry, client)
+    assert fp.app == "tests.apps_process:registry"
+    run_id = await count.submit(client, 5)
+    await fp.drain()
+    out = await client.wait(run_id, timeout=10)
+    assert out.status == "SUCCEEDED", out
+    assert out.result["done"] == 5 and out.result["pid"] != os.getpid()
+    progress = (await client.get(run_id))["progress"]  # reported in the child, recorded by the parent
+    assert progress is not None and (progress["done"], progress["total"]) == (5, 5)
+
+
+async def test_a_failing_process_handler_is_retried_to_its_end(settings: Settings, client: Client) -> None:
+    fp = Harness(settings, registry, client, app="tests.apps_process:registry")
+    run_id = await boom.submit(client)
+    await fp.drain(skip_delays=True)
+    out = await client.wait(run_id, timeout=10)
+    assert out.status == "FAILED"
+    attempts = await client.attempts(run_id)
+    assert [a["attempt"] for a in attempts] == [1, 2, 3]
+    assert {a["error_class"] for a in attempts} == {"ConnectionError"}
+
+
+async def test_an_app_that_does_not_serve_the_registry_is_refused(settings: Settings, client: Client) -> None:
+    with pytest.raises(InvalidInput) as bad:
+        Harness(settings, registry, client, app="tests.apps:registry")
+    assert bad.value.field == "app" and "no handler 'tp.boom'" in str(bad.value)
+    with pytest.raises(InvalidInput) as bad:
+        Harness(settings, registry, client, app="tests.no_such_module:registry")
+    assert bad.value.field == "app"
+
+
+async def test_without_an_app_the_outcome_says_how_to_give_one(settings: Settings) -> None:
+    """A registry no module holds (made in a function): as before, the run fails, and says what to pass."""
+    local = Registry()
+
+    @local.job("tp.local", queue="tpq", model="process", max_retries=0)
+    def local_job(ctx: SyncContext) -> int:
+        return 1
+
+    c = await Client(settings=settings).connect()
+    try:
+        await c.register(local)
+        fp = Harness(settings, local, c)
+        assert fp.app is None
+        run_id = await local_job.submit(c)
+        await fp.drain()
+        out = await c.wait(run_id, timeout=10)
+        assert out.status == "FAILED" and out.error_class == "NoProcessPool"
+        assert out.error is not None and 'app="pkg.mod:registry"' in out.error
+    finally:
+        await c.close()
+
+
+FAR_APP = '''
+    import os
+
+    from fencepost import Registry
+
+    registry = Registry()
+
+
+    @registry.job("far.where", queue="tpq", model="process")
+    def where(ctx) -> str:
+        import farapp
+        return f"{os.getpid()}:{farapp.__file__}"
+'''
+
+
+async def test_the_child_imports_from_the_tests_sys_path(settings: Settings, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module importable only through an entry the test process added to sys.path (not the working
+    directory, not PYTHONPATH): the child imports it too (a spawned child starts with the parent's sys.path)."""
+    far = tmp_path / "far"
+    far.mkdir()
+    (far / "farapp.py").write_text(textwrap.dedent(FAR_APP))
+    monkeypatch.syspath_prepend(str(far))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    farapp = importlib.import_module("farapp")
+    c = await Client(settings=settings).connect()
+    try:
+        await c.register(farapp.registry)
+        fp = Harness(settings, farapp.registry, c)
+        assert fp.app == "farapp:registry"
+        run_id = await farapp.where.submit(c)
+        await fp.drain()
+        out = await c.wait(run_id, timeout=10)
+        assert out.status == "SUCCEEDED", out
+        pid, path = out.result.split(":", 1)
+        assert int(pid) != os.getpid() and Path(path) == far / "farapp.py"
+    finally:
+        await c.close()
+        sys.modules.pop("farapp", None)
+
+
+APP = '''
+    from fencepost import Registry
+
+    registry = Registry()
+
+
+    @registry.job("myapp.total", queue="myapp", model="process")
+    def total(ctx, n: int) -> int:
+        done = ctx.checkpoint_data or 0
+        while done < n:
+            done += 1
+            ctx.checkpoint(done, processed=done)
+        return done * 10
+'''
+
+CONFTEST = '''
+    import pytest
+    from myapp import registry
+
+
+    @pytest.fixture
+    def fencepost_registry():
+        return registry
+'''
+
+TESTS = '''
+    import os
+
+    from myapp import total
+
+
+    async def test_a_process_handler_under_drain(fencepost):
+        assert fencepost.app == "myapp:registry"
+        run_id = await total.submit(fencepost.client, 4)
+        await fencepost.drain()
+        out = await fencepost.client.wait(run_id, timeout=10)
+        assert out.status == "SUCCEEDED" and out.result == 40
+'''
+
+
+def test_the_plugin_runs_process_handlers(pytester: pytest.Pytester, settings: Settings,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's project (its module found by itself, on the sys.path pytest gave the tests), on a real Redis
+    and on fakeredis (the child reaches no store: its checkpoints go through the drain's worker)."""
+    pytester.makepyfile(myapp=textwrap.dedent(APP), conftest=textwrap.dedent(CONFTEST),
+                        test_myapp=textwrap.dedent(TESTS))
+    pytester.makeini("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
+    monkeypatch.setenv("FENCEPOST_REDIS_URL", settings.redis_url)
+    monkeypatch.setenv("FENCEPOST_DATABASE_URL", settings.database_url)
+    monkeypatch.delenv("FENCEPOST_PREFIX", raising=False)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300).assert_outcomes(passed=1)
+    monkeypatch.setenv("FENCEPOST_REDIS_URL", "fakeredis://myapp")
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300).assert_outcomes(passed=1)
