@@ -337,6 +337,7 @@ class Client(ControlMixin, WorkflowMixin):
                      delay: float | None = None, timeout: float | None = None, max_retries: int | None = None,
                      idempotency_key: str | None = None, trace: str | None = None, tenant: str | None = None,
                      concurrency_key: str | None = None, concurrency_limit: int | None = None,
+                     rate_key: str | None = None, rate_limit: str | None = None,
                      connection: Conn | None = None) -> int:
         name = handler.name if isinstance(handler, Handler) else handler
         if isinstance(handler, Handler) and not self._binds(handler):
@@ -344,7 +345,7 @@ class Client(ControlMixin, WorkflowMixin):
         req = Submit(handler=name, args=args, kwargs=kwargs or {}, queue=queue, priority=priority, run_at=run_at,
                      delay=delay, timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key,
                      trace=trace, tenant=tenant, concurrency_key=concurrency_key,
-                     concurrency_limit=concurrency_limit)
+                     concurrency_limit=concurrency_limit, rate_key=rate_key, rate_limit=rate_limit)
         if connection is not None:
             return (await self.submit_many([req], connection=connection))[0]
         return await self._coalescer.submit(req)

@@ -384,6 +384,11 @@ async def test_cli_sets_and_shows_rates(settings: Settings, client: Client, stor
     for args in (("queue", "rate", "tq", "0/1s"), ("queue", "rate", "tq", "1/inf"), ("queue", "rate", "tq")):
         bad = await fp(settings, *args)
         assert bad.code == EXIT_REFUSED and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad
+    out = await fp(settings, "submit", "t.echo", "--args", "[1]", "--rate-key", "acct-3", "--rate-limit", "9/1s")
+    assert out.code == 0, out
+    assert await stores.redis.hmget(stores.keys("tq").run(int(out.stdout)), "rkey", "rlimit") == [b"acct-3", b"9/1000"]
+    bad = await fp(settings, "submit", "t.echo", "--args", "[1]", "--rate-key", "acct-3", "--rate-limit", "9/1y")
+    assert bad.code == EXIT_REFUSED and bad.stderr.startswith("error: rate_limit") and bad.stderr.count("\n") == 1, bad
     assert (await fp(settings, "queue", "rate", "tq", "--reset")).code == 0
     assert (await fp(settings, "queue", "rate", "tq", "--reset", "--key", "t.rated:acme")).code == 0
     assert (await fairness.load(stores, "tq")).rate is None

@@ -50,12 +50,15 @@ _FLEET_COLS = ["at", "run_id", "handler", "type", "to_status", "attempt", "worke
 @click.option("--concurrency-key", type=Checked("concurrency_key"),
               help="Limit runs sharing this key (default: the handler's declared key).")
 @click.option("--concurrency-limit", type=Checked("concurrency_limit"), help="At most this many runs of the key leased at once.")
+@click.option("--rate-key", type=Checked("rate_key"), help="Runs sharing this key share a rate limit (default: the handler's).")
+@click.option("--rate-limit", help="At most this many starts of the key per interval, like 100/1s or 5/250ms.")
 @click.option("--wait", "wait_s", type=float, help="Wait up to this many seconds for the outcome.")
 @async_command
 async def submit(settings: Settings, handler: str, args_json: str | None, kwargs_json: str | None, queue: str | None,
                  priority: int | None, delay: float | None, timeout: float | None, max_retries: int | None,
                  idempotency_key: str | None, tenant: str | None, concurrency_key: str | None,
-                 concurrency_limit: int | None, wait_s: float | None) -> None:
+                 concurrency_limit: int | None, rate_key: str | None, rate_limit: str | None,
+                 wait_s: float | None) -> None:
     """Submit one run of HANDLER; prints its run id."""
     args = json_arg(args_json, "--args", list)
     kwargs = json_arg(kwargs_json, "--kwargs", dict)
@@ -63,7 +66,8 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
     if api is not None:
         run_id = api.submit(handler, args, kwargs, queue=queue, priority=priority, delay=delay, timeout=timeout,
                             max_retries=max_retries, idempotency_key=idempotency_key, tenant=tenant,
-                            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
+                            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+                            rate_key=rate_key, rate_limit=rate_limit)
         click.echo(run_id)
         if wait_s is not None:
             run = api.wait(run_id, timeout=wait_s)
@@ -76,7 +80,7 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
         run_id = await client.submit(handler, *args, kwargs=kwargs, queue=queue, priority=priority, delay=delay,
                                      timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key,
                                      tenant=tenant, concurrency_key=concurrency_key,
-                                     concurrency_limit=concurrency_limit)
+                                     concurrency_limit=concurrency_limit, rate_key=rate_key, rate_limit=rate_limit)
         click.echo(run_id)
         if wait_s is not None:
             out = await client.wait(run_id, timeout=wait_s)
