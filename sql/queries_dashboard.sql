@@ -71,7 +71,7 @@ WITH g AS (
            (SELECT (extract(epoch FROM a.finished_at - a.started_at) * 1000)::bigint FROM attempts a
             WHERE a.run_id = l.run_id AND a.attempt = l.attempt) AS run_ms
     FROM unnest($9::text[], $10::timestamptz[], $11::bigint[], $12::int[]) AS l(queue, minute, run_id, attempt)
-), lb AS (
+), lb AS MATERIALIZED (  -- one attempt lookup per finish, not one per bucket
     SELECT queue, minute,
            width_bucket(run_ms, ARRAY[10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000,
                                       900000, 3600000]::bigint[]) + 1 AS b
