@@ -18,6 +18,7 @@ import sys
 import time
 import types
 import uuid
+from pathlib import Path
 from typing import Any, cast
 
 import msgspec
@@ -224,6 +225,31 @@ def find_app(registry: Registry) -> str | None:
     return None
 
 
+def _importable(top: str) -> bool:
+    """Whether a fresh process with this sys.path can import the top-level name (sys.modules aside)."""
+    for finder in list(sys.meta_path):
+        try:
+            if getattr(finder, "find_spec", None) is not None and finder.find_spec(top, None) is not None:
+                return True
+        except Exception:  # a third-party finder's own trouble: ask the next one
+            continue
+    return False
+
+
+def _child_root(app: str) -> str | None:
+    """The folder a child process needs on sys.path to import app's module, when the test process's sys.path
+    does not reach it (pytest's --import-mode=importlib imports test modules without adding their folder):
+    the folder holding the module's top-level package. None: reachable already (the usual case)."""
+    name = app.partition(":")[0]
+    top = name.partition(".")[0]
+    file = getattr(sys.modules.get(name), "__file__", None)
+    if file is None or _importable(top):
+        return None
+    where = Path(file).resolve()
+    depth = name.count(".") + (where.name == "__init__.py")
+    return str(where.parents[depth]) if depth < len(where.parents) else None
+
+
 def _check_app(app: str, registry: Registry) -> str:
     """An `app` given to Harness: it must import as a Registry serving the registry's process handlers."""
     loaded = load_registry(app)  # InvalidInput (field app) when it does not import or is no Registry
@@ -258,6 +284,14 @@ class Harness:
                         settings=self.settings, app=self.app, worker_id=f"fencepost.testing:{uuid.uuid4().hex[:6]}")
         if self.app is None:
             worker.executors.no_pool = _NO_APP
+        # A spawned child starts with this process's sys.path (multiprocessing passes it): when that does not
+        # reach the app's module, its folder is appended (last, shadowing nothing) while this drain's worker
+        # spawns children, and taken out after.
+        added = _child_root(self.app) if self.app is not None and _has_process_handlers(self.registry) else None
+        if added is not None and added not in sys.path:
+            sys.path.append(added)
+        else:
+            added = None
         task = asyncio.create_task(worker.run())
         deadline = time.monotonic() + timeout
         try:
@@ -277,6 +311,8 @@ class Harness:
         finally:
             worker.request_stop()
             await _stopped(task)
+            if added is not None and added in sys.path:
+                sys.path.remove(added)
         await self.record(timeout=max(deadline - time.monotonic(), 5.0))
         await self.relay.close()
 

@@ -5,6 +5,7 @@ one the outcome says how to give it."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import textwrap
@@ -133,6 +134,36 @@ async def test_the_child_imports_from_the_tests_sys_path(settings: Settings, tmp
     finally:
         await c.close()
         sys.modules.pop("farapp", None)
+
+
+async def test_a_module_imported_off_sys_path(settings: Settings, tmp_path: Path) -> None:
+    """As pytest's --import-mode=importlib imports a test module (by file, under a dotted name, sys.path
+    untouched): the drain appends the folder holding its package to sys.path while it spawns, and only then."""
+    (tmp_path / "offpath").mkdir()
+    (tmp_path / "offpath" / "far_tests").mkdir()
+    file = tmp_path / "offpath" / "far_tests" / "test_far.py"
+    file.write_text(textwrap.dedent(FAR_APP).replace("import farapp", "import far_tests.test_far as farapp"))
+    spec = importlib.util.spec_from_file_location("far_tests.test_far", file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["far_tests.test_far"] = module
+    path_before = list(sys.path)
+    c = await Client(settings=settings).connect()
+    try:
+        spec.loader.exec_module(module)
+        await c.register(module.registry)
+        fp = Harness(settings, module.registry, c)
+        assert fp.app == "far_tests.test_far:registry"
+        run_id = await module.where.submit(c)
+        await fp.drain()
+        out = await c.wait(run_id, timeout=10)
+        assert out.status == "SUCCEEDED", out
+        pid, path = out.result.split(":", 1)
+        assert int(pid) != os.getpid() and Path(path) == file
+        assert sys.path == path_before
+    finally:
+        await c.close()
+        sys.modules.pop("far_tests.test_far", None)
 
 
 APP = '''
