@@ -4,6 +4,7 @@
     python bench/hotpath.py --lua-dir /tmp/old/lua   # the same scripts from another tree (A/B a Lua change)
     python bench/hotpath.py --events                 # PostgreSQL: jsonb insert vs binary COPY of event rows
     python bench/hotpath.py --recorder               # the recorder: its own CPU, PostgreSQL's and Redis's per job
+    python bench/hotpath.py --rate-keys 100          # every run with one of 100 rate keys (the rate check's cost)
 
 Redis: a private redis-server (no persistence) on a free port, N runs enqueued, claimed and finished
 in batches as a worker does (100 per claim, one finish call per claim), then the recorder's side:
@@ -59,7 +60,7 @@ async def _cpu(r: object) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool) -> dict[str, float]:
+async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool, rate_keys: int = 0) -> dict[str, float]:
     st = Stores(Settings(redis_url=url, prefix=prefix))
     r, k = st.redis, st.keys("q")
     await st.scripts.stamp_queue(k, StampArgs(1, 1))
@@ -68,8 +69,9 @@ async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool) ->
     t: dict[str, float] = {}
     c0 = await _cpu(r)
     for i in range(0, n, 1000):
+        # --rate-keys K: every run carries one of K rate keys with a rate it never reaches (the cost of the check)
         items = [EnqueueItem(j + 1, "PENDING", now, 0, "bench.tiny", payload, 3, 60_000, 0, 0, "", "", 0, "", "", "",
-                             "", "")
+                             f"k{j % rate_keys}" if rate_keys else "", "1000000/1000" if rate_keys else "")
                  for j in range(i, min(i + 1000, n))]
         await st.scripts._call("enqueue_runs", k, Now(now), items)
     t["enqueue"] = await _cpu(r) - c0
@@ -124,7 +126,7 @@ async def redis_main(a: argparse.Namespace) -> None:
                                "--appendonly", "no"], stdout=subprocess.DEVNULL)
     try:
         await asyncio.sleep(0.3)
-        runs = [await redis_phases(f"redis://127.0.0.1:{port}/0", f"hp{i}", a.jobs, a.batch, a.xdel)
+        runs = [await redis_phases(f"redis://127.0.0.1:{port}/0", f"hp{i}", a.jobs, a.batch, a.xdel, a.rate_keys)
                 for i in range(a.rounds)]
     finally:
         server.kill()
@@ -259,6 +261,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lua-dir", default=None, help="lua/ of another tree (A/B a script change)")
     ap.add_argument("--xdel", action="store_true", help="delete recorded entries one by one (the old way)")
+    ap.add_argument("--rate-keys", type=int, default=0, help="every run carries one of this many rate keys")
     ap.add_argument("--events", action="store_true", help="PostgreSQL: event rows by jsonb insert vs COPY")
     ap.add_argument("--recorder", action="store_true", help="the recorder draining a stream of finished jobs")
     ap.add_argument("--record-batch", type=int, default=1000, help="--recorder: entries per recorder batch")

@@ -63,14 +63,15 @@ if redis.call('EXISTS', K_RWAIT) == 1 or queue_config()[6] then
 end
 local qrate = rnow and rate_state('', queue_config()[6], rnow)
 if qrate then
-  want = math.min(want, qrate.n - qrate.used)
-  if want <= 0 then
+  if rate_full(qrate, rnow) then
     if redis.call('EXISTS', K_TENANTS) == 1 then
       redis.call('ZADD', K_RWAIT, 'LT', rate_free_at(qrate, rnow), '')
       redis.call('HINCRBY', K_STATS, 'rate_limited', 1)
     end
     return {}
   end
+  if qrate.n - qrate.used < want then rate_exact(qrate, rnow) end
+  want = math.min(want, qrate.n - qrate.used)
 end
 
 local weights = {}
@@ -156,7 +157,7 @@ while claimed < want and rounds < 4 do
       end
       if f[11] and not slot_free(f[11]) then
         hold(id, f[11], popped[2 * i])
-      elseif rate and rate.used >= rate.n then
+      elseif rate and rate_full(rate, rnow) then
         rate_hold(id, f[12], popped[2 * i], rate, rnow)
         rate_held = rate_held + 1
       else

@@ -290,11 +290,14 @@ local function parse_rate(v)
   return n, ms
 end
 
--- A window's state for this call: {n, ms, used, key}, or false when no limit applies.
+-- A window's state for this call: {n, ms, used, key, exact}, or false when no limit applies.
 -- `declared` is the run's own 'N/ms' (the queue-wide limit passes its config's). Runs of one
 -- key declare one rate (the key names their handler); if they differ, the first run a call
 -- meets decides for that call. "No limit" is not remembered: a later run may declare one.
+-- `used` starts as the set's size, an upper bound (old starts may not be trimmed yet): below
+-- N it already proves room; only a window that looks full is trimmed and counted exactly.
 local rate_states = {}
+local rate_overrides = nil
 local function rate_state(rkey, declared, now)
   local s = rate_states[rkey]
   if s == nil then
@@ -302,19 +305,33 @@ local function rate_state(rkey, declared, now)
     if rkey == '' then
       n, ms = parse_rate(declared)
     else
-      n, ms = parse_rate(redis.call('HGET', BASE .. 'rates', rkey) or declared)
+      if rate_overrides == nil then rate_overrides = redis.call('EXISTS', BASE .. 'rates') == 1 end
+      n, ms = parse_rate(rate_overrides and redis.call('HGET', BASE .. 'rates', rkey) or declared)
     end
     if not n then return false end
     local w = rw_key(rkey)
-    redis.call('ZREMRANGEBYSCORE', w, '-inf', now - ms)
-    s = {n = n, ms = ms, used = redis.call('ZCARD', w), key = w}
+    s = {n = n, ms = ms, used = redis.call('ZCARD', w), key = w, exact = false, ttl = false}
     rate_states[rkey] = s
   end
   return s
 end
 
--- When the window's next start is allowed (ms): its oldest start leaves it, or, while it is
--- empty, a full interval after starts made now.
+-- The window trimmed to (now - ms, now] and counted exactly (once per call).
+local function rate_exact(s, now)
+  if not s.exact then
+    redis.call('ZREMRANGEBYSCORE', s.key, '-inf', now - s.ms)
+    s.used = redis.call('ZCARD', s.key)
+    s.exact = true
+  end
+  return s
+end
+
+local function rate_full(s, now)
+  return s.used >= s.n and rate_exact(s, now).used >= s.n
+end
+
+-- When the window's next start is allowed (ms; the window is exact): its oldest start leaves
+-- it, or, while it is empty, a full interval after starts made now.
 local function rate_free_at(s, now)
   local oldest = redis.call('ZRANGE', s.key, 0, 0, 'WITHSCORES')
   return (tonumber(oldest[2]) or now) + s.ms
@@ -322,7 +339,10 @@ end
 
 local function rate_start(s, member, now)
   redis.call('ZADD', s.key, now, member)
-  redis.call('PEXPIRE', s.key, s.ms + 1000)
+  if not s.ttl then  -- every start of a call has the same `now`: one expiry per window per call
+    redis.call('PEXPIRE', s.key, s.ms + 1000)
+    s.ttl = true
+  end
   s.used = s.used + 1
 end
 
@@ -344,7 +364,7 @@ local function rate_release(now, page)
     else
       local s = rate_state(rkey, redis.call('HGET', run_key(head[1]), 'rlimit'), now)
       local room = RELEASE_PAGE
-      if s then room = math.min(room, s.n - s.used) end
+      if s then room = math.min(room, s.n - rate_exact(s, now).used) end
       while room > 0 do
         local nxt = redis.call('ZPOPMIN', h, 1)
         if not nxt[1] then break end
