@@ -317,6 +317,8 @@ async def test_submits_carry_the_rate_key_into_the_record(client: Client, stores
 
 async def test_held_runs_come_back_after_redis_lost_the_queue(client: Client, stores: Stores) -> None:
     ids = await client.submit_many([Submit(handler="t.rated", args=("acme", i), rate_limit="2/1d") for i in range(6)])
+    await fairness.set_rate(stores, "tq", "1000/1s", actor="t", reason="r")
+    await fairness.set_key_rate(stores, "tq", "other", "5/1s", actor="t", reason="r")
     k, r = stores.keys("tq"), stores.redis
     now = await _server_ms(r)
     first = await stores.scripts.run("claim_due", k, [now, 10, "w", 60_000, 0])
@@ -331,6 +333,8 @@ async def test_held_runs_come_back_after_redis_lost_the_queue(client: Client, st
     stats = await rebuild_queue(stores, "tq")
     assert stats["restored"] == 6, "the held runs and the two whose attempts the lost dataset knew"
     assert await r.hmget(k.run(ids[5]), "rkey", "rlimit") == [b"t.rated:acme", b"2/86400000"]
+    assert await r.hget(k.config, "rate") == b"1000/1000" and await r.hgetall(k.rates) == {b"other": b"5/1000"}, \
+        "the operator's rates are copied back from PostgreSQL"
     again = await stores.scripts.run("claim_due", k, [await _server_ms(r), 10, "w", 60_000, 0])
     assert len(again) == 2 * 10, "the windows were lost with the dataset: up to N start at once (docs)"
     assert await r.zcard(k.rate_held("t.rated:acme")) == 4, "the rest are held again, not lost"
