@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import ClusterDownError, ClusterError, ResponseError, TryAgainError
+from redis.exceptions import ClusterDownError, ClusterError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -67,8 +67,12 @@ __all__ = [
     "render",
 ]
 
-# replies that mean "this node cannot serve now" (failover in progress), not a script error
-_UNAVAILABLE = ("CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN", "READONLY", "NOREPLICAS")
+# replies that mean "this node cannot serve now" (failover in progress, maxmemory reached under
+# noeviction, a long script running, a failed snapshot), not a script error: the reply's code, or on
+# Redis 6.2 the code of a command that failed inside the script (`...: -READONLY ...`)
+_UNAVAILABLE = ("CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN", "READONLY", "NOREPLICAS", "OOM", "BUSY",
+                "MISCONF")
+_UNAVAILABLE_RE = re.compile(rf"(?:^|: -)(?:{'|'.join(_UNAVAILABLE)})(?= |$)")
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
 SCRIPT_NAMES = tuple(sorted(p.stem for p in resource_dir("lua").glob("*.lua")))
 """Every lua/<verb>_<object>.lua is a script (includes live in lua/includes/)."""
@@ -501,7 +505,9 @@ def enqueue_item(r: RunRow) -> EnqueueItem:
 def _script_error(exc: ResponseError, keys: Keys | Sequence[str]) -> Exception:
     """A script's error reply as a typed error (one place for every script call)."""
     msg = str(exc)
-    if isinstance(exc, (ClusterDownError, TryAgainError)) or msg.startswith(_UNAVAILABLE):
+    # redis-py strips a code it has a class for (READONLY, OOM) from the message
+    if isinstance(exc, (ClusterDownError, TryAgainError, ReadOnlyError, OutOfMemoryError)) \
+            or _UNAVAILABLE_RE.search(msg):
         return RedisUnavailable(f"redis unavailable: {msg}")
     if msg.startswith("UNSTAMPED"):
         return NotStamped(keys.queue if isinstance(keys, Keys) else "?")
