@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 
 from fencepost.core import audit, validate
-from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused
+from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused, UnknownRun
 from fencepost.core.models import Outcome, RunRow, Submit
 from fencepost.core.states import LIVE, UNSUCCESSFUL, Status
 
@@ -31,10 +31,13 @@ if TYPE_CHECKING:
     from fencepost.core.record import Conn
     from fencepost.core.stores import Stores
 
-__all__ = ["Batch", "Node", "RunHandle", "SyncRunHandle", "UnknownBatch", "UnknownDependency", "UnknownWorkflow",
+__all__ = ["PURGED", "Batch", "Node", "RunHandle", "SyncRunHandle", "UnknownBatch", "UnknownDependency", "UnknownWorkflow",
            "WorkflowCycle", "WorkflowMixin", "layers"]
 
 _UTC = UTC
+PURGED = "PURGED"
+"""A batch member's or callback's state in batch_view once its run left the record (neither in runs
+nor in runs_archive: a dropped archive partition, a load test's cleanup)."""
 
 
 class Node(msgspec.Struct, kw_only=True, frozen=True):
@@ -335,10 +338,14 @@ class WorkflowMixin:
         batch = await self.batch(batch_id)
         counts: dict[str, int] = {}
         for m in batch["members"]:
-            counts[m["status"]] = counts.get(m["status"], 0) + 1
+            state = m["status"] or PURGED
+            counts[state] = counts.get(state, 0) + 1
         callbacks: dict[str, dict[str, Any] | None] = {}
         for kind in ("on_complete", "on_success"):
-            run = None if batch[kind] is None else await self.get(batch[kind])
+            try:
+                run = None if batch[kind] is None else await self.get(batch[kind])
+            except UnknownRun:
+                run = {"id": batch[kind], "status": PURGED}
             callbacks[kind] = None if run is None else {"id": run["id"], "status": run["status"],
                                                         "reason": run.get("reason")}
         return {"id": batch["id"], "name": batch["name"], "created_at": batch["created_at"],

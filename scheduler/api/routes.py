@@ -46,7 +46,7 @@ from fencepost.core.models import Submit, decode_payload, decode_result
 from fencepost.core.schedules import UnknownSchedule
 from fencepost.core.states import RESTING, Status
 from fencepost.schedules import Schedules, ScheduleUpdate
-from fencepost.workflows import UnknownBatch, UnknownWorkflow
+from fencepost.workflows import PURGED, UnknownBatch, UnknownWorkflow
 
 __all__ = ["ROUTES", "Ctx", "RouteSpec"]
 
@@ -655,9 +655,13 @@ async def get_batch(ctx: Ctx) -> Any:
         raise InvalidInput(f"batch id must be a UUID, not {raw!r}", field="batch_id") from None
     queues = await ctx.client.stores.db.fetchval("api_batch_queues", bid)
     try:
-        if not all(ctx.p.in_scope(q) for q in queues or ()):
+        if (ctx.p.queues and not queues) or not all(ctx.p.in_scope(q) for q in queues or ()):
             raise UnknownBatch(bid)
-        return msgspec.convert(await ctx.client.batch_view(bid), S.Batch)
+        view = await ctx.client.batch_view(bid)
+        if ctx.p.queues and (PURGED in view["counts"] or any(
+                cb is not None and cb["status"] == PURGED for cb in (view["on_complete"], view["on_success"]))):
+            raise UnknownBatch(bid)  # a purged run's queue is unknown: not shown to be in the scope
+        return msgspec.convert(view, S.Batch)
     except UnknownBatch:
         raise NotFound(f"no batch with id {bid}", batch_id=str(bid)) from None
 
@@ -823,6 +827,10 @@ async def set_dispatch(ctx: Ctx) -> Any:
     b: S.DispatchUpdate = ctx.body
     stores, v = ctx.client.stores, b.value
     who = {"actor": ctx.p.actor, "reason": validate.text("reason", b.reason)}
+    if b.setting == "rate" and b.value is not None:  # else the missing rate would clear the queue's
+        raise InvalidInput("a rate is given as rate ('100/1s'), not as value", field="value")
+    if b.setting != "rate" and b.rate is not None:
+        raise InvalidInput(f"rate is for the rate setting, not {b.setting}", field="rate")
     if b.setting in ("limit", "max_running") and v is not None and v != int(v):
         raise InvalidInput(f"{b.setting} must be a whole number, not {v}", field="value")
     if b.setting == "weight":

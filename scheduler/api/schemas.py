@@ -473,7 +473,7 @@ class Batch(msgspec.Struct, kw_only=True):
     """When the last member became terminal (null: members still running)."""
     total: int
     counts: dict[str, int]
-    """Members by state (PostgreSQL's record)."""
+    """Members by state (PostgreSQL's record; PURGED: the run left the record, e.g. a dropped archive partition)."""
     on_complete: BatchCallback | None = None
     on_success: BatchCallback | None = None
 

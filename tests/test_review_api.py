@@ -1,0 +1,71 @@
+"""Review of this session's API routes (attacks with real requests): a dispatch change names only
+its own setting's fields (a `rate` update carrying a `value` used to clear the queue's rate with a
+200), and a batch whose runs are gone from the record (a load test's cleanup, retention) is not
+readable by a token scoped to any queue."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from fencepost.api import ApiConfig
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from tests.test_api import Api, _make_api
+
+
+@pytest.fixture
+async def api(settings: Settings, client: Client) -> AsyncIterator[Api]:
+    async for a in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        await a.token("operator", "tq", name="operator-in")
+        await client.submit("t.echo", 0, queue="other")  # both queues exist
+        yield a
+
+
+async def _audit(client: Client) -> int:
+    pool = client.stores.db.pool
+    assert pool is not None
+    return int(await pool.fetchval("SELECT count(*) FROM audit_log WHERE action LIKE 'dispatch_%'"))
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"setting": "rate", "value": 5}, "value"),
+    ({"setting": "rate", "key": "k", "value": 5}, "value"),
+    ({"setting": "weight", "tenant": "a", "value": 2, "rate": "1/1s"}, "rate"),
+    ({"setting": "max_running", "value": 2, "rate": "1/1s"}, "rate"),
+])
+async def test_a_dispatch_change_with_another_settings_field_is_refused_and_changes_nothing(
+        api: Api, client: Client, body: dict[str, Any], field: str) -> None:
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "rate", "rate": "5/1s"})
+    assert r.status_code == 200 and r.json()["rate"] == "5/1s", r.text
+    before, audited = r.json(), await _audit(client)
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={**body, "reason": "oops"})
+    assert r.status_code == 422 and r.json()["field"] == field, r.text
+    assert (await api.req("GET", "/v1/queues/tq/dispatch", "admin")).json() == before
+    assert await _audit(client) == audited
+
+
+async def test_a_batch_whose_runs_left_the_record_is_shown_without_a_server_error(api: Api, client: Client) -> None:
+    """Its members and callbacks purged (a load test's cleanup here; a dropped archive partition too):
+    counted PURGED for an admin (it was a 500: a None state among the counts), and not shown to a
+    scoped token, which cannot be shown that they were in its queues (it passed the scope check with
+    no queue known, then answered "no run with id N", naming the callback)."""
+    runs = {"runs": [{"handler": "t.echo", "queue": "other"}] * 2}
+    gone = (await api.req("POST", "/v1/batches", "admin",
+                          json={**runs, "on_complete": {"handler": "t.echo", "queue": "other"}})).json()
+    half = (await api.req("POST", "/v1/batches", "admin",
+                          json={**runs, "on_success": {"handler": "t.echo", "queue": "tq"}})).json()
+    await client.stores.db.execute("loadtest_cleanup", "other")  # the runs leave the record, the batches stay
+    missing = await api.req("GET", "/v1/batches/00000000-0000-4000-8000-000000000000", "operator-in")
+    for made in (gone, half):
+        r = await api.req("GET", f"/v1/batches/{made['id']}", "operator-in")
+        assert r.status_code == 404 and set(r.json()) == set(missing.json()), r.text
+        assert r.json()["detail"] == f"no batch with id {made['id']}"
+        r = await api.req("GET", f"/v1/batches/{made['id']}", "admin")
+        assert r.status_code == 200, r.text
+        assert (r.json()["total"], r.json()["counts"]) == (2, {"PURGED": 2})
+    assert (await api.req("GET", f"/v1/batches/{gone['id']}", "admin")).json()["on_complete"] == {
+        "id": gone["on_complete"], "status": "PURGED", "reason": None}
+    assert (await api.req("GET", f"/v1/batches/{half['id']}", "admin")).json()["on_success"]["status"] == "BLOCKED"
