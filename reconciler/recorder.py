@@ -109,6 +109,14 @@ class Recorder:
         """Entries PostgreSQL refused even alone (a bug or corrupt data): kept for an operator."""
         self.last_lag_s = 0.0
 
+    linger_s = 0.05
+    """After a batch of fewer than `linger_batch` entries, wait this long before reading again, so
+    the next batch carries more. A batch has a fixed cost (its transaction and statements, the
+    acknowledgement: ~5 ms of CPU over the recorder, PostgreSQL and Redis), and a recorder that
+    keeps up reads many small batches. Bounds the history lag it adds; 0 turns it off."""
+
+    linger_batch = 1000
+
     async def _ensure_groups(self, queues: list[str]) -> list[str]:
         streams = [self.stores.keys(q).events for q in queues]
         for s in streams:
@@ -197,7 +205,8 @@ class Recorder:
                 if time.monotonic() - last_adopt > self.claim_idle_ms / 2000:
                     last_adopt = time.monotonic()
                     await self.adopt_orphans()
-                await self.run_once()
+                if 0 < await self.run_once() < self.linger_batch:
+                    await asyncio.sleep(self.linger_s)  # let the next batch fill (bounded extra history lag)
             except Exception as exc:
                 log.warning("recorder batch failed, will retry: %s", exc, extra={"event": "recorder_retry"})
                 self._groups.clear()  # Redis may have lost the stream and its group (restart, failover)
