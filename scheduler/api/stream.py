@@ -14,8 +14,8 @@ dashboard reloads the list it streams into (GET /v1/events).
 
 The wire format, one event per message: `id:` the event id, `event: fleet`, `data:` the event as
 GET /v1/events gives it (JSON). Also `event: ready` once the stream is subscribed (anything
-recorded from then on will come), `event: gap`, `event: end` (data: why) before the server closes
-the stream, and a `: keep-alive` comment every KEEPALIVE_S.
+recorded from then on will come), `event: gap`, `event: end` (data: why: duration, a revoked
+token, the server shutting down) before the server closes the stream, and a `: keep-alive` comment every KEEPALIVE_S.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from starlette.responses import StreamingResponse
 from fencepost.api import schemas as S
 from fencepost.core.record import Database
 
-__all__ = ["BATCH", "LOOKBACK_S", "EventHub", "Item", "hub_for", "sse_response"]
+__all__ = ["BATCH", "END", "LOOKBACK_S", "EventHub", "Item", "close_streams", "hub_for", "sse_response"]
 
 log = logging.getLogger("fencepost.api.stream")
 _enc = msgspec.json.Encoder()
@@ -64,6 +64,8 @@ class Item:
 
 
 GAP = Item(0, None, "", b"event: gap\ndata: {}\n\n")
+END = Item(0, None, "", b'event: end\ndata: {"reason": "shutdown"}\n\n')
+"""The server is stopping (EventHub.close): the stream ends now, its client reconnects elsewhere."""
 
 
 class Subscription:
@@ -76,6 +78,12 @@ class Subscription:
             self._batches.clear()  # a slow reader: what it missed is announced, not buffered without end
             batch = [GAP]
         self._batches.append(batch)
+        self._ready.set()
+
+    def end(self) -> None:
+        """End the stream at its next read, whatever it has waiting."""
+        self._batches.clear()
+        self._batches.append([END])
         self._ready.set()
 
     async def next(self, timeout: float) -> list[Item] | None:
@@ -120,6 +128,12 @@ class EventHub:
                 self._task.cancel()
                 self._task = None
 
+    def close(self) -> None:
+        """The server is stopping: every open stream ends (`event: end`, reason shutdown) instead of
+        holding the process for the rest of its duration."""
+        for sub in list(self.subscribers):
+            sub.end()
+
     async def _run(self) -> None:
         self._cursor, self._seen = None, {}  # a fresh start: the streams opened now reload their lists
         while self.subscribers:
@@ -163,6 +177,13 @@ def hub_for(state: Any, db: Database) -> EventHub:
     return hub
 
 
+def close_streams(state: Any) -> None:
+    """End the application's open streams (the server is stopping; see EventHub.close)."""
+    hub: EventHub | None = getattr(state, "event_hub", None)
+    if hub is not None:
+        hub.close()
+
+
 def sse_response(hub: EventHub, accept: Callable[[Item], bool], *, duration_s: float,
                  recheck: Callable[[], Awaitable[Any]]) -> StreamingResponse:
     """The stream for one caller: the events `accept` keeps, until `duration_s` has passed (the client
@@ -185,6 +206,9 @@ def sse_response(hub: EventHub, accept: Callable[[Item], bool], *, duration_s: f
                 if batch is None:
                     yield b": keep-alive\n\n"
                     continue
+                if batch[0] is END:
+                    yield END.message
+                    return
                 chunk = b"".join(i.message for i in batch if i is GAP or accept(i))
                 if chunk:
                     yield chunk
