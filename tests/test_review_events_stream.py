@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from fencepost.api import ApiConfig, create_app, stream
 from fencepost.api.auth import create_token
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from tests.conftest import ROOT, wait_until, worker_env
+from tests.test_api import serve_in_thread
 
 pytestmark = pytest.mark.slow
 
@@ -65,3 +69,59 @@ async def test_the_api_stops_on_sigterm_with_an_event_stream_open(settings: Sett
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_a_token_holds_a_bounded_number_of_open_streams(settings: Settings, client: Client,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each open stream is a connection, a task and a backlog held for up to an hour: one token may
+    not hold more than stream.MAX_PER_TOKEN of them in an API process (429, Retry-After; nothing
+    else of the token's is refused, another token is not affected, a closed stream frees its place)."""
+    monkeypatch.setattr(stream, "MAX_PER_TOKEN", 2)
+    _, op = await create_token(client.stores.db, "operator", [], "tabs", "test")
+    _, other = await create_token(client.stores.db, "operator", [], "other", "test")
+    app = create_app(settings, ApiConfig(token_cache_s=0, rate_limit=0))
+
+    def h(secret: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {secret}"}
+
+    with serve_in_thread(app) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            lines: list[Any] = []  # each open stream's line reader (dropping one would close its stream)
+
+            async def opened(secret: str) -> tuple[contextlib.AbstractAsyncContextManager[httpx.Response],
+                                                   httpx.Response]:
+                cm = http.stream("GET", "/v1/events/stream", headers=h(secret))
+                resp = await cm.__aenter__()
+                if resp.status_code == 200:
+                    lines.append(resp.aiter_lines())
+                    assert await asyncio.wait_for(anext(lines[-1]), 30) == "retry: 2000"
+                return cm, resp
+
+            first, second = await opened(op), await opened(op)
+            assert (first[1].status_code, second[1].status_code) == (200, 200)
+            third = await opened(op)
+            assert third[1].status_code == 429 and int(third[1].headers["retry-after"]) >= 1
+            body = json.loads(await third[1].aread())
+            assert body["limit"] == 2 and "event streams" in body["detail"], body
+            await third[0].__aexit__(None, None, None)
+            assert (await http.get("/v1/events", headers=h(op))).status_code == 200, "the rest of the API is not"
+            elsewhere = await opened(other)
+            assert elsewhere[1].status_code == 200, "another token has its own places"
+            await first[0].__aexit__(None, None, None)
+
+            async def place_freed() -> bool:  # the server sees the close after a moment
+                cm, resp = await opened(op)
+                if resp.status_code == 200:
+                    await cm.__aexit__(None, None, None)
+                    return True
+                await cm.__aexit__(None, None, None)
+                return False
+
+            await wait_until(place_freed, timeout=30, what="the closed stream's place")
+            for cm, _ in (second, elsewhere):
+                await cm.__aexit__(None, None, None)
+
+            async def all_closed() -> bool:
+                return not app.state.event_hub.subscribers and not app.state.event_hub.open_by_token
+
+            await wait_until(all_closed, timeout=30, what="every stream released")

@@ -27,7 +27,8 @@ _ERRORS = {
     "413": "Body, batch or payload too large",
     "422": "Invalid input (field names the culprit)",
     "428": "Bulk action not confirmed with the number of matching runs",
-    "429": "Rate limit of the token, or of failed authentications from the address, exceeded (Retry-After)",
+    "429": "Rate limit of the token, of its open event streams, or of failed authentications from the address, "
+           "exceeded (Retry-After)",
     "503": "A store is unreachable",
 }
 

@@ -394,7 +394,7 @@ async def fleet_events_stream(ctx: Ctx) -> Any:
         await tokens.authenticate(request.headers.get("authorization"), _addr(request))
 
     hub = stream.hub_for(request.app.state, ctx.client.stores.db)
-    return stream.sse_response(hub, accept, duration_s=duration, recheck=recheck)
+    return stream.sse_response(hub, accept, duration_s=duration, recheck=recheck, token_id=p.id)
 
 
 # -- commands ----------------------------------------------------------------------------------

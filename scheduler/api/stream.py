@@ -35,9 +35,10 @@ import msgspec
 from starlette.responses import StreamingResponse
 
 from fencepost.api import schemas as S
+from fencepost.api.problems import RateLimited
 from fencepost.core.record import Database
 
-__all__ = ["BATCH", "END", "LOOKBACK_S", "EventHub", "Item", "close_streams", "hub_for", "sse_response"]
+__all__ = ["BATCH", "END", "LOOKBACK_S", "MAX_PER_TOKEN", "EventHub", "Item", "close_streams", "hub_for", "sse_response"]
 
 log = logging.getLogger("fencepost.api.stream")
 _enc = msgspec.json.Encoder()
@@ -47,10 +48,14 @@ BATCH = 1000
 LOOKBACK_S = 5.0
 EVERY_S = 1.0
 KEEPALIVE_S = 15.0
+RETRY_S = 2
+"""The stream's `retry:` (the client's reconnection delay), in seconds; also the Retry-After of a 429."""
 RECHECK_S = 30.0
 """An open stream re-checks its token this often: a revoked or expired token's stream ends."""
 BACKLOG = 50
 """Batches a stream may have waiting; beyond it the stream gets a gap instead."""
+MAX_PER_TOKEN = 10
+"""Open streams one token may hold in one API process (a dashboard tab holds one); more: 429."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +114,8 @@ class EventHub:
                  batch: int = BATCH) -> None:
         self.db, self.every_s, self.lookback_s, self.batch = db, every_s, lookback_s, batch
         self.subscribers: set[Subscription] = set()
+        self.open_by_token: dict[int, int] = {}
+        """Streams each token holds open (taken when the response is made, given back when it ends)."""
         self._task: asyncio.Task[None] | None = None
         self._cursor: datetime | None = None
         self._seen: dict[int, datetime] = {}
@@ -184,16 +191,45 @@ def close_streams(state: Any) -> None:
         hub.close()
 
 
+class _Stream(StreamingResponse):
+    """A StreamingResponse that gives its token's place back when it ends, however it ends (the
+    client went away before the first byte included: the body never started then)."""
+
+    def __init__(self, body: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
 def sse_response(hub: EventHub, accept: Callable[[Item], bool], *, duration_s: float,
-                 recheck: Callable[[], Awaitable[Any]]) -> StreamingResponse:
+                 recheck: Callable[[], Awaitable[Any]], token_id: int) -> StreamingResponse:
     """The stream for one caller: the events `accept` keeps, until `duration_s` has passed (the client
-    reconnects) or `recheck` (the token, every RECHECK_S) raises."""
+    reconnects) or `recheck` (the token, every RECHECK_S) raises. RateLimited (429) when the token
+    already holds MAX_PER_TOKEN open streams."""
+    held = hub.open_by_token.get(token_id, 0)
+    if held >= MAX_PER_TOKEN:
+        raise RateLimited(f"token {token_id} holds {held} open event streams in this API process (at most "
+                          f"{MAX_PER_TOKEN}); close one first", limit=MAX_PER_TOKEN, retry_after=RETRY_S)
+    hub.open_by_token[token_id] = held + 1
+
+    def release() -> None:
+        left = hub.open_by_token.get(token_id, 1) - 1
+        if left > 0:
+            hub.open_by_token[token_id] = left
+        else:
+            hub.open_by_token.pop(token_id, None)
 
     async def body() -> AsyncIterator[bytes]:
         ends = time.monotonic() + duration_s
         checked = time.monotonic()
         async with hub.subscribe() as sub:
-            yield b"retry: 2000\nevent: ready\ndata: {}\n\n"
+            yield b"retry: %d\nevent: ready\ndata: {}\n\n" % (RETRY_S * 1000)
             while (left := ends - time.monotonic()) > 0:
                 if time.monotonic() - checked >= RECHECK_S:
                     try:
@@ -214,5 +250,4 @@ def sse_response(hub: EventHub, accept: Callable[[Item], bool], *, duration_s: f
                     yield chunk
             yield b'event: end\ndata: {"reason": "duration"}\n\n'
 
-    return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return _Stream(body(), release)
