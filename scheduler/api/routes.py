@@ -42,6 +42,7 @@ from fencepost.core import fairness, rates, stats, validate
 from fencepost.core import workers as fleet
 from fencepost.core.errors import BulkNotConfirmed, InvalidInput, UnknownRun
 from fencepost.core.fairness import due_summary
+from fencepost.core.keys import valid_queue_name
 from fencepost.core.models import Submit, decode_payload, decode_result
 from fencepost.core.schedules import UnknownSchedule
 from fencepost.core.states import RESTING, Status
@@ -139,6 +140,9 @@ class Ctx:
         """An optional queue filter; a scoped token may only name one of its queues."""
         q = self.q("queue")
         if q is not None:
+            if not valid_queue_name(q):
+                raise InvalidInput(f"queue must be a queue name (letters, digits, '_', '.', '-', 1-64), not {q[:70]!r}",
+                                   field="queue")
             self.p.require_queue(q)
         return q
 
