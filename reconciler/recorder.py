@@ -75,7 +75,8 @@ _R_ID, _R_STATUS, _R_VERSION, _R_ATTEMPT, _R_TOKEN, _R_WORKER, _R_LEASE, _R_STAR
 
 _BUCKETS = len(stats.BOUNDS_MS) + 1
 _KIND_SLOT = {"started": 2, "succeeded": 3, "failed": 4, "retried": 5}
-"""rollup_minutes' row: queue, minute, these four counts, the start-lag and run-time histograms."""
+_LAG_HIST, _RUN_HIST = 6, 7
+"""rollup_minutes' row: queue, minute, the four counts, the start-lag and run-time histograms."""
 
 _A_TOKEN, _A_WORKER, _A_STARTED, _A_FINISHED, _A_OUTCOME, _A_ERROR_CLASS, _A_ERROR = range(2, 9)
 """Slots of an attempt row (after run id and attempt): apply_attempts' parameters $1-$9, in order."""
@@ -397,13 +398,13 @@ class Recorder:
                     started[(run_id, a)] = t
                     due = f.get(b"due")
                     if due:
-                        grp[6][bisect_right(stats.BOUNDS_MS, max(0, t - int(due)))] += 1
+                        grp[_LAG_HIST][bisect_right(stats.BOUNDS_MS, max(0, t - int(due)))] += 1
                 elif kind != "retried":  # succeeded / failed: the attempt's run time
                     begun = started.get((run_id, a))
                     if begun is None:
                         looked.append((queue, grp[1], run_id, a))
                     else:
-                        grp[7][bisect_right(stats.BOUNDS_MS, t - begun)] += 1
+                        grp[_RUN_HIST][bisect_right(stats.BOUNDS_MS, t - begun)] += 1
         # From every entry, not only fresh ones: a replayed batch was committed by the pass that died
         # before acknowledging it, and its finished runs still need their hashes to expire.
         self._versions = {row[0]: (row[12], row[4], row[3]) for row in rows}
@@ -413,9 +414,9 @@ class Recorder:
                 p[_R_WORKER] = p[_R_LEASE] = None
             if p[_R_FINISHED] is not None:  # `at` only stands in for a finish time the fold did not set
                 p[_R_AT] = None
-        rows_ = list(groups.values())
-        rollup = [[g[i] for g in rows_] for i in range(6)]
-        rollup += [[n for g in rows_ for n in g[6]], [n for g in rows_ for n in g[7]]]
+        mins = list(groups.values())
+        rollup = [[g[i] for g in mins] for i in range(_LAG_HIST)]
+        rollup += [[n for g in mins for n in g[_LAG_HIST]], [n for g in mins for n in g[_RUN_HIST]]]
         rollup += [list(c) for c in zip(*looked, strict=True)] if looked else [[], [], [], []]
         return (_columns(runs.values(), 18) if runs else []), (_columns(atts.values(), 9) if atts else []), rollup
 
