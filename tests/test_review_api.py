@@ -1,7 +1,8 @@
 """Review of this session's API routes (attacks with real requests): a dispatch change names only
 its own setting's fields (a `rate` update carrying a `value` used to clear the queue's rate with a
-200), and a batch whose runs are gone from the record (a load test's cleanup, retention) is not
-readable by a token scoped to any queue."""
+200; a `max_running` with a `key` set the whole queue's); a batch whose runs are gone from the record
+(a load test's cleanup, retention) is not readable by a scoped token and not a 500; a queue filter is
+a queue name."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ async def _audit(client: Client) -> int:
     ({"setting": "rate", "key": "k", "value": 5}, "value"),
     ({"setting": "weight", "tenant": "a", "value": 2, "rate": "1/1s"}, "rate"),
     ({"setting": "max_running", "value": 2, "rate": "1/1s"}, "rate"),
+    ({"setting": "max_running", "key": "acme", "value": 2}, "key"),  # not a per-key max: refused, not queue-wide
+    ({"setting": "aging", "tenant": "acme", "value": 5}, "tenant"),
+    ({"setting": "limit", "key": "k", "tenant": "acme", "value": 2}, "tenant"),
+    ({"setting": "weight", "tenant": "acme", "key": "k", "value": 2}, "key"),
 ])
 async def test_a_dispatch_change_with_another_settings_field_is_refused_and_changes_nothing(
         api: Api, client: Client, body: dict[str, Any], field: str) -> None:

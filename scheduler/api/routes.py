@@ -825,16 +825,22 @@ async def get_dispatch(ctx: Ctx) -> Any:
     return await _dispatch_view(ctx.client, name)
 
 
+_DISPATCH_FIELDS = {"weight": ("tenant", "value"), "limit": ("key", "value"), "max_running": ("value",),
+                    "aging": ("value",), "rate": ("key", "rate")}
+"""The fields each dispatch setting takes (DispatchUpdate); any other one given is refused."""
+
+
 async def set_dispatch(ctx: Ctx) -> Any:
     name = ctx.path("queue")
     ctx.p.require_queue(name)
     b: S.DispatchUpdate = ctx.body
     stores, v = ctx.client.stores, b.value
     who = {"actor": ctx.p.actor, "reason": validate.text("reason", b.reason)}
-    if b.setting == "rate" and b.value is not None:  # else the missing rate would clear the queue's
-        raise InvalidInput("a rate is given as rate ('100/1s'), not as value", field="value")
-    if b.setting != "rate" and b.rate is not None:
-        raise InvalidInput(f"rate is for the rate setting, not {b.setting}", field="rate")
+    takes = _DISPATCH_FIELDS[b.setting]
+    for f in ("tenant", "key", "value", "rate"):  # a field of another setting is a mistake, never ignored:
+        if getattr(b, f) is not None and f not in takes:  # {"setting": "rate", "value": 5} cleared the rate
+            raise InvalidInput(f"{f} does not apply to the {b.setting} setting (it takes {' and '.join(takes)})",
+                               field=f)
     if b.setting in ("limit", "max_running") and v is not None and v != int(v):
         raise InvalidInput(f"{b.setting} must be a whole number, not {v}", field="value")
     if b.setting == "weight":
