@@ -10,6 +10,7 @@ import contextlib
 import json
 import signal
 import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,32 @@ async def test_a_token_holds_a_bounded_number_of_open_streams(settings: Settings
                 return not app.state.event_hub.subscribers and not app.state.event_hub.open_by_token
 
             await wait_until(all_closed, timeout=30, what="every stream released")
+
+
+async def test_streams_whose_clients_vanish_are_released(settings: Settings, client: Client) -> None:
+    """Clients that go away without a word (closed sockets, resets) while events are coming: every
+    subscription and every token's place is given back, and the hub's reader stops."""
+    _, secret = await create_token(client.stores.db, "operator", [], "vanishing", "test")
+    app = create_app(settings, ApiConfig(token_cache_s=0, rate_limit=0))
+    with serve_in_thread(app) as base:
+        host, port = base.removeprefix("http://").split(":")
+        socks = []
+        for _ in range(stream.MAX_PER_TOKEN):
+            s = socket.create_connection((host, int(port)), timeout=30)
+            s.sendall(f"GET /v1/events/stream?duration=3600 HTTP/1.1\r\nHost: x\r\n"
+                      f"Authorization: Bearer {secret}\r\n\r\n".encode())
+            socks.append(s)
+        for s in socks:
+            assert b"event: ready" in await asyncio.to_thread(s.recv, 4096)
+        hub = app.state.event_hub
+        for i in range(50):  # events arrive while nobody reads them
+            await client.submit("t.echo", i)
+        for i, s in enumerate(socks):
+            if i % 2:  # a reset rather than an orderly close
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+
+        async def released() -> bool:
+            return not hub.subscribers and not hub.open_by_token and hub._task is None
+
+        await wait_until(released, timeout=60, what="every vanished stream released")
