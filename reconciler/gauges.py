@@ -14,6 +14,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from fencepost.core.fairness import due_summary
 from fencepost.core.rates import parse_stored
 from fencepost.core.stores import Stores
+from fencepost.reconciler.loops import each_queue
 
 log = logging.getLogger("fencepost.reconciler")
 
@@ -59,34 +60,41 @@ class Gauges:
         self._stuck_seen: set[int] = set()
 
     async def observe(self, queues: list[str]) -> None:
-        r = self.stores.redis
+        """Every queue's gauges, then the record's (bands, dead letters, stuck runs). A queue that
+        fails is logged and does not stop the others nor the stuck-run detector (each_queue raises
+        QueueFailures once the pass is done, so it is counted as an error)."""
         now = time.time()
-        for q in queues:
-            k = self.stores.keys(q)
-            due, age = await due_summary(self.stores, q, now=now, max_tenants=MAX_TENANTS)
+        try:
+            await each_queue("gauges", queues, lambda q: self._observe_queue(q, now))
+        finally:
+            await self._from_postgres(now, queues)
+
+    async def _observe_queue(self, q: str, now: float) -> None:
+        r = self.stores.redis
+        k = self.stores.keys(q)
+        due, age = await due_summary(self.stores, q, now=now, max_tenants=MAX_TENANTS)
+        pipe = r.pipeline(transaction=False)
+        pipe.zcard(k.delayed)
+        pipe.zcard(k.active)
+        pipe.hmget(k.stats, "budget_exhausted", "stale_finish", "rate_limited")
+        pipe.srandmember(k.heldkeys, MAX_TENANTS)
+        pipe.zrange(k.rwait, 0, MAX_TENANTS - 1)
+        pipe.hget(k.config, "rate")
+        delayed, active, stats, held_keys, rate_keys, qrate = await pipe.execute()
+        held = 0
+        if held_keys:
             pipe = r.pipeline(transaction=False)
-            pipe.zcard(k.delayed)
-            pipe.zcard(k.active)
-            pipe.hmget(k.stats, "budget_exhausted", "stale_finish", "rate_limited")
-            pipe.srandmember(k.heldkeys, MAX_TENANTS)
-            pipe.zrange(k.rwait, 0, MAX_TENANTS - 1)
-            pipe.hget(k.config, "rate")
-            delayed, active, stats, held_keys, rate_keys, qrate = await pipe.execute()
-            held = 0
-            if held_keys:
-                pipe = r.pipeline(transaction=False)
-                for key in held_keys:
-                    pipe.zcard(k.held(key.decode()))
-                held = sum(await pipe.execute())
-            HELD.labels(q).set(held)
-            await self._rates(q, rate_keys, qrate, int(stats[2] or 0))
-            DEPTH.labels(q, "all", "due").set(due)
-            DEPTH.labels(q, "all", "delayed").set(delayed)
-            DEPTH.labels(q, "all", "active").set(active)
-            OLDEST.labels(q).set(age)
-            BUDGET_EXHAUSTED.labels(q).set(int(stats[0] or 0))
-            STALE_FINISH.labels(q).set(int(stats[1] or 0))
-        await self._from_postgres(now, queues)
+            for key in held_keys:
+                pipe.zcard(k.held(key.decode()))
+            held = sum(await pipe.execute())
+        HELD.labels(q).set(held)
+        await self._rates(q, rate_keys, qrate, int(stats[2] or 0))
+        DEPTH.labels(q, "all", "due").set(due)
+        DEPTH.labels(q, "all", "delayed").set(delayed)
+        DEPTH.labels(q, "all", "active").set(active)
+        OLDEST.labels(q).set(age)
+        BUDGET_EXHAUSTED.labels(q).set(int(stats[0] or 0))
+        STALE_FINISH.labels(q).set(int(stats[1] or 0))
 
     async def _rates(self, q: str, rate_keys: list[bytes], qrate: bytes | None, deferred: int) -> None:
         """Rate limits: starts deferred, runs held (over the first keys with held runs), and the
