@@ -35,7 +35,7 @@ from fencepost.core.record import REFUSED, Conn, store_definitions
 from fencepost.core.registry import Handler, Registry
 from fencepost.core.states import DEAD, RESTING, Status
 from fencepost.core.stores import Stores
-from fencepost.core.tracing import submit_traceparent, valid_traceparent
+from fencepost.core.tracing import submit_traceparent, submit_tracer, valid_traceparent
 from fencepost.workflows import RunHandle, SyncRunHandle, WorkflowMixin
 
 __all__ = ["Client", "SyncClient", "idempotency_scope", "request_fingerprint"]
@@ -114,6 +114,18 @@ def _inserted(rows: Sequence[Any], n: int) -> tuple[list[int | None], list[int],
             ids[r["ord"] - 1] = r["id"]
             created.append(r["ord"] - 1)
     return ids, created, new_queues
+
+
+def _fresh(rows: Sequence[Any], n: int) -> tuple[list[int], list[int], dict[str, int]]:
+    """insert_runs_fresh's answer: every row was created."""
+    ids = [0] * n
+    new_queues: dict[str, int] = {}
+    for ord_, run_id, queue, epoch in rows:
+        if ord_ is None:
+            new_queues[queue] = epoch
+        else:
+            ids[ord_ - 1] = run_id
+    return ids, list(range(n)), new_queues
 
 
 def idempotency_scope(row: RunRow) -> str:
@@ -375,11 +387,16 @@ class Client(ControlMixin, WorkflowMixin):
 
     async def _prepare(self, requests: Sequence[Submit], *, outbox: bool) -> list[RunRow]:
         """Validate everything before writing anything: bad input changes nothing."""
+        names: set[str] = set()
         for r in requests:
-            validate.text("handler", r.handler)
-        await self._load_definitions({r.handler for r in requests})
+            if r.handler.__class__ is not str or r.handler not in names:  # each name checked once
+                names.add(validate.text("handler", r.handler))
+        await self._load_definitions(names)
         now = datetime.now(_UTC)
-        return [self._validated(self._bound(r), now, outbox=outbox) for r in requests]
+        defaults: dict[str, tuple[str, int, float, int]] = {}
+        tracer = submit_tracer()  # looked up once per batch
+        return [self._validated(self._bound(r), now, outbox=outbox, defaults=defaults, tracer=tracer)
+                for r in requests]
 
     def _bound(self, req: Submit) -> Submit:
         """A handler this client has registered (Client.register(registry)) checks the arguments
@@ -433,6 +450,10 @@ class Client(ControlMixin, WorkflowMixin):
                 return await self._insert_keyed(requests, rows_in, connection)
             async with self.stores.db.transaction() as tx:  # a conflict rolls back the whole batch
                 return await self._insert_keyed(requests, rows_in, tx)
+        if connection is None and not any(r.outbox or r.schedule_id is not None for r in rows_in):
+            # nothing in the batch can conflict or needs a notify: the cheaper statement
+            fresh = await self.stores.db.fetch("insert_runs_fresh", *run_columns(rows_in), self.actor)
+            return _fresh(fresh, len(requests))
         rows = await self.stores.db.fetch("insert_runs", *run_columns(rows_in), self.actor, conn=connection)
         ids, created, new_queues = _inserted(rows, len(requests))
         return ids, created, new_queues  # type: ignore[return-value]
@@ -488,12 +509,23 @@ class Client(ControlMixin, WorkflowMixin):
         """A queue this submit created has no history to lose, so its creator may stamp it."""
         await stamp_created(self.stores, new_queues)
 
-    def _validated(self, req: Submit, now: datetime, *, outbox: bool) -> RunRow:
+    def _validated(self, req: Submit, now: datetime, *, outbox: bool,
+                   defaults: dict[str, tuple[str, int, float, int]] | None = None, tracer: Any = ...) -> RunRow:
+        """`defaults`: the handlers' validated queue, priority, timeout and retries, filled in and
+        reused across one batch (a request that gives none of the four takes them as they are);
+        `tracer`: submit_tracer() looked up for the batch (... : looked up here)."""
         spec = self._defs[req.handler]
-        queue = check_queue_name(req.queue or spec.queue)
-        priority = validate.integer("priority", spec.priority if req.priority is None else req.priority)
-        timeout = validate.number("timeout", spec.timeout_s if req.timeout is None else req.timeout)
-        retries = validate.integer("max_retries", spec.max_retries if req.max_retries is None else req.max_retries)
+        if req.queue is None and req.priority is None and req.timeout is None and req.max_retries is None \
+                and defaults is not None and spec.name in defaults:
+            queue, priority, timeout, retries = defaults[spec.name]
+        else:
+            queue = check_queue_name(req.queue or spec.queue)
+            priority = validate.integer("priority", spec.priority if req.priority is None else req.priority)
+            timeout = validate.number("timeout", spec.timeout_s if req.timeout is None else req.timeout)
+            retries = validate.integer("max_retries", spec.max_retries if req.max_retries is None else req.max_retries)
+            if req.queue is None and req.priority is None and req.timeout is None and req.max_retries is None \
+                    and defaults is not None:
+                defaults[spec.name] = (queue, priority, timeout, retries)
         if req.idempotency_key is not None:
             validate.text("idempotency_key", req.idempotency_key)
         if req.run_at is not None and req.delay is not None:
@@ -516,7 +548,8 @@ class Client(ControlMixin, WorkflowMixin):
             raise InvalidInput(f"trace must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>), not {req.trace!r}",
                                field="trace")
         # as given; else a child of the submitting job (a span id of its own) or a new trace; + the submit span
-        trace = submit_traceparent(req.trace, spec.name, queue)
+        trace = submit_traceparent(req.trace, spec.name, queue) if tracer is ... else \
+            submit_traceparent(req.trace, spec.name, queue, tracer)
         tenant = validate.label("tenant", req.tenant) if req.tenant is not None and req.tenant != "" else ""
         ckey, climit = _concurrency(spec, req)
         rkey, rlimit = _rate(spec, req)

@@ -47,6 +47,40 @@ FROM input LEFT JOIN ins ON ins.id = input.id
 UNION ALL
 SELECT NULL, NULL, NULL, name, epoch, NULL FROM new_queues;
 
+-- name: insert_runs_fresh
+-- insert_runs for a batch the client submits with no idempotency key, schedule fire or outbox
+-- row: nothing can conflict (ids come from the sequence), so no ON CONFLICT (its speculative
+-- insertion into every unique index), no sort, no join with what was inserted and no notify.
+-- The same rows as insert_runs: the runs, their queues on first use, one 'submitted' event each.
+-- Returns one row per input (ord, id) and one per queue created (NULL, NULL, queue, epoch).
+WITH input AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence('runs', 'id'))::regclass) AS id, t.*
+    FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::timestamptz[],
+                $6::integer[], $7::double precision[], $8::text[], $9::text[], $10::text[],
+                $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[], $15::text[], $16::text[],
+                $17::integer[], $18::text[], $19::text[])
+        WITH ORDINALITY AS t(handler, queue, priority, payload, run_at, max_retries, timeout_s,
+                             idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
+                             tenant, concurrency_key, concurrency_limit, rate_key, rate_limit, ord)
+), new_queues AS (
+    INSERT INTO queues (name) SELECT DISTINCT queue FROM input
+    ON CONFLICT (name) DO NOTHING RETURNING name, epoch
+), ins AS (
+    INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
+                      idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
+                      tenant, concurrency_key, concurrency_limit, rate_key, rate_limit)
+    SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
+           idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
+           COALESCE(tenant, ''), concurrency_key, concurrency_limit, rate_key, rate_limit
+    FROM input
+), ev AS (
+    INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
+    SELECT id, 'submitted', status, 0, $20, trace_id, now() FROM input
+)
+SELECT ord, id, NULL::text AS queue, NULL::bigint AS epoch FROM input
+UNION ALL
+SELECT NULL, NULL, name, epoch FROM new_queues;
+
 -- name: runs_by_fire
 SELECT id, schedule_id, fire_time FROM runs
 WHERE (schedule_id, fire_time) IN (SELECT * FROM unnest($1::bigint[], $2::timestamptz[]));

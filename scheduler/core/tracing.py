@@ -50,6 +50,7 @@ __all__ = [
     "new_traceparent",
     "start_run",
     "submit_traceparent",
+    "submit_tracer",
     "trace_id",
     "traceparent_var",
     "valid_traceparent",
@@ -60,7 +61,8 @@ _TP = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 
 def new_traceparent() -> str:
-    return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
+    ids = os.urandom(24).hex()  # trace id (16 bytes) and span id (8): one call
+    return f"00-{ids[:32]}-{ids[32:]}-01"
 
 
 def child_traceparent(parent: str) -> str:
@@ -118,11 +120,21 @@ def _traceparent_of(span: Any) -> str:
     return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
 
 
-def submit_traceparent(explicit: str | None, handler: str, queue: str) -> str:
+_LOOKUP: Any = object()
+
+
+def submit_tracer() -> Any:
+    """The tracer submits use now (None: no spans); a batch of submits looks it up once."""
+    return _tracer()
+
+
+def submit_traceparent(explicit: str | None, handler: str, queue: str, tracer: Any = _LOOKUP) -> str:
     """The traceparent a new run carries: `explicit` as given; else a child of the submitting
-    job's (or, with OpenTelemetry, of the caller's current span); else a new trace."""
+    job's (or, with OpenTelemetry, of the caller's current span); else a new trace. `tracer`:
+    submit_tracer() when the caller looked it up for its batch."""
     parent = explicit or traceparent_var.get()
-    tracer = _tracer()
+    if tracer is _LOOKUP:
+        tracer = _tracer()
     if tracer is not None:
         span = tracer.start_span(f"fencepost.submit {handler}", context=_parent(parent), kind=SpanKind.PRODUCER,
                                  attributes={"messaging.system": "fencepost", "messaging.destination.name": queue,
