@@ -32,6 +32,9 @@ AWAY = [
     "-OOM command not allowed when used memory > 'maxmemory'.",
     "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
     "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+    "NOPERM this user has no permissions to access one of the keys used as arguments",  # NoPermissionError
+    f"ERR Error running script (call to {SCRIPT}): @user_script:7: @user_script: 2: "
+    "-NOPERM this user has no permissions to access one of the keys used as arguments",
 ]
 
 

@@ -17,7 +17,15 @@ from typing import Any, Literal
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import ClusterDownError, ClusterError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -71,7 +79,7 @@ __all__ = [
 # noeviction, a long script running, a failed snapshot), not a script error: the reply's code, or on
 # Redis 6.2 the code of a command that failed inside the script (`...: -READONLY ...`)
 _UNAVAILABLE = ("CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN", "READONLY", "NOREPLICAS", "OOM", "BUSY",
-                "MISCONF")
+                "MISCONF", "NOPERM")  # NOPERM: an ACL that denies our keys or scripts (the store, not one item)
 _UNAVAILABLE_RE = re.compile(rf"(?:^|: -)(?:{'|'.join(_UNAVAILABLE)})(?= |$)")
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
 SCRIPT_NAMES = tuple(sorted(p.stem for p in resource_dir("lua").glob("*.lua")))
@@ -506,7 +514,7 @@ def _script_error(exc: ResponseError, keys: Keys | Sequence[str]) -> Exception:
     """A script's error reply as a typed error (one place for every script call)."""
     msg = str(exc)
     # redis-py strips a code it has a class for (READONLY, OOM) from the message
-    if isinstance(exc, (ClusterDownError, TryAgainError, ReadOnlyError, OutOfMemoryError)) \
+    if isinstance(exc, (ClusterDownError, TryAgainError, ReadOnlyError, OutOfMemoryError, NoPermissionError)) \
             or _UNAVAILABLE_RE.search(msg):
         return RedisUnavailable(f"redis unavailable: {msg}")
     if msg.startswith("UNSTAMPED"):
