@@ -2,6 +2,13 @@
 
     python bench/submits.py                        # 2,000 sequential, 20,000 by 200 concurrent, 20,000 in calls of 1,000
     python bench/submits.py --concurrent 200 --jobs 40000 --repeats 3
+    python bench/submits.py --modes bulk --repeats 5 --ref-python /tmp/vb/bin/python --pgqueuer
+
+`--ref-python` runs every case a second time with another Fencepost build (its venv's python; the
+harness is this file), interleaved, as `fencepost-ref`; `--pgqueuer` runs pgqueuer's own calls the
+same way (bulk: `Queries.enqueue` with lists of 1,000, one UNNEST insert; single: one `enqueue` after
+another; no concurrent case: pgqueuer has no coalescing) from the peers' venv (`--peer-python`,
+default .venv-bench/bin/python), on its own database with pgqueuer's schema.
 
 One client process (this one) submits to a fresh database `bench_submits` and Redis DB 13, no
 workers running. Prints jobs/s and CPU-us per job from the kernel (/proc/<pid>/stat): this
@@ -16,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -32,18 +41,23 @@ except ImportError:  # the default loop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.app import registry
 from bench.measure import CpuMeter, median, parent_pid, pg_aux_pids, pg_backend_pids
-from fencepost.client import Client
-from fencepost.core.config import Settings
-from fencepost.core.models import Submit
-from fencepost.core.record import upgrade
+
+if TYPE_CHECKING:
+    from fencepost.client import Client
 
 DB = "bench_submits"
+PGQ_DB = "bench_submits_pgq"
 ROLES = ("client", "pg", "redis", "pg_shared")
 
 
 async def fresh(admin_url: str, redis_url: str) -> tuple[Client, asyncpg.Connection]:
+    # imported here: the pgqueuer case runs this file in the peers' venv, which has no Fencepost
+    from bench.app import registry
+    from fencepost.client import Client
+    from fencepost.core.config import Settings
+    from fencepost.core.record import upgrade
+
     admin = await asyncpg.connect(admin_url)
     await admin.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
     await admin.execute(f'CREATE DATABASE "{DB}"')
@@ -59,6 +73,8 @@ async def fresh(admin_url: str, redis_url: str) -> tuple[Client, asyncpg.Connect
 
 
 async def case(a: argparse.Namespace, mode: str) -> dict[str, Any]:
+    from fencepost.core.models import Submit
+
     client, conn = await fresh(a.admin_url, a.redis_url)
     try:
         postmaster = parent_pid(await conn.fetchval("SELECT pg_backend_pid()")) or 0
@@ -99,6 +115,59 @@ async def case(a: argparse.Namespace, mode: str) -> dict[str, Any]:
     return {"mode": mode, "jobs": n, "per_s": n / s, "cpu_us": us}
 
 
+async def pgq_case(a: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """pgqueuer's own submit calls, metered the same way (no Redis: its column stays 0)."""
+    from pgqueuer.queries import Queries
+
+    admin = await asyncpg.connect(a.admin_url)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{PGQ_DB}" WITH (FORCE)')
+    await admin.execute(f'CREATE DATABASE "{PGQ_DB}"')
+    await admin.close()
+    conn = await asyncpg.connect(a.admin_url.rsplit("/", 1)[0] + "/" + PGQ_DB)
+    try:
+        queries = Queries.from_asyncpg_connection(conn)
+        await queries.install()
+        await queries.enqueue("tiny", None)  # warm the statement
+        postmaster = parent_pid(await conn.fetchval("SELECT pg_backend_pid()")) or 0
+        meter = CpuMeter({"client": lambda: [os.getpid()], "pg": pg_backend_pids(postmaster, PGQ_DB),
+                          "pg_shared": pg_aux_pids(postmaster)}, shared=("pg_shared",))
+        await asyncio.to_thread(meter.baseline, 1.0)
+        n = a.single if mode == "single" else a.jobs
+        meter.start()
+        t0 = time.perf_counter()
+        if mode == "single":
+            for _ in range(n):
+                await queries.enqueue("tiny", None)
+        else:
+            for i in range(0, n, a.call_size):
+                k = min(a.call_size, n - i)
+                await queries.enqueue(["tiny"] * k, [None] * k, [0] * k)
+        s = time.perf_counter() - t0
+        cpu = await asyncio.to_thread(meter.stop)
+        got = await conn.fetchval("SELECT count(*) FROM pgqueuer") - 1
+        if got != n:
+            raise SystemExit(f"pgqueuer {mode}: {got} jobs, expected {n}")
+    finally:
+        await conn.close()
+    us = {r: cpu.get(r, 0.0) / n * 1e6 for r in ROLES}
+    us["total"] = sum(us.values())
+    return {"mode": mode, "jobs": n, "per_s": n / s, "cpu_us": us}
+
+
+def other(python: str, a: argparse.Namespace, mode: str, peer: bool) -> dict[str, Any]:
+    """One case in another interpreter (this file, `--one MODE`): its JSON line."""
+    argv = [python, __file__, "--one", mode, "--single", str(a.single), "--jobs", str(a.jobs),
+            "--concurrent", str(a.concurrent), "--call-size", str(a.call_size), "--redis-url", a.redis_url,
+            "--admin-url", a.admin_url] + (["--peer-case"] if peer else [])
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def run_loop(coro: Any) -> Any:
+    return (uvloop.run if uvloop is not None else asyncio.run)(coro)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--single", type=int, default=2_000)
@@ -108,25 +177,57 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--modes", nargs="+", default=["single", "concurrent", "bulk"],
                     choices=("single", "concurrent", "bulk"))
+    ap.add_argument("--ref-python", metavar="PY", help="a second Fencepost build's python, run interleaved")
+    ap.add_argument("--pgqueuer", action="store_true", help="pgqueuer's submits too, interleaved")
+    ap.add_argument("--peer-python", default=str(ROOT / ".venv-bench" / "bin" / "python"))
+    ap.add_argument("--one", choices=("single", "concurrent", "bulk"), help=argparse.SUPPRESS)
+    ap.add_argument("--peer-case", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
     ap.add_argument("--admin-url", default=os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
     a = ap.parse_args()
+    if a.one:  # a case for another interpreter's caller: one JSON line
+        print(json.dumps(run_loop((pgq_case if a.peer_case else case)(a, a.one))))
+        return
+    systems = ["fencepost"] + (["fencepost-ref"] if a.ref_python else []) + (["pgqueuer"] if a.pgqueuer else [])
     results: list[dict[str, Any]] = []
     for _ in range(a.repeats):
         for mode in a.modes:
-            r = (uvloop.run if uvloop is not None else asyncio.run)(case(a, mode))
-            results.append(r)
-            print("  " + " ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
-                                  if k != "cpu_us") + "  cpu_us " +
-                  " ".join(f"{k}={v:.0f}" for k, v in r["cpu_us"].items()), file=sys.stderr, flush=True)
+            for system in systems:
+                if system == "pgqueuer" and mode == "concurrent":
+                    continue
+                if system == "fencepost":
+                    r = run_loop(case(a, mode))
+                else:
+                    r = other(a.ref_python if system == "fencepost-ref" else a.peer_python, a, mode,
+                              peer=system == "pgqueuer")
+                r["system"] = system
+                results.append(r)
+                print(f"  {system:14}" + " ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
+                                                  for k, v in r.items() if k not in ("cpu_us", "system"))
+                      + "  cpu_us " + " ".join(f"{k}={v:.0f}" for k, v in r["cpu_us"].items()),
+                      file=sys.stderr, flush=True)
     labels = {"single": f"single, {a.single:,} sequential", "concurrent": f"{a.concurrent} concurrent submitters",
               "bulk": f"bulk, calls of {a.call_size:,}"}
-    print(f"\nmedians of {a.repeats}; CPU-us per job from /proc")
-    print(f"{'':32}{'jobs/s':>10}" + "".join(f"{r:>11}" for r in (*ROLES, "total")))
+    print(f"\nmedians of {a.repeats}, interleaved; CPU-us per job from /proc")
+    print(f"{'':32}{'system':>15}{'jobs/s':>10}" + "".join(f"{r:>11}" for r in (*ROLES, "total")))
+    med: dict[tuple[str, str], dict[str, float]] = {}
     for mode in a.modes:
-        rs = [r for r in results if r["mode"] == mode]
-        cells = [median([r["cpu_us"][k] for r in rs]) for k in (*ROLES, "total")]
-        print(f"{labels[mode]:32}{median([r['per_s'] for r in rs]):>10,.0f}" + "".join(f"{c:>11.0f}" for c in cells))
+        for system in systems:
+            rs = [r for r in results if r["mode"] == mode and r["system"] == system]
+            if not rs:
+                continue
+            m = {k: median([r["cpu_us"][k] for r in rs]) for k in (*ROLES, "total")}
+            m["per_s"] = median([r["per_s"] for r in rs])
+            med[mode, system] = m
+            print(f"{labels[mode]:32}{system:>15}{m['per_s']:>10,.0f}"
+                  + "".join(f"{m[k]:>11.0f}" for k in (*ROLES, "total")))
+    for peer in systems[1:]:
+        for mode in a.modes:
+            if (mode, peer) in med:
+                fp, other_ = med[mode, "fencepost"], med[mode, peer]
+                print(f"fencepost / {peer}, {labels[mode]}: jobs/s x{fp['per_s'] / other_['per_s']:.2f}, "
+                      f"CPU per job x{fp['total'] / other_['total']:.2f} (client x{fp['client'] / other_['client']:.2f}, "
+                      f"PostgreSQL x{fp['pg'] / max(other_['pg'], 1e-9):.2f})")
 
 
 if __name__ == "__main__":

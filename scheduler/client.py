@@ -116,6 +116,30 @@ def _inserted(rows: Sequence[Any], n: int) -> tuple[list[int | None], list[int],
     return ids, created, new_queues
 
 
+_PER_RUN = (RunRow.__struct_fields__.index("payload"), RunRow.__struct_fields__.index("trace_id"))
+_FOLDED = tuple(RunRow.__struct_fields__.index(f) for f in (
+    "handler", "queue", "priority", "run_at", "max_retries", "timeout_s", "status", "workflow_id", "tenant",
+    "concurrency_key", "concurrency_limit", "rate_key", "rate_limit"))
+
+
+def _fresh_columns(rows: Sequence[RunRow]) -> list[Any]:
+    """insert_runs_fresh's $1-$28: payloads and traceparents per run; every other column an array,
+    or (the batch sharing one value) an empty array and the value. Building and encoding an array
+    element costs the client ~0.5 us and PostgreSQL about as much, for each run and column."""
+    cols = list(zip(*map(msgspec.structs.astuple, rows), strict=True))
+    arrays: list[Any] = [list(cols[i]) for i in _PER_RUN]
+    scalars: list[Any] = []
+    for i in _FOLDED:
+        col = cols[i]
+        if col.count(col[0]) == len(col) and (col[0] is None or col[0].__class__ in (str, int, float, datetime)):
+            arrays.append([])
+            scalars.append(col[0])
+        else:
+            arrays.append(list(col))
+            scalars.append(None)
+    return arrays + scalars
+
+
 def _fresh(rows: Sequence[Any], n: int) -> tuple[list[int], list[int], dict[str, int]]:
     """insert_runs_fresh's answer: every row was created."""
     ids = [0] * n
@@ -452,7 +476,7 @@ class Client(ControlMixin, WorkflowMixin):
                 return await self._insert_keyed(requests, rows_in, tx)
         if connection is None and not any(r.outbox or r.schedule_id is not None for r in rows_in):
             # nothing in the batch can conflict or needs a notify: the cheaper statement
-            fresh = await self.stores.db.fetch("insert_runs_fresh", *run_columns(rows_in), self.actor)
+            fresh = await self.stores.db.fetch("insert_runs_fresh", *_fresh_columns(rows_in), self.actor)
             return _fresh(fresh, len(requests))
         rows = await self.stores.db.fetch("insert_runs", *run_columns(rows_in), self.actor, conn=connection)
         ids, created, new_queues = _inserted(rows, len(requests))

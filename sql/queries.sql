@@ -52,30 +52,37 @@ SELECT NULL, NULL, NULL, name, epoch, NULL FROM new_queues;
 -- row: nothing can conflict (ids come from the sequence), so no ON CONFLICT (its speculative
 -- insertion into every unique index), no sort, no join with what was inserted and no notify.
 -- The same rows as insert_runs: the runs, their queues on first use, one 'submitted' event each.
+-- $1 payloads and $2 traceparents, one per run. Every other column comes as an array ($3-$15)
+-- or, when the whole batch shares one value, as an empty array and that value ($16-$28): a bulk
+-- submit of one handler sends two arrays, not fourteen. $29 the actor.
 -- Returns one row per input (ord, id) and one per queue created (NULL, NULL, queue, epoch).
 WITH input AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence('runs', 'id'))::regclass) AS id, t.*
-    FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::timestamptz[],
-                $6::integer[], $7::double precision[], $8::text[], $9::text[], $10::text[],
-                $11::uuid[], $12::bigint[], $13::timestamptz[], $14::boolean[], $15::text[], $16::text[],
-                $17::integer[], $18::text[], $19::text[])
-        WITH ORDINALITY AS t(handler, queue, priority, payload, run_at, max_retries, timeout_s,
-                             idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-                             tenant, concurrency_key, concurrency_limit, rate_key, rate_limit, ord)
+    SELECT nextval((SELECT pg_get_serial_sequence('runs', 'id'))::regclass) AS id, t.ord,
+           COALESCE(t.handler, $16) AS handler, COALESCE(t.queue, $17) AS queue,
+           COALESCE(t.priority, $18) AS priority, t.payload, COALESCE(t.run_at, $19) AS run_at,
+           COALESCE(t.max_retries, $20) AS max_retries, COALESCE(t.timeout_s, $21) AS timeout_s,
+           t.trace_id, COALESCE(t.status, $22) AS status, COALESCE(t.workflow_id, $23) AS workflow_id,
+           COALESCE(t.tenant, $24, '') AS tenant, COALESCE(t.concurrency_key, $25) AS concurrency_key,
+           COALESCE(t.concurrency_limit, $26) AS concurrency_limit, COALESCE(t.rate_key, $27) AS rate_key,
+           COALESCE(t.rate_limit, $28) AS rate_limit
+    FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::timestamptz[],
+                $7::integer[], $8::double precision[], $9::text[], $10::uuid[], $11::text[], $12::text[],
+                $13::integer[], $14::text[], $15::text[])
+        WITH ORDINALITY AS t(payload, trace_id, handler, queue, priority, run_at, max_retries, timeout_s,
+                             status, workflow_id, tenant, concurrency_key, concurrency_limit, rate_key,
+                             rate_limit, ord)
 ), new_queues AS (
     INSERT INTO queues (name) SELECT DISTINCT queue FROM input
     ON CONFLICT (name) DO NOTHING RETURNING name, epoch
 ), ins AS (
-    INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
-                      idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-                      tenant, concurrency_key, concurrency_limit, rate_key, rate_limit)
-    SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
-           idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-           COALESCE(tenant, ''), concurrency_key, concurrency_limit, rate_key, rate_limit
+    INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s, trace_id, status,
+                      workflow_id, outbox, tenant, concurrency_key, concurrency_limit, rate_key, rate_limit)
+    SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s, trace_id, status,
+           workflow_id, false, tenant, concurrency_key, concurrency_limit, rate_key, rate_limit
     FROM input
 ), ev AS (
     INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
-    SELECT id, 'submitted', status, 0, $20, trace_id, now() FROM input
+    SELECT id, 'submitted', status, 0, $29, trace_id, now() FROM input
 )
 SELECT ord, id, NULL::text AS queue, NULL::bigint AS epoch FROM input
 UNION ALL
