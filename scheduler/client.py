@@ -44,6 +44,7 @@ log = logging.getLogger("fencepost.client")
 
 T = TypeVar("T")
 _UTC = UTC
+_PENDING = Status.PENDING.value  # an Enum member's .value is a descriptor call: ~0.5 us per run
 
 
 def _concurrency(spec: JobSpec, req: Submit) -> tuple[str | None, int | None]:
@@ -579,7 +580,7 @@ class Client(ControlMixin, WorkflowMixin):
         rkey, rlimit = _rate(spec, req)
         return RunRow(handler=spec.name, queue=queue, priority=priority, payload=payload, run_at=run_at,
                       max_retries=retries, timeout_s=timeout, idempotency_key=req.idempotency_key, trace_id=trace,
-                      status=Status.PENDING.value, outbox=outbox, tenant=tenant, concurrency_key=ckey,
+                      status=_PENDING, outbox=outbox, tenant=tenant, concurrency_key=ckey,
                       concurrency_limit=climit, rate_key=rkey, rate_limit=rlimit)
 
     # -- read ----------------------------------------------------------------------------------
