@@ -27,3 +27,13 @@ def test_the_reconciler_doc_lists_every_maintenance_loop() -> None:
     doc = (ROOT / "docs" / "reconciler.md").read_text()
     listed = set(re.findall(r"^\| `(\w+)` \|", doc, flags=re.M))
     assert names and names <= listed, f"loops missing from docs/reconciler.md: {sorted(names - listed)}"
+
+
+def test_every_image_a_doc_shows_is_in_the_checkout() -> None:
+    """A screenshot written by a test run is not in a clean checkout: docs link committed copies."""
+    missing = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", doc.read_text()):
+            if "://" not in target and not (doc.parent / target).resolve().is_file():
+                missing.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert not missing, missing
