@@ -3,6 +3,7 @@
     python bench/submits.py                        # 2,000 sequential, 20,000 by 200 concurrent, 20,000 in calls of 1,000
     python bench/submits.py --concurrent 200 --jobs 40000 --repeats 3
     python bench/submits.py --modes bulk --repeats 5 --ref-python /tmp/vb/bin/python --pgqueuer
+    python bench/submits.py --phases --repeats 3 --ref-python /tmp/vb/bin/python   # a bulk call, step by step
 
 `--ref-python` runs every case a second time with another Fencepost build (its venv's python; the
 harness is this file), interleaved, as `fencepost-ref`; `--pgqueuer` runs pgqueuer's own calls the
@@ -41,7 +42,7 @@ except ImportError:  # the default loop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.measure import CpuMeter, median, parent_pid, pg_aux_pids, pg_backend_pids
+from bench.measure import CpuMeter, cpu_seconds, median, parent_pid, pg_aux_pids, pg_backend_pids
 
 if TYPE_CHECKING:
     from fencepost.client import Client
@@ -115,6 +116,45 @@ async def case(a: argparse.Namespace, mode: str) -> dict[str, Any]:
     return {"mode": mode, "jobs": n, "per_s": n / s, "cpu_us": us}
 
 
+async def phases(a: argparse.Namespace) -> dict[str, Any]:
+    """Where one bulk call's time goes: `--calls` calls of --call-size runs, each split into its three
+    steps (validate and build the rows; the PostgreSQL statement and commit; the enqueue_runs call),
+    with this process's, the bench database's backends' and the Redis server's CPU per step (private
+    client methods: this is a profile, not a product path). Milliseconds per call, means."""
+    from fencepost.core.models import Submit
+
+    client, conn = await fresh(a.admin_url, a.redis_url)
+    try:
+        postmaster = parent_pid(await conn.fetchval("SELECT pg_backend_pid()")) or 0
+        mine = [await conn.fetchval("SELECT pg_backend_pid()")]
+        pg = pg_backend_pids(postmaster, DB, exclude=mine)
+        redis_pid = int((await client.stores.redis.info("server"))["process_id"])
+        reqs = [Submit(handler="bench.tiny")] * a.call_size
+        await client.submit_many(reqs)  # warm
+
+        def sample() -> tuple[float, float, float, float]:
+            return (time.perf_counter(), time.process_time(), sum(cpu_seconds(p) or 0.0 for p in pg()),
+                    cpu_seconds(redis_pid) or 0.0)
+
+        steps: dict[str, list[tuple[float, ...]]] = {"rows": [], "postgresql": [], "redis": []}
+        for _ in range(a.calls):
+            t0 = sample()
+            rows = await client._prepare(reqs, outbox=False)
+            t1 = sample()
+            ids, created, new_queues = await client._insert(reqs, rows, None)
+            await client._stamp_new_queues(new_queues)
+            t2 = sample()
+            await client._enqueue(created, ids, rows)
+            t3 = sample()
+            for name, (x, y) in zip(steps, ((t0, t1), (t1, t2), (t2, t3)), strict=True):
+                steps[name].append(tuple((v - u) * 1000 for u, v in zip(x, y, strict=True)))
+    finally:
+        await conn.close()
+        await client.close()
+    # means, not medians: /proc counts CPU in 10 ms ticks, so one call's PostgreSQL or Redis CPU is 0, 10 or 20
+    return {name: [sum(r[i] for r in rs) / len(rs) for i in range(4)] for name, rs in steps.items()}
+
+
 async def pgq_case(a: argparse.Namespace, mode: str) -> dict[str, Any]:
     """pgqueuer's own submit calls, metered the same way (no Redis: its column stays 0)."""
     from pgqueuer.queries import Queries
@@ -180,13 +220,39 @@ def main() -> None:
     ap.add_argument("--ref-python", metavar="PY", help="a second Fencepost build's python, run interleaved")
     ap.add_argument("--pgqueuer", action="store_true", help="pgqueuer's submits too, interleaved")
     ap.add_argument("--peer-python", default=str(ROOT / ".venv-bench" / "bin" / "python"))
+    ap.add_argument("--phases", action="store_true",
+                    help="instead: where a bulk call's time goes, step by step (CPU of client, PostgreSQL, Redis)")
+    ap.add_argument("--calls", type=int, default=20, help="bulk calls measured by --phases")
     ap.add_argument("--one", choices=("single", "concurrent", "bulk"), help=argparse.SUPPRESS)
     ap.add_argument("--peer-case", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--phases-json", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
     ap.add_argument("--admin-url", default=os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
     a = ap.parse_args()
     if a.one:  # a case for another interpreter's caller: one JSON line
         print(json.dumps(run_loop((pgq_case if a.peer_case else case)(a, a.one))))
+        return
+    if a.phases:
+        builds = [("fencepost", None)] + ([("fencepost-ref", a.ref_python)] if a.ref_python else [])
+        out: dict[str, list[dict[str, list[float]]]] = {b: [] for b, _ in builds}
+        for _ in range(a.repeats):
+            for build, python in builds:
+                if python is None:
+                    out[build].append(run_loop(phases(a)))
+                else:
+                    argv = [python, __file__, "--phases-json", "--calls", str(a.calls), "--call-size",
+                            str(a.call_size), "--redis-url", a.redis_url, "--admin-url", a.admin_url]
+                    done = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=ROOT)
+                    out[build].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(f"\nms per call of {a.call_size:,} (means of {a.calls} calls, then medians of {a.repeats} repeats)")
+        print(f"{'':16}{'step':>12}{'wall':>9}{'client':>9}{'PG CPU':>9}{'Redis':>9}")
+        for build, rs in out.items():
+            for step in ("rows", "postgresql", "redis"):
+                cells = [median([r[step][i] for r in rs]) for i in range(4)]
+                print(f"{build:16}{step:>12}" + "".join(f"{c:>9.1f}" for c in cells))
+        return
+    if a.phases_json:
+        print(json.dumps(run_loop(phases(a))))
         return
     systems = ["fencepost"] + (["fencepost-ref"] if a.ref_python else []) + (["pgqueuer"] if a.pgqueuer else [])
     results: list[dict[str, Any]] = []
