@@ -47,20 +47,24 @@ _UTC = UTC
 _PENDING = Status.PENDING.value  # an Enum member's .value is a descriptor call: ~0.5 us per run
 
 
+def _argument_key(spec: JobSpec, req: Submit, name: str, pos: int | None, what: str) -> str:
+    """`handler:<value of the declared argument>`, the key a handler's declared limit counts by."""
+    if name in req.kwargs:
+        value = req.kwargs[name]
+    elif pos is not None and pos < len(req.args):
+        value = req.args[pos]
+    else:
+        raise InvalidInput(f"{spec.name} limits {what} by its argument {name!r}, which this submit "
+                           "does not give", field="kwargs")
+    return f"{spec.name}:{value}"
+
+
 def _concurrency(spec: JobSpec, req: Submit) -> tuple[str | None, int | None]:
     """The run's concurrency key and limit: the submit's own, else `handler:<argument value>`
     with the handler's declared limit."""
     key = req.concurrency_key
     if key is None and spec.concurrency_key is not None:
-        name, pos = spec.concurrency_key, spec.concurrency_arg
-        if name in req.kwargs:
-            value = req.kwargs[name]
-        elif pos is not None and pos < len(req.args):
-            value = req.args[pos]
-        else:
-            raise InvalidInput(f"{spec.name} limits concurrency by its argument {name!r}, which this submit "
-                               "does not give", field="kwargs")
-        key = f"{spec.name}:{value}"
+        key = _argument_key(spec, req, spec.concurrency_key, spec.concurrency_arg, "concurrency")
     limit = req.concurrency_limit if req.concurrency_limit is not None else spec.concurrency_limit
     if limit is not None:
         validate.integer("concurrency_limit", limit)
@@ -82,15 +86,7 @@ def _rate(spec: JobSpec, req: Submit) -> tuple[str | None, str | None]:
     if key is None and spec.rate_key == "":
         key = spec.name  # a rate declared without a key argument: the handler's own
     elif key is None and spec.rate_key is not None:
-        name, pos = spec.rate_key, spec.rate_arg
-        if name in req.kwargs:
-            value = req.kwargs[name]
-        elif pos is not None and pos < len(req.args):
-            value = req.args[pos]
-        else:
-            raise InvalidInput(f"{spec.name} limits its rate by its argument {name!r}, which this submit "
-                               "does not give", field="kwargs")
-        key = f"{spec.name}:{value}"
+        key = _argument_key(spec, req, spec.rate_key, spec.rate_arg, "its rate")
     if key is None:
         if req.rate_limit is not None:
             raise InvalidInput("rate_limit needs a rate_key", field="rate_limit")

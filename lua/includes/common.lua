@@ -241,13 +241,9 @@ local function hold(id, ckey, score)
   redis.call('SADD', K_HELDKEYS, ckey)
 end
 
--- Give free slots of a key to its best held runs (back to their tenant's due set at their
--- old score). Held members whose run is no longer PENDING are dropped on the way.
-local function refill(ckey)
-  local h = held_key(ckey)
-  local limit = key_limit(ckey)
-  local room = redis.call('ZCARD', h)
-  if limit > 0 then room = math.min(room, limit - redis.call('SCARD', ck_key(ckey))) end
+-- Move up to `room` runs of held set `h` back to their tenant's due set at their old score,
+-- dropping members whose run is no longer PENDING on the way. Returns the runs moved.
+local function unhold(h, room)
   local moved = 0
   while room > 0 do
     local nxt = redis.call('ZPOPMIN', h, 1)
@@ -259,6 +255,17 @@ local function refill(ckey)
       moved = moved + 1
     end
   end
+  return moved
+end
+
+-- Give free slots of a key to its best held runs (back to their tenant's due set at their
+-- old score). Held members whose run is no longer PENDING are dropped on the way.
+local function refill(ckey)
+  local h = held_key(ckey)
+  local limit = key_limit(ckey)
+  local room = redis.call('ZCARD', h)
+  if limit > 0 then room = math.min(room, limit - redis.call('SCARD', ck_key(ckey))) end
+  local moved = unhold(h, room)
   if redis.call('EXISTS', h) == 0 then redis.call('SREM', K_HELDKEYS, ckey) end
   if moved > 0 and redis.call('LLEN', K_WAKE) == 0 then redis.call('RPUSH', K_WAKE, 1) end
   return moved
@@ -365,16 +372,7 @@ local function rate_release(now, page)
       local s = rate_state(rkey, redis.call('HGET', run_key(head[1]), 'rlimit'), now)
       local room = RELEASE_PAGE
       if s then room = math.min(room, s.n - rate_exact(s, now).used) end
-      while room > 0 do
-        local nxt = redis.call('ZPOPMIN', h, 1)
-        if not nxt[1] then break end
-        local f = redis.call('HMGET', run_key(nxt[1]), 'state', 'tenant')
-        if f[1] == 'PENDING' then
-          queue_at(nxt[1], f[2], tonumber(nxt[2]))
-          room = room - 1
-          moved = moved + 1
-        end
-      end
+      moved = moved + unhold(h, room)
       if redis.call('EXISTS', h) == 0 then
         redis.call('ZREM', K_RWAIT, rkey)
       elseif s then
