@@ -278,12 +278,16 @@ async def submit(ctx: Ctx) -> Any:
     return _json(S.Submitted(id=run_id, queue=queue), 201)
 
 
+def _within_batch_limit(ctx: Ctx, size: int) -> None:
+    """FENCEPOST_API_MAX_BATCH runs per request, for a submit batch and a batch with callbacks alike."""
+    limit = ctx.api.config.max_batch
+    if size > limit:
+        raise TooLarge(f"a batch may hold at most {limit} runs, not {size}", limit=limit, size=size, field="runs")
+
+
 async def submit_batch(ctx: Ctx) -> Any:
     batch: S.SubmitBatch = ctx.body
-    limit = ctx.api.config.max_batch
-    if len(batch.runs) > limit:
-        raise TooLarge(f"a batch may hold at most {limit} runs, not {len(batch.runs)}", limit=limit,
-                       size=len(batch.runs), field="runs")
+    _within_batch_limit(ctx, len(batch.runs))
     if not batch.runs:
         raise InvalidInput("a batch needs at least one run", field="runs")
     for r in batch.runs:
@@ -632,10 +636,7 @@ async def retry_workflow(ctx: Ctx) -> Any:
 async def create_batch(ctx: Ctx) -> Any:
     """A batch with its callbacks; a scoped token may only name its queues (members and callbacks)."""
     body: S.BatchCreate = ctx.body
-    limit = ctx.api.config.max_batch
-    if len(body.runs) > limit:
-        raise TooLarge(f"a batch may hold at most {limit} runs, not {len(body.runs)}", limit=limit,
-                       size=len(body.runs), field="runs")
+    _within_batch_limit(ctx, len(body.runs))
     if ctx.request.headers.get("idempotency-key") is not None:
         raise InvalidInput("a batch is not idempotent as a whole: send it without an Idempotency-Key",
                            field="Idempotency-Key")
