@@ -61,6 +61,25 @@ class WorkerOptions:
     """Exit once every queue is empty and nothing runs (deterministic tests, one-off drains)."""
 
 
+async def _cancel_all(tasks: list[asyncio.Task[None]], rounds: int = 100) -> None:
+    """Cancel the helper loops and wait until they have ended. A cancellation can be swallowed by
+    library code a loop is awaiting (seen with a Redis pipeline cancelled mid-call: the loop went
+    on to its next sleep and the worker never exited after SIGTERM), so what is still running is
+    cancelled again every 50 ms instead of waited for forever."""
+    pending = {t for t in tasks if not t.done()}
+    for _ in range(rounds):
+        if not pending:
+            break
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.05)
+    for t in tasks:
+        if t.done() and not t.cancelled():
+            t.exception()  # retrieved: a helper's error is not reported again at exit
+    if pending:
+        log.warning("%d helper loops did not stop", len(pending), extra={"event": "helpers_not_stopped"})
+
+
 def _band(attempt: int) -> str:
     return str(attempt) if attempt < 3 else "3+"
 
@@ -163,9 +182,7 @@ class Worker:
             await self._claim_loop()
             await self._drain()
         finally:
-            for t in helpers:
-                t.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await _cancel_all(helpers)
             await self.acks.drain()
             await self.services.flush()
             # leaving with nothing leased; anything still leased is reclaimed once the pulse lapses
