@@ -82,6 +82,18 @@ async def test_a_leaving_worker_is_not_expected_to_pulse(stores: Stores) -> None
     assert await stores.redis.zscore(keys.base + "workers", "w") is None
 
 
+async def _claimed_and_pulsing(stores: Stores, run_id: int, log: Path) -> str:
+    """Wait until a worker runs `run_id` and its liveness pulse is in; returns the worker's id."""
+    await wait_state(stores, run_id, {"RUNNING"}, 30, "the first worker to claim the run", log)
+    worker_id = (await stores.redis.hget(stores.keys("tq").run(run_id), "worker")).decode()
+
+    async def pulsed() -> bool:
+        return await stores.redis.zscore(stores.keys("tq").base + "workers", worker_id) is not None
+
+    await wait_until(pulsed, timeout=10, what="the first worker's pulse")
+    return worker_id
+
+
 @pytest.mark.slow
 async def test_sigkilled_worker_under_a_long_lease_is_reclaimed_at_once(client: Client, settings: Settings,
                                                                         stores: Stores, tmp_path: Path) -> None:
@@ -92,13 +104,7 @@ async def test_sigkilled_worker_under_a_long_lease_is_reclaimed_at_once(client: 
     w1 = spawn(settings, *WORKER, "--processes", "1", log=log1, FENCEPOST_LEASE_MS=LONG_LEASE_MS)
     w2: subprocess.Popen[bytes] | None = None
     try:
-        await wait_state(stores, run_id, {"RUNNING"}, 30, "the first worker to claim the run", log1)
-        w1_id = (await stores.redis.hget(stores.keys("tq").run(run_id), "worker")).decode()
-
-        async def pulsed() -> bool:
-            return await stores.redis.zscore(stores.keys("tq").base + "workers", w1_id) is not None
-
-        await wait_until(pulsed, timeout=10, what="the first worker's pulse")
+        w1_id = await _claimed_and_pulsing(stores, run_id, log1)
         os.kill(w1.pid, signal.SIGKILL)
         w1.wait(10)
         w2 = spawn(settings, *WORKER, "--processes", "1", log=log2, FENCEPOST_LEASE_MS=LONG_LEASE_MS)
@@ -124,13 +130,7 @@ async def test_frozen_worker_loses_its_run_and_cannot_finish_it_when_thawed(clie
     w1 = spawn(settings, *WORKER, "--processes", "1", log=log1, FENCEPOST_LEASE_MS=LONG_LEASE_MS)
     w2: subprocess.Popen[bytes] | None = None
     try:
-        await wait_state(stores, run_id, {"RUNNING"}, 30, "the first worker to claim the run", log1)
-        w1_id = (await stores.redis.hget(stores.keys("tq").run(run_id), "worker")).decode()
-
-        async def pulsed() -> bool:
-            return await stores.redis.zscore(stores.keys("tq").base + "workers", w1_id) is not None
-
-        await wait_until(pulsed, timeout=10, what="the first worker's pulse")
+        await _claimed_and_pulsing(stores, run_id, log1)
         os.kill(w1.pid, signal.SIGSTOP)
         w2 = spawn(settings, *WORKER, "--processes", "1", log=log2, FENCEPOST_LEASE_MS=LONG_LEASE_MS)
         await wait_state(stores, run_id, {"SUCCEEDED"}, 30, "the second worker to finish the run", log2)
