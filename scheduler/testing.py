@@ -302,7 +302,9 @@ class Harness:
                 if not worker.running and await self._idle(skip_delays):
                     await worker.acks.drain()
                     await self.record(timeout=max(deadline - time.monotonic(), 5.0))
-                    if not await self.relay.relay():  # workflow nodes released by what just ended
+                    # workflow nodes released by what just ended; and a retry the acknowledger scheduled
+                    # after the idle check above is in the delayed set only now: look again before stopping
+                    if not await self.relay.relay() and not worker.running and await self._idle(skip_delays):
                         break
                     continue
                 if time.monotonic() > deadline:
