@@ -138,6 +138,7 @@ end
 local token_base = nil
 local lease = now + lease_ms
 local out = {}
+local leased = {}  -- lease, id, ...: K_ACTIVE gets every claimed run in one ZADD at the end
 local firsts, claimed, rounds, rate_held = 0, 0, 0, 0
 while claimed < want and rounds < 4 do
   rounds = rounds + 1
@@ -148,7 +149,7 @@ while claimed < want and rounds < 4 do
     local id = popped[2 * i - 1]
     local key = run_key(id)
     local f = redis.call('HMGET', key, 'state', 'attempt', 'handler', 'payload', 'timeout_ms',
-                         'max_retries', 'fire_time', 'trace', 'gen', 'run_at', 'ckey', 'rkey', 'rlimit')
+                         'max_retries', 'fire_time', 'trace', 'gen', 'run_at', 'ckey', 'rkey', 'rlimit', 'version')
     if f[1] == 'PENDING' then
       local rate = false
       if f[12] then
@@ -169,11 +170,11 @@ while claimed < want and rounds < 4 do
         if rate then rate_start(rate, id .. ':' .. attempt, rnow) end
         if qrate then rate_start(qrate, id .. ':' .. attempt, rnow) end
         local token = string.format('%.0f', token_base + claimed)
-        redis.call('HSET', key, 'attempt', attempt, 'token', token, 'worker', worker, 'lease_until', lease)
         local ev = {'attempt', attempt, 'token', token, 'worker', worker, 'lease', lease, 'due', f[10] or now}
         if rnow then ev[#ev + 1], ev[#ev + 2] = 'rts', rnow end  -- the start as a rate window counts it
-        transition(id, key, 'PENDING', 'RUNNING', 'claimed', now, ev)
-        redis.call('ZADD', K_ACTIVE, lease, id)
+        transition(id, key, 'PENDING', 'RUNNING', 'claimed', now, ev,
+                   {'attempt', attempt, 'token', token, 'worker', worker, 'lease_until', lease}, f[14])
+        leased[#leased + 1], leased[#leased + 2] = lease, id
         local n = #out
         out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, token, attempt, f[3], f[4]
         out[n + 6], out[n + 7], out[n + 8], out[n + 9], out[n + 10] = f[5], f[6], f[7] or '', f[8] or '', f[9] or '0'
@@ -181,6 +182,9 @@ while claimed < want and rounds < 4 do
     end
     -- any other state: a leftover member of a run that moved on; dropping it is the repair
   end
+end
+for i = 1, #leased, 1000 do
+  redis.call('ZADD', K_ACTIVE, unpack(leased, i, math.min(i + 999, #leased)))
 end
 if token_base and claimed < want then redis.call('DECRBY', K_TOKEN, want - claimed) end  -- tokens stay dense
 budget_count('a', now, budget_window, firsts)

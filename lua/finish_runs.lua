@@ -26,16 +26,18 @@
 local now, quarantine = tonumber(ARGV[1]), tonumber(ARGV[2])
 local ratio, floor_, window = budget_config()
 local out = {}
+local unleased = {}  -- every finished run leaves K_ACTIVE in one ZREM at the end
 for i = 3, #ARGV, 6 do
   local id, token, outcome, data, eclass, delay = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
   local key = run_key(id)
-  local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'max_retries', 'worker', 'ctl', 'compensate', 'priority', 'tenant', 'ckey')
+  local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'max_retries', 'worker', 'ctl', 'compensate', 'priority', 'tenant', 'ckey',
+                       'version')
   local st = f[1]
   if not ACTIVE[st] or f[2] ~= token then
     redis.call('HINCRBY', K_STATS, 'stale_finish', 1)
     out[#out + 1] = 'STALE'
   else
-    redis.call('ZREM', K_ACTIVE, id)
+    unleased[#unleased + 1] = id
     lease_done(id, key, f[10] or false)
     local base = {'attempt', f[3], 'token', token, 'worker', f[5]}
     if outcome == 'interrupted' then
@@ -63,10 +65,9 @@ for i = 3, #ARGV, 6 do
         out[#out + 1] = 'PENDING'
       end
     elseif outcome == 'ok' then
-      redis.call('HDEL', key, 'ctl')
-      redis.call('HSET', key, 'result', data)
+      if f[6] then redis.call('HDEL', key, 'ctl') end
       base[#base + 1] = 'result'; base[#base + 1] = data
-      transition(id, key, st, 'SUCCEEDED', 'succeeded', now, base)
+      transition(id, key, st, 'SUCCEEDED', 'succeeded', now, base, {'result', data}, f[11])
       out[#out + 1] = 'SUCCEEDED'
     else
       local fails = 0
@@ -118,5 +119,8 @@ for i = 3, #ARGV, 6 do
       end
     end
   end
+end
+for i = 1, #unleased, 1000 do
+  redis.call('ZREM', K_ACTIVE, unpack(unleased, i, math.min(i + 999, #unleased)))
 end
 return out

@@ -30,11 +30,21 @@ end
 
 -- Move a run to a new state and append the event. Callers check the current state
 -- first (compare-and-set); this guard only stops an edge the state table lacks.
-local function transition(id, key, from, to, event, now, extra)
+-- `set`: more fields of the run's hash, written with the state in the same HSET; `seen`: the
+-- run's version as the caller read it with the state (saves a HINCRBY on the hot scripts; the
+-- script runs atomically, so nothing moved it in between).
+local function transition(id, key, from, to, event, now, extra, set, seen)
   if not LEGAL[from .. '>' .. to .. '>' .. event] then
     error({err = 'ILLEGAL_TRANSITION ' .. id .. ' ' .. from .. ' ' .. to})
   end
-  local v = redis.call('HINCRBY', key, 'version', 1)
+  local v = tonumber(seen or '')
+  local fields = set or {}
+  if v then
+    v = v + 1
+    fields[#fields + 1], fields[#fields + 2] = 'version', v
+  else
+    v = redis.call('HINCRBY', key, 'version', 1)
+  end
   local ev = {'run', id, 'type', event, 'from', from, 'to', to, 'v', v, 'ts', now}
   local reason = ''
   if extra then
@@ -43,8 +53,8 @@ local function transition(id, key, from, to, event, now, extra)
   end
   -- a terminal state keeps its reason (e.g. 'review') in the hash, so drift repair can record a
   -- terminal state whose stream entry was lost, reason included (repair_inspect.lua reads it)
-  local kept = TERMINAL[to] and {'reason', reason} or {}
-  redis.call('HSET', key, 'state', to, unpack(kept))
+  if TERMINAL[to] then fields[#fields + 1], fields[#fields + 2] = 'reason', reason end
+  redis.call('HSET', key, 'state', to, unpack(fields))
   redis.call('XADD', K_EVENTS, '*', unpack(ev))
   return v
 end
