@@ -29,6 +29,9 @@ Method, the same for every system (peers run in .venv-bench through bench/peers/
 - Systems are interleaved (fencepost, pgqueuer, pgqueuer b100, saq, fencepost, ...) and medians
   of --repeats are printed, with ratios fencepost / peer (for CPU, lower is better).
 
+`BENCH_NICE=N` starts Fencepost's reconciler at that niceness (an experiment: with every process in
+one cgroup, a recorder's batch is a CPU burst that delays dispatch; docs/performance.md has the figures).
+
 Redis DB 14 holds the queues, DB 15 the handler's records; PostgreSQL databases bench_fencepost
 and bench_peers are dropped and recreated for every case.
 """
@@ -107,8 +110,10 @@ async def fresh_database(admin_url: str, name: str) -> str:
 def spawn(settings: Settings, *args: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, FENCEPOST_REDIS_URL=settings.redis_url, FENCEPOST_DATABASE_URL=settings.database_url,
                FENCEPOST_PREFIX=settings.prefix, FENCEPOST_LOG_FORMAT="json", PYTHONPATH=str(ROOT))
+    nice = int(os.environ.get("BENCH_NICE", "0")) if args[:1] == ("reconciler",) else 0
     return subprocess.Popen([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
 
 async def drain_and_record(client: Client, queue_keys: list, workers: int) -> tuple[float, float]:
