@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,33 +85,45 @@ async def case(a: argparse.Namespace, mode: str) -> dict[str, Any]:
         meter = CpuMeter({"client": lambda: [os.getpid()], "pg": pg_backend_pids(postmaster, DB, exclude=mine),
                           "redis": lambda: [redis_pid], "pg_shared": pg_aux_pids(postmaster)},
                          shared=("redis", "pg_shared"))
-        await asyncio.to_thread(meter.baseline, 1.0)
-        n = a.single if mode == "single" else a.jobs
-        meter.start()
-        t0 = time.perf_counter()
-        if mode == "single":
-            for _ in range(n):
-                await client.submit("bench.tiny")
-        elif mode == "concurrent":
-            per = n // a.concurrent
+        n: int = a.single if mode == "single" else a.jobs
 
-            async def submitter() -> None:
-                for _ in range(per):
+        async def go() -> int:
+            if mode == "single":
+                for _ in range(n):
                     await client.submit("bench.tiny")
+                return n
+            if mode == "concurrent":
+                per = n // a.concurrent
 
-            await asyncio.gather(*(submitter() for _ in range(a.concurrent)))
-            n = per * a.concurrent
-        else:
+                async def submitter() -> None:
+                    for _ in range(per):
+                        await client.submit("bench.tiny")
+
+                await asyncio.gather(*(submitter() for _ in range(a.concurrent)))
+                return per * int(a.concurrent)
             for i in range(0, n, a.call_size):
                 await client.submit_many([Submit(handler="bench.tiny")] * min(a.call_size, n - i))
-        s = time.perf_counter() - t0
-        cpu = await asyncio.to_thread(meter.stop)
+            return n
+
+        row = await metered(meter, mode, go)
         got = await conn.fetchval("SELECT count(*) FROM runs") - 1
-        if got != n:
-            raise SystemExit(f"{mode}: PostgreSQL holds {got} runs, expected {n}")
+        if got != row["jobs"]:
+            raise SystemExit(f"{mode}: PostgreSQL holds {got} runs, expected {row['jobs']}")
     finally:
         await conn.close()
         await client.close()
+    return row
+
+
+async def metered(meter: CpuMeter, mode: str, go: Callable[[], Awaitable[int]]) -> dict[str, Any]:
+    """One case's row: `go` (it returns how many it submitted) timed, with CPU per job and role from
+    `meter` (its idle rates measured first, for a second)."""
+    await asyncio.to_thread(meter.baseline, 1.0)
+    meter.start()
+    t0 = time.perf_counter()
+    n = await go()
+    s = time.perf_counter() - t0
+    cpu = await asyncio.to_thread(meter.stop)
     us = {r: cpu.get(r, 0.0) / n * 1e6 for r in ROLES}
     us["total"] = sum(us.values())
     return {"mode": mode, "jobs": n, "per_s": n / s, "cpu_us": us}
@@ -171,27 +184,25 @@ async def pgq_case(a: argparse.Namespace, mode: str) -> dict[str, Any]:
         postmaster = parent_pid(await conn.fetchval("SELECT pg_backend_pid()")) or 0
         meter = CpuMeter({"client": lambda: [os.getpid()], "pg": pg_backend_pids(postmaster, PGQ_DB),
                           "pg_shared": pg_aux_pids(postmaster)}, shared=("pg_shared",))
-        await asyncio.to_thread(meter.baseline, 1.0)
-        n = a.single if mode == "single" else a.jobs
-        meter.start()
-        t0 = time.perf_counter()
-        if mode == "single":
-            for _ in range(n):
-                await queries.enqueue("tiny", None)
-        else:
-            for i in range(0, n, a.call_size):
-                k = min(a.call_size, n - i)
-                await queries.enqueue(["tiny"] * k, [None] * k, [0] * k)
-        s = time.perf_counter() - t0
-        cpu = await asyncio.to_thread(meter.stop)
+        n: int = a.single if mode == "single" else a.jobs
+
+        async def go() -> int:
+            if mode == "single":
+                for _ in range(n):
+                    await queries.enqueue("tiny", None)
+            else:
+                for i in range(0, n, a.call_size):
+                    k = min(a.call_size, n - i)
+                    await queries.enqueue(["tiny"] * k, [None] * k, [0] * k)
+            return n
+
+        row = await metered(meter, mode, go)
         got = await conn.fetchval("SELECT count(*) FROM pgqueuer") - 1
         if got != n:
             raise SystemExit(f"pgqueuer {mode}: {got} jobs, expected {n}")
     finally:
         await conn.close()
-    us = {r: cpu.get(r, 0.0) / n * 1e6 for r in ROLES}
-    us["total"] = sum(us.values())
-    return {"mode": mode, "jobs": n, "per_s": n / s, "cpu_us": us}
+    return row
 
 
 def other(python: str, a: argparse.Namespace, mode: str, peer: bool) -> dict[str, Any]:

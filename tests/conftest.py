@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ import redis.asyncio as aioredis
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.record import upgrade
+from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
 from fencepost.dev.embedded import EmbeddedServers
 from tests.servers import TOOLS, TestServers, choose_servers
@@ -148,12 +150,18 @@ async def settings(database_url: str) -> AsyncIterator[Settings]:
     await r.aclose()
 
 
-@pytest_asyncio.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
+@pytest.fixture
+def client_registry() -> Registry:
+    """The registry the `client` fixture registers: tests.apps's; a module overrides this fixture for its own."""
     from tests.apps import registry
 
+    return registry
+
+
+@pytest_asyncio.fixture
+async def client(settings: Settings, client_registry: Registry) -> AsyncIterator[Client]:
     c = await Client(settings=settings).connect()
-    await c.register(registry)
+    await c.register(client_registry)
     yield c
     await c.close()
 
@@ -205,6 +213,20 @@ async def record_all(stores: Stores, timeout: float = 30.0) -> None:
         if await rec.run_once(block_ms=50) == 0 and await rec.run_once(block_ms=50) == 0:
             return
     raise AssertionError("recorder did not drain the streams in time")
+
+
+def stop(procs: Iterable[subprocess.Popen[bytes] | None], timeout: float = 20) -> None:
+    """SIGTERM every process still running (None: never started), then wait for each; SIGKILL one that
+    outlasts `timeout`."""
+    started = [p for p in procs if p is not None]
+    for p in started:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in started:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def log_tail(path: Path | None, n: int = 30) -> str:

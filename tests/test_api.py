@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -425,30 +426,49 @@ async def test_tokens_over_the_api_show_the_secret_once(api: Api, client: Client
 
 
 # -- the CLI over --api ------------------------------------------------------------------------------
-async def test_cli_talks_to_the_api_without_store_credentials(settings: Settings, client: Client, tmp_path) -> None:
+def free_port() -> int:
+    """A loopback port free a moment ago (the OS's pick)."""
     import socket
-
-    from tests.conftest import wait_until
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    _, admin = await create_token(client.stores.db, "admin", [], "cli", "test")
-    log = open(tmp_path / "api.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "fencepost.cli", "api", "--port", str(port)], cwd=ROOT,
-                            env=worker_env(settings), stdout=log, stderr=log)
-    try:
-        async def up() -> bool:
-            assert proc.poll() is None, (tmp_path / "api.log").read_text()
-            try:
-                async with httpx.AsyncClient() as h:
-                    return (await h.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
-            except httpx.TransportError:
-                return False
+        return int(s.getsockname()[1])
 
+
+async def start_api(settings: Settings, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`fencepost api` as a real process on a free port, its output in `log`, once its /readyz answers 200:
+    the process (the caller stops it) and its base URL."""
+    from tests.conftest import wait_until
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "fencepost.cli", "api", "--port", str(port)], cwd=ROOT,
+                                env=worker_env(settings), stdout=out, stderr=out)
+
+    async def up() -> bool:
+        assert proc.poll() is None, log.read_text()
+        try:
+            async with httpx.AsyncClient() as h:
+                return (await h.get(f"{url}/readyz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
         await wait_until(up, timeout=30, what="fencepost api to listen")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, url
+
+
+async def test_cli_talks_to_the_api_without_store_credentials(settings: Settings, client: Client, tmp_path) -> None:
+    _, admin = await create_token(client.stores.db, "admin", [], "cli", "test")
+    proc, url = await start_api(settings, tmp_path / "api.log")
+    try:
         # no Redis or PostgreSQL settings at all: only the API URL and token
-        env = {"PATH": "/usr/bin:/bin", "FENCEPOST_API_URL": f"http://127.0.0.1:{port}", "FENCEPOST_API_TOKEN": admin,
+        env = {"PATH": "/usr/bin:/bin", "FENCEPOST_API_URL": url, "FENCEPOST_API_TOKEN": admin,
                "FENCEPOST_REDIS_URL": "redis://127.0.0.1:1/0", "FENCEPOST_DATABASE_URL": "postgresql://x@127.0.0.1:1/x"}
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -491,7 +511,6 @@ async def test_cli_talks_to_the_api_without_store_credentials(settings: Settings
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-        log.close()
 
 
 def test_token_cli_creates_lists_and_revokes(settings: Settings) -> None:
@@ -518,14 +537,11 @@ def test_token_cli_creates_lists_and_revokes(settings: Settings) -> None:
 @contextlib.contextmanager
 def serve_in_thread(app: Any) -> Iterator[str]:
     """Serve an ASGI app with uvicorn on a free loopback port in a thread of this process."""
-    import socket
     import threading
 
     import uvicorn
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

@@ -26,8 +26,8 @@ from fencepost.client import Client
 from fencepost.core import workers as fleet
 from fencepost.core.config import Settings
 from fencepost.core.stores import Stores
-from tests.conftest import ROOT, record_all, wait_until, worker_env
-from tests.test_api import Api, _make_api
+from tests.conftest import ROOT, record_all, worker_env
+from tests.test_api import Api, _make_api, start_api
 
 ROLES = ("producer", "operator", "admin")
 SCOPES = ("all", "in", "out")
@@ -429,28 +429,12 @@ async def _hot(client: Client, run_id: int) -> str:
 
 async def test_cli_bulk_limit_is_honoured_over_the_api(settings: Settings, client: Client, tmp_path: Any) -> None:
     """Issue 14 repro 4: the CLI's --limit was dropped when it talked to the API."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     _, admin = await create_token(client.stores.db, "admin", [], "cli", "test")
     ids = [await client.submit("t.echo", i) for i in range(5)]
     await record_all(client.stores)
-    log = open(tmp_path / "api.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "fencepost.cli", "api", "--port", str(port)], cwd=ROOT,
-                            env=worker_env(settings), stdout=log, stderr=log)
+    proc, url = await start_api(settings, tmp_path / "api.log")
     try:
-        async def up() -> bool:
-            assert proc.poll() is None, (tmp_path / "api.log").read_text()
-            try:
-                async with httpx.AsyncClient() as h:
-                    return (await h.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        await wait_until(up, timeout=30, what="fencepost api to listen")
-        env = {"PATH": "/usr/bin:/bin", "FENCEPOST_API_URL": f"http://127.0.0.1:{port}", "FENCEPOST_API_TOKEN": admin}
+        env = {"PATH": "/usr/bin:/bin", "FENCEPOST_API_URL": url, "FENCEPOST_API_TOKEN": admin}
         out = await asyncio.to_thread(lambda: subprocess.run(
             [sys.executable, "-m", "fencepost.cli", "pause", "--queue", "tq", "--status", "PENDING", "--limit", "2",
              "--yes", "--reason", "chunk 1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60))
@@ -459,4 +443,3 @@ async def test_cli_bulk_limit_is_honoured_over_the_api(settings: Settings, clien
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        log.close()

@@ -24,7 +24,7 @@ from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
 from fencepost.worker.context import Context
 from fencepost.workflows import Node
-from tests.conftest import log_tail, record_all, spawn, wait_until
+from tests.conftest import log_tail, record_all, spawn, stop, wait_until
 from tests.servers import RedisServer
 
 registry = Registry()
@@ -93,14 +93,7 @@ def _services(settings: Settings, tmp: Path, *, worker: bool = True, **env: str)
     try:
         yield procs
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
 
 
 async def _status(client: Client, run_id: int) -> str:
@@ -267,13 +260,7 @@ async def test_batch_callbacks_run_exactly_once_across_a_redis_that_forgot_every
         assert await _status(client, b.on_success) == "SUCCEEDED"
         assert sorted(log.read_text().split()) == sorted([str(b.on_complete), str(b.on_success)])
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
         await client.close()
         server.cleanup()
 

@@ -5,8 +5,6 @@ arguments that no longer bind failing fast as invalid input. Run by a real worke
 
 from __future__ import annotations
 
-import signal
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +19,7 @@ from fencepost.core.models import Submit
 from fencepost.core.registry import Registry
 from fencepost.worker.context import Context, SyncContext
 from fencepost.workflows import Node
-from tests.conftest import log_tail, spawn, wait_until
+from tests.conftest import log_tail, spawn, stop, wait_until
 
 registry = Registry()
 Q = "ppq"
@@ -74,14 +72,7 @@ def _services(settings: Settings, tmp: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
 
 
 async def _final(client: Client, run_id: int, tmp: Path) -> dict[str, Any]:

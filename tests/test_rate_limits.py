@@ -479,10 +479,10 @@ async def test_two_worker_processes_share_one_limit(client: Client, settings: Se
 
 @pytest.mark.slow
 async def test_dashboard_admin_edits_rate_limits(settings: Settings, client: Client, stores: Stores) -> None:
-    from tests.test_dashboard import ARGS, ARTIFACTS, CHROMIUM
+    from tests.test_dashboard import ARTIFACTS, CHROMIUM, dashboard_page, log_in
 
     chromium = need_tool(CHROMIUM)
-    from playwright.async_api import async_playwright, expect
+    from playwright.async_api import expect
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     _, secret = await create_token(client.stores.db, "admin", [], "rate-admin", "test")
@@ -499,29 +499,20 @@ async def test_dashboard_admin_edits_rate_limits(settings: Settings, client: Cli
         await page.click("#confirm-ok")
 
     with serve_in_thread(app) as base:
-        async with async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
-            try:
-                page = await browser.new_page(viewport={"width": 1280, "height": 900})
-                page.set_default_timeout(30_000)
-                page.on("pageerror", lambda e: page_errors.append(str(e)))
-                await page.goto(f"{base}/")
-                await page.fill("#token", secret)
-                await page.click("#login")
-                await expect(page.locator("#who")).to_contain_text("rate-admin")
-                await page.goto(f"{base}/ui/#/dispatch/tq")
-                await expect(page.locator("#rate-summary")).to_contain_text("No queue-wide rate limit")
-                await change(page, "", "50/1s", "partner quota")
-                await expect(page.locator("#dispatch-result")).to_contain_text("rate changed")
-                await expect(page.locator("#rate-summary")).to_contain_text("at most 50/1s")
-                await change(page, "t.rated:acme", "1/1m", "acme asked")
-                await expect(page.locator("#rates-table")).to_contain_text("t.rated:acme")
-                await expect(page.locator("#rates-table")).to_contain_text("1/1m")
-                await change(page, "", "0/1s", "typo")
-                await expect(page.locator("#dispatch-result")).to_contain_text("refused")
-                await page.screenshot(path=str(ARTIFACTS / "dashboard-rate-limits.png"), full_page=True)
-            finally:
-                await browser.close()
+        async with dashboard_page(chromium, viewport={"width": 1280, "height": 900}) as page:
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+            await log_in(page, base, secret, "rate-admin")
+            await page.goto(f"{base}/ui/#/dispatch/tq")
+            await expect(page.locator("#rate-summary")).to_contain_text("No queue-wide rate limit")
+            await change(page, "", "50/1s", "partner quota")
+            await expect(page.locator("#dispatch-result")).to_contain_text("rate changed")
+            await expect(page.locator("#rate-summary")).to_contain_text("at most 50/1s")
+            await change(page, "t.rated:acme", "1/1m", "acme asked")
+            await expect(page.locator("#rates-table")).to_contain_text("t.rated:acme")
+            await expect(page.locator("#rates-table")).to_contain_text("1/1m")
+            await change(page, "", "0/1s", "typo")
+            await expect(page.locator("#dispatch-result")).to_contain_text("refused")
+            await page.screenshot(path=str(ARTIFACTS / "dashboard-rate-limits.png"), full_page=True)
     assert not page_errors, page_errors
     s = await fairness.load(stores, "tq")
     assert (s.rate, s.rates) == ("50/1000", {"t.rated:acme": "1/60000"}), "the refused change changed nothing"

@@ -12,7 +12,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,33 +22,19 @@ from fencepost.api import ApiConfig, create_app, stream
 from fencepost.api.auth import create_token
 from fencepost.client import Client
 from fencepost.core.config import Settings
-from tests.conftest import ROOT, wait_until, worker_env
-from tests.test_api import serve_in_thread
+from tests.conftest import wait_until
+from tests.test_api import serve_in_thread, start_api
 
 pytestmark = pytest.mark.slow
 
 
 async def test_the_api_stops_on_sigterm_with_an_event_stream_open(settings: Settings, client: Client,
                                                                    tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     _, secret = await create_token(client.stores.db, "operator", [], "dashboard", "test")
     log = tmp_path / "api.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "fencepost.cli", "api", "--port", str(port)], cwd=ROOT,
-                                env=worker_env(settings), stdout=out, stderr=out)
+    proc, url = await start_api(settings, log)
     try:
-        async def up() -> bool:
-            assert proc.poll() is None, log.read_text()
-            try:
-                async with httpx.AsyncClient() as h:
-                    return (await h.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        await wait_until(up, timeout=30, what="fencepost api to listen")
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http, \
+        async with httpx.AsyncClient(base_url=url, timeout=120) as http, \
                 http.stream("GET", "/v1/events/stream", params={"duration": 3600},
                             headers={"Authorization": f"Bearer {secret}"}) as resp:
             lines = resp.aiter_lines()

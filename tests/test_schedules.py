@@ -17,7 +17,7 @@ from fencepost.client import Client
 from fencepost.core.schedules import InvalidCron, InvalidTimezone, ScheduleSpec, next_fires, spread_offset_ms, zone
 from fencepost.schedules import Schedules
 from fencepost.trigger import ManualClock, Trigger
-from tests.conftest import ROOT, spawn, wait_until, worker_env
+from tests.conftest import ROOT, spawn, stop, wait_until, worker_env
 
 UTC = UTC
 T0 = datetime(2030, 1, 7, 12, 0, 0, tzinfo=UTC)
@@ -266,15 +266,7 @@ async def test_killed_trigger_process_standby_takes_over_and_job_sees_fire_time(
 
         assert decode_result(row["result"]) == int(row["fire_time"].timestamp() * 1000)
     finally:
-        for p in (t1, t2, rec, wk):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in (t1, t2, rec, wk):
-            if p is not None:
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop((t1, t2, rec, wk), timeout=15)
 
 
 async def _newer(pool: asyncpg.Pool, nft: datetime) -> bool:

@@ -80,17 +80,23 @@ TESTS = '''
 '''
 
 
-@pytest.fixture
-def project(pytester: pytest.Pytester, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """A user's project: its module, a conftest.py with the registry fixture only, and its tests; the stores
+def make_project(pytester: pytest.Pytester, settings: Settings, monkeypatch: pytest.MonkeyPatch,
+                 app: str, conftest: str, tests: str) -> pytest.Pytester:
+    """A user's project: its module `myapp` (`app`), its conftest.py and its tests (dedented); the stores
     are this test's own (a fresh database; each plugin test gets its own key prefix)."""
-    pytester.makepyfile(myapp=textwrap.dedent(APP), conftest=textwrap.dedent(CONFTEST),
-                        test_myapp=textwrap.dedent(TESTS))
+    pytester.makepyfile(myapp=textwrap.dedent(app), conftest=textwrap.dedent(conftest),
+                        test_myapp=textwrap.dedent(tests))
     pytester.makeini("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
     monkeypatch.setenv("FENCEPOST_REDIS_URL", settings.redis_url)
     monkeypatch.setenv("FENCEPOST_DATABASE_URL", settings.database_url)
     monkeypatch.delenv("FENCEPOST_PREFIX", raising=False)
     return pytester
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """The project of this module's APP, CONFTEST (the registry fixture only) and TESTS."""
+    return make_project(pytester, settings, monkeypatch, APP, CONFTEST, TESTS)
 
 
 def test_the_entry_point_gives_a_project_the_fixtures(project: pytest.Pytester) -> None:

@@ -9,11 +9,10 @@ import importlib.util
 import os
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
@@ -22,16 +21,14 @@ from fencepost.core.registry import Registry
 from fencepost.testing import Harness, find_app
 from fencepost.worker.context import SyncContext
 from tests.apps_process import boom, count, registry
+from tests.test_testing_plugin import make_project
 
 pytest_plugins = ["pytester"]
 
 
-@pytest_asyncio.fixture
-async def client(settings: Settings) -> AsyncIterator[Client]:
-    c = await Client(settings=settings).connect()
-    await c.register(registry)
-    yield c
-    await c.close()
+@pytest.fixture
+def client_registry() -> Registry:
+    return registry
 
 
 def test_the_app_is_the_module_defining_the_registry() -> None:
@@ -110,6 +107,25 @@ FAR_APP = '''
 '''
 
 
+async def _where_in_a_child(settings: Settings, module: Any, app: str) -> Path:
+    """Drain a FAR_APP module's `where` through a Harness that found `app` by itself: the file the
+    child, another process, imported the module from."""
+    c = await Client(settings=settings).connect()
+    try:
+        await c.register(module.registry)
+        fp = Harness(settings, module.registry, c)
+        assert fp.app == app
+        run_id = await module.where.submit(c)
+        await fp.drain()
+        out = await c.wait(run_id, timeout=10)
+        assert out.status == "SUCCEEDED", out
+        pid, path = out.result.split(":", 1)
+        assert int(pid) != os.getpid()
+        return Path(path)
+    finally:
+        await c.close()
+
+
 async def test_the_child_imports_from_the_tests_sys_path(settings: Settings, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A module importable only through an entry the test process added to sys.path (not the working
@@ -120,19 +136,9 @@ async def test_the_child_imports_from_the_tests_sys_path(settings: Settings, tmp
     monkeypatch.syspath_prepend(str(far))
     monkeypatch.delenv("PYTHONPATH", raising=False)
     farapp = importlib.import_module("farapp")
-    c = await Client(settings=settings).connect()
     try:
-        await c.register(farapp.registry)
-        fp = Harness(settings, farapp.registry, c)
-        assert fp.app == "farapp:registry"
-        run_id = await farapp.where.submit(c)
-        await fp.drain()
-        out = await c.wait(run_id, timeout=10)
-        assert out.status == "SUCCEEDED", out
-        pid, path = out.result.split(":", 1)
-        assert int(pid) != os.getpid() and Path(path) == far / "farapp.py"
+        assert await _where_in_a_child(settings, farapp, "farapp:registry") == far / "farapp.py"
     finally:
-        await c.close()
         sys.modules.pop("farapp", None)
 
 
@@ -148,21 +154,11 @@ async def test_a_module_imported_off_sys_path(settings: Settings, tmp_path: Path
     module = importlib.util.module_from_spec(spec)
     sys.modules["far_tests.test_far"] = module
     path_before = list(sys.path)
-    c = await Client(settings=settings).connect()
     try:
         spec.loader.exec_module(module)
-        await c.register(module.registry)
-        fp = Harness(settings, module.registry, c)
-        assert fp.app == "far_tests.test_far:registry"
-        run_id = await module.where.submit(c)
-        await fp.drain()
-        out = await c.wait(run_id, timeout=10)
-        assert out.status == "SUCCEEDED", out
-        pid, path = out.result.split(":", 1)
-        assert int(pid) != os.getpid() and Path(path) == file
+        assert await _where_in_a_child(settings, module, "far_tests.test_far:registry") == file
         assert sys.path == path_before
     finally:
-        await c.close()
         sys.modules.pop("far_tests.test_far", None)
 
 
@@ -210,12 +206,7 @@ def test_the_plugin_runs_process_handlers(pytester: pytest.Pytester, settings: S
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A user's project (its module found by itself, on the sys.path pytest gave the tests), on a real Redis
     and on fakeredis (the child reaches no store: its checkpoints go through the drain's worker)."""
-    pytester.makepyfile(myapp=textwrap.dedent(APP), conftest=textwrap.dedent(CONFTEST),
-                        test_myapp=textwrap.dedent(TESTS))
-    pytester.makeini("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
-    monkeypatch.setenv("FENCEPOST_REDIS_URL", settings.redis_url)
-    monkeypatch.setenv("FENCEPOST_DATABASE_URL", settings.database_url)
-    monkeypatch.delenv("FENCEPOST_PREFIX", raising=False)
+    make_project(pytester, settings, monkeypatch, APP, CONFTEST, TESTS)
     pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300).assert_outcomes(passed=1)
     monkeypatch.setenv("FENCEPOST_REDIS_URL", "fakeredis://myapp")
     pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300).assert_outcomes(passed=1)

@@ -3,7 +3,6 @@ cancellation, workflow retry, and a recorder that dies between completion and re
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from fencepost.client import Client
 from fencepost.core.errors import InvalidInput
 from fencepost.dev.examples import registry as examples
 from fencepost.workflows import Node, UnknownDependency, WorkflowCycle
-from tests.conftest import ROOT, record_all, spawn, wait_until, worker_env
+from tests.conftest import ROOT, record_all, spawn, stop, wait_until, worker_env
 
 
 async def _states(client: Client, wid: Any) -> dict[str, str]:
@@ -37,13 +36,7 @@ def _services(settings: Any, tmp_path: Any, *, reconciler: bool = True) -> Itera
     try:
         yield
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
 
 
 def _add(name: str, *deps: str, **kw: Any) -> Node:
