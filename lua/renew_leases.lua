@@ -13,16 +13,20 @@
 local now, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local lease = now + lease_ms
 local out = {}
+local leased = {}  -- lease, id, ...: one ZADD for the call (every renewed lease ends at the same time)
 for i = 3, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'token', 'ctl')
   if ACTIVE[f[1]] and f[2] == token then
     redis.call('HSET', key, 'lease_until', lease)
-    redis.call('ZADD', K_ACTIVE, lease, id)
+    leased[#leased + 1], leased[#leased + 2] = lease, id
     out[#out + 1] = f[3] or 1
   else
     out[#out + 1] = 0
   end
+end
+for i = 1, #leased, 1000 do
+  redis.call('ZADD', K_ACTIVE, unpack(leased, i, math.min(i + 999, #leased)))
 end
 return out

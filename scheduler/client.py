@@ -92,11 +92,12 @@ def _rate(spec: JobSpec, req: Submit) -> tuple[str | None, str | None]:
             raise InvalidInput("rate_limit needs a rate_key", field="rate_limit")
         return None, None
     validate.label("rate_key", key)
-    given = req.rate_limit if req.rate_limit is not None else spec.rate_limit
-    if given is None:
+    if req.rate_limit is not None:  # a submit's is spelt like '100/1s', as on the CLI and the API
+        return key, rates.parse("rate_limit", req.rate_limit).stored
+    if spec.rate_limit is None:
         raise InvalidInput(f"rate key {key!r} needs a rate_limit", field="rate_limit")
-    # a spec holds the canonical 'N/ms'; a submit's is spelt like '100/1s'
-    return key, (rates.parse_stored(given) or rates.parse("rate_limit", given)).stored
+    # a spec holds the canonical 'N/ms' (a definition row from an older release may still be spelt)
+    return key, (rates.parse_stored(spec.rate_limit) or rates.parse("rate_limit", spec.rate_limit)).stored
 
 
 def _inserted(rows: Sequence[Any], n: int) -> tuple[list[int | None], list[int], dict[str, int]]:

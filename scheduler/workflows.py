@@ -295,10 +295,11 @@ class WorkflowMixin:
         if any(r.idempotency_key is not None for r in requests):
             raise InvalidInput("batch members cannot carry idempotency keys (a member belongs to one batch)",
                                field="idempotency_key")
+        for field, c in (("on_complete", on_complete), ("on_success", on_success)):
+            if c is not None and (c.run_at is not None or c.delay is not None or c.idempotency_key is not None):
+                raise InvalidInput("a batch callback runs when the batch settles: no run_at, delay or "
+                                   "idempotency_key", field=field)
         callbacks = [c for c in (on_complete, on_success) if c is not None]
-        if any(c.run_at is not None or c.delay is not None or c.idempotency_key is not None for c in callbacks):
-            raise InvalidInput("a batch callback runs when the batch settles: no run_at, delay or idempotency_key",
-                               field="on_complete")
         everything = [*requests, *callbacks]
         await self._load_definitions({r.handler for r in everything})
         now = datetime.now(_UTC)

@@ -101,7 +101,7 @@ async def test_scope_decides_who_creates_and_reads_a_batch(api: Api, client: Cli
     ({"on_complete": None, "on_success": None}, 422, "on_complete"),
     ({"name": "n\u001b[31m"}, 422, "name"),
     ({"runs": [{"handler": "t.echo", "idempotency_key": "k"}]}, 422, "idempotency_key"),
-    ({"on_success": {"handler": "t.echo", "delay": 5}}, 422, "on_complete"),
+    ({"on_success": {"handler": "t.echo", "delay": 5}}, 422, "on_success"),
     ({"runs": [{"handler": "t.echo", "args": [i]} for i in range(6)]}, 413, "runs"),
     ({"runs": [{"handler": "t.nope"}]}, 422, None),
     ({"surprise": 1}, 422, "surprise"),

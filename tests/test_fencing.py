@@ -349,3 +349,24 @@ async def test_two_reapers_at_once_reap_each_expired_lease_once(stores: Stores) 
     expired = [e for e in await q.events() if e["type"] == "lease_expired"]
     assert sorted(int(e["run"]) for e in expired) == list(range(1, 201)), "each run reaped exactly once"
     assert await stores.redis.zcard(q.keys.active) == 0 and await stores.redis.zcard(q.keys.due) == 200
+
+
+async def test_claim_heartbeat_and_finish_move_the_version_by_one_and_the_event_carries_it(q: Queue) -> None:
+    """claim_due and finish_runs pass transition() the version they read with the state (no
+    HINCRBY): a field added to their HMGET lists must not shift what is taken for it. The stored
+    version, the event's `v` and the active set after a claim, a heartbeat and a finish."""
+    await q.enqueue(T0, dict(id="1", version=4), dict(id="2", version=9))
+    await q.events()
+    claims = {c["id"]: c for c in await q.claim(T0)}
+    assert set(claims) == {"1", "2"}
+    got = await q.events()
+    assert {e["run"]: e["v"] for e in got} == {"1": "5", "2": "10"}
+    assert _s(await q.r.hget(q.keys.run("1"), "version")) == "5"
+    assert _s(await q.r.hget(q.keys.run("2"), "version")) == "10"
+    assert await q.run("renew_leases", T0 + 10, 5000, "1", claims["1"]["token"], "2", claims["2"]["token"]) == [1, 1]
+    assert {_s(m): s for m, s in await q.r.zrange(q.keys.active, 0, -1, withscores=True)} == \
+        {"1": T0 + 5010, "2": T0 + 5010}
+    assert await q.finish(T0 + 20, "1", claims["1"]["token"]) == "SUCCEEDED"
+    [ev] = await q.events()
+    assert ev["v"] == "6" and _s(await q.r.hget(q.keys.run("1"), "version")) == "6"
+    assert [_s(m) for m in await q.r.zrange(q.keys.active, 0, -1)] == ["2"]

@@ -85,3 +85,41 @@ async def test_a_queue_filter_that_no_queue_can_be_named_is_refused_naming_it(ap
     sep = "&" if "?" in path else "?"
     r = await api.req("GET", f"{path}{sep}queue={queue}", "admin")
     assert r.status_code == 422 and r.json()["field"] == "queue", r.text
+
+
+@pytest.mark.parametrize("rate", ["5/2", "5/1s\n", "\n5/1s", "5/1s\t", "5/1s\x1c", "5/1s\x85", "5/1s\u2028",
+                                  "\u0665/1s", "5/\u0661s"])
+async def test_a_rate_with_control_characters_or_other_scripts_digits_is_refused(
+        api: Api, client: Client, rate: str) -> None:
+    """The rate spelling is ASCII digits and spaces: Python's \\s and \\d also matched newlines, the
+    file separator, NEL, U+2028 and Arabic-Indic digits, and such a rate was stored and audited. A
+    bare '5/2' (the stored form) has no unit: the client took it from a submit as 5 per 2 ms."""
+    audited = await _audit(client)
+    r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "rate", "rate": rate, "reason": "x"})
+    assert r.status_code == 422 and r.json()["field"] == "rate", r.text
+    assert await _audit(client) == audited
+    r = await api.req("POST", "/v1/runs", "admin", json={"handler": "t.echo", "queue": "tq", "rate_key": "k",
+                                                       "rate_limit": rate})
+    assert r.status_code == 422 and r.json()["field"] == "rate_limit", r.text
+
+
+@pytest.mark.parametrize(("path", "field"), [
+    ("/v1/events?type=%1b[31m", "type"),
+    ("/v1/events?limit=1_0", "limit"),
+    ("/v1/events?limit=%D9%A1", "limit"),  # an Arabic-Indic one
+    ("/v1/events?limit=%205%20", "limit"),
+    ("/v1/runs?limit=%EF%BC%95", "limit"),  # a full-width five
+])
+async def test_query_text_and_integers_are_checked_on_every_list(api: Api, path: str, field: str) -> None:
+    """`?type=` of /v1/events went to SQL unchecked (the stream checked it); query integers took
+    whatever Python's int() takes."""
+    r = await api.req("GET", path, "admin")
+    assert r.status_code == 422 and r.json()["field"] == field, r.text
+
+
+async def test_a_submit_rate_without_a_unit_is_refused_by_the_client(client: Client) -> None:
+    """'5/2' is the stores' form (5 per 2 ms); a caller's rate names its unit, as on the CLI and the API."""
+    from fencepost.core.errors import InvalidInput
+    with pytest.raises(InvalidInput) as exc:
+        await client.submit("t.echo", 0, queue="tq", rate_key="k", rate_limit="5/2")
+    assert exc.value.field == "rate_limit"

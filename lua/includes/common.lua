@@ -39,6 +39,9 @@ local function transition(id, key, from, to, event, now, extra, set, seen)
   end
   local v = tonumber(seen or '')
   local fields = set or {}
+  for i = 1, #fields - 1, 2 do  -- in one HSET the last value wins: a caller's field must not pass the guard
+    if fields[i] == 'state' or fields[i] == 'version' then error({err = 'ILLEGAL_FIELD ' .. fields[i]}) end
+  end
   if v then
     v = v + 1
     fields[#fields + 1], fields[#fields + 2] = 'version', v

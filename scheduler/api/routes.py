@@ -109,10 +109,10 @@ class Ctx:
         raw = self.request.query_params.get(name)
         if raw in (None, ""):
             return default
-        try:
-            v = int(raw)
-        except ValueError:
-            raise InvalidInput(f"{name} must be an integer, not {raw!r}", field=name) from None
+        digits = raw[1:] if raw[:1] == "-" else raw
+        if not (digits.isascii() and digits.isdigit()):  # int() also takes "1_0", " 5 " and other scripts' digits
+            raise InvalidInput(f"{name} must be an integer, not {raw!r}", field=name)
+        v = int(raw)
         if not lo <= v <= hi:
             raise InvalidInput(f"{name} must be between {lo} and {hi}, not {v}", field=name)
         return v
@@ -381,7 +381,7 @@ async def run_checkpoint(ctx: Ctx) -> Any:
 
 async def fleet_events(ctx: Ctx) -> Any:
     since = ctx.q_time("since") or datetime.now(_UTC) - timedelta(hours=1)
-    rows = await ctx.client.stores.db.fetch("api_events_scoped", since, ctx.q("type"), ctx.q_queue(),
+    rows = await ctx.client.stores.db.fetch("api_events_scoped", since, _q_text(ctx, "type"), ctx.q_queue(),
                                             ctx.q_int("limit", 100, 1, 1000), ctx.p.scope)
     return [_row(r, S.Event) for r in rows]
 

@@ -22,10 +22,12 @@ MAX_COUNT = 1_000_000
 MAX_MS = 86_400_000
 """Intervals from 1 ms to one day."""
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_RE = re.compile(r"^\s*(\d{1,7})\s*/\s*(\d{0,9}(?:\.\d{1,6})?)\s*(ms|s|m|h|d)\s*$")
-PATTERN = r"^\s*\d{1,7}\s*/\s*\d{0,9}(\.\d{1,6})?\s*(ms|s|m|h|d)\s*$"
+# ASCII digits and spaces only (\d and \s take other scripts' digits and control characters); \Z, as `$`
+# also matches before a final newline
+_RE = re.compile(r"^ *([0-9]{1,7}) */ *([0-9]{0,9}(?:\.[0-9]{1,6})?) *(ms|s|m|h|d) *\Z")
+PATTERN = r"^ *[0-9]{1,7} */ *[0-9]{0,9}(\.[0-9]{1,6})? *(ms|s|m|h|d) *$"
 """The spelling as a regular expression, for API schemas (the parser re-checks the ranges)."""
-_STORED = re.compile(r"^([1-9]\d{0,6})/([1-9]\d{0,7})$")
+_STORED = re.compile(r"^([1-9][0-9]{0,6})/([1-9][0-9]{0,7})\Z")
 
 
 class Rate(msgspec.Struct, frozen=True):
