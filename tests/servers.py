@@ -38,6 +38,7 @@ TOOLS = {
     "promtool": "apt-get install -y prometheus (or promtool from https://prometheus.io/download/)",
     "chromium": "apt-get install -y chromium (or FENCEPOST_CHROMIUM=/path/to/chrome)",
     "docker-compose": "apt-get install -y docker-compose",
+    "faketime": "apt-get install -y faketime (skewed host clocks for the one-clock and chaos tests)",
 }
 """The Debian tools some tests drive, and how to get each (conftest.need_tool)."""
 
