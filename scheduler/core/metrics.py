@@ -23,6 +23,23 @@ DURATION = Histogram("fencepost_run_duration_seconds", "Handler duration", ["han
 ERRORS = Counter("fencepost_errors_total", "Handler errors by class of error", ["handler", "kind"])
 RENEWALS = Counter("fencepost_lease_renewals_total", "Leases renewed", ["queue"])
 LEASES_LOST = Counter("fencepost_leases_lost_total", "Leases found lost at renewal (run abandoned)", ["queue"])
+SELF_FENCED = Counter("fencepost_self_fenced_total",
+                      "Executions this worker stopped itself because it could not renew their lease (or its pulse) in "
+                      "time, or because a newer attempt of the same run reached it (reason: lease | pulse | superseded)",
+                      ["queue", "model", "reason"])
+THREADS_ABANDONED = Counter("fencepost_thread_handlers_abandoned_total",
+                            "Thread-model executions fenced off while their thread still ran (a thread cannot be "
+                            "killed: should_stop() is True and its checkpoints are refused)", ["queue"])
+CLAIMS_UNREPLICATED = Counter("fencepost_claims_unreplicated_total",
+                              "Runs claimed in durable-claim mode that fewer than FENCEPOST_CLAIM_REPLICAS replicas "
+                              "acknowledged in time (run anyway: durability degraded)", ["queue"])
+DURABLE_DEGRADED = Gauge("fencepost_durable_claims_degraded",
+                         "1 while this worker's last durable claim on the queue reached fewer replicas than asked",
+                         ["queue"])
+CLAIM_BACKOFF = Counter("fencepost_claim_backoffs_total",
+                        "Claims that failed on an unreachable store and set the queue's own backoff", ["queue"])
+CHECKPOINT_RETRIES = Counter("fencepost_checkpoint_retries_total",
+                             "Checkpoint writes retried after a store failure (Redis or PostgreSQL away)", ["what"])
 LEASE_EXPIRIES = Counter("fencepost_lease_expiries_total", "Expired leases reaped (worker crash, partition, GC)",
                          ["queue"])
 STALE = Counter("fencepost_stale_token_rejections_total",
