@@ -3,17 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import asyncpg
+import msgspec
 import pytest
 
 from fencepost.client import Client
-from fencepost.core.errors import IdempotencyConflict, InvalidInput, PayloadTooLarge, UnknownHandler
+from fencepost.core.config import Settings
+from fencepost.core.errors import (
+    DatabaseUnavailable,
+    IdempotencyConflict,
+    InvalidInput,
+    PayloadTooLarge,
+    SubmitInDoubt,
+    UnknownHandler,
+)
 from fencepost.core.models import Submit
+from fencepost.core.record import upgrade
 from fencepost.worker.runtime import Worker, WorkerOptions
 from tests.apps import registry
-from tests.conftest import record_all
+from tests.conftest import record_all, wait_until
+from tests.servers import free_port
 
 
 async def _count_runs(client: Client) -> int:
@@ -156,3 +175,145 @@ async def test_pipelined_batch_keeps_request_order(client: Client) -> None:
     rows = await client.stores.db.pool.fetch("SELECT id, idempotency_key FROM runs")  # type: ignore[union-attr]
     by_key = {r["idempotency_key"]: r["id"] for r in rows}
     assert ids == [by_key[f"k{i}"] for i in range(len(reqs))]
+
+
+# -- issue 22 item 9: a large submit_many that fails commits nothing ---------------------------------
+class PrivatePostgres:
+    """A PostgreSQL cluster of this test's own on a free port (initdb as the postgres user when run
+    as root), so it can be stopped and started without touching the server other tests share."""
+
+    def __init__(self, base: Path) -> None:
+        self.base, self.data = base, base / "data"
+        self.port = free_port()
+        self.bin = Path(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
+                                       check=True).stdout.strip()) if shutil.which("pg_config") else None
+        self._as: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def _tool(self, name: str) -> str:
+        found = shutil.which(name) or (str(self.bin / name) if self.bin else None)
+        if found is None:
+            pytest.skip(f"{name} (PostgreSQL server binaries) not found")
+        return found
+
+    def _run(self, *cmd: str) -> None:
+        subprocess.run([*self._as, *cmd], check=True, capture_output=True, timeout=60)
+
+    def init(self) -> PrivatePostgres:
+        self.base.mkdir(parents=True, exist_ok=True)
+        if self._as:
+            shutil.chown(self.base, "postgres", "postgres")
+        self._run(self._tool("initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-locale",
+                  "--encoding=UTF8", "--no-instructions")
+        return self
+
+    def start(self) -> None:
+        opts = (f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories= -c fsync=off "
+                "-c synchronous_commit=off -c full_page_writes=off")
+        self._run(self._tool("pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.data / "log"), "-w",
+                  "start")
+
+    def stop(self, mode: str = "immediate") -> None:
+        """`immediate`: every backend killed at once, crash recovery at the next start (a crash)."""
+        self._run(self._tool("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def url(self, db: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
+
+
+@pytest.fixture
+async def private_pg() -> AsyncIterator[PrivatePostgres]:
+    base = Path(tempfile.mkdtemp(prefix="fp-pg-", dir="/tmp"))
+    pg = PrivatePostgres(base).init()
+    pg.start()
+    conn = await asyncpg.connect(pg.url())
+    await conn.execute("CREATE DATABASE fp")
+    await conn.close()
+    conn = await asyncpg.connect(pg.url("fp"))
+    await upgrade(conn)
+    await conn.close()
+    yield pg
+    try:
+        pg.stop()
+    except subprocess.CalledProcessError:
+        pass  # already stopped
+    shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_a_large_submit_many_that_raises_commits_nothing_and_its_retry_creates_each_run_once(
+        private_pg: PrivatePostgres, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 item 9: submit_many of 60,000 with PostgreSQL restarted 0.3 s in raised
+    DatabaseUnavailable with no ids while 56,000 runs were committed (chunks committed one by one,
+    siblings not cancelled), and a retry created them twice. Here PostgreSQL (a private cluster)
+    crashes after the call's third chunk reached it and comes back at once."""
+    cfg = msgspec.structs.replace(settings, database_url=private_pg.url("fp"))
+    n = 20 * Client.chunk
+    client = await Client(settings=cfg).connect()
+    try:
+        await client.register(registry)
+        real = Client._insert
+        chunks = 0
+
+        async def insert(self: Client, *a: Any, **kw: Any) -> Any:
+            nonlocal chunks
+            out = await real(self, *a, **kw)
+            chunks += 1
+            if chunks == 3:  # a crash and a restart while the rest of the call is on its way
+                private_pg.stop("immediate")
+                threading.Thread(target=private_pg.start, daemon=True).start()
+            return out
+
+        monkeypatch.setattr(Client, "_insert", insert)
+        with pytest.raises(DatabaseUnavailable) as raised:
+            await client.submit_many([Submit(handler="t.noop") for _ in range(n)])
+        assert not isinstance(raised.value, SubmitInDoubt), raised.value
+        monkeypatch.undo()
+
+        async def count() -> int | None:
+            try:
+                conn = await asyncpg.connect(private_pg.url("fp"), timeout=2)
+            except (OSError, asyncpg.PostgresError):
+                return None
+            try:
+                return int(await conn.fetchval("SELECT count(*) FROM runs"))
+            finally:
+                await conn.close()
+
+        await wait_until(lambda: _answers(count), timeout=30, what="PostgreSQL back")
+        await asyncio.sleep(1.0)  # a chunk still on its way would commit now (they did before the fix)
+        assert await count() == 0, "nothing of the call that raised is committed"
+        ids = await client.submit_many([Submit(handler="t.noop") for _ in range(n)])
+        assert len(set(ids)) == n and await count() == n, "the retry created each run once"
+        k = client.stores.keys("tq")
+        assert await client.stores.redis.zcard(k.due) == n
+    finally:
+        await client.close()
+
+
+async def _answers(count: Callable[[], Awaitable[int | None]]) -> bool:
+    return await count() is not None
+
+
+async def test_a_batch_whose_commit_lost_its_connection_asks_postgresql_whether_it_committed(
+        client: Client, settings: Settings) -> None:
+    """The one moment a failed call cannot know: COMMIT sent, connection lost. The transaction's id,
+    taken inside it, answers once PostgreSQL does (a crash in COMMIT reads 'aborted' after recovery)."""
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        tx = conn.transaction()
+        await tx.start()
+        done = int(await conn.fetchval("SELECT txid_current()"))
+        await tx.commit()
+        tx = conn.transaction()
+        await tx.start()
+        undone = int(await conn.fetchval("SELECT txid_current()"))
+        await tx.rollback()
+    finally:
+        await conn.close()
+    lost = DatabaseUnavailable("postgresql: connection lost during COMMIT")
+    assert await client._committed(done, [1, 2], lost) is True
+    assert await client._committed(undone, [1, 2], lost) is False
+    client.in_doubt_wait = 0.2
+    await client.stores.db.close()  # PostgreSQL cannot be asked at all
+    with pytest.raises(SubmitInDoubt) as doubt:
+        await client._committed(done, [1, 2], lost)
+    assert doubt.value.run_ids == [1, 2]

@@ -16,6 +16,7 @@ __all__ = [
     "ResumeRefused",
     "StaleToken",
     "StoreUnavailable",
+    "SubmitInDoubt",
     "UnknownHandler",
     "UnknownQueue",
     "UnknownRun",
@@ -127,6 +128,17 @@ class RedisUnavailable(StoreUnavailable):
 
 class DatabaseUnavailable(StoreUnavailable):
     pass
+
+
+class SubmitInDoubt(DatabaseUnavailable):
+    """PostgreSQL went away while committing a batch and could not be asked afterwards whether
+    the commit happened: the runs `run_ids` (request order) either all exist or none does.
+    Resubmit with idempotency keys, or look the ids up once PostgreSQL is back."""
+
+    def __init__(self, run_ids: list[int], cause: str) -> None:
+        super().__init__(f"a batch of {len(run_ids)} runs may or may not have committed ({cause}); "
+                         "look up its run ids or resubmit with idempotency keys")
+        self.run_ids = run_ids
 
 
 class NotStamped(FencepostError):

@@ -339,7 +339,10 @@ class Database:
             try:
                 await conn.reset()  # advisory locks, SET, LISTEN: nothing a session did outlives it
             except BaseException as exc:
-                conn.terminate()  # a lost or interrupted reset: its state is unknown, never reuse it
+                try:
+                    conn.terminate()  # a lost or interrupted reset: its state is unknown, never reuse it
+                except asyncpg.InterfaceError:
+                    pass  # lost mid-session: the pool has taken the dead connection back already
                 if not isinstance(exc, Exception):
                     raise
             finally:
