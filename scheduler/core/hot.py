@@ -64,6 +64,7 @@ __all__ = [
     "ReplicatedClaims",
     "RescoreArgs",
     "ResolveArgs",
+    "RunPeek",
     "RunRef",
     "Scripts",
     "StampArgs",
@@ -647,3 +648,48 @@ class Scripts:
 
     async def rescore_due(self, keys: Keys, args: RescoreArgs) -> Page:
         return await self._call("rescore_due", keys, args)  # type: ignore[no-any-return]
+
+    # -- typed reads: no Lua, one pipeline of HMGETs ------------------------------------------------
+    async def peek(self, keys: Keys, ids: Sequence[int]) -> list[RunPeek | None]:
+        """The hot state of these runs of one queue, in order; None where Redis holds no hash for a
+        run (finished and expired, or lost). What a reader shows of it: fencepost.core.views.overlay."""
+        if not ids:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.hmget(keys.run(run_id), *_PEEK_FIELDS)
+        try:
+            replies = await pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise RedisUnavailable(f"redis unavailable: {exc}") from exc
+        return [None if raw[0] is None else _peek(raw) for raw in replies]
+
+
+class RunPeek(msgspec.Struct, frozen=True, kw_only=True):
+    """A run's hash in Redis as a reader sees it (Scripts.peek): the live state, ahead of
+    PostgreSQL's record by the recorder's lag."""
+
+    state: str
+    version: int | None = None
+    attempt: int | None = None
+    token: int | None = None
+    worker: str | None = None
+    result: bytes | None = None
+    """As stored (fencepost.core.models.decode_result decodes it)."""
+    error: str | None = None
+    error_class: str | None = None
+    gen: int = 0
+    """The checkpoint generation (a restart bumps it)."""
+
+
+_PEEK_FIELDS = ("state", "version", "attempt", "token", "worker", "result", "error", "error_class", "gen")
+
+
+def _peek(raw: list[bytes | None]) -> RunPeek:
+    state, version, attempt, token, worker, result, error, error_class, gen = raw
+    assert state is not None
+    return RunPeek(state=state.decode(), version=_opt_int(version), attempt=_opt_int(attempt),
+                   token=_opt_int(token) or None, worker=worker.decode() if worker else None, result=result,
+                   error=error.decode(errors="replace") if error else None,
+                   error_class=error_class.decode(errors="replace") if error_class else None,
+                   gen=_opt_int(gen) or 0)
