@@ -201,6 +201,16 @@ MATRIX: dict[tuple[str, str], Decision] = {
     ("GET", "/v1/queues/{queue}/stats"): Decision(READ, 200, 403, _get(f"/v1/queues/{Q}/stats?window=24h")),
     ("GET", "/v1/stats"): Decision(READ, 200, 200, _get("/v1/stats?window=7d")),
     ("POST", "/v1/workers/{worker_id}/stop"): Decision(READ, 200, 404, _on_worker),
+    ("GET", "/v1/states"): _open("/v1/states"),
+    ("GET", RUN + "/timeline"): Decision(ANY, 200, 404, _on_run("/timeline")),
+    ("GET", "/v1/ops/lists/{list}"): Decision(READ, 200, 200, _get("/v1/ops/lists/dead")),
+    ("POST", "/v1/ops/bulk"): Decision(READ, 428, 403, _get("/v1/ops/bulk", json={
+        "action": "retry", "list": "dead", "filter": {"queue": Q}})),
+    ("POST", "/v1/ops/bulk/count"): Decision(READ, 200, 403, _get("/v1/ops/bulk/count", json={
+        "action": "retry", "list": "dead", "filter": {"queue": Q}})),
+    ("GET", "/v1/ops/queues"): Decision(READ, 200, 200, _get("/v1/ops/queues")),
+    ("GET", "/v1/ops/handlers"): Decision(READ, 200, 200, _get("/v1/ops/handlers?window=24h")),
+    ("GET", "/v1/batches"): Decision(READ, 200, 200, _get("/v1/batches")),
 }
 
 

@@ -1068,3 +1068,9 @@ def wrap(spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
 
     endpoint.__name__ = spec.fn.__name__
     return endpoint
+
+
+# The dashboard's operations routes (fencepost.api.routes_ops imports this module, so they are added last).
+from fencepost.api.routes_ops import OPS_ROUTES  # noqa: E402
+
+ROUTES += OPS_ROUTES

@@ -1,0 +1,587 @@
+"""The routes the dashboard's operations views need (issue 24): the state groups it renders with,
+a run's timeline after a cursor, the dead-letter / review / retries / scheduled lists paged by
+cursors, bulk actions over those lists (and over the runs list's filter) that act on exactly the
+runs counted, per-queue workers and latency, per-handler charts, and a batches list.
+
+Registered by `fencepost.api.routes` (appended to its ROUTES), so Starlette routing, the OpenAPI
+document and the role x scope matrix test see them as every other route. The same steps apply:
+token, role, rate limit, body decoded into its Struct; every listing filters by the token's scope
+before it limits; every action writes its audit row before any run changes.
+
+Bulk actions follow the queue bulk's protocol (docs/api.md, `fencepost.api.bulk`): a count stores
+the ids with each run's live state and version under a short-lived handle bound to the counting
+token and answers 428 {matched, acting, handle, sample, expires_in_s}; the confirm {handle, confirm}
+acts on exactly those runs, each only if it has not moved (the command's own compare-and-set on the
+counted version backs the check), and answers {matched, acted, changed, skipped}. For pages,
+`POST /v1/ops/bulk/count` answers the same count with 200: a browser logs every 4xx answer as a
+console error, and a count is an ordinary answer there.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from fencepost.api import schemas as S
+from fencepost.api.problems import ApiError, BulkTooLarge
+from fencepost.api.routes import READ, Ctx, RouteSpec, _q_text, _row, _run_for
+from fencepost.core import audit, fairness, states, validate
+from fencepost.core import workers as fleet
+from fencepost.core.errors import InvalidInput, ResumeRefused
+from fencepost.core.states import TERMINAL, Status
+from fencepost.core.validate import meta
+
+__all__ = ["OPS_ROUTES"]
+
+_enc = msgspec.json.Encoder()
+_BIGINT = 2**63 - 1
+BULK_TTL_S = 300.0
+"""How long a counted set waits for its confirmation."""
+SAMPLE = 20
+"""How many of the counted ids a count shows."""
+_INSPECT_CHUNK = 500
+
+ListName = Literal["dead", "review", "retries", "scheduled", "runs", "ids"]
+"""dead: the dead letter; review: the review queue; retries: RETRY_WAIT runs; scheduled: PENDING runs due
+later; runs: the runs list's filter; ids: runs ticked on a page."""
+Action = Literal["retry", "cancel", "pause", "resume", "restart", "run_now", "delete"]
+"""The commands of a bulk action; run_now makes a waiting run due now (a pause and a resume, or a restart
+for a handler that cannot resume), delete moves a finished run out of every list into the archive (its
+history stays)."""
+_LISTS = ("dead", "review", "retries", "scheduled")
+
+
+# -- schemas ------------------------------------------------------------------------------------
+class StateGroups(msgspec.Struct, kw_only=True):
+    """fencepost.core.states as the dashboard renders with it: every state, every named group and the
+    states each command takes."""
+
+    states: list[str]
+    groups: dict[str, list[str]]
+    commands: dict[str, list[str]]
+    lists: dict[str, list[str]]
+    """The states each of the dashboard's lists holds (dead, review, retries, scheduled)."""
+
+
+class OpsPage(msgspec.Struct, kw_only=True):
+    """One page of a list, and the cursor of the next one (null: the last page)."""
+
+    runs: list[S.RunSummary]
+    next: str | None = None
+
+
+class Timeline(msgspec.Struct, kw_only=True):
+    """A run's events after a cursor, and the cursor to ask with next time."""
+
+    run_id: int
+    events: list[S.Event]
+    cursor: int
+    more: bool = False
+    """More events follow (ask again with `cursor`)."""
+
+
+class BulkFilter(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    queue: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")] | None = None
+    handler: Annotated[str, meta("handler")] | None = None
+    status: Status | None = None
+    tenant: Annotated[str, meta("tenant")] | None = None
+    concurrency_key: Annotated[str, meta("concurrency_key")] | None = None
+    idempotency_key: Annotated[str, meta("idempotency_key")] | None = None
+    arg: Annotated[str, meta("name")] | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    id: Annotated[int, Meta(ge=1, le=_BIGINT)] | None = None
+
+
+class OpsBulkRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A count (no `handle`) or its confirm (`handle`, and `confirm` equal to the count's `acting`)."""
+
+    action: Action
+    source: ListName = msgspec.field(default="runs", name="list")
+    """Which list (JSON field `list`)."""
+    filter: BulkFilter = msgspec.field(default_factory=BulkFilter)
+    ids: Annotated[list[Annotated[int, Meta(ge=1, le=_BIGINT)]], Meta(max_length=1000)] = []
+    """With list "ids": exactly these runs (those in the token's scope)."""
+    handle: Annotated[str, Meta(pattern="^[0-9a-f]{32}$")] | None = None
+    confirm: Annotated[int, Meta(ge=0, le=2**31)] = 0
+    reason: S.Reason = ""
+
+
+class OpsBulkCount(msgspec.Struct, kw_only=True):
+    """A counted set (the body of the 428, or of POST /v1/ops/bulk/count's 200)."""
+
+    matched: int
+    acting: int
+    handle: str
+    sample: list[int]
+    expires_in_s: float
+    action: str
+    source: str = msgspec.field(name="list")
+
+
+class QueueWorker(msgspec.Struct, kw_only=True):
+    id: str
+    host: str
+    busy: int
+    """Runs of this queue the worker holds now."""
+    held: int
+    """Runs the worker holds over all its queues."""
+    concurrency: int
+    stopping: bool = False
+
+
+class QueueOps(msgspec.Struct, kw_only=True):
+    queue: str
+    paused: bool
+    due: int
+    """Due now, waiting for a worker."""
+    overdue: int
+    """Delayed or retrying runs whose time has come but that no worker has promoted yet (a queue with no
+    workers keeps them here)."""
+    scheduled: int
+    """Delayed or retrying runs due later."""
+    running: int
+    latency_s: float
+    """Age of the oldest due run (now - its run_at)."""
+    max_running: int | None
+    workers: list[QueueWorker]
+    slots: int
+    """Slots of the workers serving the queue (their concurrency, summed)."""
+
+
+class HandlerTotal(msgspec.Struct, kw_only=True):
+    handler: str
+    started: int
+    succeeded: int
+    failed: int
+    run_p50_ms: float | None = None
+    run_p95_ms: float | None = None
+
+
+class HandlerPoint(msgspec.Struct, kw_only=True):
+    t: datetime
+    started: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    run_p50_ms: float | None = None
+    run_p95_ms: float | None = None
+
+
+class HandlerStats(msgspec.Struct, kw_only=True):
+    window: str
+    step_s: int
+    queue: str | None
+    handlers: list[HandlerTotal]
+    handler: str | None = None
+    points: list[HandlerPoint] = []
+
+
+class BatchSummary(msgspec.Struct, kw_only=True):
+    id: str
+    name: str | None
+    created_at: datetime
+    settled_at: datetime | None
+    on_complete: int | None
+    on_success: int | None
+    members: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    waiting: int
+    archived: int
+    queues: list[str]
+
+
+class BatchPage(msgspec.Struct, kw_only=True):
+    batches: list[BatchSummary]
+    next: str | None = None
+
+
+class BulkSkip(msgspec.Struct, kw_only=True):
+    id: int
+    reason: str
+
+
+class OpsBulkResult(msgspec.Struct, kw_only=True):
+    """What a confirmed bulk action did (the queue bulk's shape, docs/api.md)."""
+
+    matched: int
+    """How many runs matched when counted."""
+    acted: int
+    """How many runs the action changed (len(changed))."""
+    changed: list[int]
+    skipped: list[BulkSkip]
+    """Counted runs left alone: they moved (state or version) since the count, or refused."""
+    results: dict[str, int]
+    """The states the changed runs were left in, counted (ARCHIVED: deleted from the lists)."""
+    handle: str
+
+
+class CountedSet(ApiError):
+    status, slug, title = 428, "bulk-not-confirmed", "Confirm the number of runs the bulk action affects"
+
+
+class UnknownBulkHandle(ApiError):
+    status, slug, title = 404, "unknown-bulk-handle", "No such bulk handle (unknown, expired, used or another token's)"
+
+
+# -- state groups ------------------------------------------------------------------------------
+def _names(group: frozenset[Status]) -> list[str]:
+    return sorted(s.value for s in group)
+
+
+def state_groups() -> StateGroups:
+    """The one copy of the states, rendered for the page (its lists used to be typed into app.js)."""
+    S_ = Status
+    return StateGroups(
+        states=[s.value for s in Status],
+        groups={k: _names(v) for k, v in states.GROUPS.items()},
+        commands={"pause": _names(states.PAUSE_AT_ONCE | {S_.RUNNING}), "stop": [S_.RUNNING.value],
+                  "cancel": _names(states.CANCEL_AT_ONCE | states.ACTIVE), "resume": _names(states.RESUMABLE),
+                  "restart": _names(states.RESTARTABLE), "retry": _names(states.FAILED_FOR_GOOD),
+                  "run_now": _names(states.PAUSE_AT_ONCE), "delete": _names(TERMINAL)},
+        lists={"dead": _names(states.DEAD), "review": [S_.FAILED.value], "retries": [S_.RETRY_WAIT.value],
+               "scheduled": [S_.PENDING.value]})
+
+
+async def get_states(ctx: Ctx) -> Any:
+    return state_groups()
+
+
+# -- a run's timeline after a cursor --------------------------------------------------------------
+async def run_timeline(ctx: Ctx) -> Any:
+    """The run's events with ids above `after`: the page asks with the cursor of its last answer and
+    gets only what was recorded since, never the whole history again."""
+    run_id = ctx.run_id()
+    await _run_for(ctx, run_id)
+    after = ctx.q_int("after", 0, 0, _BIGINT)
+    limit = ctx.q_int("limit", 500, 1, 1000)
+    rows = await ctx.client.stores.db.fetch("ops_run_events_after", run_id, after, limit + 1)
+    events = [_row({**r, "run_id": run_id}, S.Event) for r in rows[:limit]]
+    return Timeline(run_id=run_id, events=events, cursor=events[-1].id if events else after, more=len(rows) > limit)
+
+
+# -- lists ---------------------------------------------------------------------------------------
+def _cursor(ctx: Ctx) -> tuple[datetime | None, int | None]:
+    raw = ctx.q("cursor")
+    if raw is None:
+        return None, None
+    t, _, i = raw.rpartition("_")
+    try:
+        when = datetime.fromtimestamp(int(t) / 1_000_000, UTC)
+        if not (t.isascii() and t.isdigit() and i.isascii() and i.isdigit()):
+            raise ValueError(raw)
+    except (ValueError, OverflowError, OSError):
+        raise InvalidInput(f"cursor must be a cursor from the previous page's `next`, not {raw[:40]!r}",
+                           field="cursor") from None
+    return when, int(i)
+
+
+def _next_cursor(t: datetime | None, rid: int) -> str:
+    micros = 0 if t is None else int(t.timestamp() * 1_000_000)
+    return f"{micros}_{rid}"
+
+
+async def list_page(ctx: Ctx) -> Any:
+    """GET /v1/ops/lists/{list}: a page of the dead letter, the review queue, the retries waiting or the
+    scheduled runs, filtered by queue and handler, within the token's scope before the limit."""
+    name = ctx.path("list")
+    if name not in _LISTS:
+        raise InvalidInput(f"list must be one of {', '.join(_LISTS)}, not {name[:40]!r}", field="list")
+    queue, handler = ctx.q_queue(), _q_text(ctx, "handler")
+    limit = ctx.q_int("limit", 50, 1, 1000)
+    at, rid = _cursor(ctx)
+    query = "ops_list_finished" if name in ("dead", "review") else "ops_list_waiting"
+    rows = await ctx.client.stores.db.fetch(query, name, queue, handler, ctx.p.scope, at, rid, limit + 1)
+    runs = [_row(r, S.RunSummary) for r in rows[:limit]]
+    nxt = None
+    if len(rows) > limit:
+        last = rows[limit - 1]
+        nxt = _next_cursor(last["finished_at"] if name in ("dead", "review") else last["run_at"], last["id"])
+    return OpsPage(runs=runs, next=nxt)
+
+
+# -- bulk over a list ------------------------------------------------------------------------------
+class _Live(msgspec.Struct, frozen=True):
+    state: str
+    version: int
+
+
+async def _live(ctx: Ctx, rows: list[Any]) -> dict[int, _Live]:
+    """Each run's state and version now: Redis's when it holds the run (it is ahead of the record),
+    else the recorded one."""
+    out: dict[int, _Live] = {}
+    by_queue: dict[str, list[int]] = {}
+    for r in rows:
+        by_queue.setdefault(r["queue"], []).append(r["id"])
+    scripts = ctx.client.stores.scripts
+    for queue, ids in by_queue.items():
+        keys = ctx.client.stores.keys(queue)
+        for i in range(0, len(ids), _INSPECT_CHUNK):
+            chunk = ids[i:i + _INSPECT_CHUNK]
+            for rid, got in zip(chunk, await scripts.repair_inspect(keys, chunk), strict=True):
+                if got.exists and got.state and got.version and got.version.isdigit():
+                    out[rid] = _Live(state=got.state, version=int(got.version))
+    for r in rows:
+        if r["id"] not in out:
+            out[r["id"]] = _Live(state=r["status"], version=int(r["version"]))
+    return out
+
+
+_TAKES = {name: set(states_) for name, states_ in state_groups().commands.items()}
+
+
+async def _select(ctx: Ctx, body: OpsBulkRequest, cap: int) -> list[Any]:
+    """The runs the bulk's list and filter select now (at most cap + 1: more is refused)."""
+    db, scope, f = ctx.client.stores.db, ctx.p.scope, body.filter
+    if f.queue is not None:
+        ctx.p.require_queue(f.queue)
+    if body.source == "ids":
+        if not body.ids:
+            raise InvalidInput("list ids needs the ids of the runs", field="ids")
+        return list(await db.fetch("ops_runs_by_id", sorted(set(body.ids)), scope))
+    if body.ids:
+        raise InvalidInput(f"ids apply to list ids only, not {body.source}", field="ids")
+    if body.source == "runs":
+        return list(await db.fetch("ops_select_runs", f.queue, f.status, f.handler, f.since, f.until, scope, f.id,
+                                   f.tenant, f.concurrency_key, f.idempotency_key, f.arg, cap + 1))
+    for extra in ("status", "tenant", "concurrency_key", "idempotency_key", "arg", "since", "until", "id"):
+        if getattr(f, extra) is not None:
+            raise InvalidInput(f"the {body.source} list filters by queue and handler, not {extra}", field=extra)
+    query = "ops_list_finished" if body.source in ("dead", "review") else "ops_list_waiting"
+    return list(await db.fetch(query, body.source, f.queue, f.handler, scope, None, None, cap + 1))
+
+
+def _selection(body: OpsBulkRequest) -> dict[str, Any]:
+    f = msgspec.to_builtins(body.filter)
+    return {"list": body.source, "filter": {k: v for k, v in f.items() if v is not None}}
+
+
+def _allowed(ctx: Ctx, body: OpsBulkRequest) -> None:
+    """Operators act on the lists and on ticked runs, as they do run by run; a filter over the whole runs
+    list (as the queue bulk) and deleting runs are for admins."""
+    if body.source == "runs" or body.action == "delete":
+        ctx.p.require("admin")
+
+
+async def _count(ctx: Ctx, body: OpsBulkRequest) -> OpsBulkCount:
+    _allowed(ctx, body)
+    cap = ctx.api.config.bulk_cap
+    rows = await _select(ctx, body, cap)
+    if len(rows) > cap:
+        raise BulkTooLarge(f"more than {cap} runs match; the server acts on at most {cap} at once. Narrow the "
+                           "selection (queue, handler); nothing changed", matched=len(rows), limit=cap, field="filter")
+    live = await _live(ctx, rows)
+    takes = _TAKES[body.action]
+    chosen = [(r, live[r["id"]]) for r in rows if live[r["id"]].state in takes]  # Redis is ahead: it decides
+    handle = secrets.token_hex(16)
+    await ctx.client.stores.db.fetchrow(
+        "ops_bulk_put", handle, ctx.p.id, body.action, body.source, _enc.encode(_selection(body)).decode(), len(rows),
+        [r["id"] for r, _ in chosen], [r["queue"] for r, _ in chosen], [v.state for _, v in chosen],
+        [v.version for _, v in chosen], BULK_TTL_S)
+    return OpsBulkCount(matched=len(rows), acting=len(chosen), handle=handle,
+                        sample=[r["id"] for r, _ in chosen[:SAMPLE]], expires_in_s=BULK_TTL_S, action=body.action,
+                        source=body.source)
+
+
+async def bulk_count(ctx: Ctx) -> Any:
+    """POST /v1/ops/bulk/count: the count, answered 200 (for pages)."""
+    body: OpsBulkRequest = ctx.body
+    if body.handle is not None:
+        raise InvalidInput("a count takes no handle (confirm with POST /v1/ops/bulk)", field="handle")
+    validate.text("reason", body.reason)
+    return await _count(ctx, body)
+
+
+async def _run_now(ctx: Ctx, rid: int, version: int, reason: str) -> str:
+    """A waiting run due now: pause it (compare-and-set on the counted version), then resume it (due at
+    once); a handler that cannot resume is restarted instead (it never ran, or waits for a retry)."""
+    await ctx.client.pause(rid, reason=reason, expected_version=version)
+    try:
+        return await ctx.client.resume(rid, reason=reason)
+    except ResumeRefused:
+        return await ctx.client.restart(rid, reason=reason)
+
+
+async def _delete(ctx: Ctx, rid: int, version: int) -> str:
+    row = await ctx.client.stores.db.fetchrow("ops_archive_run", rid, version)
+    if row is None:
+        raise InvalidInput(f"run {rid} moved (or is part of a workflow) since it was counted; not deleted", field="ids")
+    return "ARCHIVED"
+
+
+async def _act(ctx: Ctx, action: str, rid: int, version: int, reason: str) -> str:
+    if action == "run_now":
+        return await _run_now(ctx, rid, version, reason)
+    if action == "delete":
+        return await _delete(ctx, rid, version)
+    state: str = await getattr(ctx.client, action)(rid, reason=reason, expected_version=version)
+    return state
+
+
+async def bulk(ctx: Ctx) -> Any:
+    """POST /v1/ops/bulk: without a handle, the count (428 with the handle); with one, its confirm."""
+    body: OpsBulkRequest = ctx.body
+    validate.text("reason", body.reason)
+    db, p = ctx.client.stores.db, ctx.p
+    if body.handle is None:
+        counted = await _count(ctx, body)
+        raise CountedSet(f"{counted.acting} runs are counted under handle {counted.handle} ({counted.matched} match); "
+                         f"nothing changed. Send handle and confirm={counted.acting} to {body.action} exactly them "
+                         "(those that have not moved by then)", **msgspec.to_builtins(counted), confirm=body.confirm)
+    _allowed(ctx, body)
+    row = await db.fetchrow("ops_bulk_get", body.handle, p.id)
+    if row is None:
+        raise UnknownBulkHandle(f"no live bulk handle {body.handle} of this token (unknown, expired after "
+                                f"{BULK_TTL_S:g} s, already used, or another token's); count again", field="handle",
+                                handle=body.handle)
+    if row["action"] != body.action:
+        raise InvalidInput(f"handle {body.handle} was counted for {row['action']}, not {body.action}", field="action")
+    ids, queues, sts, versions = list(row["ids"]), list(row["queues"]), list(row["states"]), list(row["versions"])
+    if body.confirm != len(ids):
+        left = max(0.0, (row["expires_at"] - datetime.now(UTC)).total_seconds())  # display only
+        raise CountedSet(f"handle {body.handle} holds {len(ids)} runs, confirm was {body.confirm}; nothing changed",
+                         matched=int(row["matched"]), acting=len(ids), handle=body.handle, sample=ids[:SAMPLE],
+                         expires_in_s=round(left, 3), action=row["action"], confirm=body.confirm, list=row["list"])
+    for q in set(queues):  # the scope may have been checked at count time only by the filter
+        p.require_queue(q)
+    live = await _live(ctx, [{"id": i, "queue": q, "status": s, "version": v}
+                             for i, q, s, v in zip(ids, queues, sts, versions, strict=True)])
+    fresh = {r["id"] for r in await db.fetch("ops_runs_by_id", ids, p.scope)}
+    acting: list[tuple[int, int]] = []
+    skipped: list[BulkSkip] = []
+    for rid, st, ver in zip(ids, sts, versions, strict=True):
+        now = live[rid]
+        if rid not in fresh:
+            skipped.append(BulkSkip(id=rid, reason=f"gone: counted {st} v{ver}, no longer a hot run"))
+        elif now.state != st or now.version != ver:
+            skipped.append(BulkSkip(id=rid, reason=f"moved: counted {st} v{ver}, now {now.state} v{now.version}"))
+        else:
+            acting.append((rid, ver))
+    selection = msgspec.json.decode(row["selection"])
+    async with db.transaction() as tx:  # the handle is used once, with the audit row of what is acted on
+        if await db.fetchrow("ops_bulk_take", body.handle, p.id, conn=tx) is None:
+            raise UnknownBulkHandle(f"bulk handle {body.handle} was used or expired meanwhile; count again",
+                                    field="handle", handle=body.handle)
+        one = sorted(set(queues))
+        await audit.write(db, tx, ctx.client.actor, f"bulk_{body.action}", queue=one[0] if len(one) == 1 else None,
+                          reason_=body.reason,
+                          data={**selection, "matched": int(row["matched"]), "handle": body.handle,
+                                "runs": len(acting), "ids": [rid for rid, _ in acting],
+                                "skipped": [s.id for s in skipped], "queues": one})
+    changed: list[int] = []
+    results: dict[str, int] = {}
+    for rid, ver in acting:
+        try:
+            state = await _act(ctx, body.action, rid, ver, body.reason)
+        except Exception as exc:  # one run's refusal (it moved in the last moment) never stops the others
+            skipped.append(BulkSkip(id=rid, reason=f"refused: {exc}"))
+            continue
+        changed.append(rid)
+        results[state] = results.get(state, 0) + 1
+    skipped.sort(key=lambda s: s.id)
+    return OpsBulkResult(matched=int(row["matched"]), acted=len(changed), changed=changed, skipped=skipped,
+                         results=results, handle=body.handle)
+
+
+# -- queues: workers, slots, latency -----------------------------------------------------------------
+async def queues_ops(ctx: Ctx) -> Any:
+    """Per queue in scope: due, overdue and scheduled runs, running, latency (the oldest due run's age),
+    the queue-wide concurrency limit, and the workers serving it with their busy slots."""
+    stores, p = ctx.client.stores, ctx.p
+    rows = await stores.db.fetch("ops_queue_rows", p.scope)
+    workers = await fleet.list_workers(stores)
+    now = time.time()
+    out = []
+    for row in rows:
+        name = row["name"]
+        k = stores.keys(name)
+        due, age = await fairness.due_summary(stores, name, now=now)
+        pipe = stores.redis.pipeline(transaction=False)
+        pipe.zcount(k.delayed, "-inf", int(now * 1000))
+        pipe.zcount(k.delayed, f"({int(now * 1000)}", "+inf")
+        pipe.zcard(k.active)
+        overdue, later, active = await pipe.execute()
+        serving = [QueueWorker(id=w.id, host=w.host, busy=sum(1 for r in w.running if r.queue == name),
+                               held=len(w.running), concurrency=w.concurrency, stopping=w.stop_requested is not None)
+                   for w in workers if name in w.queues]
+        out.append(QueueOps(queue=name, paused=row["paused"], due=due, overdue=overdue, scheduled=later,
+                            running=active, latency_s=round(age, 3), max_running=row["max_running"], workers=serving,
+                            slots=sum(w.concurrency for w in serving)))
+    return out
+
+
+# -- per-handler charts ------------------------------------------------------------------------------
+_WINDOWS = {"1h": (3600, 60), "24h": (86400, 900), "7d": (604800, 7200)}
+
+
+async def handler_stats(ctx: Ctx) -> Any:
+    """Per handler over the window: started, succeeded, failed and run-time percentiles; with `handler`,
+    that handler's points per step too (the same steps as the queue charts)."""
+    window = ctx.q("window", "1h") or "1h"
+    if window not in _WINDOWS:
+        raise InvalidInput(f"window must be one of {', '.join(_WINDOWS)}, not {window[:20]!r}", field="window")
+    span, step = _WINDOWS[window]
+    queue, handler = ctx.q_queue(), _q_text(ctx, "handler")
+    now = time.time()
+    first = int((now - span) // step + 1) * step
+    since = datetime.fromtimestamp(first, UTC)
+    db, scope = ctx.client.stores.db, ctx.p.scope
+    totals = [msgspec.convert(dict(r), HandlerTotal) for r in await db.fetch("ops_handler_totals", since, scope, queue)]
+    points: list[HandlerPoint] = []
+    if handler is not None:
+        by_t = {int(r["t"].timestamp()): r for r in
+                await db.fetch("ops_handler_points", since, timedelta(seconds=step), scope, handler, queue)}
+        for t in range(first, int(now) + 1, step):
+            r = by_t.get(t)
+            points.append(HandlerPoint(t=datetime.fromtimestamp(t, UTC)) if r is None else
+                          msgspec.convert({**dict(r)}, HandlerPoint))
+    return HandlerStats(window=window, step_s=step, queue=queue, handlers=totals, handler=handler, points=points)
+
+
+# -- batches ---------------------------------------------------------------------------------------
+async def list_batches(ctx: Ctx) -> Any:
+    """Batches, newest first, whose members are all in the token's scope, each counted by state."""
+    before = ctx.q_time("before")
+    limit = ctx.q_int("limit", 50, 1, 1000)
+    rows = await ctx.client.stores.db.fetch("ops_batches", ctx.p.scope, before, limit + 1)
+    out = [BatchSummary(**{**dict(r), "id": str(r["id"]), "queues": sorted(r["queues"])}) for r in rows[:limit]]
+    return BatchPage(batches=out, next=out[-1].created_at.isoformat() if len(rows) > limit else None)
+
+
+_Q = ("queue", "string", None, "Only this queue")
+_H = ("handler", "string", None, "Only this handler")
+
+OPS_ROUTES: list[RouteSpec] = [
+    RouteSpec("GET", "/v1/states", get_states, "Run states, their named groups and the states each command takes "
+              "(fencepost.core.states)", response=StateGroups, tag="health", auth=False),
+    RouteSpec("GET", "/v1/runs/{run_id}/timeline", run_timeline,
+              "The run's events recorded after the cursor `after` (an event id), oldest first, with the next cursor",
+              response=Timeline, params=[("after", "integer", 0, "Only events with a greater id"),
+                                         ("limit", "integer", 500, "At most this many (1-1000)")]),
+    RouteSpec("GET", "/v1/ops/lists/{list}", list_page,
+              "dead (dead letter), review, retries (RETRY_WAIT) or scheduled (PENDING, due later): a page, scoped "
+              "before it is limited, with the next page's cursor", roles=READ, response=OpsPage,
+              params=[_Q, _H, ("cursor", "string", None, "The previous page's `next`"),
+                      ("limit", "integer", 50, "At most this many (1-1000)")], tag="queues"),
+    RouteSpec("POST", "/v1/ops/bulk", bulk,
+              "A bulk action on a list (or the runs list's filter, or ticked ids): count (428 with a handle), then "
+              "confirm {handle, confirm}: exactly the runs counted that have not moved", roles=READ,
+              body=OpsBulkRequest, response=OpsBulkResult, tag="queues"),
+    RouteSpec("POST", "/v1/ops/bulk/count", bulk_count, "The same count, answered 200 (for pages)", roles=READ,
+              body=OpsBulkRequest, response=OpsBulkCount, tag="queues"),
+    RouteSpec("GET", "/v1/ops/queues", queues_ops,
+              "Per queue: due, overdue and scheduled runs, latency, concurrency limit, workers with busy slots",
+              roles=READ, response=list[QueueOps], tag="queues"),
+    RouteSpec("GET", "/v1/ops/handlers", handler_stats,
+              "Per handler: started, succeeded, failed, run-time p50 / p95 (with handler: per step)", roles=READ,
+              response=HandlerStats, params=[("window", "string", "1h", "1h, 24h or 7d"), _Q, _H], tag="queues"),
+    RouteSpec("GET", "/v1/batches", list_batches, "Batches, newest first, counted by state", roles=READ,
+              response=BatchPage, params=[("before", "string", None, "Created before (ISO 8601; paging: `next`)"),
+                                          ("limit", "integer", 50, "At most this many (1-1000)")], tag="batches"),
+]
