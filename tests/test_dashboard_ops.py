@@ -1,0 +1,128 @@
+"""The API the dashboard's operations views use (scheduler/api/routes_ops.py, issue 24), without a
+browser: lists scoped before they are limited and paged by cursors, bulk actions that act on exactly
+the runs counted (a run that moved is skipped, one failed after the count is not touched), delete
+as a move to the archive, run-now of a delayed run, overdue runs of a queue with no workers, a run's
+timeline after a cursor, state groups from fencepost.core.states."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fencepost.api import ApiConfig
+from fencepost.client import Client
+from fencepost.core import states
+from fencepost.core.config import Settings
+from fencepost.core.stores import Stores
+from tests.conftest import record_all, run_state, wait_state
+from tests.test_api import _make_api
+from tests.test_control import _worker
+
+
+async def test_state_groups_come_from_core_states(settings: Settings, client: Client) -> None:
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        body = (await api.req("GET", "/v1/states")).json()
+        assert body["states"] == [s.value for s in states.Status]
+        assert {k: set(v) for k, v in body["groups"].items()} == {k: {s.value for s in v} for k, v in states.GROUPS.items()}
+        assert set(body["commands"]["retry"]) == {s.value for s in states.FAILED_FOR_GOOD}
+        assert set(body["commands"]["cancel"]) == {s.value for s in states.CANCEL_AT_ONCE | states.ACTIVE}
+
+
+async def test_dead_letter_is_scoped_before_it_is_limited_and_paged_by_cursor(
+        settings: Settings, client: Client, stores: Stores) -> None:
+    """Issue 24 item 3: 60 newer failures elsewhere hid an operator's own dead letter."""
+    mine = [await client.submit("t.err.invalid", queue="tq") for _ in range(5)]
+    theirs = [await client.submit("t.err.invalid", queue="other") for _ in range(12)]
+    async with _worker(settings, queues=["tq", "other"]):
+        for rid in [*mine, *theirs]:
+            await client.wait(rid, timeout=30)
+    await record_all(stores)
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        seen: list[int] = []
+        cursor = None
+        for _ in range(5):
+            params: dict[str, Any] = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+            r = await api.req("GET", "/v1/ops/lists/dead", "op_tq", params=params)
+            assert r.status_code == 200, r.text
+            seen += [x["id"] for x in r.json()["runs"]]
+            cursor = r.json()["next"]
+            if cursor is None:
+                break
+        assert sorted(seen) == sorted(mine) and len(seen) == len(set(seen))
+        r = await api.req("GET", "/v1/ops/lists/dead", "op_tq", params={"cursor": "x_1"})
+        assert r.status_code == 422 and r.json()["field"] == "cursor"
+
+
+async def test_bulk_retry_acts_on_exactly_the_runs_counted(settings: Settings, client: Client, stores: Stores) -> None:
+    """One request counts (a handle), one confirms; a run retried meanwhile is skipped, a run that
+    failed after the count is not touched; the audit row lists what was acted on."""
+    first = [await client.submit("t.err.invalid") for _ in range(3)]
+    async with _worker(settings):
+        for rid in first:
+            await wait_state(stores, rid, {"FAILED"})
+    await record_all(stores)
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        body = {"action": "retry", "list": "dead", "filter": {"queue": "tq"}, "reason": "fixed"}
+        r = await api.req("POST", "/v1/ops/bulk", "op_tq", json=body)
+        assert r.status_code == 428, r.text
+        count = r.json()
+        assert count["matched"] == 3 and count["acting"] == 3 and sorted(count["sample"]) == sorted(first)
+        r = await api.req("POST", "/v1/ops/bulk/count", "op_tq", json=body)  # the same count, 200 for pages
+        assert r.status_code == 200 and r.json()["acting"] == 3
+        handle = r.json()["handle"]
+        await client.retry(first[0], reason="someone else")  # moved since the count
+        late = await client.submit("t.err.invalid")
+        async with _worker(settings):
+            await wait_state(stores, late, {"FAILED"})
+        r = await api.req("POST", "/v1/ops/bulk", "op_tq", json={**body, "handle": handle, "confirm": 2})
+        assert r.status_code == 428 and r.json()["acting"] == 3  # the confirm must name the count
+        r = await api.req("POST", "/v1/ops/bulk", "op_tq", json={**body, "handle": handle, "confirm": 3})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert sorted(out["changed"]) == sorted(first[1:]) and [s["id"] for s in out["skipped"]] == [first[0]]
+        assert await run_state(stores, late) == "FAILED"
+        r = await api.req("POST", "/v1/ops/bulk", "op_tq", json={**body, "handle": handle, "confirm": 3})
+        assert r.status_code == 404, "a handle is used once"
+        audit = await client.stores.db.fetch("audit_list", None, None, None, None, 10, None, None)
+        row = next(a for a in audit if a["action"] == "bulk_retry")
+        assert '"handle"' in row["data"] and str(first[1]) in row["data"] and str(late) not in row["data"]
+
+
+async def test_delete_moves_finished_runs_out_of_the_lists_and_run_now_makes_a_delayed_run_due(
+        settings: Settings, client: Client, stores: Stores) -> None:
+    dead = await client.submit("t.err.invalid")
+    async with _worker(settings):
+        await wait_state(stores, dead, {"FAILED"})
+    await record_all(stores)
+    later = await client.submit("t.noop", delay=3600)
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        q = (await api.req("GET", "/v1/ops/queues", "admin")).json()
+        tq = next(x for x in q if x["queue"] == "tq")
+        assert tq["scheduled"] == 1 and tq["overdue"] == 0 and tq["workers"] == []
+        for action, listed, rid in (("delete", "dead", dead), ("run_now", "scheduled", later)):
+            body = {"action": action, "list": listed, "filter": {"queue": "tq"}, "reason": "cleanup"}
+            counted = (await api.req("POST", "/v1/ops/bulk/count", "admin", json=body)).json()
+            assert counted["acting"] == 1, counted
+            r = await api.req("POST", "/v1/ops/bulk", "admin", json={**body, "handle": counted["handle"], "confirm": 1})
+            assert r.status_code == 200 and r.json()["changed"] == [rid], r.text
+        assert (await api.req("GET", "/v1/ops/lists/dead", "admin")).json()["runs"] == []
+        assert (await api.req("GET", f"/v1/runs/{dead}", "admin")).json()["status"] == "FAILED"  # history stays
+        assert (await client.get(later))["status"] in ("PENDING", "RUNNING", "SUCCEEDED")
+        r = await api.req("POST", "/v1/ops/bulk/count", "op_tq", json={"action": "delete", "list": "dead"})
+        assert r.status_code == 403, "deleting is for admins"
+        async with _worker(settings):
+            await wait_state(stores, later, {"SUCCEEDED"})
+
+
+async def test_a_runs_timeline_after_a_cursor(settings: Settings, client: Client, stores: Stores) -> None:
+    rid = await client.submit("t.noop", delay=3600)
+    await client.pause(rid, reason="a")
+    await record_all(stores)
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        t = (await api.req("GET", f"/v1/runs/{rid}/timeline", "admin")).json()
+        assert [e["type"] for e in t["events"]] == ["submitted", "paused"]
+        again = (await api.req("GET", f"/v1/runs/{rid}/timeline", "admin", params={"after": t["cursor"]})).json()
+        assert again["events"] == [] and again["cursor"] == t["cursor"]
+        await client.resume(rid, reason="b")
+        await record_all(stores)
+        new = (await api.req("GET", f"/v1/runs/{rid}/timeline", "admin", params={"after": t["cursor"]})).json()
+        assert [e["type"] for e in new["events"]] == ["resumed"]
