@@ -335,12 +335,16 @@ async def test_bulk_needs_the_exact_confirm_count_and_respects_the_cap(api: Api,
     for i in range(3):
         await _submit(api, args=[i])
     body = {"command": "pause", "status": "PENDING", "reason": "incident 7"}
-    _problem(await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**body, "confirm": 0}), 428,
-             matched=3, error="BulkNotConfirmed")
-    _problem(await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**body, "confirm": 5}), 428, matched=3)
+    handle = _problem(await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**body, "confirm": 0}), 428,
+                      matched=3, acting=3, error="BulkNotConfirmed")["handle"]
+    confirm = {"command": "pause", "handle": handle, "reason": "incident 7"}
+    _problem(await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**confirm, "confirm": 5}), 428, matched=3,
+             handle=handle)
     assert len((await api.req("GET", "/v1/runs?status=PENDING", "admin")).json()) == 3  # nothing changed
-    r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**body, "confirm": 3})
-    assert r.status_code == 200 and r.json() == {"matched": 3, "acted": 3, "results": {"PAUSED": 3}, "refused": {}}
+    r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**confirm, "confirm": 3})
+    out = r.json()
+    assert r.status_code == 200 and (out["matched"], out["acted"], out["results"], out["refused"]) == \
+        (3, 3, {"PAUSED": 3}, {}), r.text
     # over the server-side cap (20): refused whatever the confirm says
     ids = (await api.req("POST", "/v1/runs/batch", "producer",
                          json={"runs": [{"handler": "t.noop"}] * 21})).json()["ids"]

@@ -172,7 +172,7 @@ MATRIX: dict[tuple[str, str], Decision] = {
     ("POST", "/v1/queues/{queue}/dispatch"): Decision(ADMIN, 200, 403, _get(f"/v1/queues/{Q}/dispatch",
                                                                           json={"setting": "max_running", "value": 9})),
     ("POST", "/v1/queues/{queue}/bulk"): Decision(ADMIN, 200, 403, _get(f"/v1/queues/{Q}/bulk", json={
-        "command": "pause", "confirm": 0, "handler": "t.none"})),
+        "command": "pause", "count": True, "handler": "t.none"})),
     ("GET", "/v1/dead-letter"): Decision(READ, 200, 200, _get("/v1/dead-letter")),
     ("GET", "/v1/review"): Decision(READ, 200, 200, _get("/v1/review")),
     ("GET", "/v1/schedules"): Decision(READ, 200, 200, _get("/v1/schedules")),
@@ -404,18 +404,21 @@ async def test_control_characters_in_dispatch_labels_and_workflow_names_change_n
 # -- bulk exactly as confirmed ----------------------------------------------------------------
 async def test_bulk_acts_on_exactly_the_runs_counted(settings: Settings, client: Client) -> None:
     """Issue 14 repro 4: counting and acting were separate statements, so runs submitted in between
-    were swept in (confirm 53 acted on 54); past the cap there was no way to act in chunks."""
+    were swept in (confirm 53 acted on 54); past the cap there was no way to act in chunks. Now a
+    count returns a handle for the counted set (issue 24, tests/test_bulk_counted.py)."""
     async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0, bulk_cap=3)):
         ids = [await client.submit("t.echo", i) for i in range(3)]
         await record_all(client.stores)
         sel = {"command": "pause", "status": "PENDING"}
         r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**sel, "confirm": 0})
         assert r.status_code == 428 and r.json()["matched"] == 3 and r.json()["until_id"] == ids[-1]
+        handle = r.json()["handle"]
         late = await client.submit("t.echo", "late")  # arrives between the count and the confirm
         await record_all(client.stores)
         r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**sel, "confirm": 3})
         assert r.status_code == 422 and r.json()["matched"] == 4, "over the cap now: refused, nothing changed"
-        r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**sel, "confirm": 3, "until_id": ids[-1]})
+        r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json={"command": "pause", "confirm": 3,
+                                                                       "handle": handle})
         assert r.status_code == 200 and r.json()["acted"] == 3 and r.json()["results"] == {"PAUSED": 3}, r.text
         assert (await client.get(late))["status"] == "PENDING" and await _hot(client, late) == "PENDING"
         # chunks below the cap with limit: the lowest ids first, confirm = the number acted on
@@ -423,9 +426,8 @@ async def test_bulk_acts_on_exactly_the_runs_counted(settings: Settings, client:
         await record_all(client.stores)
         r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**sel, "confirm": 0, "limit": 2})
         assert r.status_code == 428 and r.json()["acting"] == 2 and r.json()["matched"] == 5
-        bound = r.json()["until_id"]
-        r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**sel, "confirm": 2, "limit": 2,
-                                                                       "until_id": bound})
+        r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json={"command": "pause", "confirm": 2,
+                                                                       "handle": r.json()["handle"]})
         assert r.status_code == 200 and r.json()["acted"] == 2
         assert [await _hot(client, i) for i in [late, *more]] == ["PAUSED", "PAUSED", "PENDING", "PENDING", "PENDING"]
         r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json={**sel, "confirm": 2, "limit": 5})

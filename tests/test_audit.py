@@ -200,8 +200,9 @@ async def test_a_bulk_command_writes_one_audit_row_with_its_selection(api: Api, 
     """Each run's event says what happened to it; the bulk row says who asked for how many, and by
     what filter, before the first run is touched (from the API and from the Python client)."""
     ids = [await client.submit("t.echo", i) for i in range(3)]
+    r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json={"command": "cancel", "status": "PENDING"})
     r = await api.req("POST", "/v1/queues/tq/bulk", "admin",
-                      json={"command": "cancel", "status": "PENDING", "confirm": 3, "reason": "bad deploy"})
+                      json={"command": "cancel", "handle": r.json()["handle"], "confirm": 3, "reason": "bad deploy"})
     assert r.status_code == 200, r.text
     [row] = await _audit(client, action="bulk_cancel")
     assert (row["actor"], row["address"], row["queue"], row["reason"]) == \

@@ -41,6 +41,8 @@ class ApiConfig(msgspec.Struct, kw_only=True):
     rate_window_s: Annotated[int, Meta(ge=1, le=86_400)] = 60
     bulk_cap: Annotated[int, Meta(ge=1, le=1_000_000)] = 1000
     """A bulk action refuses to act when more runs than this match."""
+    bulk_handle_ttl_s: Annotated[int, Meta(ge=5, le=86_400)] = 300
+    """How long the handle of a bulk count can be confirmed."""
     token_cache_s: Annotated[float, Meta(ge=0, le=3_600)] = 5.0
     """How long a token lookup is cached (a revoke reaches other replicas within this time)."""
     auth_fail_limit: Annotated[int, Meta(ge=0, le=1_000_000)] = 20

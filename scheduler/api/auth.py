@@ -7,6 +7,7 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from fencepost.api.problems import Forbidden, RateLimited, Unauthorized
@@ -41,6 +42,7 @@ class Principal:
     queues: tuple[str, ...]
     name: str | None
     addr: str
+    expires_at: datetime | None = None
 
     @property
     def actor(self) -> str:
@@ -70,9 +72,15 @@ class Principal:
 
 
 async def create_token(db: Database, role: str, queues: list[str], name: str | None,
-                       created_by: str | None, *, expires_in: float | None = None) -> tuple[dict[str, Any], str]:
+                       created_by: str | None, *, expires_in: float | None = None,
+                       parent: Principal | None = None) -> tuple[dict[str, Any], str]:
     """Store a new token; returns (its row, the secret), the secret being shown only now. The
-    token's creation is audited in the same transaction (actor: `created_by`)."""
+    token's creation is audited in the same transaction (actor: `created_by`).
+
+    With `parent` (the token making it, through the API) the new token never exceeds it: its role
+    ranks at most the parent's, its queues are within the parent's scope, and it expires no later
+    than the parent (with no `expires_in`, at the parent's expiry). Revoking or expiring the parent
+    ends it too (checked at every authentication)."""
     if role not in ROLES:
         raise InvalidInput(f"role must be one of {', '.join(ROLES)}, not {role!r}", field="role")
     for q in queues:
@@ -83,13 +91,27 @@ async def create_token(db: Database, role: str, queues: list[str], name: str | N
     if expires_in is not None and not (isinstance(expires_in, (int, float)) and 60 <= expires_in <= MAX_EXPIRES_S):
         raise InvalidInput(f"expires_in must be between 60 s and {MAX_EXPIRES_S} s (10 years), not {expires_in!r}",
                            field="expires_in")
+    if parent is not None:
+        if _RANK[role] > _RANK[parent.role]:
+            raise Forbidden(f"a {parent.role} token cannot make a {role} token", role=parent.role, field="role")
+        if parent.queues and (not queues or not set(queues) <= set(parent.queues)):
+            raise Forbidden(f"this token is scoped to queues {', '.join(parent.queues)}; a token it makes must be too",
+                            scope=list(parent.queues), field="queues")
+        if parent.expires_at is not None:
+            left = (parent.expires_at - datetime.now(UTC)).total_seconds()  # the message's; SQL caps it exactly
+            if expires_in is not None and expires_in > left + 1:
+                raise InvalidInput(f"expires_in {expires_in:g} s outlives this token, which expires in {left:.0f} s",
+                                   field="expires_in")
     secret = new_secret()
     async with db.transaction() as tx:
         row = await db.fetchrow("api_token_insert", name, role, sorted(set(queues)), hash_secret(secret), created_by,
-                                None if expires_in is None else float(expires_in), conn=tx)
+                                None if expires_in is None else float(expires_in),
+                                None if parent is None else parent.id,
+                                None if parent is None else parent.expires_at, conn=tx)
         assert row is not None
         await audit.write(db, tx, created_by or "unknown", "token_created", target=str(row["id"]),
                           data={"role": role, "queues": sorted(set(queues)), "name": name,
+                                "parent": None if parent is None else parent.id,
                                 "expires_at": None if row["expires_at"] is None else row["expires_at"].isoformat()})
     return dict(row), secret
 
@@ -102,7 +124,8 @@ async def revoke_token(db: Database, token_id: int, actor: str, *, reason: str =
         if row is None:
             return None
         await audit.write(db, tx, actor, "token_revoked", target=str(token_id), reason_=reason,
-                          data={"role": row["role"], "queues": list(row["queues"] or ())})
+                          data={"role": row["role"], "queues": list(row["queues"] or ()),
+                                "descendants_revoked": row["descendants"]})
     return dict(row)
 
 
@@ -165,15 +188,15 @@ class Tokens:
         else:
             rec = await self.db.fetchrow("api_token_by_hash", digest)
             row = dict(rec) if rec is not None else None
-            if row is not None and row["revoked_at"] is None and not row["expired"]:
+            if row is not None and row["revoked_at"] is None and not row["expired"] and not row["maker_ended"]:
                 await self.db.execute("api_token_touch", row["id"])
                 if len(self._cache) >= 10_000:
                     self._cache.pop(next(iter(self._cache)))  # the oldest entry, not every entry
                 self._cache[digest] = (now + self.cache_s, row)
-        if row is None or row["revoked_at"] is not None or row["expired"]:
-            raise await self._failed(addr, "unknown, expired or revoked token")
+        if row is None or row["revoked_at"] is not None or row["expired"] or row["maker_ended"]:
+            raise await self._failed(addr, "unknown, expired or revoked token (or the token that made it is)")
         return Principal(id=row["id"], role=row["role"], queues=tuple(row["queues"] or ()), name=row["name"],
-                         addr=addr)
+                         addr=addr, expires_at=row["expires_at"])
 
 
 class RateLimiter:

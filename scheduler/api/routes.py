@@ -29,10 +29,10 @@ from starlette.responses import Response
 from fencepost.api import schemas as S
 from fencepost.api import stream
 from fencepost.api.auth import Principal, create_token, revoke_token
+from fencepost.api.bulk import bulk as bulk_action
 from fencepost.api.metrics import LATENCY, REFUSED, REQUESTS
 from fencepost.api.problems import (
     BadRequest,
-    BulkTooLarge,
     NotFound,
     TooLarge,
     problem_response,
@@ -40,7 +40,7 @@ from fencepost.api.problems import (
 from fencepost.client import Client
 from fencepost.core import fairness, rates, stats, validate
 from fencepost.core import workers as fleet
-from fencepost.core.errors import BulkNotConfirmed, InvalidInput, UnknownRun
+from fencepost.core.errors import InvalidInput, UnknownRun
 from fencepost.core.fairness import due_summary
 from fencepost.core.keys import valid_queue_name
 from fencepost.core.models import Submit, decode_payload, decode_result
@@ -151,6 +151,14 @@ class Ctx:
 def _digits(raw: str) -> bool:
     """ASCII digits only: str.isdigit() also takes '١' and '²', which int() reads or refuses."""
     return raw.isascii() and raw.isdigit()
+
+
+def _valid_queue(name: str, field: str = "queue") -> str:
+    """A queue named in a path: a valid name (a%20b is refused, not looked up)."""
+    if not valid_queue_name(name):
+        raise InvalidInput(f"queue must be a queue name (letters, digits, '_', '.', '-', 1-64), not {name[:70]!r}",
+                           field=field)
+    return name
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -441,37 +449,13 @@ def _queue_command(paused: bool) -> Callable[[Ctx], Awaitable[Any]]:
 
 
 async def bulk(ctx: Ctx) -> Any:
-    """Exactly as confirmed: the selection is the matching runs with ids up to `until_id` (the
-    highest id when counted), at most `limit` of them; confirm must equal its size, and the
-    command is applied to exactly the ids read, each by its own compare-and-set."""
+    """A count (428 with a handle for the counted set) or its confirm: exactly the counted runs that
+    have not moved since (fencepost.api.bulk)."""
     name = ctx.path("queue")
+    _valid_queue(name)
     ctx.p.require_queue(name)
-    body: S.BulkRequest = ctx.body
-    validate.text("reason", body.reason)
-    cap = ctx.api.config.bulk_cap
-    if body.limit is not None and body.limit > cap:
-        raise BulkTooLarge(f"limit {body.limit} is over the server's cap of {cap}", limit=cap, field="limit")
-    db = ctx.client.stores.db
-    counted = await db.fetchrow("bulk_count", name, body.status, body.handler, body.until_id)
-    assert counted is not None  # an aggregate answers one row
-    matched, bound = counted["matched"], body.until_id or counted["until_id"]
-    if body.limit is None and matched > cap:
-        raise BulkTooLarge(f"{matched} runs match; the server acts on at most {cap} at once. Narrow the selection "
-                           "(status, handler) or act in chunks with limit; nothing changed", matched=matched,
-                           limit=cap, field="confirm")
-    acting = min(matched, body.limit or cap)
-    ids = [r["id"] for r in await db.fetch("bulk_select", name, body.status, body.handler, bound, acting)]
-    if body.confirm != len(ids):
-        exc = BulkNotConfirmed(matched, body.limit or cap)
-        exc.args = (f"{len(ids)} runs match (ids up to {bound}), confirm was {body.confirm}; nothing changed. Send "
-                    f"confirm={len(ids)} and until_id={bound} to {body.command} exactly them",)
-        exc.confirm, exc.until_id, exc.acting = body.confirm, bound, len(ids)  # type: ignore[attr-defined]
-        raise exc
-    out = await ctx.client.act_on(body.command, ids, reason=body.reason, queue=name,
-                                  selection={"status": body.status, "handler": body.handler, "until_id": bound,
-                                             "matched": matched})
-    return S.BulkResult(matched=matched, acted=out["acted"], results=out["results"], until_id=body.until_id,
-                        refused={str(k): v for k, v in out["refused"].items()})
+    cfg = ctx.api.config
+    return await bulk_action(ctx.client, ctx.p, name, ctx.body, cap=cfg.bulk_cap, ttl=float(cfg.bulk_handle_ttl_s))
 
 
 async def list_queues(ctx: Ctx) -> Any:
@@ -686,7 +670,7 @@ async def add_token(ctx: Ctx) -> Any:
     for q in queues:
         p.require_queue(q)
     row, secret = await create_token(ctx.client.stores.db, body.role, queues, body.name, p.actor,
-                                     expires_in=body.expires_in)
+                                     expires_in=body.expires_in, parent=p)
     return _json(_row({**row, "secret": secret}, S.TokenCreated), 201)
 
 
@@ -922,7 +906,8 @@ ROUTES: list[RouteSpec] = [
               "Change one dispatch setting (value null: back to the default)", roles=("admin",),
               body=S.DispatchUpdate, response=S.DispatchSettings, tag="queues"),
     RouteSpec("POST", "/v1/queues/{queue}/bulk", bulk,
-              "Command every matching run of a queue; confirm must equal the number that match", roles=("admin",),
+              "Count matching runs (428, or 200 with count: true: a handle for the counted set), or confirm a "
+              "handle: act on exactly the counted runs that have not moved", roles=("admin",),
               body=S.BulkRequest, response=S.BulkResult, tag="queues"),
     RouteSpec("GET", "/v1/dead-letter", dead_letter, "Dead-letter view (FAILED / TIMED_OUT)", roles=READ,
               response=list[S.RunSummary], params=[_QUEUE, _LIMIT], tag="queues"),

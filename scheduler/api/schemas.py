@@ -21,8 +21,10 @@ from fencepost.workflows import Node
 __all__ = [
     "Attempt",
     "AuditEntry",
+    "BulkCount",
     "BulkRequest",
     "BulkResult",
+    "BulkSkip",
     "Checkpoint",
     "CommandRequest",
     "CommandResult",
@@ -322,27 +324,57 @@ class QueueStats(msgspec.Struct, kw_only=True):
 
 
 class BulkRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A bulk count (no `handle`: 428 with the handle of the counted set) or its confirm (`handle`
+    and `confirm` equal to the count's `acting`)."""
+
     command: Verb
-    confirm: Annotated[int, Meta(ge=0, le=2**31)]
-    """Must equal the number of runs that match (the server answers 428 with the count otherwise)."""
+    confirm: Annotated[int, Meta(ge=0, le=2**31)] = 0
+    """With a handle: must equal the number of runs the handle holds (the count's `acting`)."""
+    handle: Annotated[str, Meta(pattern="^[0-9a-f]{32}$", description="from the count's 428")] | None = None
     status: Status | None = None
-    handler: Annotated[str, Meta(max_length=200)] | None = None
+    handler: Annotated[str, meta("handler")] | None = None
     reason: Reason = ""
     limit: Annotated[int, Meta(ge=1, le=2**31)] | None = None
-    """Act on at most this many (the lowest ids that match): chunks below the server's cap;
-    confirm is then the number acted on, min(matched, limit)."""
+    """Count at most this many (the lowest ids that match): chunks below the server's cap."""
     until_id: Annotated[int, Meta(ge=1, le=2**63 - 1)] | None = None
-    """Only runs with ids up to this one: the selection as counted (the 428 answer gives it),
-    so runs submitted since are never swept in."""
+    """Count only runs with ids up to this one."""
+    count: bool = False
+    """Only count, answered 200 with a BulkCount (the same fields as the 428), for callers (a browser)
+    that treat a 4xx as an error; ignored with a handle."""
 
 
-class BulkResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+class BulkCount(msgspec.Struct, kw_only=True):
+    """A bulk count: what a confirm with `handle` and `confirm` = `acting` acts on."""
+
     matched: int
-    acted: int
-    results: dict[str, int]
-    refused: dict[str, str]
+    acting: int
+    handle: str
+    sample: list[int]
+    expires_in_s: float
+    limit: int
     until_id: int | None = None
-    """The bound the selection was made with, when the request gave one."""
+
+
+class BulkSkip(msgspec.Struct, kw_only=True):
+    id: int
+    reason: str
+
+
+class BulkResult(msgspec.Struct, kw_only=True):
+    matched: int
+    """How many runs matched the filter when counted."""
+    acted: int
+    """How many runs the command changed (len(changed))."""
+    changed: list[int] = []
+    """The counted runs the command was applied to."""
+    skipped: list[BulkSkip] = []
+    """The counted runs left alone: they moved (state or version) since the count, or refused."""
+    results: dict[str, int] = {}
+    """The states the changed runs were left in, counted."""
+    refused: dict[str, str] = {}
+    """`skipped` as {id: reason} (what older clients read)."""
+    handle: str | None = None
+    until_id: int | None = None
 
 
 class Schedule(msgspec.Struct, kw_only=True):
@@ -497,6 +529,8 @@ class Token(msgspec.Struct, kw_only=True):
     revoked_at: datetime | None = None
     last_used_at: datetime | None = None
     expires_at: datetime | None = None
+    parent_id: int | None = None
+    """The token that made this one through the API (revoking or expiring it ends this one too)."""
 
 
 class TokenCreated(Token, kw_only=True):

@@ -1,0 +1,35 @@
+-- Named queries of bulk actions through the API (scheduler/api/bulk.py, issue 24 item 1):
+-- a count stores the runs it selected under a handle; the confirm takes the handle once.
+
+-- name: bulk_candidates
+-- The runs a bulk count selects: $1 queue, $2 status, $3 handler, $4 only ids <= this (NULL: none),
+-- $5 at most this many, lowest ids first; with their recorded state and version.
+SELECT id, status, version FROM runs
+WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3)
+  AND ($4::bigint IS NULL OR id <= $4)
+ORDER BY id LIMIT $5;
+
+-- name: bulk_handle_insert
+-- Store a counted set: $1 handle, $2 token, $3 queue, $4 command, $5 selection (json text),
+-- $6 matched, $7 ids, $8 states, $9 versions, $10 seconds it lives. Expired handles go first.
+WITH gone AS (
+    DELETE FROM bulk_handles WHERE expires_at < now()
+)
+INSERT INTO bulk_handles (handle, token_id, queue, command, selection, matched, ids, states, versions, expires_at)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7::bigint[], $8::text[], $9::bigint[],
+        now() + make_interval(secs => $10::double precision))
+RETURNING expires_at;
+
+-- name: bulk_handle_get
+-- A live handle of this token ($1 handle, $2 token id); no row: unknown, expired, used or another's.
+SELECT handle, queue, command, selection::text AS selection, matched, ids, states, versions, expires_at
+FROM bulk_handles WHERE handle = $1 AND token_id = $2 AND expires_at > now();
+
+-- name: bulk_handle_take
+-- Use a handle once (in the transaction of the bulk action's audit row): no row when a concurrent
+-- confirm took it first or it expired meanwhile.
+DELETE FROM bulk_handles WHERE handle = $1 AND token_id = $2 AND expires_at > now() RETURNING handle;
+
+-- name: bulk_live_rows
+-- The recorded state and version of these runs ($1 ids), for those Redis no longer holds.
+SELECT id, status, version FROM runs WHERE id = ANY($1::bigint[]);
