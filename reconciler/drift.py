@@ -48,7 +48,7 @@ import msgspec
 from fencepost.core import metrics, states
 from fencepost.core.errors import InvalidInput
 from fencepost.core.fairness import due_and_held_sets, scan_queue
-from fencepost.core.hot import Drop, Inspected, Now, Sync, TtlArgs, Versioned
+from fencepost.core.hot import Drop, Inspected, Sync, TtlArgs, Versioned
 from fencepost.core.models import RunRow, run_row
 from fencepost.core.states import ACTIVE, TERMINAL, Status
 from fencepost.core.stores import Stores
@@ -346,7 +346,7 @@ class DriftRepair:
 
         requeue = by_kind.get("unqueued", [])
         if requeue:
-            back = set(await hot.repair_requeue(keys, Now(int(time.time() * 1000)),
+            back = set(await hot.repair_requeue(keys,
                                                 [Versioned(d.run_id, d.seen_version) for d in requeue]))
             done += [d for d in requeue if d.run_id in back]
 
@@ -372,6 +372,7 @@ class DriftRepair:
         fresh = {r["id"]: dict(r) for r in await db.fetch("drift_runs", ids, 0.0)}
         leased = [i for i in ids if i in fresh and fresh[i]["status"] in LEASED]
         if leased:
+            await self.quarantine_values(queue, leased)  # a row outside the bounds cannot be interrupted
             for r in await db.fetch("drift_interrupt_lost", leased):
                 fresh[r["id"]].update(status=r["status"], version=r["version"])
         rows: list[RunRow] = []
@@ -424,6 +425,37 @@ class DriftRepair:
             log.error("run %s quarantined (cancelled, reason quarantined): Redis cannot hold it: %s", i, bad[i],
                       extra={"event": "run_quarantined", "run_id": i, "queue": queue})
         return done
+
+    async def quarantine_values(self, queue: str, ids: list[int]) -> list[int]:
+        """Put back inside 010's bounds the values of those runs an older version stored outside
+        them (any state: the run goes on), so their rows can be updated again; the stored values
+        are kept in a 'quarantined' event (sql/017_quarantine_any_row.sql). Counted and logged."""
+        rows = await self.stores.db.fetch("quarantine_run_values", ids, self.loop) if ids else []
+        if rows:
+            metrics.QUARANTINED.labels(self.loop, "run_value").inc(len(rows))
+        for r in rows:
+            log.error("run %s had values an older version stored outside the bounds (timeout_s %s, max_retries %s); "
+                      "put back inside them, the stored values kept in its 'quarantined' event", r["id"],
+                      r["timeout_s"], r["max_retries"],
+                      extra={"event": "run_values_quarantined", "run_id": r["id"], "queue": queue})
+        return [r["id"] for r in rows]
+
+    async def screen(self, queue: str, ids: list[int]) -> None:
+        """Before a loop updates these runs' rows: quarantine (cancel) the waiting ones Redis cannot
+        hold, and put the stored values of the others back inside the bounds (an UPDATE of a row
+        outside a NOT VALID constraint is refused, and would fail the whole batch)."""
+        if not ids:
+            return
+        bad: dict[int, str] = {}
+        for r in await self.stores.db.fetch("drift_runs", ids, 0.0):
+            if r["status"] in HELD:
+                try:
+                    holdable(run_row(dict(r)))
+                except POISON as exc:
+                    bad[r["id"]] = f"{type(exc).__name__}: {exc}"
+        if bad:
+            await self.quarantine(queue, bad)
+        await self.quarantine_values(queue, [i for i in ids if i not in bad])
 
     async def _record(self, queue: str, drifts: list[Drift]) -> list[Drift]:
         keys = self.stores.keys(queue)

@@ -37,7 +37,7 @@ import asyncpg
 
 from fencepost.core import fairness, states
 from fencepost.core.errors import FencepostError
-from fencepost.core.hot import Inspected, Now, StampArgs, Versioned
+from fencepost.core.hot import Inspected, StampArgs, Versioned
 from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import Drift, DriftRepair
 from fencepost.reconciler.metrics import EPOCH, REBUILD_SECONDS, REBUILDS, RESTORED
@@ -126,6 +126,10 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
     async def apply(found: list[Any], page_ids: list[int] | None = None) -> None:
         # Runs restored from PostgreSQL (no hash, or a hash dropped as stale or corrupt) are
         # marked before drift.repair enqueues them; lost leases are interrupted first.
+        # A row an older version stored outside the bounds would fail these updates for the whole
+        # queue, every time: quarantined first (issue 22 item 8).
+        await drift.screen(queue, [d.run_id for d in found
+                                   if d.kind in ("missing", "lost_lease", "stale_hash", "corrupt")])
         lost = [d.run_id for d in found if d.kind == "lost_lease"]
         if lost:
             await db.fetch("drift_interrupt_lost", lost)
@@ -134,7 +138,7 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
         leases = [d for d in found if d.kind == "untrusted_lease"]
         if leases:
             interrupted = await stores.scripts.repair_interrupt(
-                keys, Now(int(time.time() * 1000)), [Versioned(d.run_id, d.seen_version) for d in leases])
+                keys, [Versioned(d.run_id, d.seen_version) for d in leases])
             stats["interrupted"] += len(interrupted)
         done = await drift.repair(queue, [d for d in found if d.kind != "untrusted_lease"], record=False)
         recorded = [d for d in done if d.kind == "unrecorded"]
@@ -159,6 +163,7 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
         for i in range(0, len(kept), PAGE):
             seen += await stores.scripts.repair_inspect(keys, kept[i:i + PAGE])
         waiting = {rid: f for rid, f in zip(kept, seen) if f.exists and f.state in CLAIMABLE}
+        await drift.screen(queue, sorted(waiting))
         was_leased = [d.run_id for d in leases if d.run_id in waiting]
         if was_leased:  # PostgreSQL may still hold the lease repair_interrupt just ended in Redis
             await db.fetch("drift_interrupt_lost", was_leased)

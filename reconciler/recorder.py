@@ -24,7 +24,7 @@ from redis.exceptions import ResponseError
 from fencepost.core import release as workflows
 from fencepost.core import stats
 from fencepost.core.hot import TtlArgs, Versioned
-from fencepost.core.metrics import Cached
+from fencepost.core.metrics import QUARANTINED, Cached
 from fencepost.core.models import encode_payload
 from fencepost.core.record import REFUSED
 from fencepost.core.states import ACTIVE, TERMINAL
@@ -247,6 +247,19 @@ class Recorder:
         audited whatever its text: it is recorded with its text made storable first, and only
         quarantined (an alert) if even that is refused."""
         stream, entry_id, fields = entry
+        run = int(fields.get(b"run", b"0") or 0)
+        if getattr(exc, "sqlstate", None) == "23514" and run:  # check_violation: a row an older version stored?
+            fixed = await self.stores.db.fetch("quarantine_run_values", [run], "recorder")
+            if fixed:  # its values put back inside the bounds (sql/017_quarantine_any_row.sql): record it now
+                QUARANTINED.labels("recorder", "run_value").inc()
+                log.error("run %s had values an older version stored outside the bounds (timeout_s %s, max_retries "
+                          "%s); put back inside them so its history can be recorded", run, fixed[0]["timeout_s"],
+                          fixed[0]["max_retries"], extra={"event": "run_values_quarantined", "run_id": run})
+                try:
+                    await self._record([entry])
+                    return
+                except (*REFUSED, ValueError, KeyError, UnicodeDecodeError) as again:
+                    exc = again
         if fields.get(b"actor") and not fields.get(b"sanitized"):
             clean = {k: (_storable(v) if k in _TEXT_FIELDS else v) for k, v in fields.items()}
             clean[b"sanitized"] = b"1"

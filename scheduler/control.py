@@ -16,7 +16,7 @@ from fencepost.core import audit
 from fencepost.core.errors import BulkNotConfirmed, InvalidInput, ResumeRefused, UnknownQueue, UnknownRun
 from fencepost.core.hot import CancelArgs, ControlArgs, ControlVerb, ResolveArgs
 from fencepost.core.models import decode_payload, decode_result, run_row
-from fencepost.core.states import Status
+from fencepost.core.states import WAITING, Status
 
 if TYPE_CHECKING:
     from fencepost.core.models import JobSpec
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 __all__ = ["BULK_DEFAULT_LIMIT", "COMMANDS", "ControlMixin", "explain_reply"]
 
 COMMANDS = ("pause", "stop", "cancel", "resume", "restart", "retry")
+_UNHELD = (ValueError, ArithmeticError, TypeError, msgspec.ValidationError)
+"""What enqueuing a run's own stored values raises when Redis cannot hold them (an infinite timeout)."""
+_WAITING = frozenset(s.value for s in WAITING)
 BULK_DEFAULT_LIMIT = 100
 
 
@@ -239,5 +242,22 @@ class ControlMixin:
         except UnknownRun:
             # Redis no longer holds the run (a finished run's hash expired, or drift): put
             # PostgreSQL's copy back, then ask again; the Lua still decides (compare-and-set).
-            await self.stores.scripts.enqueue_runs(keys, [run_row(run)])
+            try:
+                await self.stores.scripts.enqueue_runs(keys, [run_row(run)])
+            except _UNHELD as exc:  # a row an older version stored, which Redis cannot hold (issue 22 item 8)
+                return await self._unheld(verb, run, reason, exc)
             return await self.stores.scripts.control_run(verb, keys, args)
+
+    async def _unheld(self, verb: str, run: dict[str, Any], reason: str, exc: BaseException) -> str:
+        """A command on a run Redis cannot hold (no script can apply it): a cancel of a waiting run
+        is done in PostgreSQL alone, compare-and-set on the version read, with its event; any other
+        command is a one-line InvalidInput naming what is wrong."""
+        why = f"{type(exc).__name__}: {exc}"[:1000]
+        if verb == "cancel" and run["status"] in _WAITING:
+            row = await self.stores.db.fetchrow("cancel_unheld_run", run["id"], self.actor, reason or "",
+                                                f"stored values Redis cannot hold ({why})", "", run["version"])
+            if row is not None:
+                return Status.CANCELLED.value
+            raise InvalidInput(f"run {run['id']} changed while it was being cancelled; retry", field="run_id")
+        raise InvalidInput(f"run {run['id']} has stored values Redis cannot hold ({why}); cancel it, or let the "
+                           "reconciler quarantine it", field="timeout")

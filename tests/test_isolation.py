@@ -7,6 +7,7 @@ keeps its counts. Real Redis and PostgreSQL; rows an older version could write a
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -52,6 +53,32 @@ async def _sql(settings: Settings, query: str, *args: Any) -> Any:
         await conn.close()
 
 
+BOUNDS = ("runs_timeout_bounded", "runs_max_retries_bounded", "schedules_interval_bounded",
+          "schedules_spread_bounded")
+"""The bounds 010 added NOT VALID (017 redefined the schedules' two)."""
+
+
+async def _stored_before_the_bounds(settings: Settings, *statements: tuple[Any, ...]) -> None:
+    """Rows exactly as a version before 010 could store them: the bounds dropped, the statements
+    run, then the bounds added back as the migrations add them (their definitions read back from
+    the database, NOT VALID: PostgreSQL leaves the rows in place and checks every later INSERT
+    and UPDATE, the quarantine's included)."""
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        defs = await conn.fetch("SELECT conrelid::regclass::text AS tbl, conname, pg_get_constraintdef(oid) AS def "
+                                "FROM pg_constraint WHERE conname = ANY($1::text[]) ORDER BY conname", list(BOUNDS))
+        assert len(defs) == len(BOUNDS) and all(d["def"].endswith("NOT VALID") for d in defs), defs
+        async with conn.transaction():
+            for d in defs:
+                await conn.execute(f'ALTER TABLE {d["tbl"]} DROP CONSTRAINT {d["conname"]}')
+            for sql, *args in statements:
+                await conn.execute(sql, *args)
+            for d in defs:
+                await conn.execute(f'ALTER TABLE {d["tbl"]} ADD CONSTRAINT {d["conname"]} {d["def"]}')
+    finally:
+        await conn.close()
+
+
 async def _forget(stores: Stores) -> None:
     """This test's FLUSHALL: every key under its prefix (other tests share the Redis server)."""
     keys = [k async for k in stores.redis.scan_iter(match=f"{stores.settings.prefix}:*", count=1000)]
@@ -69,11 +96,12 @@ async def test_a_schedule_that_cannot_fire_is_quarantined_and_the_others_fire(cl
     await sch.add(ScheduleSpec(name="good", handler="t.noop", interval_s=60, allow_overlap=True), now=t0)
     for name in ("inf", "tiny", "feb30"):
         await sch.add(ScheduleSpec(name=name, handler="t.noop", interval_s=60), now=t0)
-    # what an older version accepted (the new CHECKs are NOT VALID for such rows)
-    await _sql(settings, "ALTER TABLE schedules DROP CONSTRAINT schedules_interval_bounded")
-    await _sql(settings, "UPDATE schedules SET interval_s = 'Infinity' WHERE name = 'inf'")
-    await _sql(settings, "UPDATE schedules SET interval_s = 1e-9 WHERE name = 'tiny'")
-    await _sql(settings, "UPDATE schedules SET interval_s = NULL, cron = '0 0 30 2 *' WHERE name = 'feb30'")
+    # what an older version accepted, with 010's bounds added back NOT VALID after it (issue 22 item 8:
+    # the quarantine's UPDATE kept the value and was refused, so every tick failed and nothing fired)
+    await _stored_before_the_bounds(
+        settings, ("UPDATE schedules SET interval_s = 'Infinity' WHERE name = 'inf'",),
+        ("UPDATE schedules SET interval_s = 1e-9 WHERE name = 'tiny'",),
+        ("UPDATE schedules SET interval_s = NULL, cron = '0 0 30 2 *' WHERE name = 'feb30'",))
     before = _metric("fencepost_quarantined_total", loop="trigger", kind="schedule")
 
     clock = ManualClock(t0 + timedelta(minutes=5))
@@ -109,10 +137,10 @@ async def test_a_handler_declaring_an_impossible_timeout_quarantines_its_schedul
 
 # -- drift repair and the rebuild --------------------------------------------------------------------
 async def _poison(settings: Settings, run_id: int) -> None:
-    """Make a run what an older version let in: timeout_s = Infinity (Redis cannot hold it)."""
-    await _sql(settings, "ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_timeout_bounded")
-    await _sql(settings, "UPDATE runs SET timeout_s = 'Infinity', updated_at = now() - interval '1 hour' "
-                         "WHERE id = $1", run_id)
+    """Make a run what an older version let in: timeout_s = Infinity (Redis cannot hold it), with
+    010's bounds added back after it as the migrations add them (NOT VALID)."""
+    await _stored_before_the_bounds(settings, ("UPDATE runs SET timeout_s = 'Infinity', updated_at = now() - "
+                                               "interval '1 hour' WHERE id = $1", run_id))
 
 
 async def test_drift_repair_quarantines_a_run_redis_cannot_hold_and_repairs_the_rest(
@@ -308,9 +336,109 @@ async def test_schedule_show_of_a_quarantined_schedule_says_why(client: Client, 
                                                                 settings: Settings) -> None:
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
     await Schedules(client).add(ScheduleSpec(name="inf", handler="t.noop", interval_s=60), now=t0)
-    await _sql(settings, "ALTER TABLE schedules DROP CONSTRAINT schedules_interval_bounded")
-    await _sql(settings, "UPDATE schedules SET interval_s = 'Infinity' WHERE name = 'inf'")
+    await _stored_before_the_bounds(settings, ("UPDATE schedules SET interval_s = 'Infinity' WHERE name = 'inf'",))
     await Trigger(stores, clock=ManualClock(t0 + timedelta(minutes=5)), use_lease=False).tick()
     code, out = await _cli(settings, "schedule", "show", "inf")
     assert code == 0, out
     assert "quarantined" in out and "OverflowError" in out and "next fires: none (quarantined)" in out, out
+
+
+# -- issue 22 item 8: rows stored before 010's bounds, the bounds added back NOT VALID ---------------
+async def _events(settings: Settings, run_id: int, type_: str) -> list[Any]:
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+        return await conn.fetch("SELECT type, reason, actor, data FROM events WHERE run_id = $1 AND type = $2",
+                                run_id, type_)
+    finally:
+        await conn.close()
+
+
+async def test_a_tiny_interval_stored_before_the_bounds_is_quarantined_and_can_be_fixed(
+        client: Client, stores: Stores, settings: Settings) -> None:
+    """interval_s = 1e-9 stored by an older version: trigger_tick_failed on every tick (913 of them)
+    and no schedule fired. Now the one schedule is quarantined with its stored value kept (so `show`
+    says what was wrong), the others fire, and `schedule update` with a valid interval brings it back."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    sch = Schedules(client)
+    await sch.add(ScheduleSpec(name="good", handler="t.noop", interval_s=60, allow_overlap=True), now=t0)
+    await sch.add(ScheduleSpec(name="tiny", handler="t.noop", interval_s=60), now=t0)
+    await _stored_before_the_bounds(settings, ("UPDATE schedules SET interval_s = 1e-9 WHERE name = 'tiny'",))
+    before = _metric("fencepost_quarantined_total", loop="trigger", kind="schedule")
+    clock = ManualClock(t0 + timedelta(minutes=5))
+    trig = Trigger(stores, clock=clock, use_lease=False)
+    for _ in range(3):
+        res = await trig.tick()
+        assert res.created == 1, res  # the good one fires every tick; nothing raised
+        clock.advance(60)
+    assert trig.quarantined == ["tiny"]
+    assert _metric("fencepost_quarantined_total", loop="trigger", kind="schedule") == before + 1
+    [row] = await _sql(settings, "SELECT paused, quarantined, interval_s FROM schedules WHERE name = 'tiny'")
+    assert row["paused"] and row["quarantined"] and row["interval_s"] == 1e-9, dict(row)
+    from fencepost.schedules import ScheduleUpdate
+    await sch.update("tiny", ScheduleUpdate(interval_s=30), now=clock.now(), reason="fixed its interval")
+    [row] = await _sql(settings, "SELECT paused, quarantined, interval_s FROM schedules WHERE name = 'tiny'")
+    assert (row["paused"], row["quarantined"], row["interval_s"]) == (False, None, 30)
+    clock.advance(60)
+    assert (await trig.tick()).created == 2
+
+
+async def test_a_run_redis_cannot_hold_stops_neither_the_rebuild_nor_new_submits_and_cancel_works(
+        client: Client, stores: Stores, settings: Settings) -> None:
+    """A PENDING run with timeout_s = 'Infinity' (stored before 010): after its queue's Redis keys were
+    lost the rebuild failed for ever, the queue stayed unstamped and new submits were acknowledged
+    and never ran; `fencepost cancel ID` printed an OverflowError traceback."""
+    ids = await client.submit_many([Submit(handler="t.noop") for _ in range(3)])
+    await _poison(settings, ids[0])
+    await _forget(stores)
+    assert Q in await ensure_stamped(stores)
+    assert Q not in await rebuild_mod.untrusted_queues(stores), "the queue is stamped"
+    assert (await client.get(ids[0]))["reason"] == "quarantined"
+    [ev] = await _events(settings, ids[0], "cancelled")
+    assert ev["reason"] == "quarantined" and ev["data"]["stored"]["timeout_s"] == "Infinity", dict(ev)
+    assert ev["data"]["loop"] == "rebuild"
+    fresh = await client.submit("t.noop")  # a new submit is claimable
+    assert await stores.redis.hget(stores.keys(Q).run(fresh), "state") == b"PENDING"
+    assert await stores.redis.zscore(stores.keys(Q).due, fresh) is not None
+
+    # the cancel of such a run, Redis having lost it and no reconciler having passed yet
+    [other] = await client.submit_many([Submit(handler="t.noop")])
+    await _poison(settings, other)
+    await stores.redis.delete(stores.keys(Q).run(other))
+    await stores.redis.zrem(stores.keys(Q).due, other)
+    code, out = await _cli(settings, "cancel", str(other), "--reason", "stored before 010")
+    assert "Traceback" not in out and "OverflowError" not in out.replace("OverflowError:", ""), out
+    assert code == 0, out
+    row = await client.get(other)
+    assert row["status"] == "CANCELLED", row
+    [ev] = await _events(settings, other, "cancelled")
+    assert ev["reason"] == "stored before 010" and ev["actor"] and ev["data"]["stored"]["timeout_s"] == "Infinity"
+    code, out = await _cli(settings, "pause", str(ids[1]))  # other commands on other runs are unaffected
+    assert code == 0, out
+
+
+async def test_a_run_with_max_retries_stored_before_the_bounds_is_recorded(
+        client: Client, stores: Stores, settings: Settings) -> None:
+    """max_retries = 2147483647 (stored before 010, in PostgreSQL and in Redis): the run executed, its
+    events went to the poison stream, PostgreSQL kept it PENDING with no attempt row and
+    `reconcile --check` reported it unrecorded for good. Now the recorder quarantines the value
+    (put back inside the bounds, the stored one kept in an event), records the history and carries on."""
+    from fencepost.testing import Harness
+    from tests.test_drift import reconcile
+
+    ids = await client.submit_many([Submit(handler="t.noop") for _ in range(3)])
+    await _stored_before_the_bounds(settings, ("UPDATE runs SET max_retries = 2147483647 WHERE id = $1", ids[1]))
+    await stores.redis.hset(stores.keys(Q).run(ids[1]), "max_retries", 2147483647)
+    before = _metric("fencepost_quarantined_total", loop="recorder", kind="run_value")
+    await Harness(settings, registry, client).drain(timeout=30)
+    for i in ids:
+        row = await client.get(i)
+        assert row["status"] == "SUCCEEDED", row
+        assert len(await client.attempts(i)) == 1, await client.attempts(i)
+    assert await stores.redis.xlen(f"{settings.prefix}:recorder:poison") == 0
+    [ev] = await _events(settings, ids[1], "quarantined")
+    assert ev["data"]["stored"]["max_retries"] == 2147483647 and ev["data"]["loop"] == "recorder"
+    assert (await client.get(ids[1]))["max_retries"] == 10000
+    assert _metric("fencepost_quarantined_total", loop="recorder", kind="run_value") == before + 1
+    check = reconcile(settings, "--check", "--grace", "0")
+    assert check.returncode == 0, check.stdout + check.stderr
