@@ -175,7 +175,7 @@ async def _run_for(ctx: Ctx, run_id: int, *, act: bool = False) -> dict[str, Any
     p = ctx.p
     if act and p.role == "producer":
         p.require(*READ)
-    run = await ctx.client.get(run_id)
+    run = dict(await ctx.client.get(run_id))  # the record as a dict: _live overlays it
     if p.role == "producer":
         row = await ctx.client.stores.db.fetchrow("api_submitted_by", run_id)
         actor = (row["actor"] if row else None) or ""
@@ -480,15 +480,45 @@ async def list_queues(ctx: Ctx) -> Any:
     return out
 
 
+def _cursor(ctx: Ctx) -> tuple[datetime | None, int | None]:
+    """A listing's keyset cursor (`cursor`, as the previous page's X-Next-Cursor gave it): `<time>,<id>`."""
+    raw = ctx.q("cursor")
+    if raw is None:
+        return None, None
+    at, _, rid = raw.rpartition(",")
+    try:
+        t = datetime.fromisoformat(at)
+    except ValueError:
+        t = None
+    if t is None or not _digits(rid) or not 0 < int(rid) <= _BIGINT:
+        raise InvalidInput(f"cursor must be what X-Next-Cursor gave (<time>,<id>), not {raw[:80]!r}", field="cursor")
+    return (t if t.tzinfo else t.replace(tzinfo=_UTC)), int(rid)
+
+
+def _paged(rows: list[Any], limit: int, typ: type, extra: dict[str, Any] | None = None) -> Response:
+    """A page of runs; when it is full, X-Next-Cursor names where the next one starts."""
+    items = [_row({**dict(r), **(extra or {})}, typ) for r in rows]
+    headers = {}
+    if len(rows) == limit and rows[-1]["finished_at"] is not None:
+        headers["X-Next-Cursor"] = f"{rows[-1]['finished_at'].isoformat()},{rows[-1]['id']}"
+    return Response(_enc.encode(items), media_type="application/json", headers=headers)
+
+
+async def _dead_or_review(ctx: Ctx, review: bool) -> Response:
+    """Filtered by the caller's scope before the limit (a scoped token saw [] once newer failures of other
+    queues filled the page), newest finished first, paged by cursor."""
+    limit = ctx.q_int("limit", 50, 1, 1000)
+    at, rid = _cursor(ctx)
+    rows = await ctx.client.stores.db.fetch("api_dead_letter_page", ctx.q_queue(), ctx.p.scope, limit, at, rid, review)
+    return _paged(list(rows), limit, S.RunSummary, {"status": "FAILED", "reason": "review"} if review else None)
+
+
 async def dead_letter(ctx: Ctx) -> Any:
-    rows = await ctx.client.dead_letter(queue=ctx.q_queue(), limit=ctx.q_int("limit", 50, 1, 1000))
-    return [_row(r, S.RunSummary) for r in rows if ctx.p.in_scope(r["queue"])]
+    return await _dead_or_review(ctx, False)
 
 
 async def review(ctx: Ctx) -> Any:
-    rows = await ctx.client.review_queue(queue=ctx.q_queue(), limit=ctx.q_int("limit", 50, 1, 1000))
-    return [_row({**r, "status": "FAILED", "reason": "review"}, S.RunSummary) for r in rows
-            if ctx.p.in_scope(r["queue"])]
+    return await _dead_or_review(ctx, True)
 
 
 # -- schedules ---------------------------------------------------------------------------------
@@ -788,6 +818,7 @@ async def stop_worker(ctx: Ctx) -> Any:
 _LIMIT = ("limit", "integer", 50, "At most this many rows (1-1000)")
 _REASON = ("reason", "string", None, "Recorded in the audit log with the token that acted")
 _QUEUE = ("queue", "string", None, "Only this queue")
+_CURSOR = ("cursor", "string", None, "Where the page starts: the previous page's X-Next-Cursor header")
 _RUN = "/v1/runs/{run_id}"
 _WINDOW = ("window", "string", "1h", "1h (per minute), 24h (per 15 min) or 7d (per 2 h)")
 
@@ -910,9 +941,9 @@ ROUTES: list[RouteSpec] = [
               "handle: act on exactly the counted runs that have not moved", roles=("admin",),
               body=S.BulkRequest, response=S.BulkResult, tag="queues"),
     RouteSpec("GET", "/v1/dead-letter", dead_letter, "Dead-letter view (FAILED / TIMED_OUT)", roles=READ,
-              response=list[S.RunSummary], params=[_QUEUE, _LIMIT], tag="queues"),
+              response=list[S.RunSummary], params=[_QUEUE, _LIMIT, _CURSOR], tag="queues"),
     RouteSpec("GET", "/v1/review", review, "Review queue (side effects to reconcile)", roles=READ,
-              response=list[S.RunSummary], params=[_QUEUE, _LIMIT], tag="queues"),
+              response=list[S.RunSummary], params=[_QUEUE, _LIMIT, _CURSOR], tag="queues"),
     RouteSpec("GET", "/v1/schedules", list_schedules, "List schedules", roles=READ, response=list[S.Schedule],
               params=[("limit", "integer", 100, "At most this many")], tag="schedules"),
     RouteSpec("POST", "/v1/schedules", add_schedule, "Add a schedule", roles=("admin",), body=S.ScheduleCreate,

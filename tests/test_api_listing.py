@@ -1,0 +1,60 @@
+"""Listing routes filter by the caller's scope before they limit, and page with keyset cursors
+(issue 24 item 3): a scoped operator saw an empty dead letter once newer failures of another queue
+filled the page; the review view the same."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from fencepost.api import ApiConfig
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from tests.test_api import Api, _make_api
+
+
+@pytest.fixture
+async def api(settings: Settings, client: Client) -> AsyncIterator[Api]:
+    async for a in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        yield a
+
+
+async def _fail(client: Client, queue: str, n: int, *, review: bool = False, start_s: int = 0) -> list[int]:
+    """n runs of `queue` dead-lettered (or in review), finished start_s.. seconds ago (older first)."""
+    ids = [await client.submit("t.echo", i, queue=queue) for i in range(n)]
+    await client.stores.db.pool.execute(  # type: ignore[union-attr]
+        "UPDATE runs SET status = 'FAILED', attempt = 1, reason = $2, "
+        "finished_at = now() - make_interval(secs => $3 + array_position($1::bigint[], id) * -1 + 1000) "
+        "WHERE id = ANY($1)", ids, "review" if review else "max_retries", start_s)
+    return ids
+
+
+@pytest.mark.parametrize("path,review", [("/v1/dead-letter", False), ("/v1/review", True)])
+async def test_a_scoped_operator_sees_its_queues_dead_letter_behind_newer_failures_elsewhere(
+        api: Api, client: Client, path: str, review: bool) -> None:
+    """The issue's reproduction: 42 failures in one queue, then 60 newer ones in another; the scoped
+    operator's first page (limit 50) was [] while ?queue= found its 42."""
+    mine = await _fail(client, "tq", 42, review=review, start_s=500)
+    await _fail(client, "other", 60, review=review, start_s=0)
+    r = await api.req("GET", path, "op_tq")
+    assert r.status_code == 200, r.text
+    got = [x["id"] for x in r.json()]
+    assert sorted(got) == sorted(mine) and all(x["queue"] == "tq" for x in r.json()), got
+
+
+async def test_the_dead_letter_pages_with_a_cursor_and_loses_no_row(api: Api, client: Client) -> None:
+    ids = await _fail(client, "tq", 25)
+    seen: list[int] = []
+    cursor = None
+    for _ in range(10):
+        r = await api.req("GET", "/v1/dead-letter", "admin", params={"limit": 10, **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200, r.text
+        seen += [x["id"] for x in r.json()]
+        cursor = r.headers.get("x-next-cursor")
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(ids) and len(seen) == len(set(seen)), seen
+    assert seen == sorted(ids, reverse=True), "newest finished first"
+    r = await api.req("GET", "/v1/dead-letter", "admin", params={"cursor": "yesterday"})
+    assert r.status_code == 422 and r.json()["field"] == "cursor"
