@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench.app
 
 from fencepost.core import hot
 from fencepost.core.config import Settings
-from fencepost.core.hot import ClaimArgs, EnqueueItem, Finish, FinishArgs, Now, StampArgs, TtlArgs, Versioned
+from fencepost.core.hot import ClaimArgs, EnqueueItem, Finish, FinishArgs, StampArgs, TtlArgs, Versioned
 from fencepost.core.models import encode_payload
 from fencepost.core.record import Database, upgrade
 from fencepost.core.stores import Stores
@@ -73,17 +73,17 @@ async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool, ra
         items = [EnqueueItem(j + 1, "PENDING", now, 0, "bench.tiny", payload, 3, 60_000, 0, 0, "", "", 0, "", "", "",
                              f"k{j % rate_keys}" if rate_keys else "", "1000000/1000" if rate_keys else "")
                  for j in range(i, min(i + 1000, n))]
-        await st.scripts._call("enqueue_runs", k, Now(now), items)
+        await st.scripts._call("enqueue_runs", k, None, items)
     t["enqueue"] = await _cpu(r) - c0
     t["claim"] = t["finish"] = 0.0
     while True:
         c0 = await _cpu(r)
-        jobs = await st.scripts.claim_due(k, ClaimArgs(int(time.time() * 1000), batch, "w1", 30_000, 100))
+        jobs = await st.scripts.claim_due(k, ClaimArgs(batch, "w1", 30_000, 100))
         t["claim"] += await _cpu(r) - c0
         if not jobs:
             break
         c0 = await _cpu(r)
-        await st.scripts.finish_runs(k, FinishArgs(int(time.time() * 1000), 3),
+        await st.scripts.finish_runs(k, FinishArgs(3),
                                      [Finish(j.id, j.token, "ok", b"\x91\x01", "", 0) for j in jobs])
         t["finish"] += await _cpu(r) - c0
     await r.xgroup_create(k.events, "recorder", id="0", mkstream=True)
@@ -208,8 +208,8 @@ async def recorder_round(a: argparse.Namespace, redis_url: str, admin: asyncpg.C
         for j in range(0, a.jobs, 1000):
             await client.submit_many([Submit(handler="bench.tiny")] * min(1000, a.jobs - j))
         st, k = client.stores, client.stores.keys("bench")
-        while jobs := await st.scripts.claim_due(k, ClaimArgs(int(time.time() * 1000), a.batch, "w1", 30_000, 100)):
-            await st.scripts.finish_runs(k, FinishArgs(int(time.time() * 1000), 3),
+        while jobs := await st.scripts.claim_due(k, ClaimArgs(a.batch, "w1", 30_000, 100)):
+            await st.scripts.finish_runs(k, FinishArgs(3),
                                          [Finish(j.id, j.token, "ok", b"\xc0", "", 0) for j in jobs])
         rec = Recorder(st, batch=a.record_batch, consumer="bench")
         await rec.run_once(block_ms=1)  # the consumer group, the pool and the statements, before the clock starts

@@ -2,19 +2,19 @@
 -- RUNNING -> STOPPING with ctl=cancel (stop, then CANCELLED when the worker lets go);
 -- STOPPING -> ctl=cancel.
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args),
---   ARGV[6] compensation handler ('' = none): recorded on the cancelled event when the
+-- ARGV: run id, actor, reason, expected version ('' = any)  (see control_args; time is the server's),
+--   ARGV[5] compensation handler ('' = none): recorded on the cancelled event when the
 --   run had started (attempt > 0), so the recorder enqueues it and flags the run
 --   needs_compensation. Nothing claims a rollback that did not happen.
 -- Returns: 'CANCELLED' or 'STOPPING'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> cancel (terminal states)
 -- @keys queue
--- @argv now id actor reason expected compensate
+-- @argv id actor reason expected compensate
 -- @returns str
 -- @include common
 local now, id, key, st, who = control_args('cancel')
 who[#who + 1] = 'ctl'; who[#who + 1] = 'cancel'
-local compensate = ARGV[6]
+local compensate = ARGV[5]
 local started = tonumber(redis.call('HGET', key, 'attempt') or '0') > 0
 -- the compensate field is written only by a cancel that is accepted: a refused one changes nothing
 local function remember() if compensate ~= '' and started then redis.call('HSET', key, 'compensate', compensate) end end

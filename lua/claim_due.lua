@@ -7,34 +7,44 @@
 -- most N starts per interval for the queue (caps the runs claimed per call) and per rate key
 -- (a run over its key's window is held aside until the window frees), on the server's clock.
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV[1] now (ms, the caller's clock: leases and delays; rate windows use the server's TIME)
--- ARGV[2] max runs to claim
--- ARGV[3] worker id
--- ARGV[4] lease duration (ms)
--- ARGV[5] max delayed runs to promote in this call
+-- ARGV[1] max runs to claim
+-- ARGV[2] worker id
+-- ARGV[3] lease duration (ms)
+-- ARGV[4] max delayed runs to promote in this call
+-- ARGV[5] deadline (ms, the server's clock as the caller estimates it; '' = none): a claim that
+--   runs after it (its caller stopped waiting: a healed partition, a re-sent command) claims
+--   nothing and replies LATE_CLAIM (docs/clock.md). Leases, due times and rate windows are all
+--   on the server's clock (includes/clock.lua); the caller's clock is not used.
 -- First attempts are counted for the queue's retry budget (budget_config in common.lua);
 -- a `throttle` key (set while a dependency rate-limits) caps the claims per call.
 -- Returns: {} if nothing is due or the queue is paused; else 10 fields per claimed run:
 --   id, token, attempt, handler, payload, timeout_ms, max_retries, fire_time, trace,
 --   gen (checkpoint generation: bumped by restart; older checkpoints are not read)
--- Errors: UNSTAMPED when the queue carries no epoch stamp written on this server process
+-- Errors: LATE_CLAIM <server now> <deadline> (nothing claimed; counted in stats.late_claim);
+--   UNSTAMPED when the queue carries no epoch stamp written on this server process
 --   (includes/common.lua, trusted_epoch): the dataset may have lost writes, so nothing
 --   is claimed until the reconciler has rebuilt and stamped it.
 -- Tokens are epoch * 2^40 + a per-queue counter, so they grow across failovers.
 -- A claimed event carries `rts` (the server's clock, ms) when a rate limit was in play.
 -- @keys queue
--- @argv now limit worker lease_ms promote
+-- @argv limit worker lease_ms promote deadline
 -- @returns [id token attempt handler payload timeout_ms max_retries fire_time trace gen]
 -- @include common
+local now = server_now_ms()
+local deadline = tonumber(ARGV[5])
+if deadline and now > deadline then
+  redis.call('HINCRBY', K_STATS, 'late_claim', 1)
+  return redis.error_reply('LATE_CLAIM ' .. now .. ' ' .. ARGV[5])
+end
 local epoch = trusted_epoch()
 if not epoch then return redis.error_reply('UNSTAMPED') end
 if redis.call('EXISTS', K_PAUSED) == 1 then return {} end
-local now, want, worker, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local want, worker, lease_ms = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local _, _, budget_window = budget_config()
 -- a rate-limited dependency throttles the queue: at most this many claims per call while it lasts
 local throttle = redis.call('GET', BASE .. 'throttle')
 if throttle then want = math.min(want, tonumber(throttle)) end
-local ready = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[5]))
+local ready = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 for _, id in ipairs(ready) do
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'priority', 'tenant')
@@ -56,9 +66,9 @@ if max_running then
 end
 -- rate limits: held runs whose key's window has room go back to due first; the queue-wide
 -- window caps this call (and, when full, says when to try again)
-local rnow = nil  -- the server's clock, read once and only when a rate limit is in play
+local rnow = nil  -- `now` once a rate limit is in play (the claimed event then carries it as rts)
 if redis.call('EXISTS', K_RWAIT) == 1 or queue_config()[6] then
-  rnow = server_now_ms()
+  rnow = now
   rate_release(rnow, 100)
 end
 local qrate = rnow and rate_state('', queue_config()[6], rnow)
@@ -153,7 +163,7 @@ while claimed < want and rounds < 4 do
     if f[1] == 'PENDING' then
       local rate = false
       if f[12] then
-        rnow = rnow or server_now_ms()
+        rnow = now
         rate = rate_state(f[12], f[13], rnow)
       end
       if f[11] and not slot_free(f[11]) then
@@ -173,7 +183,7 @@ while claimed < want and rounds < 4 do
         local ev = {'attempt', attempt, 'token', token, 'worker', worker, 'lease', lease, 'due', f[10] or now}
         if rnow then ev[#ev + 1], ev[#ev + 2] = 'rts', rnow end  -- the start as a rate window counts it
         transition(id, key, 'PENDING', 'RUNNING', 'claimed', now, ev,
-                   {'attempt', attempt, 'token', token, 'worker', worker, 'lease_until', lease}, f[14])
+                   {'attempt', attempt, 'token', token, 'worker', worker, 'lease_until', lease, 'started', now}, f[14])
         leased[#leased + 1], leased[#leased + 2] = lease, id
         local n = #out
         out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, token, attempt, f[3], f[4]

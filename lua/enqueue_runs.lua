@@ -1,27 +1,32 @@
 -- enqueue_runs.lua: make runs that PostgreSQL already committed claimable (submit,
 -- outbox relay, reconciler repair and rebuild).
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV[1]  now (ms)
--- then 18 per run: id, state, run_at (ms), priority, handler, payload, max_retries,
+-- ARGV: then 19 per run: id, state, run_at (ms), priority, handler, payload, max_retries,
 --   timeout_ms, attempt, version, fire_time (ms or ''), trace ('' if none), gen,
 --   tenant ('' = none), ckey (concurrency key, '' = none), climit (the limit the run declares),
---   rkey (rate key, '' = none), rlimit (the rate the run declares, 'N/ms')
+--   rkey (rate key, '' = none), rlimit (the rate the run declares, 'N/ms'),
+--   delay_ms (ms, '' = none)
+-- delay_ms: the run is due that long after now on the server's clock (a submit with a delay, or
+--   0: due at once), whatever the submitting host's clock says; without it the run is due at
+--   run_at, a wall-clock instant (a user's absolute run_at, or a time PostgreSQL holds: rebuild,
+--   repair, outbox relay) compared with the server's clock (docs/clock.md).
 -- state is PENDING, BLOCKED, RETRY_WAIT or PAUSED (the last two only from a rebuild).
 -- Returns: the number of runs created. A run whose hash already exists is left alone,
 -- so enqueueing twice never duplicates or rewinds a run, except a BLOCKED copy older
 -- than the given version (a workflow node PostgreSQL released since it was copied).
 -- No event is written: the submit event is committed to PostgreSQL with the run.
 -- @keys queue
--- @argv now
 -- @each id state run_at priority handler payload max_retries timeout_ms
--- @each attempt version fire_time trace gen tenant ckey climit rkey rlimit
+-- @each attempt version fire_time trace gen tenant ckey climit rkey rlimit delay_ms
 -- @returns int
 -- @include common
-local now = tonumber(ARGV[1])
+local now = server_now_ms()
 local created = 0
 defer_seq = true
-for i = 2, #ARGV, 18 do
+for i = 1, #ARGV, 19 do
   local id, state, run_at, priority = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
+  local delay = tonumber(ARGV[i + 18])
+  if delay then run_at = now + delay end
   local key = run_key(id)
   local held = redis.call('HMGET', key, 'state', 'version')
   if held[1] == 'BLOCKED' and state ~= 'BLOCKED' and tonumber(held[2]) < tonumber(ARGV[i + 9]) then

@@ -1,8 +1,7 @@
 -- finish_runs.lua: record the outcome of many attempts of one queue, each conditional
 -- on its fencing token.
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV[1] now (ms)
--- ARGV[2] crashes after which a run is quarantined (FAILED, reason quarantined)
+-- ARGV[1] crashes after which a run is quarantined (FAILED, reason quarantined)
 -- then 6 per item: run id, token, outcome, data, error class, retry delay (ms)
 -- The queue's retry budget comes from its config hash (budget_config in common.lua):
 -- beyond it a retry is delayed by half a window more (reason retry_budget_exhausted;
@@ -13,25 +12,25 @@
 --   breaker: RETRY_WAIT after the delay, not counted as a failure)
 --   (data = error message) | interrupted (the handler let go at a safe boundary; data =
 --   'forced' when the worker had to kill it after the stop grace period). The delay is
---   computed by the caller (backoff + full jitter).
+--   computed by the caller (backoff + full jitter) and counted from the server's clock.
 --   An interrupted run goes where the operator asked (ctl): pause -> PAUSED, stop ->
 --   STOPPED, cancel -> CANCELLED; with no request (worker shutdown) it is PENDING again.
 -- Returns: one entry per item: the run's new state, or 'STALE' when the token is not
 --   the run's current one (nothing changes; counted in stats.stale_finish).
 -- @keys queue
--- @argv now quarantine
+-- @argv quarantine
 -- @each id token outcome data error_class delay_ms
 -- @returns [state]
 -- @include common
-local now, quarantine = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, quarantine = server_now_ms(), tonumber(ARGV[1])
 local ratio, floor_, window = budget_config()
 local out = {}
 local unleased = {}  -- every finished run leaves K_ACTIVE in one ZREM at the end
-for i = 3, #ARGV, 6 do
+for i = 2, #ARGV, 6 do
   local id, token, outcome, data, eclass, delay = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'max_retries', 'worker', 'ctl', 'compensate', 'priority', 'tenant', 'ckey',
-                       'version')
+                       'version', 'started')
   local st = f[1]
   if not ACTIVE[st] or f[2] ~= token then
     redis.call('HINCRBY', K_STATS, 'stale_finish', 1)
@@ -39,7 +38,9 @@ for i = 3, #ARGV, 6 do
   else
     unleased[#unleased + 1] = id
     lease_done(id, key, f[10] or false)
+    -- the attempt's start (claim_due's ts): the recorder finds the attempt's row in its partition by it
     local base = {'attempt', f[3], 'token', token, 'worker', f[5]}
+    if f[12] then base[#base + 1] = 'started'; base[#base + 1] = f[12] end
     if outcome == 'interrupted' then
       local ctl = f[6]
       redis.call('HDEL', key, 'ctl')

@@ -2,11 +2,11 @@
 -- pause_requested (ctl=pause): the worker sees it at its next heartbeat or checkpoint,
 -- checkpoints, and finish_runs moves it to PAUSED, freeing the slot.
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
+-- ARGV: run id, actor, reason, expected version ('' = any)  (see control_args; time is the server's)
 -- Returns: 'PAUSED' or 'REQUESTED'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> pause (any other state)
 -- @keys queue
--- @argv now id actor reason expected
+-- @argv id actor reason expected
 -- @returns str
 -- @include common
 local now, id, key, st, who = control_args('pause')

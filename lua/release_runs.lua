@@ -1,16 +1,15 @@
 -- release_runs.lua: a worker shutting down gives back runs it will not finish; they are
 -- PENDING again at once (not counted as failures), each conditional on its token.
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV[1] now (ms), then pairs: run id, token
+-- ARGV: pairs: run id, token
 -- Returns: the number of runs released (a run whose token moved on is skipped).
 -- @keys queue
--- @argv now
 -- @each id token
 -- @returns int
 -- @include common
-local now = tonumber(ARGV[1])
+local now = server_now_ms()
 local released = 0
-for i = 2, #ARGV, 2 do
+for i = 1, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'token', 'attempt', 'worker', 'priority', 'tenant', 'ckey')

@@ -1,20 +1,20 @@
 -- renew_leases.lua: extend many leases of one queue in one call (the heartbeat).
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV[1] now (ms), ARGV[2] lease duration (ms), then pairs: run id, token
+-- ARGV[1] lease duration (ms, from the server's clock now), then pairs: run id, token
 -- Returns: one entry per pair:
 --   0        lost: the run's token differs or it is no longer RUNNING/STOPPING; abandon it
 --   1        renewed
 --   'pause' | 'stop' | 'cancel'   renewed, and an operator asked for that (control flag)
 -- @keys queue
--- @argv now lease_ms
+-- @argv lease_ms
 -- @each id token
 -- @returns [result]
 -- @include common
-local now, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, lease_ms = server_now_ms(), tonumber(ARGV[1])
 local lease = now + lease_ms
 local out = {}
 local leased = {}  -- lease, id, ...: one ZADD for the call (every renewed lease ends at the same time)
-for i = 3, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'token', 'ctl')

@@ -4,17 +4,16 @@
 -- (the lease_expired edges, as in reap_expired.lua; not counted as a failure). So no token
 -- issued before the failover can renew, finish or checkpoint afterwards.
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV[1] now (ms), then pairs: run id, version the reconciler read
+-- ARGV: pairs: run id, version the reconciler read
 -- Returns: the ids interrupted (a run whose version moved on is skipped).
 -- Errors: ILLEGAL_TRANSITION only if the state table lost the lease_expired edges.
 -- @keys queue
--- @argv now
 -- @each id version
 -- @returns [int]
 -- @include common
-local now = tonumber(ARGV[1])
+local now = server_now_ms()
 local out = {}
-for i = 2, #ARGV, 2 do
+for i = 1, #ARGV, 2 do
   local id = ARGV[i]
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'version', 'attempt', 'token', 'worker', 'priority', 'tenant', 'ckey')

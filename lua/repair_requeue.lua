@@ -2,18 +2,17 @@
 -- a PENDING run in neither due nor delayed, a RETRY_WAIT run not in delayed, or a leased
 -- run not in active would never be claimed, promoted or reaped.
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV[1] now (ms), then pairs: run id, version the reconciler read
+-- ARGV: pairs: run id, version the reconciler read
 -- Returns: the ids put back. A run whose version moved on, or that is already in its set,
 --   is skipped (compare-and-set). No event and no transition: the state does not change.
 -- Errors: none.
 -- @keys queue
--- @argv now
 -- @each id version
 -- @returns [int]
 -- @include common
-local now = tonumber(ARGV[1])
+local now = server_now_ms()
 local out = {}
-for i = 2, #ARGV, 2 do
+for i = 1, #ARGV, 2 do
   local id = ARGV[i]
   local f = redis.call('HMGET', run_key(id), 'state', 'version', 'run_at', 'priority', 'lease_until', 'tenant', 'ckey')
   if f[2] == ARGV[i + 1] then

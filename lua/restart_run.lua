@@ -2,11 +2,11 @@
 -- PAUSED / STOPPED / FAILED / TIMED_OUT / CANCELLED -> PENDING. The checkpoint
 -- generation (gen) is bumped, so no attempt of this run reads an older checkpoint.
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
+-- ARGV: run id, actor, reason, expected version ('' = any)  (see control_args; time is the server's)
 -- Returns: 'PENDING'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> restart
 -- @keys queue
--- @argv now id actor reason expected
+-- @argv id actor reason expected
 -- @returns str
 -- @include common
 local now, id, key, st, who = control_args('restart')

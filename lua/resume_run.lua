@@ -3,11 +3,11 @@
 -- a state transition, not a new enqueue: of two racing resumes exactly one wins.
 -- (Checkpoint schema and input checks happen in the client before this call.)
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
+-- ARGV: run id, actor, reason, expected version ('' = any)  (see control_args; time is the server's)
 -- Returns: 'PENDING'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> resume
 -- @keys queue
--- @argv now id actor reason expected
+-- @argv id actor reason expected
 -- @returns str
 -- @include common
 local now, id, key, st, who = control_args('resume')

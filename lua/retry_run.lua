@@ -1,11 +1,11 @@
 -- retry_run.lua: an operator retries a dead-lettered run: FAILED / TIMED_OUT /
 -- CANCELLED -> PENDING with fresh retry and crash budgets, keeping its checkpoint.
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
+-- ARGV: run id, actor, reason, expected version ('' = any)  (see control_args; time is the server's)
 -- Returns: 'PENDING'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> retry
 -- @keys queue
--- @argv now id actor reason expected
+-- @argv id actor reason expected
 -- @returns str
 -- @include common
 local now, id, key, st, who = control_args('retry')

@@ -3,11 +3,11 @@
 -- the handler checkpoints, and finish_runs moves it to STOPPED. Past the grace period
 -- the worker escalates (kills a process job; STOPPED forced).
 -- KEYS: the queue keys (includes/common.lua)
--- ARGV: now, run id, actor, reason, expected version ('' = any)  (see control_args)
+-- ARGV: run id, actor, reason, expected version ('' = any)  (see control_args; time is the server's)
 -- Returns: 'STOPPING'
 -- Errors: NO_RUN, STALE_VERSION, STATE <id> <current> stop
 -- @keys queue
--- @argv now id actor reason expected
+-- @argv id actor reason expected
 -- @returns str
 -- @include common
 local now, id, key, st, who = control_args('stop')

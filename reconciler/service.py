@@ -118,11 +118,12 @@ class Reconciler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.gate.checked.wait(), FIRST_CHECK_WAIT_S)
         queues = await self.recorder.queues()
-        now = int(time.time() * 1000)
-        await each_queue("reap", [q for q in queues if not self.gate.suspect(q)], lambda q: self._reap(q, now))
+        await each_queue("reap", [q for q in queues if not self.gate.suspect(q)], self._reap)
 
-    async def _reap(self, queue: str, now: int) -> None:
-        n = await self.stores.scripts.reap_expired(self.stores.keys(queue), ReapArgs(now, 1000))
+    async def _reap(self, queue: str) -> None:
+        # leases expire on the Redis server's clock (reap_expired reads it), never on this host's
+        n = await self.stores.scripts.reap_expired(self.stores.keys(queue),
+                                                   ReapArgs(1000, self.stores.settings.max_interruptions))
         if n:
             LEASE_EXPIRIES.labels(queue).inc(n)
 

@@ -603,12 +603,14 @@ class Client(ControlMixin, WorkflowMixin):
         if req.run_at is not None and req.delay is not None:
             raise InvalidInput("give run_at or delay, not both", field="run_at")
         run_at = now
+        delay_ms: int | None = 0  # Redis makes it due on its own clock (docs/clock.md); run_at is for display
         if req.run_at is not None:
             if not isinstance(req.run_at, datetime) or req.run_at.tzinfo is None:
                 raise InvalidInput("run_at must be timezone-aware", field="run_at")
-            run_at = req.run_at
+            run_at, delay_ms = req.run_at, None  # a wall-clock instant: due at it on Redis's clock
         elif req.delay is not None:
-            run_at = now + timedelta(seconds=validate.number("delay", req.delay))
+            delta = timedelta(seconds=validate.number("delay", req.delay))
+            run_at, delay_ms = now + delta, delta // timedelta(milliseconds=1)
         try:
             payload = encode_payload(tuple(req.args), dict(req.kwargs))
         except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
@@ -628,7 +630,7 @@ class Client(ControlMixin, WorkflowMixin):
         return RunRow(handler=spec.name, queue=queue, priority=priority, payload=payload, run_at=run_at,
                       max_retries=retries, timeout_s=timeout, idempotency_key=req.idempotency_key, trace_id=trace,
                       status=_PENDING, outbox=outbox, tenant=tenant, concurrency_key=ckey,
-                      concurrency_limit=climit, rate_key=rkey, rate_limit=rlimit)
+                      concurrency_limit=climit, rate_key=rkey, rate_limit=rlimit, delay_ms=delay_ms)
 
     # -- read ----------------------------------------------------------------------------------
     async def get(self, run_id: int) -> dict[str, Any]:

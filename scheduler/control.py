@@ -7,7 +7,6 @@ jobs, so it works while workers are saturated) and becomes an event with actor a
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -230,7 +229,7 @@ class ControlMixin:
         audit.reason(reason)  # before anything takes effect: a reason the history cannot hold is refused
         run = run or await self._hot_run(run_id)
         keys = self.stores.keys(run["queue"])
-        base = ControlArgs(int(time.time() * 1000), run_id, self.actor, reason or "",
+        base = ControlArgs(run_id, self.actor, reason or "",
                            "" if expected_version is None else expected_version)
         args = base
         if compensate is not None:

@@ -41,6 +41,7 @@ from fencepost.dev.embedded import EmbeddedServers
 from tests.servers import TOOLS, TestServers, choose_servers
 
 ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("FENCEPOST_TEST_CLOCK", "1")  # scripts may read a test's clock (fencepost.core.hot.TEST_CLOCK_ENV)
 REDIS_URL = os.environ.get("FENCEPOST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ADMIN_URL = os.environ.get("FENCEPOST_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 """Both replaced in pytest_configure by the servers chosen for the session (see the module docstring)."""

@@ -9,7 +9,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -76,7 +75,7 @@ async def test_the_recorder_never_drops_an_operators_command(client: Client, sto
     is recorded with the text escaped, not moved to the poison stream."""
     rid = await client.submit("t.echo", 1)
     keys = stores.keys("tq")
-    args = ControlArgs(int(time.time() * 1000), rid, "token:9@10.0.0.1", "\u0000bad", "")
+    args = ControlArgs(rid, "token:9@10.0.0.1", "\u0000bad", "")
     assert await stores.scripts.control_run("pause", keys, args) == "PAUSED"
     await record_all(stores)
     ev = [e for e in await client.events(rid) if e["type"] == "paused"]

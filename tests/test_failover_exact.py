@@ -8,7 +8,6 @@ exactly the one the test made.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -36,7 +35,7 @@ async def _connect(settings: Settings, url: str) -> tuple[Client, Stores, Settin
 
 
 async def _claim(stores: Stores, worker: str = "w1") -> Claimed:
-    jobs = await stores.scripts.claim_due(stores.keys(Q), ClaimArgs(int(time.time() * 1000), 1, worker, 60_000, 10))
+    jobs = await stores.scripts.claim_due(stores.keys(Q), ClaimArgs(1, worker, 60_000, 10))
     assert len(jobs) == 1, jobs
     return jobs[0]
 
@@ -86,11 +85,10 @@ async def test_flushall_gives_the_lost_execution_an_unknown_attempt_and_a_new_nu
         assert second.token > first.token
         # The old holder cannot finish; the new one can.
         keys = stores.keys(Q)
-        now = int(time.time() * 1000)
         assert [r.state for r in await stores.scripts.finish_runs(
-            keys, FinishArgs(now, 3), [Finish(rid, first.token, "ok", b"\x90", "", 0)])] == ["STALE"]
+            keys, FinishArgs(3), [Finish(rid, first.token, "ok", b"\x90", "", 0)])] == ["STALE"]
         assert [r.state for r in await stores.scripts.finish_runs(
-            keys, FinishArgs(now, 3), [Finish(rid, second.token, "ok", b"\x90", "", 0)])] == ["SUCCEEDED"]
+            keys, FinishArgs(3), [Finish(rid, second.token, "ok", b"\x90", "", 0)])] == ["SUCCEEDED"]
         await record_all(stores)
         rows = await _attempts(s.database_url, rid)
         assert [(r["attempt"], r["outcome"]) for r in rows] == [(1, "unknown"), (2, "succeeded")]
@@ -178,7 +176,7 @@ async def test_durable_claim_survives_promotion_with_its_token(settings: Setting
     try:
         rid = await client.submit("t.noop")
         batch = await stores.scripts.claim_due_replicated(
-            stores.keys(Q), ClaimArgs(int(time.time() * 1000), 1, "w1", 60_000, 10), 1, 2000)
+            stores.keys(Q), ClaimArgs(1, "w1", 60_000, 10), 1, 2000)
         assert batch.replicas == 1 and [c.id for c in batch.claimed] == [rid]
         first = batch.claimed[0]
         r = replica.client()
@@ -239,7 +237,7 @@ async def test_rebuild_records_the_event_of_a_finish_only_the_dataset_saw(settin
         await record_all(stores)
         job = await _claim(stores)
         keys = stores.keys(Q)
-        await stores.scripts.finish_runs(keys, FinishArgs(int(time.time() * 1000), 3),
+        await stores.scripts.finish_runs(keys, FinishArgs(3),
                                          [Finish(rid, job.token, "ok", b"\x90", "", 0)])
         await stores.redis.delete(keys.events, keys.epoch)  # the entries are gone; the dataset is untrusted
         await rebuild_queue(stores, Q)

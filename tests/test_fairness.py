@@ -22,7 +22,7 @@ from fencepost.core.keys import Keys
 from fencepost.core.stores import Stores
 from tests.conftest import REDIS_URL
 from tests.test_fencing import T0, Queue
-from tests.test_state_machine import enqueue_args
+from tests.test_state_machine import clock_key, enqueue_args, unclock
 
 _names = itertools.count()
 
@@ -280,7 +280,10 @@ class LimitsMachine(RuleBasedStateMachine):
         self.limit = dict(DECLARED)
 
     def call(self, name: str, *args: object) -> object:
-        return self.s[name](keys=self.keys.script_keys(), args=list(args))
+        now, argv = unclock(name, list(args))
+        if now is not None:
+            self.r.set(clock_key(self.keys), now)
+        return self.s[name](keys=self.keys.script_keys(), args=argv)
 
     def due_set(self, tenant: str) -> str:
         return self.keys.due if tenant == "" else f"{self.base}due:t:{tenant}"

@@ -1,6 +1,8 @@
 """Fencing tokens, leases and claim order, at the Lua level against real Redis.
 
-Time is passed explicitly (`now`, ms) to every script: no test sleeps.
+Time is in the test's hands: each call names `now` (ms), which the harness makes the scripts' one
+clock (tests/test_state_machine.unclock: the test clock; scripts take no time from a caller). No
+test sleeps.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pytest
 from fencepost.core.errors import NotStamped
 from fencepost.core.keys import Keys
 from fencepost.core.stores import Stores
-from tests.test_state_machine import claimed_runs, enqueue_args
+from tests.test_state_machine import claimed_runs, clock_key, enqueue_args, unclock
 
 T0 = 1_700_000_000_000
 SPAN = 2 ** 40
@@ -31,9 +33,11 @@ def _s(x: Any) -> Any:
 class Queue:
     """One queue's scripts, with the clock in the test's hands."""
 
-    def __init__(self, stores: Stores, name: str = "fq", *, stamp: int | None = 1) -> None:
+    def __init__(self, stores: Stores, name: str = "fq", *, stamp: int | None = 1, frozen: bool = True) -> None:
         self.stores, self.keys, self.r = stores, stores.keys(name), stores.redis
         self.stamp = stamp
+        self.frozen = frozen
+        """True: each call's `now` is the scripts' clock; False: the server's real clock runs (`now` dropped)."""
         self.last_event = "0-0"
 
     async def setup(self) -> Queue:
@@ -46,7 +50,10 @@ class Queue:
         assert await self.run("stamp_queue", epoch, 1) == 1
 
     async def run(self, name: str, *args: Any) -> Any:
-        return _s(await self.stores.scripts.run(name, self.keys, list(args)))
+        now, argv = unclock(name, list(args))
+        if now is not None and self.frozen:
+            await self.r.set(clock_key(self.keys), now)
+        return _s(await self.stores.scripts.run(name, self.keys, argv))
 
     async def enqueue(self, now: int, *runs: dict) -> int:
         return await self.run("enqueue_runs", *enqueue_args(now, *runs))
@@ -95,9 +102,9 @@ async def test_stale_worker_is_fenced_off(q: Queue) -> None:
     [a] = await q.claim(T0, worker="A", lease_ms=1000)
     assert a["id"] == "1" and a["attempt"] == "1"
     assert await q.reap(T0 + 999) == 0  # lease still held
-    assert await q.reap(T0 + 1000) == 1  # expired: back to PENDING, counted as a failed attempt
+    assert await q.reap(T0 + 1000) == 1  # expired: back to PENDING, counted as an interruption (not a failure)
     h = await q.hash("1")
-    assert h["state"] == "PENDING" and h["fails"] == "1"
+    assert h["state"] == "PENDING" and h["interrupts"] == "1" and "fails" not in h
 
     [b] = await q.claim(T0 + 1001, worker="B", lease_ms=1000)
     assert b["id"] == "1" and b["attempt"] == "2"
@@ -318,16 +325,22 @@ async def test_crashes_are_counted_and_quarantined_at_the_threshold(q: Queue) ->
     assert (ev["type"], ev["reason"], ev["outcome"]) == ("failed", "quarantined", "crash")
 
 
-async def test_lease_expiry_after_the_last_attempt_fails_the_run(q: Queue) -> None:
+async def test_lease_expiry_uses_no_retry_and_fails_the_run_only_past_max_interruptions(q: Queue) -> None:
+    """max_retries=0 and ten interruptions (the reap's limit here): each goes back to PENDING; the
+    eleventh is FAILED interrupted_too_often, never retries_exhausted (no handler failed)."""
     await q.enqueue(T0, dict(id="1", max_retries=0))
-    [c] = await q.claim(T0, lease_ms=100)
-    assert await q.reap(T0 + 100) == 1
-    h = await q.hash("1")
-    assert (h["state"], h["fails"]) == ("FAILED", "1")
+    t = T0
+    for n in range(1, 12):
+        [c] = await q.claim(t, lease_ms=100)
+        t += 100
+        assert await q.run("reap_expired", t, 100, 10) == 1
+        h = await q.hash("1")
+        assert (h["interrupts"], "fails" in h) == (str(n), False)
+        assert h["state"] == ("PENDING" if n <= 10 else "FAILED"), n
     ev = (await q.events())[-1]
-    assert (ev["type"], ev["to"], ev["reason"], ev["outcome"]) == ("lease_expired", "FAILED", "retries_exhausted",
+    assert (ev["type"], ev["to"], ev["reason"], ev["outcome"]) == ("lease_expired", "FAILED", "interrupted_too_often",
                                                                    "interrupted")
-    assert await q.finish(T0 + 101, "1", c["token"]) == "STALE"
+    assert await q.finish(t + 1, "1", c["token"]) == "STALE"
 
 
 async def test_keys_share_one_hash_slot() -> None:

@@ -226,9 +226,9 @@ def test_lua_header_check_catches_drift() -> None:
     good = (LUA / "renew_leases.lua").read_text()
     assert _header_problems("renew_leases", good, contract) == []
     for bad, needle in ((good.replace("-- @each id token", "-- @each id tok"), "header says"),
-                        (good.replace("-- @argv now lease_ms\n", ""), "header says"),
-                        (good.replace("for i = 3, #ARGV, 2 do", "for i = 3, #ARGV, 3 do"), "walks ARGV"),
-                        (good.replace("tonumber(ARGV[2])", "tonumber(ARGV[4])"), "beyond the 2 fixed"),
+                        (good.replace("-- @argv lease_ms\n", ""), "header says"),
+                        (good.replace("for i = 2, #ARGV, 2 do", "for i = 2, #ARGV, 3 do"), "walks ARGV"),
+                        (good.replace("tonumber(ARGV[1])", "tonumber(ARGV[4])"), "beyond the 1 fixed"),
                         (good.replace("-- @returns [result]", "-- @returns [result ctl]"), "header says")):
         assert bad != good
         assert any(needle in p for p in _header_problems("renew_leases", bad, contract)), needle
@@ -239,9 +239,9 @@ def test_gateway_refuses_a_layout_it_does_not_declare() -> None:
     scripts = Scripts(aioredis.Redis())
     keys = Keys("t", "q")
     with pytest.raises(TypeError, match="cancel_run takes"):
-        asyncio.run(scripts.control_run("cancel", keys, ControlArgs(1, 2, "a", "", "")))
+        asyncio.run(scripts.control_run("cancel", keys, ControlArgs(2, "a", "", "")))
     with pytest.raises(TypeError, match="finish_runs takes"):
-        asyncio.run(scripts.finish_runs(keys, FinishArgs(1, 3), [Lease(1, 2)]))  # type: ignore[list-item]
+        asyncio.run(scripts.finish_runs(keys, FinishArgs(3), [Lease(1, 2)]))  # type: ignore[list-item]
 
 
 _HOT = ROOT / "scheduler" / "core" / "hot.py"

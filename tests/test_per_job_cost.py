@@ -4,8 +4,6 @@ stream never drops an entry another recorder still holds unrecorded."""
 
 from __future__ import annotations
 
-import time
-
 from fencepost.client import Client
 from fencepost.core.hot import ClaimArgs, Finish, FinishArgs
 from fencepost.core.stores import Stores
@@ -16,9 +14,9 @@ async def _run_three(client: Client, stores: Stores) -> list[int]:
     """Three runs claimed and finished: six transitions in the queue's stream."""
     ids = [await client.submit("t.noop") for _ in range(3)]
     keys = stores.keys("tq")
-    jobs = await stores.scripts.claim_due(keys, ClaimArgs(int(time.time() * 1000), 3, "w", 30_000, 100))
+    jobs = await stores.scripts.claim_due(keys, ClaimArgs(3, "w", 30_000, 100))
     assert sorted(j.id for j in jobs) == sorted(ids)
-    done = await stores.scripts.finish_runs(keys, FinishArgs(int(time.time() * 1000), 3),
+    done = await stores.scripts.finish_runs(keys, FinishArgs(3),
                                             [Finish(j.id, j.token, "ok", b"\xc0", "", 0) for j in jobs])
     assert {d.state for d in done} == {"SUCCEEDED"}
     return ids

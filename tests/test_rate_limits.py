@@ -49,7 +49,7 @@ DAY = 86_400_000
 
 
 async def _queue(stores: Stores, **config: Any) -> Queue:
-    q = await Queue(stores, f"rate{next(_names)}").setup()
+    q = await Queue(stores, f"rate{next(_names)}", frozen=False).setup()  # rate windows: the real server clock
     if config:
         await q.r.hset(q.keys.config, mapping=config)
     return q
@@ -270,7 +270,7 @@ async def test_concurrent_claimers_never_exceed_a_window(stores: Stores, limits:
 
     async def claimer(conn: aredis.Redis, name: str) -> None:
         while len(claimed) < total:
-            got = await claim(keys=q.keys.script_keys(), args=[now, batch, name, 60_000, 100], client=conn)
+            got = await claim(keys=q.keys.script_keys(), args=[batch, name, 60_000, 100], client=conn)
             for i in range(0, len(got), 10):
                 claimed.add(got[i].decode())
             if not got:
@@ -320,8 +320,7 @@ async def test_held_runs_come_back_after_redis_lost_the_queue(client: Client, st
     await fairness.set_rate(stores, "tq", "1000/1s", actor="t", reason="r")
     await fairness.set_key_rate(stores, "tq", "other", "5/1s", actor="t", reason="r")
     k, r = stores.keys("tq"), stores.redis
-    now = await _server_ms(r)
-    first = await stores.scripts.run("claim_due", k, [now, 10, "w", 60_000, 0])
+    first = await stores.scripts.run("claim_due", k, [10, "w", 60_000, 0])
     assert len(first) == 2 * 10
     assert await r.zcard(k.rate_held("t.rated:acme")) == 4
     # drift leaves held runs alone: the full pass finds nothing to requeue
@@ -335,7 +334,7 @@ async def test_held_runs_come_back_after_redis_lost_the_queue(client: Client, st
     assert await r.hmget(k.run(ids[5]), "rkey", "rlimit") == [b"t.rated:acme", b"2/86400000"]
     assert await r.hget(k.config, "rate") == b"1000/1000" and await r.hgetall(k.rates) == {b"other": b"5/1000"}, \
         "the operator's rates are copied back from PostgreSQL"
-    again = await stores.scripts.run("claim_due", k, [await _server_ms(r), 10, "w", 60_000, 0])
+    again = await stores.scripts.run("claim_due", k, [10, "w", 60_000, 0])
     assert len(again) == 2 * 10, "the windows were lost with the dataset: up to N start at once (docs)"
     assert await r.zcard(k.rate_held("t.rated:acme")) == 4, "the rest are held again, not lost"
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections import defaultdict
 
 from fencepost.core import metrics
@@ -63,7 +62,7 @@ class Acknowledger:
                                  return_exceptions=True)
 
     async def _flush(self, queue: str, items: list[tuple[Finish, asyncio.Future[str]]]) -> None:
-        args = FinishArgs(int(time.time() * 1000), self._quarantine)
+        args = FinishArgs(self._quarantine)
         finishes = [item for item, _ in items]
         delay = 0.05
         while True:

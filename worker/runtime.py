@@ -21,7 +21,7 @@ from fencepost.core import metrics
 from fencepost.core import workers as fleet
 from fencepost.core.config import Settings
 from fencepost.core.errors import NotStamped, StoreUnavailable
-from fencepost.core.hot import ClaimArgs, EscalateArgs, Lease, Now, ReapArgs, RenewArgs
+from fencepost.core.hot import ClaimArgs, EscalateArgs, Lease, ReapArgs, RenewArgs, claim_wait_s
 from fencepost.core.models import Claimed
 from fencepost.core.queues import declare_queues
 from fencepost.core.record import store_definitions
@@ -248,8 +248,10 @@ class Worker:
     async def _claim(self, queue: str, n: int) -> int:
         now = int(time.time() * 1000)
         keys = self.stores.keys(queue)
-        args = ClaimArgs(now, n, self.id, self.lease_ms, max(n, 100))
         try:
+            # the claim carries a deadline on the server's clock: sent late or re-sent, it claims nothing
+            deadline = await self.stores.scripts.claim_deadline(claim_wait_s(self.lease_ms))
+            args = ClaimArgs(n, self.id, self.lease_ms, max(n, 100), deadline)
             if self.settings.claim_replicas > 0:
                 jobs = await self._claim_durably(queue, args)
             else:
@@ -303,7 +305,7 @@ class Worker:
                     len(batch.claimed), queue, batch.replicas, s.claim_replicas, s.claim_wait_ms,
                     extra={"event": "claim_not_replicated", "queue": queue, "worker_id": self.id})
         try:
-            await self.stores.scripts.release_runs(self.stores.keys(queue), Now(int(time.time() * 1000)),
+            await self.stores.scripts.release_runs(self.stores.keys(queue),
                                                    [Lease(j.id, j.token) for j in batch.claimed])
         except StoreUnavailable as exc:  # the leases expire instead; nothing ran under them
             log.warning("release failed (%s); leases will expire instead", exc)
@@ -550,7 +552,7 @@ class Worker:
         log.warning("run %s ignored stop for %.0fs; forcing", job.id, grace,
                     extra={"event": "stop_escalated", "run_id": job.id, "attempt": job.attempt, "worker_id": self.id})
         try:
-            args = EscalateArgs(int(time.time() * 1000), job.id, job.token, self.id, f"{grace:g}")
+            args = EscalateArgs(job.id, job.token, self.id, f"{grace:g}")
             await self.stores.scripts.escalate_stop(self.stores.keys(job.queue), args)
         except Exception as exc:
             log.warning("could not record stop escalation of run %s: %s", job.id, exc)
@@ -572,7 +574,7 @@ class Worker:
                 t0 = time.monotonic()
                 try:
                     replies = await self.stores.scripts.renew_leases(
-                        self.stores.keys(queue), RenewArgs(int(time.time() * 1000), self.lease_ms), leases)
+                        self.stores.keys(queue), RenewArgs(self.lease_ms), leases)
                     metrics.HEARTBEAT.labels(queue).observe(time.monotonic() - t0)
                     metrics.RENEWALS.labels(queue).inc(sum(1 for r in replies if not r.lost))
                 except Exception as exc:
@@ -625,7 +627,7 @@ class Worker:
             for q in self.opts.queues:
                 try:
                     n = await self.stores.scripts.reap_expired(self.stores.keys(q),
-                                                               ReapArgs(int(time.time() * 1000), 500))
+                                                               ReapArgs(500, self.settings.max_interruptions))
                     if n:
                         metrics.LEASE_EXPIRIES.labels(q).inc(n)
                 except Exception as exc:
@@ -652,8 +654,7 @@ class Worker:
         for queue, entries in by_queue.items():
             leases = [Lease(e.job.id, e.job.token) for e in entries]
             try:
-                n = await self.stores.scripts.release_runs(self.stores.keys(queue), Now(int(time.time() * 1000)),
-                                                           leases)
+                n = await self.stores.scripts.release_runs(self.stores.keys(queue), leases)
                 log.info("released %d runs of %s", n, queue, extra={"event": "runs_released", "queue": queue})
             except Exception as exc:
                 log.warning("release failed (%s); leases will expire instead", exc)

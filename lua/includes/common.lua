@@ -18,6 +18,7 @@
 local K_DUE, K_DELAYED, K_ACTIVE, K_EVENTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_SEQ, K_TOKEN, K_EPOCH, K_PAUSED, K_WAKE, K_STATS = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local BASE = string.sub(K_DUE, 1, -4)
+-- @include clock
 local TOKEN_SPAN = 1099511627776 -- 2^40: tokens are epoch * 2^40 + counter
 
 local function run_key(id)
@@ -73,12 +74,12 @@ local function trusted_epoch()
   return tonumber(stamp[1])
 end
 
--- Operator commands: ARGV[1] now, ARGV[2] run id, ARGV[3] actor, ARGV[4] reason,
--- ARGV[5] expected version ('' = any). Returns now, id, key, state, and the event
+-- Operator commands: ARGV[1] run id, ARGV[2] actor, ARGV[3] reason, ARGV[4] expected
+-- version ('' = any). Returns now (the server's clock), id, key, state, and the event
 -- fields naming who asked and why. Errors NO_RUN, or STALE_VERSION when the caller
 -- acted on a version that has moved on (compare-and-set).
 local function control_args(verb)
-  local now, id, actor, reason, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+  local now, id, actor, reason, expected = server_now_ms(), ARGV[1], ARGV[2], ARGV[3], ARGV[4]
   local key = run_key(id)
   local f = redis.call('HMGET', key, 'state', 'version')
   if not f[1] then error({err = 'NO_RUN ' .. id}) end
@@ -165,24 +166,15 @@ local function tenant_due(tenant)
   return BASE .. 'due:t:' .. tenant
 end
 
-local clock, age_units, vnow, server_ms = nil, nil, nil, nil
-
--- The Redis server's clock in ms (a caller's clock may be skewed).
-local function server_now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local clock, age_units, vnow = nil, nil, nil
 local activated = {}
 local defer_seq = false  -- a batch script writes K_SEQ once, at its end (flush_seq)
 
--- The queue clock in microseconds. A caller's clock running ahead of the Redis server's is
--- clamped (a skewed producer must not push every later run ahead of aging).
+-- The queue clock in microseconds: the server's clock (`now` is server_now_ms()), strictly
+-- increasing per position handed out.
 local function next_position(now)
-  if not clock then
-    clock = tonumber(redis.call('GET', K_SEQ) or '0')
-    server_ms = server_now_ms()
-  end
-  clock = math.max(clock + 1, math.floor(math.min(now, server_ms + 1000)) * 1000)
+  if not clock then clock = tonumber(redis.call('GET', K_SEQ) or '0') end
+  clock = math.max(clock + 1, math.floor(now) * 1000)
   if not defer_seq then redis.call('SET', K_SEQ, string.format('%.0f', clock)) end
   return clock
 end

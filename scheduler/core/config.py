@@ -63,6 +63,10 @@ class Settings(msgspec.Struct, kw_only=True):
     worker_liveness_ms: Annotated[int, Meta(ge=10, le=3_600_000)] = 3_000
     """A worker that has not pulsed for this long is dead: its runs are reclaimed whatever their
     lease (lua/pulse_worker.lua). Workers pulse from a thread of their own, every sixth of it."""
+    max_interruptions: Annotated[int, Meta(ge=0, le=10_000)] = 10
+    """Attempts of one run that may end interrupted (its lease expired or its worker died: no
+    handler error) before the run is FAILED with reason interrupted_too_often. Interruptions never
+    use up max_retries (docs/clock.md)."""
     quarantine_after: Annotated[int, Meta(ge=1, le=1_000)] = 3
     """Crashes of the worker process (os._exit, segfault) before a run is quarantined."""
     backoff_base_ms: Ms = 1_000

@@ -126,6 +126,16 @@ class RedisUnavailable(StoreUnavailable):
     pass
 
 
+class LateClaim(RedisUnavailable):
+    """A claim reached Redis after its deadline (its caller had stopped waiting, or would have):
+    it claimed nothing (docs/clock.md). Handled as a slow store: claim again."""
+
+    def __init__(self, server_ms: int, deadline_ms: int) -> None:
+        super().__init__(f"claim ran at {server_ms} ms on the Redis clock, after its deadline {deadline_ms}; "
+                         "nothing was claimed")
+        self.server_ms, self.deadline_ms = server_ms, deadline_ms
+
+
 class DatabaseUnavailable(StoreUnavailable):
     pass
 
@@ -170,6 +180,8 @@ def decode_lua_error(message: str) -> FencepostError:
         return ConcurrentModification(int(args[0]), args[1], args[2], int(args[3]))
     if code == "NO_RUN":
         return UnknownRun(int(args[0]))
+    if code == "LATE_CLAIM":  # LATE_CLAIM <server now ms> <deadline ms>
+        return LateClaim(int(args[0]), int(args[1]))
     return FencepostError(message)
 
 

@@ -7,8 +7,11 @@ Includes are inlined here (`-- @include name`), and the state table from
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from functools import cache
@@ -54,7 +57,6 @@ __all__ = [
     "FinishReply",
     "Inspected",
     "Lease",
-    "Now",
     "Page",
     "PageArgs",
     "PulseArgs",
@@ -67,6 +69,7 @@ __all__ = [
     "RunPeek",
     "RunRef",
     "Scripts",
+    "ServerClock",
     "StampArgs",
     "Sync",
     "TtlArgs",
@@ -91,16 +94,28 @@ def _states_lua() -> str:
     return lua_source()
 
 
+TEST_CLOCK_ENV = "FENCEPOST_TEST_CLOCK"
+"""Tests only (tests/conftest.py sets it): scripts rendered while it is '1' read the server's time
+from the key KEYS[1]..':testclock' (ms) when that key exists, so a test can hold the one clock
+still or move it; without the key they read TIME as always. Services never set it."""
+_TEST_CLOCK_LUA = ("local fixed = redis.call('GET', KEYS[1] .. ':testclock')\n"
+                   "    if fixed then clock_ms = tonumber(fixed) end")
+
+
 @cache
 def render(name: str) -> str:
-    """The full source of one script, includes inlined."""
+    """The full source of one script, includes inlined (an include may include another)."""
     root = resource_dir("lua")
     src = (root / f"{name}.lua").read_text()
 
     def include(m: re.Match[str]) -> str:
-        return (root / "includes" / f"{m.group(1)}.lua").read_text().replace("-- @states", _states_lua())
+        text = (root / "includes" / f"{m.group(1)}.lua").read_text().replace("-- @states", _states_lua())
+        return _INCLUDE.sub(include, text)
 
-    return guarded(_INCLUDE.sub(include, src))
+    out = _INCLUDE.sub(include, src)
+    if os.environ.get(TEST_CLOCK_ENV) == "1":
+        out = out.replace("-- @testclock", _TEST_CLOCK_LUA)
+    return guarded(out)
 
 
 def guarded(source: str) -> str:
@@ -126,28 +141,24 @@ def guarded(source: str) -> str:
 # batch of claimed runs costs no per-field Python loop.
 
 
-class Now(msgspec.Struct, frozen=True):
-    now: int
-    """Milliseconds since the epoch, from the caller's clock (scripts take time as an argument)."""
-
-
 class TtlArgs(msgspec.Struct, frozen=True):
     ttl_ms: int
     """How long a recorded terminal run's hash stays in Redis."""
 
 
 class ClaimArgs(msgspec.Struct, frozen=True):
-    now: int
     limit: int
     """At most this many runs."""
     worker: str
     lease_ms: int
     promote: int
     """At most this many delayed runs promoted to due first."""
+    deadline: int | str = ""
+    """The server-clock ms after which the claim must claim nothing (its caller stopped waiting);
+    '' = none. `Scripts.claim_deadline` makes one (docs/clock.md)."""
 
 
 class FinishArgs(msgspec.Struct, frozen=True):
-    now: int
     quarantine: int
     """Crashes after which a run is quarantined (FAILED, reason quarantined)."""
 
@@ -171,8 +182,8 @@ class FinishReply(msgspec.Struct, frozen=True):
 
 
 class RenewArgs(msgspec.Struct, frozen=True):
-    now: int
     lease_ms: int
+    """The lease runs this long from the server's clock now."""
 
 
 class Lease(msgspec.Struct, frozen=True):
@@ -196,8 +207,10 @@ class Renewal(msgspec.Struct, frozen=True):
 
 
 class ReapArgs(msgspec.Struct, frozen=True):
-    now: int
     limit: int
+    max_interruptions: int = 10
+    """Interrupted attempts (lease expiry, worker death) after which a run is FAILED with reason
+    interrupted_too_often; they never use up max_retries (settings.max_interruptions)."""
 
 
 class PulseArgs(msgspec.Struct, frozen=True):
@@ -207,7 +220,6 @@ class PulseArgs(msgspec.Struct, frozen=True):
 
 
 class EscalateArgs(msgspec.Struct, frozen=True):
-    now: int
     id: int
     token: int
     worker: str
@@ -222,9 +234,8 @@ class StampArgs(msgspec.Struct, frozen=True):
 
 
 class ControlArgs(msgspec.Struct, frozen=True):
-    """An operator command on one run (includes/common.lua, control_args)."""
+    """An operator command on one run (includes/common.lua, control_args; time is the server's)."""
 
-    now: int
     id: int
     actor: str
     reason: str
@@ -264,6 +275,9 @@ class EnqueueItem(msgspec.Struct, frozen=True):
     rkey: str
     rlimit: str
     """The rate the run declares for its rate key, 'N/ms' ('' with no key)."""
+    delay_ms: int | str = ""
+    """Due this long after the server's clock now (a submit's delay; 0: due at once); '' = due at
+    `run_at`, a wall-clock instant (a user's run_at, or a time PostgreSQL holds)."""
 
 
 class Versioned(msgspec.Struct, frozen=True):
@@ -469,11 +483,11 @@ CONTRACTS: dict[str, Contract] = {
     "claim_due": _contract(list[Claimed], ClaimArgs, fill=("queue",)),
     "finish_runs": _contract(list[FinishReply], FinishArgs, Finish),
     "renew_leases": _contract(list[Renewal], RenewArgs, Lease),
-    "release_runs": _contract(int, Now, Lease),
+    "release_runs": _contract(int, None, Lease),
     "reap_expired": _contract(int, ReapArgs),
     "pulse_worker": _contract(int, PulseArgs),
     "escalate_stop": _contract(bool, EscalateArgs),
-    "enqueue_runs": _contract(int, Now, EnqueueItem),
+    "enqueue_runs": _contract(int, None, EnqueueItem),
     "stamp_queue": _contract(bool, StampArgs),
     "expire_finished": _contract(int, TtlArgs, Versioned),
     "pause_run": _contract(str, ControlArgs),
@@ -486,8 +500,8 @@ CONTRACTS: dict[str, Contract] = {
     "repair_inspect": _contract(list[Inspected], None, RunRef),
     "repair_drop": _contract(list[int], None, Drop),
     "repair_sync": _contract(list[int], TtlArgs, Sync),
-    "repair_requeue": _contract(list[int], Now, Versioned),
-    "repair_interrupt": _contract(list[int], Now, Versioned),
+    "repair_requeue": _contract(list[int], None, Versioned),
+    "repair_interrupt": _contract(list[int], None, Versioned),
     "refill_held": _contract(Page, PageArgs),
     "rescore_due": _contract(Page, RescoreArgs),
     "breaker_check": _contract(BreakerState, BreakerCheckArgs, keys=_BREAKER),
@@ -508,7 +522,8 @@ def enqueue_item(r: RunRow) -> EnqueueItem:
     return EnqueueItem(r.id, r.status, _ms(r.run_at), r.priority, r.handler, r.payload, r.max_retries,
                        int(r.timeout_s * 1000), r.attempt, r.version, _ms(ft) if ft is not None else "",
                        r.trace_id or "", r.gen, r.tenant or "", r.concurrency_key or "",
-                       r.concurrency_limit or "", r.rate_key or "", r.rate_limit or "")
+                       r.concurrency_limit or "", r.rate_key or "", r.rate_limit or "",
+                       "" if r.delay_ms is None else r.delay_ms)
 
 
 def _script_error(exc: ResponseError, keys: Keys | Sequence[str]) -> Exception:
@@ -523,6 +538,45 @@ def _script_error(exc: ResponseError, keys: Keys | Sequence[str]) -> Exception:
     return decode_lua_error(msg)
 
 
+class ServerClock:
+    """This process's view of the Redis server's clock, for one thing only: the deadline a claim
+    carries (docs/clock.md). No decision is taken on it; the scripts read the server's clock.
+
+    Each sample is a `TIME` reply `t` received at local monotonic time `r`: the server read `t`
+    before the reply left, so `t - r` is a lower bound of (server clock - local monotonic clock).
+    The estimate is the largest lower bound of the last WINDOW_S seconds: it never runs ahead of
+    the server's clock (a deadline made from it is never later than meant), and it is behind by at
+    most the round trip of the best sample. The monotonic clock (faketime skews it by a constant,
+    NTP does not step it) cancels out: only differences of it are used."""
+
+    WINDOW_S = 30.0
+    REFRESH_S = 5.0
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, float]] = deque()  # (received at, lower bound of the offset)
+
+    def observe(self, server_ms: float, received: float) -> None:
+        while self._samples and self._samples[0][0] < received - self.WINDOW_S:
+            self._samples.popleft()
+        self._samples.append((received, server_ms - received * 1000))
+
+    def fresh(self, at: float | None = None) -> bool:
+        at = time.monotonic() if at is None else at
+        return bool(self._samples) and self._samples[-1][0] >= at - self.REFRESH_S
+
+    def now_ms(self, at: float | None = None) -> float | None:
+        """The server's clock now (ms), never ahead of it; None before the first sample."""
+        at = time.monotonic() if at is None else at
+        good = [lower for when, lower in self._samples if when >= at - self.WINDOW_S]
+        return at * 1000 + max(good) if good else None
+
+
+def claim_wait_s(lease_ms: int) -> float:
+    """How long a worker waits for a claim's reply before it gives up on it: a quarter of the
+    lease, at most 5 s (its deadline; docs/clock.md)."""
+    return min(lease_ms / 4000, 5.0)
+
+
 class Scripts:
     """The hot-store gateway: every script registered on one Redis client, one typed method each.
 
@@ -532,6 +586,37 @@ class Scripts:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
         self._scripts = {name: redis.register_script(render(name)) for name in SCRIPT_NAMES}
+        self.clock = ServerClock()
+
+    async def sample_clock(self, timeout_s: float) -> None:
+        """One `TIME` round trip into self.clock (a slow one only loosens its bound)."""
+        try:
+            sec, usec = await asyncio.wait_for(self._redis.time(), timeout_s)
+        except (TimeoutError, RedisConnectionError, RedisTimeoutError, ClusterError, OSError) as exc:
+            raise RedisUnavailable(f"redis unreachable: {exc!r}") from exc
+        self.clock.observe(int(sec) * 1000 + int(usec) / 1000, time.monotonic())
+
+    async def claim_deadline(self, wait_s: float) -> int:
+        """The deadline for a claim sent now whose caller waits `wait_s` for its reply: the
+        server's clock (estimated from below) + wait_s. Samples the clock first when it is stale."""
+        if not self.clock.fresh():
+            await self.sample_clock(wait_s)
+        now = self.clock.now_ms()
+        assert now is not None  # sampled just above
+        return int(now + wait_s * 1000)
+
+    async def _until_deadline(self, call: Any, deadline: int | str) -> Any:
+        """Await `call`, giving up (RedisUnavailable) once the server's clock passes `deadline`:
+        a reply after it would be for a claim that claimed nothing (LATE_CLAIM) anyway, and one
+        that is never coming (a blackholed link) must not hold the caller past it."""
+        if deadline == "":
+            return await call
+        now = self.clock.now_ms()
+        left = (int(deadline) - now) / 1000 + 0.05 if now is not None else 30.0
+        try:
+            return await asyncio.wait_for(call, max(left, 0.01))
+        except TimeoutError as exc:
+            raise RedisUnavailable(f"no reply to a claim by its deadline {deadline}") from exc
 
     async def run(self, name: str, keys: Keys | list[str], args: Sequence[Any]) -> Any:
         """Run a script on a queue's keys (or, for the few non-queue scripts, explicit keys)."""
@@ -552,7 +637,8 @@ class Scripts:
             await self._scripts["claim_due"](keys=keys.script_keys(), args=list(msgspec.structs.astuple(args)),
                                              client=pipe)
             pipe.execute_command("WAIT", replicas, timeout_ms)
-            raw, acked = await pipe.execute(raise_on_error=False)
+            deadline = args.deadline if args.deadline == "" else int(args.deadline) + timeout_ms
+            raw, acked = await self._until_deadline(pipe.execute(raise_on_error=False), deadline)
         except ResponseError as exc:
             raise _script_error(exc, keys) from None
         except (RedisConnectionError, RedisTimeoutError, ClusterError, OSError) as exc:
@@ -580,7 +666,10 @@ class Scripts:
 
     # -- worker --------------------------------------------------------------------------------
     async def claim_due(self, keys: Keys, args: ClaimArgs) -> list[Claimed]:
-        return await self._call("claim_due", keys, args, fill=(keys.queue,))  # type: ignore[no-any-return]
+        """Claim due runs. With a deadline (`claim_deadline`), the call gives up waiting at it, and a
+        claim that reaches Redis after it claims nothing (LateClaim)."""
+        call = self._call("claim_due", keys, args, fill=(keys.queue,))
+        return await self._until_deadline(call, args.deadline)  # type: ignore[no-any-return]
 
     async def finish_runs(self, keys: Keys, args: FinishArgs, items: Sequence[Finish]) -> list[FinishReply]:
         return await self._call("finish_runs", keys, args, items)  # type: ignore[no-any-return]
@@ -588,8 +677,8 @@ class Scripts:
     async def renew_leases(self, keys: Keys, args: RenewArgs, leases: Sequence[Lease]) -> list[Renewal]:
         return await self._call("renew_leases", keys, args, leases)  # type: ignore[no-any-return]
 
-    async def release_runs(self, keys: Keys, args: Now, leases: Sequence[Lease]) -> int:
-        return await self._call("release_runs", keys, args, leases)  # type: ignore[no-any-return]
+    async def release_runs(self, keys: Keys, leases: Sequence[Lease]) -> int:
+        return await self._call("release_runs", keys, None, leases)  # type: ignore[no-any-return]
 
     async def reap_expired(self, keys: Keys, args: ReapArgs) -> int:
         return await self._call("reap_expired", keys, args)  # type: ignore[no-any-return]
@@ -613,8 +702,7 @@ class Scripts:
         items = [enqueue_item(r) for r in rows]
         if not items:
             return 0
-        now = Now(int(time.time() * 1000))
-        return await self._call("enqueue_runs", keys, now, items)  # type: ignore[no-any-return]
+        return await self._call("enqueue_runs", keys, None, items)  # type: ignore[no-any-return]
 
     async def stamp_queue(self, keys: Keys, args: StampArgs) -> bool:
         return await self._call("stamp_queue", keys, args)  # type: ignore[no-any-return]
@@ -637,11 +725,11 @@ class Scripts:
     async def repair_sync(self, keys: Keys, args: TtlArgs, items: Sequence[Sync]) -> list[int]:
         return await self._call("repair_sync", keys, args, items)  # type: ignore[no-any-return]
 
-    async def repair_requeue(self, keys: Keys, args: Now, runs: Sequence[Versioned]) -> list[int]:
-        return await self._call("repair_requeue", keys, args, runs)  # type: ignore[no-any-return]
+    async def repair_requeue(self, keys: Keys, runs: Sequence[Versioned]) -> list[int]:
+        return await self._call("repair_requeue", keys, None, runs)  # type: ignore[no-any-return]
 
-    async def repair_interrupt(self, keys: Keys, args: Now, runs: Sequence[Versioned]) -> list[int]:
-        return await self._call("repair_interrupt", keys, args, runs)  # type: ignore[no-any-return]
+    async def repair_interrupt(self, keys: Keys, runs: Sequence[Versioned]) -> list[int]:
+        return await self._call("repair_interrupt", keys, None, runs)  # type: ignore[no-any-return]
 
     async def refill_held(self, keys: Keys, args: PageArgs) -> Page:
         return await self._call("refill_held", keys, args)  # type: ignore[no-any-return]

@@ -133,6 +133,10 @@ class RunRow(msgspec.Struct, kw_only=True, frozen=True):
     attempt: int = 0
     version: int = 0
     gen: int = 0
+    delay_ms: int | None = None
+    """Redis only (not a column): due this long after the Redis server's clock now (a submit with a
+    delay, 0 for one due at once), so a submitting host's skewed clock does not move it; None: due at
+    `run_at`, a wall-clock instant (a user's run_at, or a row read back from PostgreSQL)."""
 
 
 _ROW_FIELDS = RunRow.__struct_fields__
@@ -194,6 +198,7 @@ class Outcome(msgspec.Struct, frozen=True):
     error_class: str | None = None
     reason: str | None = None
     """Why the run rests where it does: fatal, review, policy, quarantined, retries_exhausted,
+    interrupted_too_often (interrupted by lease expiry or worker death more than max_interruptions times),
     timeout, paused_after_error, upstream_failed, ... or the operator's reason for a command
     (None when none was given, and for SUCCEEDED)."""
 

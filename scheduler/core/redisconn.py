@@ -1,5 +1,11 @@
 """Redis connections for the hot path: commands packed by hiredis (C) instead of redis-py's
-pure-Python packer, which dominated the worker's profile for batched EVALSHA calls."""
+pure-Python packer, which dominated the worker's profile for batched EVALSHA calls.
+
+No command is sent twice by the client (`NO_RESEND`): redis-py 6+ retries every command up to
+a few times on a timeout or a broken connection, and a re-sent claim, finish or transition can
+arrive after its caller gave up (docs/clock.md). Callers retry on their own terms: each script
+is safe to run again (claims carry a deadline, finishes and releases a fencing token, operator
+commands a state and version check)."""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import DataError
 
 try:
@@ -14,7 +22,7 @@ try:
 except ImportError:  # pragma: no cover - hiredis is a declared dependency
     hiredis = None  # type: ignore[assignment]  # the module or None; checked before use
 
-__all__ = ["connect", "register_scheme"]
+__all__ = ["connect", "no_resend", "register_scheme"]
 
 _SCHEMES: dict[str, Callable[..., aioredis.Redis]] = {}
 
@@ -36,7 +44,15 @@ def register_scheme(scheme: str, factory: Callable[..., aioredis.Redis]) -> None
     _SCHEMES[scheme] = factory
 
 
+def no_resend() -> dict[str, Any]:
+    """Client options under which redis-py never re-sends a command (no retry on timeout or on a
+    connection error): give them to every hot-path client (Stores does, plain and Sentinel)."""
+    return {"retry_on_timeout": False, "retry": Retry(NoBackoff(), 0)}
+
+
 def connect(url: str, **kwargs: Any) -> aioredis.Redis:
+    for k, v in no_resend().items():
+        kwargs.setdefault(k, v)
     factory = _SCHEMES.get(url.partition("://")[0])
     if factory is not None:
         return factory(url, **kwargs)

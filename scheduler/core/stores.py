@@ -13,7 +13,7 @@ from fencepost.core.errors import RedisUnavailable
 from fencepost.core.hot import Scripts
 from fencepost.core.keys import QUEUES_KEY, Keys
 from fencepost.core.record import Database
-from fencepost.core.redisconn import connect
+from fencepost.core.redisconn import connect, no_resend
 
 __all__ = ["Stores"]
 
@@ -23,7 +23,7 @@ log = logging.getLogger("fencepost")
 def _redis_client(settings: Settings) -> aioredis.Redis:
     """Plain URL (scheduler.redisconn.connect), Sentinel (FENCEPOST_REDIS_SENTINELS +
     FENCEPOST_REDIS_SERVICE) or Cluster (FENCEPOST_REDIS_CLUSTER=1)."""
-    opts: dict[str, Any] = dict(decode_responses=False, socket_connect_timeout=5, retry_on_timeout=True)
+    opts: dict[str, Any] = dict(decode_responses=False, socket_connect_timeout=5, **no_resend())
     if settings.redis_sentinels:
         from urllib.parse import urlparse
 
@@ -41,7 +41,8 @@ def _redis_client(settings: Settings) -> aioredis.Redis:
     if settings.redis_cluster:
         from redis.asyncio.cluster import RedisCluster
 
-        opts.pop("retry_on_timeout")  # the cluster client retries on its own
+        opts.pop("retry_on_timeout")  # the cluster client retries on its own (claims carry a deadline)
+        opts.pop("retry")
         return RedisCluster.from_url(settings.redis_url, **opts)  # type: ignore[return-value]
     return connect(settings.redis_url, health_check_interval=30, **opts)
 
