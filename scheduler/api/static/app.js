@@ -1,44 +1,48 @@
 // Fencepost dashboard: plain JavaScript, no build step. Talks to the same API as everyone
-// else (/v1/...) with the token kept in sessionStorage. Views refresh by polling (the events view
-// by the live stream GET /v1/events/stream while it is up, the poll otherwise), and a refresh
-// never takes what the operator is doing away: forms marked data-keep survive it (typed text,
-// selections, focus), open tracebacks stay open, selected rows stay selected; filters live in
-// the URL so a view can be shared and survives a reload.
+// else (/v1/...) with the token kept in sessionStorage. Views are live: one event stream per tab
+// (GET /v1/events/stream) says when something changed, and the view shown is rebuilt then (at most
+// every RENDER_GAP_MS), plus a slow refresh for what has no event (workers, Redis depths); only
+// while the stream is down do views refresh by the 2 s poll. A rebuild never takes what the
+// operator is doing away: forms marked data-keep survive it (typed text, selections, focus), open
+// tracebacks stay open, selected rows stay selected; filters live in the URL so a view can be
+// shared and survives a reload, and Back / Forward show the URL's filter in the box again.
 "use strict";
 
 const TOKEN_KEY = "fencepost.token";
 const POLL_MS = 2000;
-const CHUNK = 100;
-const STATES = ["PENDING", "RUNNING", "RETRY_WAIT", "PAUSED", "STOPPING", "STOPPED", "SUCCEEDED", "FAILED",
-  "TIMED_OUT", "CANCELLED", "BLOCKED"];
-// Which commands a state takes (fencepost.core.states: PAUSE_AT_ONCE + RUNNING, CANCEL_AT_ONCE + ACTIVE,
-// RESUMABLE, RESTARTABLE, FAILED_FOR_GOOD); a refusal for a run that moved meanwhile is still shown.
-const COMMANDS = {
-  pause: ["PENDING", "RETRY_WAIT", "RUNNING"],
-  stop: ["RUNNING"],
-  cancel: ["BLOCKED", "PENDING", "RETRY_WAIT", "PAUSED", "STOPPED", "RUNNING", "STOPPING"],
-  resume: ["PAUSED", "STOPPED"],
-  restart: ["PAUSED", "STOPPED", "FAILED", "TIMED_OUT", "CANCELLED"],
-  retry: ["FAILED", "TIMED_OUT", "CANCELLED"],
-};
+const RENDER_GAP_MS = 2500;
+// While the stream is up: how often a view is rebuilt with no event about it (its data has none).
+const LIVE_REFRESH_MS = { queues: 5000, workers: 5000, dispatch: 5000, default: 30000 };
+// The run states, their groups and the states each command takes: fencepost.core.states, served by
+// GET /v1/states (filled in before the first view is drawn; never typed in here).
+let STATES = [];
+let COMMANDS = {};
+let LISTS = {};
 const $ = (id) => document.getElementById(id);
-let pollTimer = null;
+let tickTimer = null;
 let me = null;
 let lastRoute = null;
 const selected = {};  // view -> Set of run ids ticked by the operator
 const opened = new Set();  // ids of <details> the operator opened
 
 // -- helpers ---------------------------------------------------------------------------------
+// Bidirectional controls (U+202A-202E, U+2066-2069, U+200E/F, U+061C) and other control characters
+// (but line breaks and tabs) in any text the page shows are replaced by a visible mark, so a job's
+// error "\u202eevil" reads as written, never reversed; job text is also isolated in <bdi dir=ltr>.
+const HIDDEN = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+const visible = (s) => String(s).replace(HIDDEN, (c) => `⟨U+${c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`);
+const jt = (s) => s === null || s === undefined || s === "" ? "" : el("bdi", { dir: "ltr", class: "jt" }, String(s));
+
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === null || v === undefined || v === false) continue;
     if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
-    else node.setAttribute(k, v === true ? "" : v);
+    else node.setAttribute(k, v === true ? "" : (k === "title" || k === "aria-label" ? visible(v) : v));
   }
   for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
-    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    node.append(c instanceof Node ? c : document.createTextNode(visible(c)));
   }
   return node;
 }
@@ -65,17 +69,18 @@ const isAdmin = () => me && me.role === "admin";
 function longText(text, id) {
   if (!text) return "";
   const lines = String(text).split("\n");
-  if (lines.length === 1 && lines[0].length <= 120) return lines[0];
+  if (lines.length === 1 && lines[0].length <= 120) return jt(lines[0]);
   return el("details", { id, class: "long", open: opened.has(id), ontoggle: (ev) => {
     if (ev.target.open) opened.add(id); else opened.delete(id);
-  } }, el("summary", {}, lines[0].slice(0, 120)), el("pre", {}, String(text)));
+  } }, el("summary", {}, jt(lines[0].slice(0, 120))), el("pre", { dir: "ltr" }, String(text)));
 }
 
+// A table in a box that scrolls sideways on its own: the page itself never grows wider than the window.
 function table(cols, rows, id) {
-  return el("table", { id },
+  return el("div", { class: "table-wrap" }, el("table", { id },
     el("thead", {}, el("tr", {}, cols.map(([label]) => el("th", { scope: "col" }, label)))),
     el("tbody", {}, rows.length ? rows.map((r) => el("tr", { "data-id": r.id ?? "" },
-      cols.map(([, f]) => el("td", {}, f(r))))) : el("tr", {}, el("td", { colspan: cols.length, class: "muted" }, "(none)"))));
+      cols.map(([, f]) => el("td", {}, f(r))))) : el("tr", {}, el("td", { colspan: cols.length, class: "muted" }, "(none)")))));
 }
 
 async function api(method, path, body, opts) {
@@ -97,33 +102,56 @@ async function api(method, path, body, opts) {
 function showError(e) { $("error").textContent = e ? String(e.message || e) : ""; }
 
 // A filter form kept across refreshes; changes go to the URL (debounced), which re-renders the view.
+// The URL is the filter: Back / Forward (a hash the form did not set) rebuild the form from the URL,
+// and a pending change is dropped then; a bulk action first applies what the box shows (flushFilters).
+const filterTimers = new Map();  // form id -> [timer, apply]
+let ownHash = null;  // the hash the last filter change set (its hashchange keeps the form as typed)
+
+function filterTarget(form, route) {
+  const f = new URLSearchParams();
+  for (const [k, v] of new FormData(form).entries()) {
+    if (!v) continue;
+    f.set(k, (k === "since" || k === "until") ? new Date(v).toISOString() : v);
+  }
+  return `#/${route}${f.toString() ? "?" + f : ""}`;
+}
+
+function flushFilters() {  // apply what the boxes show now (a pending debounced change included)
+  for (const [id, [timer, apply]] of filterTimers) {
+    clearTimeout(timer);
+    const form = document.getElementById(id);
+    if (form) apply(form);
+  }
+  filterTimers.clear();
+}
+
 function filterForm(id, route, params, fields) {
-  let timer = null;
   const apply = (form) => {
-    const f = new URLSearchParams();
-    for (const [k, v] of new FormData(form).entries()) {
-      if (!v) continue;
-      f.set(k, (k === "since" || k === "until") ? new Date(v).toISOString() : v);
-    }
-    const target = `#/${route}${f.toString() ? "?" + f : ""}`;
-    if (location.hash !== target) location.hash = target;
+    filterTimers.delete(id);
+    const target = filterTarget(form, route);
+    if (location.hash !== target) { ownHash = target; location.hash = target; }
   };
-  return el("form", { class: "filters", id, "data-keep": true, role: "search",
-    onsubmit: (ev) => { ev.preventDefault(); clearTimeout(timer); apply(ev.target); },
-    oninput: (ev) => { clearTimeout(timer); const form = ev.currentTarget; timer = setTimeout(() => apply(form), 600); },
-  }, fields.map(([name, label, kind, options]) => {
-    const value = params.get(name) || "";
+  const field = ([name, label, kind, options]) => {
+    const value = params.get(name) || "", fid = `${id}-${name}`;
+    let input;
     if (kind === "select") {
-      return el("label", {}, `${label} `, el("select", { name },
-        el("option", { value: "" }, "any"), options.map((o) => el("option", { value: o, selected: value === o }, o))));
-    }
-    if (kind === "datetime-local") {
+      input = el("select", { name, id: fid },
+        el("option", { value: "" }, "any"), options.map((o) => el("option", { value: o, selected: value === o }, o)));
+    } else if (kind === "datetime-local") {
       const local = value ? new Date(new Date(value).getTime() - new Date().getTimezoneOffset() * 60000)
         .toISOString().slice(0, 16) : "";
-      return el("label", {}, `${label} `, el("input", { name, type: kind, value: local }));
-    }
-    return el("input", { name, placeholder: label, "aria-label": label, value, type: kind || "text" });
-  }), el("button", { type: "submit" }, "Filter"));
+      input = el("input", { name, id: fid, type: kind, value: local });
+    } else input = el("input", { name, id: fid, placeholder: label, value, type: kind || "text" });
+    return el("span", { class: "field" }, el("label", { for: fid }, label), input);
+  };
+  return el("form", { class: "filters", id, "data-keep": true, role: "search", "data-route": route,
+    onsubmit: (ev) => { ev.preventDefault(); const t = filterTimers.get(id); if (t) clearTimeout(t[0]); apply(ev.target); },
+    oninput: (ev) => {
+      const form = ev.currentTarget, t = filterTimers.get(id);
+      if (t) clearTimeout(t[0]);
+      filterTimers.set(id, [setTimeout(() => apply(form), 600), apply]);
+    },
+  }, fields.map(field), el("button", { type: "submit" }, "Filter"));
 }
 
 function selectBox(view, id) {
@@ -133,10 +161,18 @@ function selectBox(view, id) {
 }
 
 // -- login -----------------------------------------------------------------------------------
+async function loadStates() {
+  const g = await api("GET", "/v1/states");
+  STATES = g.states;
+  COMMANDS = g.commands;
+  LISTS = g.lists;
+}
+
 async function login(token) {
   sessionStorage.setItem(TOKEN_KEY, token);
   try {
     me = await api("GET", "/v1/me");
+    if (!STATES.length) await loadStates();
   } catch (e) {
     sessionStorage.removeItem(TOKEN_KEY);
     $("login-error").textContent = e.message;
@@ -152,7 +188,7 @@ async function login(token) {
 function logout() {
   sessionStorage.removeItem(TOKEN_KEY);
   me = null;
-  clearInterval(pollTimer);
+  clearInterval(tickTimer);
   stopLive();
   $("nav").hidden = $("view").hidden = $("logout").hidden = true;
   $("login-view").hidden = false;
@@ -161,20 +197,47 @@ function logout() {
 
 // -- views -----------------------------------------------------------------------------------
 const views = {
+  // Depths from Redis: due now, overdue (its time has come but no worker promoted it: a queue with no
+  // workers keeps them), scheduled (later); latency (the oldest due run's age); who serves the queue with
+  // how many busy slots; its concurrency limit (admins change it here, audited).
   async queues() {
-    const qs = await api("GET", "/v1/queues");
+    const [qs, ops] = await Promise.all([api("GET", "/v1/queues"), api("GET", "/v1/ops/queues")]);
+    const by = Object.fromEntries(ops.map((o) => [o.queue, o]));
+    const admin = isAdmin();
+    const concurrency = (q) => {
+      const o = by[q.queue];
+      const shown = o && o.max_running !== null ? String(o.max_running) : "no limit";
+      if (!admin) return shown;
+      const fid = `conc-${q.queue}`;
+      return el("form", { id: `conc-form-${q.queue}`, class: "inline", "data-keep": true,
+        onsubmit: (ev) => { ev.preventDefault(); setConcurrency(q.queue, ev.target); } },
+      el("label", { for: fid, class: "muted" }, `${shown} → `),
+      el("input", { id: fid, name: "value", type: "number", min: "1", step: "1", placeholder: "empty: none", size: 6 }),
+      el("button", { type: "submit", "data-concurrency": q.queue }, "Set…"));
+    };
     return [el("h1", {}, "Queues"), table([
       ["Queue", (q) => el("a", { href: `#/runs?queue=${enc(q.queue)}` }, q.queue)],
       ["Paused", (q) => q.paused ? "paused" : ""],
-      ["Due", (q) => q.due], ["Delayed", (q) => q.delayed], ["Running", (q) => q.active],
-      ["Oldest due", (q) => `${q.oldest_due_age_s.toFixed(1)}s`],
+      ["Due", (q) => q.due],
+      ["Overdue", (q) => by[q.queue] ? el("span", { "data-overdue": by[q.queue].overdue }, by[q.queue].overdue) : ""],
+      ["Scheduled", (q) => by[q.queue] ? el("a", { href: `#/scheduled?queue=${enc(q.queue)}` }, by[q.queue].scheduled) : ""],
+      ["Running", (q) => q.active],
+      ["Latency", (q) => el("span", { title: "age of the oldest due run" }, `${q.oldest_due_age_s.toFixed(1)}s`)],
+      ["Workers (busy / slots)", (q) => {
+        const o = by[q.queue];
+        if (!o) return "";
+        if (!o.workers.length) return el("span", { class: "muted", "data-workers": 0 }, "no workers");
+        return el("span", { "data-workers": o.workers.length }, o.workers.map((w, i) => [i ? ", " : "",
+          el("a", { href: "#/workers", title: `${w.host}: ${w.held} held over all its queues` }, w.id), ` ${w.busy}/${w.concurrency}`]));
+      }],
+      ["Concurrency", concurrency],
       ["Schedule lag", (q) => q.schedule_lag_s === null ? "" : `${q.schedule_lag_s.toFixed(2)}s`],
       ["Throughput", (q) => `${q.throughput_per_min}/min`],
-      ["Dispatch", (q) => el("a", { href: `#/dispatch/${enc(q.queue)}` }, "tenants & limits")],
-      ["Charts", (q) => el("a", { href: `#/charts?queue=${enc(q.queue)}` }, "activity")],
+      ["Views", (q) => [el("a", { href: `#/dispatch/${enc(q.queue)}` }, "dispatch"), " · ",
+        el("a", { href: `#/charts?queue=${enc(q.queue)}` }, "charts")]],
       ["", (q) => el("span", { class: "commands" },
         el("button", { onclick: () => confirmQueue(q.queue, q.paused ? "resume" : "pause") }, q.paused ? "Resume queue" : "Pause queue"))],
-    ], qs, "queues-table")];
+    ], qs, "queues-table"), el("p", { id: "queues-result", role: "status" }, lastResult.queues || "")];
   },
 
   // Who shares the queue and what limits it; admins change a setting here (audited with the reason).
@@ -231,16 +294,16 @@ const views = {
     return [el("h1", {}, "Runs"), form,
       el("p", { id: "runs-count", class: "muted" }, runs.length
         ? `${offset + 1}–${offset + runs.length} of ${total}${exact ? "" : "+"}` : `0 of ${total}`),
-      bulkBar(params, total, exact),
-      el("table", { id: "runs-table" },
+      bulkBar(params),
+      el("div", { class: "table-wrap" }, el("table", { id: "runs-table" },
         el("thead", {}, el("tr", {}, el("th", {}, ""), el("th", {}, head("Id", "id")), el("th", {}, head("Handler", "handler")),
           el("th", {}, "Queue"), el("th", {}, head("State", "status")), el("th", {}, head("Attempt", "attempt")),
           el("th", {}, head("Created", "created_at")), el("th", {}, head("Finished", "finished_at")), el("th", {}, "Error"))),
         el("tbody", {}, runs.length ? runs.map((r) => el("tr", { "data-id": r.id },
-          el("td", {}, selectBox("runs", r.id)), el("td", {}, runLink(r.id)), el("td", {}, r.handler), el("td", {}, r.queue),
+          el("td", {}, selectBox("runs", r.id)), el("td", {}, runLink(r.id)), el("td", {}, jt(r.handler)), el("td", {}, r.queue),
           el("td", {}, state(r.status)), el("td", {}, r.attempt), el("td", { title: fmtTime(r.created_at) }, ago(r.created_at)),
-          el("td", {}, fmtTime(r.finished_at)), el("td", {}, r.last_error_class || ""))) :
-          el("tr", {}, el("td", { colspan: 9, class: "muted" }, "(none)")))),
+          el("td", {}, fmtTime(r.finished_at)), el("td", {}, jt(r.last_error_class || "")))) :
+          el("tr", {}, el("td", { colspan: 9, class: "muted" }, "(none)"))))),
       el("nav", { class: "pager", "aria-label": "pages" },
         el("button", { id: "prev-page", disabled: offset <= 0, onclick: () => go("runs", params, { offset: String(Math.max(0, offset - limit)) }) }, "← Newer"),
         el("button", { id: "next-page", disabled: offset + runs.length >= total, onclick: () => go("runs", params, { offset: String(offset + limit) }) }, "Older →")),
@@ -248,40 +311,51 @@ const views = {
         ["pause", "cancel", "retry"].map((v) => el("button", { "data-bulk-selected": v, onclick: () => actOnSelected("runs", v) },
           `${v[0].toUpperCase() + v.slice(1)} ${sel.size}`)),
         el("button", { onclick: () => { sel.clear(); render(); } }, "Clear")) : null,
-      el("p", { id: "bulk-result", role: "status" }, lastResult.bulk || "")];
+      el("p", { id: "bulk-result", role: "status" }, lastResult.bulk || lastResult.runs || "")];
   },
 
+  // One run. Its timeline is fetched after a cursor (GET /v1/runs/{id}/timeline?after=): each rebuild asks
+  // only for the events recorded since the last one, never the whole history again. The error text is
+  // shown once (with its attempt); the grid and the timeline name its class.
   async run(params, id) {
-    const [run, attempts, events, ckpt] = await Promise.all([
-      api("GET", `/v1/runs/${id}`), api("GET", `/v1/runs/${id}/attempts`),
-      api("GET", `/v1/runs/${id}/events`), api("GET", `/v1/runs/${id}/checkpoint`)]);
+    if (timeline.id !== id) Object.assign(timeline, { id, events: [], cursor: 0 });
+    const [run, attempts, ckpt] = await Promise.all([
+      api("GET", `/v1/runs/${id}`), api("GET", `/v1/runs/${id}/attempts`), api("GET", `/v1/runs/${id}/checkpoint`),
+      fetchTimeline(id)]);
+    const events = timeline.events;
     const fields = ["handler", "queue", "tenant", "concurrency_key", "concurrency_limit", "attempt", "max_retries", "version",
       "priority", "lease_owner", "token", "created_at", "run_at", "started_at", "finished_at", "reason", "last_error_class",
       "idempotency_key", "trace_id", "schedule_id"];
+    const shownErrors = new Set(attempts.map((a) => a.error_message).filter(Boolean));
+    const due = run.status === "PENDING" && run.run_at ? Date.parse(run.run_at) : null;
     const grid = el("div", { class: "grid" },
       el("span", {}, "state"), el("span", { id: "run-status" }, state(run.status),
         run.recorded_status !== run.status ? el("span", { class: "muted" }, ` (recorded: ${run.recorded_status})`) : null,
+        due !== null ? el("span", { class: "muted", id: "run-due" }, due > Date.now() ? ` · scheduled for ${fmtTime(run.run_at)}`
+          : ` · due since ${fmtTime(run.run_at)}`) : null,
         run.pause_requested ? el("span", { class: "muted" }, " · pause requested") : null,
         run.stop_requested ? el("span", { class: "muted" }, " · stop requested") : null),
       fields.filter((f) => run[f] !== null && run[f] !== undefined && run[f] !== "").map((f) =>
-        [el("span", { class: "muted" }, f.replace(/_/g, " ")), el("span", { "data-field": f }, f.endsWith("_at") ? fmtTime(run[f]) : String(run[f]))]),
-      run.last_error ? [el("span", { class: "muted" }, "last error"), el("span", { id: "last-error" }, longText(run.last_error, `err-${run.id}`))] : null,
+        [el("span", { class: "muted" }, f.replace(/_/g, " ")), el("span", { "data-field": f },
+          f.endsWith("_at") ? fmtTime(run[f]) : jt(String(run[f])))]),
+      run.last_error && !shownErrors.has(run.last_error) ? [el("span", { class: "muted" }, "last error"),
+        el("span", { id: "last-error" }, longText(run.last_error, `err-${run.id}`))] : null,
       run.progress ? [el("span", { class: "muted" }, "progress"), el("span", { id: "run-progress" },
         run.progress.total ? el("progress", { value: run.progress.done, max: run.progress.total }) : null,
-        ` ${run.progress.done}${run.progress.total ? " / " + run.progress.total : ""} ${run.progress.message || ""}`)] : null,
+        ` ${run.progress.done}${run.progress.total ? " / " + run.progress.total : ""} `, jt(run.progress.message || ""))] : null,
       run.workflow_id ? [el("span", { class: "muted" }, "workflow"), el("a", { href: `#/workflow/${run.workflow_id}` }, run.workflow_id)] : null,
-      run.result !== null && run.result !== undefined ? [el("span", { class: "muted" }, "result"), el("code", {}, JSON.stringify(run.result))] : null);
-    const verbs = Object.keys(COMMANDS).filter((v) => COMMANDS[v].includes(run.status));
+      run.result !== null && run.result !== undefined ? [el("span", { class: "muted" }, "result"), el("code", { dir: "ltr" }, JSON.stringify(run.result))] : null);
+    const verbs = Object.keys(COMMANDS).filter((v) => v in VERB && !["run_now", "delete"].includes(v) && COMMANDS[v].includes(run.status));
     const cmds = el("div", { class: "commands", id: "commands" }, verbs.length ? verbs.map((v) =>
       el("button", { "data-cmd": v, onclick: () => confirmRun(run, v) }, v[0].toUpperCase() + v.slice(1))) :
       el("span", { class: "muted" }, `No command applies to a ${run.status} run.`));
     const argsView = run.arguments_truncated
-      ? [el("p", { class: "muted" }, `${run.arguments_bytes} bytes of arguments; the first 64 KiB:`), el("pre", { id: "run-args" }, run.arguments_preview)]
-      : el("pre", { id: "run-args" }, JSON.stringify({ args: run.args ?? [], kwargs: run.kwargs ?? {} }, null, 2));
+      ? [el("p", { class: "muted" }, `${run.arguments_bytes} bytes of arguments; the first 64 KiB:`), el("pre", { id: "run-args", dir: "ltr" }, run.arguments_preview)]
+      : el("pre", { id: "run-args", dir: "ltr" }, JSON.stringify({ args: run.args ?? [], kwargs: run.kwargs ?? {} }, null, 2));
     const progress = ckpt ? el("div", { id: "checkpoint" },
       el("p", {}, `Checkpoint v${ckpt.version} by attempt ${ckpt.attempt}, ${fmtTime(ckpt.updated_at)} · processed `,
         el("strong", { id: "processed" }, String(ckpt.processed ?? "?"))),
-      el("pre", {}, JSON.stringify(ckpt.state, null, 2))) : el("p", { class: "muted", id: "checkpoint" }, "No checkpoint.");
+      el("pre", { dir: "ltr" }, JSON.stringify(ckpt.state, null, 2))) : el("p", { class: "muted", id: "checkpoint" }, "No checkpoint.");
     return [el("h1", {}, `Run ${run.id}`), grid, el("h2", {}, "Commands"), cmds,
       el("p", { id: "cmd-result", role: "status" }, lastResult[run.id] || ""),
       el("h2", {}, "Arguments"), argsView,
@@ -289,46 +363,22 @@ const views = {
       el("h2", {}, "Attempts"), table([
         ["#", (a) => a.attempt], ["Worker", (a) => a.worker_id], ["Token", (a) => a.token],
         ["Started", (a) => fmtTime(a.started_at)], ["Finished", (a) => fmtTime(a.finished_at)],
-        ["Outcome", (a) => a.outcome || ""], ["Error", (a) => a.error_class || ""],
+        ["Outcome", (a) => a.outcome || ""], ["Error", (a) => jt(a.error_class || "")],
         ["Message", (a) => longText(a.error_message, `att-${run.id}-${a.attempt}`)]], attempts, "attempts-table"),
       el("h2", {}, "Timeline"), timelineNote(events), table([
         ["At", (e) => fmtTime(e.at)], ["Event", (e) => e.type],
         ["Transition", (e) => e.from_status || e.to_status ? `${e.from_status || "·"} → ${e.to_status || "·"}` : ""],
-        ["Attempt", (e) => e.attempt ?? ""], ["Worker", (e) => e.worker_id || ""], ["Actor", (e) => e.actor || ""],
-        ["Reason", (e) => e.reason || (e.actor && e.actor.startsWith("token:") ? el("em", { class: "muted" }, "no reason given") : "")],
-        ["Error", (e) => [e.error_class || "", e.error_message ? longText(e.error_message, `ev-${e.id}`) : ""]]],
+        ["Attempt", (e) => e.attempt ?? ""], ["Worker", (e) => e.worker_id || ""], ["Actor", (e) => jt(e.actor || "")],
+        ["Reason", (e) => e.reason ? jt(e.reason) : (e.actor && e.actor.startsWith("token:") ? el("em", { class: "muted" }, "no reason given") : "")],
+        ["Error", (e) => [jt(e.error_class || ""), e.error_message && !shownErrors.has(e.error_message) && e.error_message !== run.last_error
+          ? [" ", longText(e.error_message, `ev-${e.id}`)] : ""]]],
       events.filter((e) => e.type !== "checkpointed"), "events-table")];
   },
 
-  async "dead-letter"(params) {
-    const q = new URLSearchParams({ limit: "1000" });
-    if (params.get("queue")) q.set("queue", params.get("queue"));
-    let rows = await api("GET", `/v1/dead-letter?${q}`);
-    const handler = params.get("handler");
-    if (handler) rows = rows.filter((r) => r.handler === handler);
-    const form = filterForm("dead-filter", "dead-letter", params, [["queue", "queue"], ["handler", "handler"]]);
-    return [el("h1", {}, "Dead letter"), form,
-      el("div", { class: "commands" }, el("button", { id: "retry-all", disabled: !rows.length,
-        onclick: () => retryAll(rows) }, `Retry all ${rows.length} shown…`),
-      el("progress", { id: "bulk-progress", value: bulkProgress.done, max: bulkProgress.total || 1, hidden: !bulkProgress.total })),
-      el("p", { id: "bulk-result", role: "status" }, lastResult.bulk || ""),
-      table([
-        ["", (r) => selectBox("dead", r.id)],
-        ["Id", (r) => runLink(r.id)], ["Handler", (r) => r.handler], ["Queue", (r) => r.queue], ["State", (r) => state(r.status)],
-        ["Attempts", (r) => r.attempt], ["Finished", (r) => fmtTime(r.finished_at)], ["Reason", (r) => r.reason || ""],
-        ["Error", (r) => [r.last_error_class || "", " ", longText(r.last_error, `dl-${r.id}`)]],
-        ["", (r) => el("button", { onclick: () => confirmRun(r, "retry") }, "Retry")]], rows, "dead-table")];
-  },
-
-  async review() {
-    const rows = await api("GET", "/v1/review");
-    const resolve = (r, as) => el("button", { onclick: () => confirmResolve(r, as) }, `Resolve as ${as}`);
-    return [el("h1", {}, "Review queue"), el("p", { class: "muted" },
-      "Runs whose non-idempotent side effect may or may not have happened: check, then resolve."), table([
-      ["Id", (r) => runLink(r.id)], ["Handler", (r) => r.handler], ["Queue", (r) => r.queue],
-      ["Finished", (r) => fmtTime(r.finished_at)], ["Error", (r) => longText(r.last_error, `rv-${r.id}`)],
-      ["", (r) => [resolve(r, "succeeded"), resolve(r, "failed"), resolve(r, "retry")]]], rows, "review-table")];
-  },
+  "dead-letter": (params) => listView("dead", "dead-letter", params),
+  review: (params) => listView("review", "review", params),
+  retries: (params) => listView("retries", "retries", params),
+  scheduled: (params) => listView("scheduled", "scheduled", params),
 
   async workers() {
     const ws = await api("GET", "/v1/workers");
@@ -336,7 +386,7 @@ const views = {
       "Live workers (their identity heartbeat); a stopped or dead worker leaves the list within seconds."), table([
       ["Id", (w) => w.id], ["Host", (w) => w.host], ["Pid", (w) => w.pid], ["Version", (w) => w.version],
       ["Queues", (w) => w.queues.join(", ")], ["Busy", (w) => `${w.running.length} / ${w.concurrency}`],
-      ["Runs held", (w) => w.running.length ? w.running.map((h) => [runLink(h.id), ` ${h.handler} `]) : ""],
+      ["Runs held", (w) => w.running.length ? w.running.map((h) => [runLink(h.id), " ", jt(h.handler), " "]) : ""],
       ["Started", (w) => ago(w.started_at)], ["Last claim", (w) => w.last_claim_at ? ago(w.last_claim_at) : "never"],
       ["State", (w) => w.stop_requested ? el("span", { class: "state STOPPING", "data-worker-state": "stopping" },
         `stopping (${w.stop_requested.actor})`) : el("span", { "data-worker-state": "running" }, "running")],
@@ -345,16 +395,14 @@ const views = {
   },
 
   async schedules() {
-    const rows = await api("GET", "/v1/schedules");
-    const next = await Promise.all(rows.map((s) => api("GET", `/v1/schedules/${enc(s.name)}/next?n=3`)
-      .then((n) => n.fires).catch(() => [])));
+    const rows = await api("GET", "/v1/schedules");  // one request: the list carries each next fire
     const admin = isAdmin();
     const btn = (s, label, fn) => el("button", { "data-schedule": s.name, "data-action": label.toLowerCase().replace(/\W+/g, "-"), onclick: fn }, label);
     const out = [el("h1", {}, "Schedules"), table([
-      ["Name", (s) => el("a", { href: `#/schedule/${enc(s.name)}` }, s.name)], ["Handler", (s) => s.handler],
+      ["Name", (s) => el("a", { href: `#/schedule/${enc(s.name)}` }, jt(s.name))], ["Handler", (s) => jt(s.handler)],
       ["Every", (s) => s.cron || `${s.interval_s}s`],
       ["Timezone", (s) => s.timezone], ["Paused", (s) => s.paused ? "paused" : ""],
-      ["Next fires", (s) => next[rows.indexOf(s)].map(fmtTime).join(" · ")],
+      ["Next fire", (s) => el("time", { datetime: s.next_fire_time }, fmtTime(s.next_fire_time))],
       ["Last", (s) => s.last_run_id ? [runLink(s.last_run_id), " ", s.last_status ? state(s.last_status) : ""] : ""],
       ["Fires / skipped", (s) => `${s.fires} / ${s.skipped}`],
       ["", (s) => admin ? el("span", { class: "commands" },
@@ -365,10 +413,11 @@ const views = {
     if (admin) {
       out.push(el("h2", {}, "New schedule"), el("form", { id: "schedule-form", class: "filters", "data-keep": true,
         onsubmit: (ev) => { ev.preventDefault(); createSchedule(ev.target); } },
-      ["name", "handler", "queue", "cron", "interval_s", "timezone"].map((n) =>
-        el("input", { name: n, placeholder: n === "interval_s" ? "or every N seconds" : n === "cron" ? "cron (0 3 * * *)" : n,
-          "aria-label": n, required: n === "name" || n === "handler", type: n === "interval_s" ? "number" : "text" })),
-      el("input", { name: "args", placeholder: "arguments as JSON list", "aria-label": "arguments (JSON list)" }),
+      ["name", "handler", "queue", "cron", "interval_s", "timezone"].map((n) => el("span", { class: "field" },
+        el("label", { for: `schedule-form-${n}` }, n === "interval_s" ? "or every N seconds" : n === "cron" ? "cron (0 3 * * *)" : n),
+        el("input", { name: n, id: `schedule-form-${n}`, required: n === "name" || n === "handler", type: n === "interval_s" ? "number" : "text" }))),
+      el("span", { class: "field" }, el("label", { for: "schedule-form-args" }, "arguments (JSON list)"),
+        el("input", { name: "args", id: "schedule-form-args", placeholder: '["report"]' })),
       el("button", { type: "submit" }, "Create…")));
     }
     return out;
@@ -401,44 +450,52 @@ const views = {
     return out;
   },
 
-  // The fleet's history: live from the event stream while it is up (the list is loaded once when the stream
-  // is ready or reports a gap, then every event recorded is added as it comes), from the 2 s poll otherwise.
+  // The fleet's history: live from the tab's event stream while it is up (the list is loaded once when the
+  // stream is ready, reports a gap or the filter changes, then every event recorded is added as it comes),
+  // from the 2 s poll otherwise. The filter is applied here: one stream serves every view of the tab.
   async events(params) {
     const q = new URLSearchParams();
     for (const k of ["type", "queue"]) if (params.get(k)) q.set(k, params.get(k));
-    liveEvents(q.toString());
     const aq = new URLSearchParams({ limit: "100" });
     for (const k of ["actor", "queue"]) if (params.get(k)) aq.set(k, params.get(k));
     const list = () => api("GET", `/v1/events?${new URLSearchParams({ limit: "200", ...Object.fromEntries(q) })}`);
     let events;
     if (live.status === "live") {
-      if (live.reload) { live.reload = false; live.merge(await list(), true); }
+      if (live.reload || live.listKey !== q.toString()) {
+        live.reload = false;
+        live.listKey = q.toString();
+        live.merge(await list(), true);
+      }
       events = live.events;
     } else events = await list();
     const audit = await api("GET", `/v1/audit?${aq}`);
-    const actor = params.get("actor");
-    const shown = actor ? events.filter((e) => (e.actor || "").startsWith(actor)) : events;
+    const actor = params.get("actor"), type = params.get("type"), queue = params.get("queue");
+    const shown = events.filter((e) => (!actor || (e.actor || "").startsWith(actor)) && (!type || e.type === type) &&
+      (!queue || e.queue === queue));
     return [el("h1", {}, "Fleet events"), filterForm("events-filter", "events", params,
       [["type", "event type"], ["queue", "queue"], ["actor", "actor"]]),
     el("p", { id: "events-live", class: "muted", "data-live": live.status === "live" ? "stream" : "poll" },
       live.status === "live" ? "Live: events appear as they are recorded." :
         `Refreshing every ${POLL_MS / 1000} s${live.why ? ` (live stream: ${live.why})` : ""}.`),
     table([["At", (e) => fmtTime(e.at)], ["Event", (e) => e.type], ["Run", (e) => e.run_id ? runLink(e.run_id) : ""],
-      ["Queue", (e) => e.queue || ""], ["Handler", (e) => e.handler || ""],
+      ["Queue", (e) => e.queue || ""], ["Handler", (e) => jt(e.handler || "")],
       ["Transition", (e) => e.from_status || e.to_status ? `${e.from_status || "·"} → ${e.to_status || "·"}` : ""],
-      ["Worker", (e) => e.worker_id || ""], ["Actor", (e) => e.actor || ""], ["Reason", (e) => e.reason || ""],
-      ["Error", (e) => e.error_class || ""]], shown, "fleet-events-table"),
-    el("h2", {}, "Audit log"), table([["At", (a) => fmtTime(a.at)], ["Actor", (a) => a.actor], ["Action", (a) => a.action],
-      ["Queue", (a) => a.queue || ""], ["Target", (a) => a.target || ""], ["Reason", (a) => a.reason || ""],
-      ["Detail", (a) => a.data ? JSON.stringify(a.data) : ""]], audit, "audit-table")];
+      ["Worker", (e) => e.worker_id || ""], ["Actor", (e) => jt(e.actor || "")], ["Reason", (e) => jt(e.reason || "")],
+      ["Error", (e) => jt(e.error_class || "")]], shown, "fleet-events-table"),
+    el("h2", {}, "Audit log"), table([["At", (a) => fmtTime(a.at)], ["Actor", (a) => jt(a.actor)], ["Action", (a) => a.action],
+      ["Queue", (a) => a.queue || ""], ["Target", (a) => jt(a.target || "")], ["Reason", (a) => jt(a.reason || "")],
+      ["Detail", (a) => a.data ? el("code", { dir: "ltr", class: "detail" }, JSON.stringify(a.data)) : ""]], audit, "audit-table")];
   },
 
   // Activity over time from the per-minute rollup (GET /v1/stats, /v1/queues/{q}/stats): inline SVG.
   async charts(params) {
-    const queue = params.get("queue"), window = params.get("window") || "1h";
-    const [st, qs] = await Promise.all([
+    const queue = params.get("queue"), window = params.get("window") || "1h", handler = params.get("handler");
+    const hq = new URLSearchParams({ window });
+    if (queue) hq.set("queue", queue);
+    if (handler) hq.set("handler", handler);
+    const [st, qs, hs] = await Promise.all([
       api("GET", queue ? `/v1/queues/${enc(queue)}/stats?window=${window}` : `/v1/stats?window=${window}`),
-      api("GET", "/v1/queues")]);
+      api("GET", "/v1/queues"), api("GET", `/v1/ops/handlers?${hq}`)]);
     const pick = el("nav", { class: "filters", "aria-label": "chart window and queue" },
       ["1h", "24h", "7d"].map((w) => el("a", { href: `#/charts?${new URLSearchParams({ ...(queue ? { queue } : {}), window: w })}`,
         "aria-current": w === window ? "page" : null, class: w === window ? "chosen" : null }, w)), " · ",
@@ -450,7 +507,48 @@ const views = {
         [["started", "started"], ["succeeded", "succeeded"], ["failed", "failed"], ["retried", "retried"]], ""),
       el("h2", {}, "Start lag (due → claimed)"), lineChart("chart-lag", st.points, [["lag_p50_ms", "p50"], ["lag_p95_ms", "p95"]], "ms"),
       el("h2", {}, "Run time (attempt start → finish)"), lineChart("chart-runtime", st.points,
-        [["run_p50_ms", "p50"], ["run_p95_ms", "p95"]], "ms")];
+        [["run_p50_ms", "p50"], ["run_p95_ms", "p95"]], "ms"),
+      el("h2", { id: "by-handler" }, `By handler (attempts started in the last ${window})`),
+      table([["Handler", (h) => el("a", { href: `#/charts?${new URLSearchParams({ ...(queue ? { queue } : {}), window, handler: h.handler })}`,
+        "data-handler": h.handler, class: h.handler === handler ? "chosen" : null }, jt(h.handler))],
+      ["Started", (h) => h.started], ["Succeeded", (h) => h.succeeded], ["Failed", (h) => h.failed],
+      ["Error rate", (h) => h.started ? `${Math.round(100 * h.failed / h.started)}%` : ""],
+      ["Run time p50", (h) => h.run_p50_ms === null ? "" : `${Math.round(h.run_p50_ms)} ms`],
+      ["p95", (h) => h.run_p95_ms === null ? "" : `${Math.round(h.run_p95_ms)} ms`]], hs.handlers, "handlers-table"),
+      handler ? [el("h2", {}, ["Handler ", jt(handler), `: runs per ${per}`]),
+        lineChart("chart-handler-throughput", hs.points, [["started", "started"], ["succeeded", "succeeded"]], ""),
+        el("h2", {}, ["Handler ", jt(handler), ": errors"]), lineChart("chart-handler-errors", hs.points, [["failed", "failed"]], ""),
+        el("h2", {}, ["Handler ", jt(handler), ": run time"]), lineChart("chart-handler-runtime", hs.points,
+          [["run_p50_ms", "p50"], ["run_p95_ms", "p95"]], "ms")] : el("p", { class: "muted" }, "Choose a handler for its charts.")];
+  },
+
+  // Batches (runs submitted together with on_complete / on_success callbacks), newest first.
+  async batches(params) {
+    const q = new URLSearchParams({ limit: "50" });
+    if (params.get("before")) q.set("before", params.get("before"));
+    const page = await api("GET", `/v1/batches?${q}`);
+    return [el("h1", {}, "Batches"), table([
+      ["Batch", (b) => el("a", { href: `#/batch/${b.id}` }, b.name ? jt(b.name) : b.id.slice(0, 8))],
+      ["Created", (b) => el("span", { title: fmtTime(b.created_at) }, ago(b.created_at))],
+      ["Members", (b) => b.members],
+      ["Progress", (b) => el("progress", { value: b.succeeded + b.failed + b.cancelled, max: b.members || 1 })],
+      ["Succeeded", (b) => b.succeeded], ["Failed", (b) => b.failed], ["Cancelled", (b) => b.cancelled],
+      ["Waiting", (b) => b.waiting], ["Queues", (b) => b.queues.join(", ")],
+      ["Settled", (b) => b.settled_at ? fmtTime(b.settled_at) : el("span", { class: "muted" }, "not yet")],
+      ["Callbacks", (b) => [b.on_complete ? ["on complete ", runLink(b.on_complete)] : "", b.on_success ? [" on success ", runLink(b.on_success)] : ""]]],
+    page.batches, "batches-table"),
+    el("nav", { class: "pager", "aria-label": "pages" },
+      el("button", { id: "next-page", disabled: !page.next, onclick: () => go("batches", params, { before: page.next }) }, "Older →"))];
+  },
+
+  async batch(params, id) {
+    const b = await api("GET", `/v1/batches/${id}`);
+    return [el("h1", {}, ["Batch ", jt(b.name || b.id)]), el("p", { class: "muted" }, b.id),
+      el("div", { class: "grid", id: "batch-counts" }, Object.entries(b.counts).map(([k, n]) => [el("span", { class: "muted" }, k),
+        el("span", { "data-count": k }, n)])),
+      el("h2", {}, "Callbacks"), table([["Callback", (c) => c.kind], ["Run", (c) => runLink(c.id)], ["State", (c) => state(c.status)]],
+        [["on complete", b.on_complete], ["on success", b.on_success]].filter(([, c]) => c).map(([kind, c]) => ({ ...c, kind })),
+        "callbacks-table")];
   },
 
   async workflows() {
@@ -469,6 +567,76 @@ const views = {
         ["Depends on", (n) => n.depends_on.join(", ")], ["Reason", (n) => n.reason || ""]], wf.nodes, "nodes-table")];
   },
 };
+
+// The dead letter, the review queue, the retries waiting and the scheduled runs: paged by the server's
+// cursor (scoped before limited), filtered by queue and handler, with a bulk bar over everything that
+// matches (counted by the server, one request to act) and over the rows ticked.
+const LIST_VIEWS = {
+  dead: { title: "Dead letter", note: "Runs that failed for good (retries exhausted, fatal errors, quarantined).",
+    bulk: ["retry", "delete"], table: "dead-table", time: "finished_at" },
+  review: { title: "Review queue", note: "Runs whose non-idempotent side effect may or may not have happened: check, then resolve.",
+    bulk: ["retry", "delete"], table: "review-table", time: "finished_at" },
+  retries: { title: "Retries waiting", note: "Runs that failed an attempt and wait for their next one (RETRY_WAIT).",
+    bulk: ["run_now", "cancel"], table: "retries-table", time: "run_at" },
+  scheduled: { title: "Scheduled", note: "Runs submitted with a delay or a time, not due yet.",
+    bulk: ["run_now", "cancel"], table: "scheduled-table", time: "run_at" },
+};
+
+async function listView(list, route, params) {
+  const v = LIST_VIEWS[list];
+  const q = new URLSearchParams({ limit: params.get("limit") || "50" });
+  for (const k of ["queue", "handler", "cursor"]) if (params.get(k)) q.set(k, params.get(k));
+  const page = await api("GET", `/v1/ops/lists/${list}?${q}`);
+  const rows = page.runs;
+  const filter = {};
+  for (const k of ["queue", "handler"]) if (params.get(k)) filter[k] = params.get(k);
+  const shown = Object.entries(filter).map(([k, x]) => `${k} ${x}`).join(", ");
+  const what = `${v.title.toLowerCase()}${shown ? " with " + shown : ""}`;
+  const allowed = (a) => a !== "delete" || isAdmin();
+  const sel = selected[list] || new Set();
+  const bulkAll = () => { flushFilters(); const p = new URLSearchParams(location.hash.split("?")[1] || ""); const f = {};
+    for (const k of ["queue", "handler"]) if (p.get(k)) f[k] = p.get(k); return f; };
+  const rowCmds = (r) => {
+    if (list === "review") return ["succeeded", "failed", "retry"].map((as) =>
+      el("button", { onclick: () => confirmResolve(r, as) }, `Resolve as ${as}`));
+    if (list === "dead") return el("button", { "data-row-action": "retry", onclick: () => confirmRun(r, "retry") }, "Retry");
+    return el("button", { "data-row-action": "run_now", onclick: () => opsBulk(list, "ids", {}, [r.id], "run_now", `run ${r.id}`) }, "Run now");
+  };
+  return [el("h1", {}, v.title), el("p", { class: "muted" }, v.note),
+    filterForm(`${list}-filter`, route, params, [["queue", "queue"], ["handler", "handler"]]),
+    el("div", { class: "commands", id: "list-bulk" }, `All in ${what}: `,
+      v.bulk.filter(allowed).map((a) => el("button", { "data-list-bulk": a, id: list === "dead" && a === "retry" ? "retry-all" : null,
+        onclick: () => opsBulk(list, list, bulkAll(), [], a, what) }, `${VERB[a]} all…`))),
+    sel.size ? el("div", { class: "commands", id: "selection" }, `${sel.size} selected: `,
+      v.bulk.filter(allowed).map((a) => el("button", { "data-bulk-selected": a, onclick: () => actOnSelected(list, a) }, `${VERB[a]} ${sel.size}`)),
+      el("button", { onclick: () => { sel.clear(); render(); } }, "Clear")) : null,
+    el("p", { id: "bulk-result", role: "status" }, lastResult[list] || ""),
+    table([
+      ["", (r) => selectBox(list, r.id)],
+      ["Id", (r) => runLink(r.id)], ["Handler", (r) => jt(r.handler)], ["Queue", (r) => r.queue], ["State", (r) => state(r.status)],
+      ["Attempts", (r) => r.attempt],
+      [v.time === "run_at" ? "Due" : "Finished", (r) => el("span", { title: ago(r[v.time]) }, fmtTime(r[v.time]))],
+      ["Reason", (r) => jt(r.reason || "")],
+      ["Error", (r) => [jt(r.last_error_class || ""), " ", longText(r.last_error, `${list}-${r.id}`)]],
+      ["", rowCmds]], rows, v.table),
+    el("nav", { class: "pager", "aria-label": "pages" },
+      el("button", { id: "first-page", disabled: !params.get("cursor"), onclick: () => go(route, params, { cursor: "" }) }, "← First page"),
+      el("button", { id: "next-page", disabled: !page.next, onclick: () => go(route, params, { cursor: page.next }) }, "Next page →"))];
+}
+
+// A run's timeline as the page has it: the events fetched so far and the cursor to ask after.
+const timeline = { id: null, events: [], cursor: 0 };
+
+async function fetchTimeline(id) {
+  for (let i = 0; i < 5; i++) {
+    const t = await api("GET", `/v1/runs/${id}/timeline?after=${timeline.cursor}`);
+    if (timeline.id !== id) return;
+    timeline.events.push(...t.events);
+    timeline.cursor = t.cursor;
+    if (!t.more) break;
+  }
+  timeline.events.sort((a, b) => Date.parse(a.at) - Date.parse(b.at) || a.id - b.id);
+}
 
 // A line chart as inline SVG: one polyline per series (gaps where a step has no value), the y axis
 // from 0 to the largest value, the first and last times on the x axis; every point has a tooltip.
@@ -572,7 +740,6 @@ function graph(nodes) {
 
 // -- commands --------------------------------------------------------------------------------
 const lastResult = {};
-const bulkProgress = { done: 0, total: 0 };
 
 function ask(title, text) {
   return new Promise((resolve) => {
@@ -635,99 +802,60 @@ async function confirmWorkflowRetry(wf) {
   await render();
 }
 
-// One command on a list of runs, each by its own compare-and-set, a few at a time, with progress.
-async function actOnIds(ids, verb, reason) {
-  bulkProgress.done = 0;
-  bulkProgress.total = ids.length;
-  const failed = [];
-  let next = 0;
-  const workerLoop = async () => {
-    while (next < ids.length) {
-      const id = ids[next++];
-      try { await api("POST", `/v1/runs/${id}/${verb}`, { reason }); } catch (e) { failed.push(`${id}: ${e.message}`); }
-      bulkProgress.done++;
-      const bar = $("bulk-progress");
-      if (bar) { bar.hidden = false; bar.max = bulkProgress.total; bar.value = bulkProgress.done; }
-    }
-  };
-  await Promise.all([workerLoop(), workerLoop(), workerLoop(), workerLoop()]);
-  lastResult.bulk = `${verb}: ${ids.length - failed.length} of ${ids.length} done` +
-    (failed.length ? `; refused: ${failed.slice(0, 5).join("; ")}${failed.length > 5 ? " …" : ""}` : "");
-  bulkProgress.total = 0;
-}
+// -- bulk actions: counted by the server, confirmed with the count's handle ----------------------
+// POST /v1/ops/bulk/count stores the runs that match (with their versions) under a handle and says how
+// many (a 200: the API's own count answers 428, which a browser logs as an error); the confirmation
+// names the handle and the number, and the server acts on exactly those runs, skipping any that moved.
+const VERB = { retry: "Retry", cancel: "Cancel", pause: "Pause", resume: "Resume", restart: "Restart",
+  run_now: "Run now", delete: "Delete" };
+const RUN_FILTERS = ["queue", "status", "handler", "tenant", "concurrency_key", "idempotency_key", "arg", "since", "until", "id"];
 
-async function retryAll(rows) {
-  const ids = rows.map((r) => r.id);
-  const reason = await ask(`Retry ${ids.length} runs?`, `Exactly the ${ids.length} dead-letter runs shown ` +
-    `(ids ${Math.min(...ids)}–${Math.max(...ids)}) go back to PENDING, each only if it is still where it was.`);
+async function opsBulk(key, list, filter, ids, action, what) {
+  const body = { action, list, filter, ids: ids || [] };
+  let counted;
+  try { counted = await api("POST", "/v1/ops/bulk/count", body); } catch (e) {
+    lastResult[key] = `${VERB[action]} refused: ${e.message}`;
+    return render();
+  }
+  if (!counted.acting) {
+    lastResult[key] = counted.matched ? `no run of the ${counted.matched} matching takes ${action}` : "no run matches";
+    return render();
+  }
+  const sample = counted.sample.slice(0, 10).join(", ") + (counted.acting > 10 ? " …" : "");
+  const reason = await ask(`${VERB[action]} ${counted.acting} runs?`, `${what}: ${counted.acting} runs counted ` +
+    `(ids ${sample}). Exactly these, each only if it has not moved since this count` +
+    (action === "delete" ? "; they leave every list for the archive, their history stays." : "."));
   if (reason === null) return;
-  await actOnIds(ids, "retry", reason);
+  try {
+    const out = await api("POST", "/v1/ops/bulk", { ...body, handle: counted.handle, confirm: counted.acting, reason });
+    lastResult[key] = `${action}: ${out.acted} of ${counted.acting} done` + (out.skipped.length
+      ? `, ${out.skipped.length} skipped (moved meanwhile): ${out.skipped.slice(0, 3).map((x) => `${x.id} ${x.reason}`).join("; ")}` : "");
+    if (selected[key]) selected[key].clear();
+  } catch (e) { lastResult[key] = `${action} refused: ${e.message}`; }
   await render();
 }
 
 async function actOnSelected(view, verb) {
   const ids = [...(selected[view] || [])];
-  const reason = await ask(`${verb} ${ids.length} selected runs?`, `Runs ${ids.join(", ")}.`);
-  if (reason === null) return;
-  await actOnIds(ids, verb, reason);
-  selected[view].clear();
-  await render();
+  await opsBulk(view, "ids", {}, ids, verb, `${ids.length} selected runs`);
 }
 
-// A filtered set, by the server's bulk command (admin): the count comes from its 428 answer (the exact
-// ids up to until_id), then chunks of CHUNK, each confirmed with its own exact size.
-function bulkBar(params, total, exact) {
-  const queue = params.get("queue"), status = params.get("status");
-  const others = ["id", "tenant", "concurrency_key", "idempotency_key", "arg", "since", "until"].filter((k) => params.get(k));
+// The runs list's filter (admin): what the filter box shows is applied first, then counted.
+function bulkBar(params) {
   if (!isAdmin()) return null;
-  if (!queue || !status || others.length) {
-    return el("p", { class: "muted", id: "bulk-bar" }, "Act on a filtered set: filter by queue and state (and optionally handler).");
-  }
-  return el("div", { class: "commands", id: "bulk-bar" }, `All matching in ${queue}: `,
-    ["pause", "cancel", "retry", "resume"].filter((v) => COMMANDS[v].includes(status)).map((v) =>
-      el("button", { "data-bulk": v, onclick: () => bulkByFilter(queue, v, status, params.get("handler")) },
-        `${v[0].toUpperCase() + v.slice(1)} all…`)),
-    el("progress", { id: "bulk-progress", value: bulkProgress.done, max: bulkProgress.total || 1, hidden: !bulkProgress.total }));
+  const status = params.get("status");
+  const verbs = ["pause", "cancel", "retry", "resume", "delete"].filter((v) => !status || COMMANDS[v].includes(status));
+  return el("div", { class: "commands", id: "bulk-bar" }, "All runs matching the filter: ",
+    verbs.map((v) => el("button", { "data-bulk": v, onclick: () => bulkByFilter(v) }, `${VERB[v]} all…`)));
 }
 
-async function bulkCount(queue, body) {
-  try {
-    const out = await api("POST", `/v1/queues/${enc(queue)}/bulk`, { ...body, confirm: 0 });
-    return { matched: out.matched, acting: 0, until_id: null };  // nothing matched: nothing done
-  } catch (e) {
-    if (e.status === 428 && e.problem) return e.problem;
-    throw e;
-  }
-}
-
-async function bulkByFilter(queue, verb, status, handler) {
-  const base = { command: verb, status, handler: handler || null, limit: CHUNK };
-  let first;
-  try { first = await bulkCount(queue, base); } catch (e) { lastResult.bulk = `refused: ${e.message}`; return render(); }
-  if (!first.matched) { lastResult.bulk = "no run matches"; return render(); }
-  const reason = await ask(`${verb} ${first.matched} runs?`, `${first.matched} ${status} runs of ${queue}` +
-    (handler ? ` (handler ${handler})` : "") + ` with ids up to ${first.until_id}; acted on in chunks of ${CHUNK}.`);
-  if (reason === null) return;
-  bulkProgress.done = 0;
-  bulkProgress.total = first.matched;
-  let done = 0, refused = 0;
-  try {
-    for (let round = 0; done + refused < first.matched && round <= first.matched / CHUNK + 1; round++) {
-      const probe = await bulkCount(queue, { ...base, until_id: first.until_id, reason });
-      if (!probe.acting) break;
-      const out = await api("POST", `/v1/queues/${enc(queue)}/bulk`, { ...base, until_id: first.until_id, reason, confirm: probe.acting });
-      done += out.acted;
-      refused += Object.keys(out.refused || {}).length;
-      bulkProgress.done = done + refused;
-      const bar = $("bulk-progress");
-      if (bar) { bar.hidden = false; bar.max = bulkProgress.total; bar.value = bulkProgress.done; }
-    }
-    lastResult.bulk = `${verb}: ${done} of ${first.matched} done` + (refused ? `, ${refused} refused (moved meanwhile)` : "");
-  } catch (e) {
-    lastResult.bulk = `${verb} stopped after ${done}: ${e.message}`;
-  }
-  bulkProgress.total = 0;
-  await render();
+async function bulkByFilter(verb) {
+  flushFilters();  // the box, not an older URL, is what the operator sees
+  const q = new URLSearchParams(location.hash.split("?")[1] || "");
+  const filter = {};
+  for (const k of RUN_FILTERS) if (q.get(k)) filter[k] = k === "id" ? Number(q.get(k)) : q.get(k);
+  const shown = Object.entries(filter).map(([k, v]) => `${k} ${v}`).join(", ") || "every run";
+  await opsBulk("bulk", "runs", filter, [], verb, `runs with ${shown}`);
 }
 
 async function scheduleCommand(s, action) {
@@ -824,6 +952,21 @@ async function createSchedule(form) {
   await render();
 }
 
+// A queue's concurrency (its max_running: runs leased at once over all workers), from the queues view.
+async function setConcurrency(queue, form) {
+  const raw = new FormData(form).get("value");
+  const value = raw === "" || raw === null ? null : Number(raw);
+  const reason = await ask(`Change the concurrency of ${queue}?`, value === null
+    ? "No queue-wide limit: each worker's own concurrency applies." : `At most ${value} runs of ${queue} leased at once, over all workers.`);
+  if (reason === null) return;
+  try {
+    await api("POST", `/v1/queues/${enc(queue)}/dispatch`, { setting: "max_running", value, reason });
+    lastResult.queues = `concurrency of ${queue}: ${value === null ? "no limit" : value}`;
+    form.reset();
+  } catch (e) { lastResult.queues = `concurrency of ${queue} refused: ${e.message}`; }
+  await render();
+}
+
 async function changeDispatch(queue, form) {
   const f = Object.fromEntries(new FormData(form).entries());
   const body = { setting: f.setting, value: f.value === "" ? null : Number(f.value) };
@@ -846,13 +989,16 @@ async function changeDispatch(queue, form) {
 }
 
 // -- the live event stream ------------------------------------------------------------------
-// GET /v1/events/stream read with fetch (so the token goes in the Authorization header, never in a URL)
-// and parsed as Server-Sent Events. One stream at a time, for the events view's type / queue filter;
-// it is closed when the view is left or the filter changes. When it fails or ends it is reopened
-// after a pause (growing to 30 s); meanwhile the view polls.
+// One stream per tab: GET /v1/events/stream (unfiltered: the token's scope decides what comes) read with
+// fetch, so the token goes in the Authorization header, never in a URL, and parsed as Server-Sent Events.
+// It is opened at login and closed at logout. Each event is kept for the events view (the latest
+// EVENTS_KEPT) and marks the view shown as changed when it concerns it; a changed view is rebuilt at most
+// every RENDER_GAP_MS. When the stream fails or ends it is reopened after a pause (growing to 30 s);
+// meanwhile every view refreshes by the 2 s poll.
 const EVENTS_KEPT = 500;
 const live = {
-  key: null, controller: null, status: "off", why: "", reload: false, retry: null, delay: 2000, events: [], ids: new Set(),
+  controller: null, status: "off", why: "", reload: false, retry: null, delay: 2000, events: [], ids: new Set(),
+  listKey: null, on: false,
   merge(rows, replace) {
     if (replace) { this.events = []; this.ids = new Set(); }
     for (const e of rows) if (!this.ids.has(e.id)) { this.ids.add(e.id); this.events.push({ ...e, t: Date.parse(e.at) }); }
@@ -862,32 +1008,27 @@ const live = {
     }
   },
 };
-let liveRender = null;
 
-function liveEvents(key) {
-  if (live.key === key && (live.controller || live.retry)) return;
-  stopLive();
-  live.key = key;
-  openLive(key);
+function startLive() {
+  if (live.on) return;
+  live.on = true;
+  openLive();
 }
 
 function stopLive() {
   if (live.controller) live.controller.abort();
   clearTimeout(live.retry);
-  Object.assign(live, { key: null, controller: null, retry: null, status: "off", why: "", events: [], ids: new Set() });
+  Object.assign(live, { on: false, controller: null, retry: null, status: "off", why: "", events: [], ids: new Set(),
+    listKey: null, delay: 2000 });
 }
 
-function soon() {  // a render shortly, once for a burst of events
-  if (!liveRender) liveRender = setTimeout(() => { liveRender = null; render(); }, 150);
-}
-
-async function openLive(key) {
+async function openLive() {
   const ctl = new AbortController();
   live.controller = ctl;
   live.status = "connecting";
   let why = "closed";
   try {
-    const resp = await fetch(`/v1/events/stream${key ? "?" + key : ""}`, { signal: ctl.signal,
+    const resp = await fetch("/v1/events/stream", { signal: ctl.signal,
       headers: { Authorization: `Bearer ${sessionStorage.getItem(TOKEN_KEY) || ""}`, Accept: "text/event-stream" } });
     if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
     const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
@@ -915,37 +1056,63 @@ async function openLive(key) {
     if (ctl.signal.aborted) return;
     why = e.message;
   }
-  if (live.controller !== ctl) return;
+  if (live.controller !== ctl || !live.on) return;
   const again = why === "duration";  // the server's regular end: straight back
   Object.assign(live, { controller: null, status: "off", why: again ? "" : why });
-  live.retry = setTimeout(() => { live.retry = null; if (live.key === key) openLive(key); }, again ? 0 : live.delay);
+  live.retry = setTimeout(() => { live.retry = null; if (live.on) openLive(); }, again ? 0 : live.delay);
   live.delay = again ? live.delay : Math.min(live.delay * 2, 30000);
-  soon();
+  changed();
 }
 
 function onLive(msg) {
-  if (msg.event === "ready") {  // subscribed: everything recorded from now on comes; load what came before
+  if (msg.event === "ready") {  // subscribed: everything recorded from now on comes; reload what came before
     Object.assign(live, { status: "live", why: "", reload: true, delay: 2000 });
+    changed();
   } else if (msg.event === "fleet") {
-    live.merge([JSON.parse(msg.data)]);
+    const e = JSON.parse(msg.data);
+    live.merge([e]);
+    if (concerns(e)) changed();
   } else if (msg.event === "gap") {
     live.reload = true;
-  } else return;
-  soon();
+    changed();
+  }
 }
 
-// -- routing and polling ---------------------------------------------------------------------
+// Whether an event can change the view shown: a run's page changes with its own events only.
+function concerns(e) {
+  const [path] = (location.hash.slice(2) || "queues").split("?");
+  const [name, id] = path.split("/");
+  return name !== "run" || String(e.run_id) === id;
+}
+
+// -- routing, live rebuilds and the fallback poll ---------------------------------------------
+let lastRender = 0, pending = null, forget = false;
+
+function changed() {  // rebuild the view soon: at once if the last rebuild is old enough, else after the gap
+  if (pending) return;
+  const wait = Math.max(0, lastRender + RENDER_GAP_MS - Date.now());
+  pending = setTimeout(() => { pending = null; render(); }, wait);
+}
+
+function tick() {  // once a second: the poll while the stream is down, a slow refresh while it is up
+  if (!me || pending) return;
+  const [name] = (location.hash.slice(2) || "queues").split("?")[0].split("/");
+  const every = live.status === "live" ? (LIVE_REFRESH_MS[name] || LIVE_REFRESH_MS.default) : POLL_MS;
+  if (Date.now() - lastRender >= every) render();
+}
+
 let rendering = false, again = false;
 async function render() {
   if (!me || $("confirm").open) return;
   if (rendering) { again = true; return; }  // one more pass after this one: a command's result is never lost
   rendering = true;
   again = false;
+  lastRender = Date.now();
+  if (pending) { clearTimeout(pending); pending = null; }
   try {
     const [path, query] = (location.hash.slice(2) || "queues").split("?");
     const [name, id] = path.split("/");
     const view = views[name] || views.queues;
-    if (name !== "events" && live.key !== null) stopLive();
     document.querySelectorAll("#nav a").forEach((a) => {
       const here = a.getAttribute("href") === `#/${name}`;
       a.classList.toggle("active", here);
@@ -959,12 +1126,13 @@ async function render() {
       frag.append(...content);
       const active = document.activeElement;
       const sel = active && typeof active.selectionStart === "number" ? [active.selectionStart, active.selectionEnd] : null;
-      if (lastRoute === path) {  // the same view: what the operator is filling in stays as it is
+      if (lastRoute === path && !forget) {  // the same view: what the operator is filling in stays as it is
         frag.querySelectorAll("[data-keep][id]").forEach((fresh) => {
           const old = document.getElementById(fresh.getAttribute("id"));  // not .id: a form's field named id shadows it
           if (old && $("view").contains(old)) fresh.replaceWith(old);
         });
       }
+      forget = false;
       $("view").replaceChildren(frag);
       lastRoute = path;
       document.body.dataset.renders = String(Number(document.body.dataset.renders || 0) + 1);  // tests wait on it
@@ -981,9 +1149,10 @@ async function render() {
 }
 
 function start() {
-  clearInterval(pollTimer);
+  clearInterval(tickTimer);
+  startLive();
   render();
-  pollTimer = setInterval(render, POLL_MS);
+  tickTimer = setInterval(tick, 1000);
 }
 
 $("login-form").addEventListener("submit", async (ev) => {
@@ -991,7 +1160,18 @@ $("login-form").addEventListener("submit", async (ev) => {
   if (await login($("token").value.trim())) start();
 });
 $("logout").addEventListener("click", logout);
-window.addEventListener("hashchange", render);
+// A hash the filter form set keeps the form as typed; any other (Back, Forward, a link, a typed URL)
+// shows the URL's filter in the box: pending changes are dropped and the forms are rebuilt from the URL.
+window.addEventListener("hashchange", () => {
+  if (location.hash !== ownHash) {
+    for (const [timer] of filterTimers.values()) clearTimeout(timer);
+    filterTimers.clear();
+    forget = true;
+  }
+  ownHash = null;
+  render();
+});
+document.addEventListener("fencepost:refresh", () => render());  // a rebuild on request (tests)
 
 (async () => {
   const saved = sessionStorage.getItem(TOKEN_KEY);
