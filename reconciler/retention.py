@@ -23,6 +23,7 @@ import msgspec
 
 from fencepost.core.errors import InvalidInput
 from fencepost.core.record import Conn, Database, Session
+from fencepost.core.states import TERMINAL
 
 __all__ = [
     "CHART_WINDOW",
@@ -42,6 +43,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("fencepost.retention")
+_FINISHED = sorted(s.value for s in TERMINAL)
+"""A run in any other state is not finished: retention keeps its history."""
 
 _UTC = UTC
 _T = TypeVar("_T")
@@ -100,7 +103,10 @@ class Partition(msgspec.Struct, frozen=True):
 class Dropped(msgspec.Struct, frozen=True):
     partition: Partition
     rows: int
+    """Rows the partition held (all of them are in the archive)."""
     archive: Path | None
+    kept: int = 0
+    """Of `rows`, those of runs not finished: kept (in the DEFAULT partition), not dropped."""
 
 
 async def ensure_partitions(conn: Conn, month: date, ahead: int = 2) -> list[str]:
@@ -138,8 +144,10 @@ def archive_path(archive_dir: Path, part: Partition) -> Path:
 async def drop_partition(conn: Conn, part: Partition, archive_dir: Path | None) -> Dropped | None:
     """Detach and drop one partition, first copying it (client side, gzipped CSV with a
     header) into `archive_dir` when given. One transaction: the partition is locked against
-    writes before the copy, so the archive holds exactly the rows dropped; the file is in
-    place (fsynced, renamed) before the drop commits. None if the partition is already gone."""
+    writes before the copy, so the archive holds exactly the partition's rows; the file is in
+    place (fsynced, renamed) before the drop commits. The rows of runs that are not finished
+    are kept (sql/018_retention_keeps_live_history.sql): a waiting run keeps its `submitted`
+    event, a running attempt its row and start. None if the partition is already gone."""
     s = Session.of(conn)
     async with s.transaction():
         await s.execute("retention_lock")
@@ -153,8 +161,8 @@ async def drop_partition(conn: Conn, part: Partition, archive_dir: Path | None) 
             copied = await _copy_out(s, part.name, path)
             if copied != rows:  # cannot happen under the SHARE lock; never drop what was not archived
                 raise RuntimeError(f"{part.name}: copied {copied} rows of {rows}; nothing dropped")
-        await s.execute("drop_partition", part.name)
-    return Dropped(part, rows, path)
+        kept = await s.fetchval("drop_partition", part.name, _FINISHED)
+    return Dropped(part, rows, path, int(kept or 0))
 
 
 async def _copy_out(s: Session, table: str, path: Path) -> int:

@@ -59,7 +59,8 @@ ORDER BY upper_bound, parent;
 SELECT fencepost_partition_rows(to_regclass($1::text), $2::boolean) AS n;
 
 -- name: drop_partition
-SELECT fencepost_drop_partition($1::text::regclass);
+-- $2 the finished states: the rows of runs in any other state are kept (018); returns how many.
+SELECT fencepost_drop_partition($1::text::regclass, $2::text[]) AS kept;
 
 -- name: rollup_prune
 -- The dashboard's per-minute rollup (013_queue_minutes) older than $1, at most $2 rows, oldest first

@@ -372,7 +372,7 @@ async def test_recorder_redelivery_is_a_no_op_and_a_close_finds_its_attempt_in_a
     async def snapshot() -> tuple[Any, ...]:
         pool = stores.db.pool
         assert pool is not None
-        ev = await pool.fetch("SELECT id, run_id, type, at FROM events WHERE stream IS NOT NULL ORDER BY id")
+        ev = await pool.fetch("SELECT id, run_id, type, at FROM history WHERE stream_id IS NOT NULL ORDER BY id")
         att = await pool.fetch("SELECT * FROM attempts ORDER BY run_id")
         runs = await pool.fetch("SELECT id, status, version, started_at, finished_at FROM runs ORDER BY id")
         return [tuple(r) for r in ev], [tuple(r) for r in att], [tuple(r) for r in runs]
@@ -448,3 +448,63 @@ def test_chart_retention_is_validated(settings: Settings, value: str) -> None:
     with pytest.raises(InvalidInput) as err:
         Reconciler(msgspec.structs.replace(settings, chart_retention=value))
     assert err.value.field == "chart_retention" and "FENCEPOST_CHART_RETENTION" in str(err.value)
+
+
+# -- issue 22 item 10: retention never removes history of a run that is not finished ----------------
+async def test_retention_keeps_the_history_of_runs_not_finished_and_an_attempts_start(
+        client: Client, stores: Stores, settings: Settings) -> None:
+    """A run submitted in a month whose partition is dropped and still pending lost its `submitted`
+    event; with --keep 12h across a month boundary a running job lost its claim and its attempt
+    row, and its finish then made a new row with started_at = finished_at. History planted across
+    the January and February partitions (the recorder writes at each stream entry's time)."""
+    jan, feb = date(2024, 1, 1), date(2024, 2, 1)
+    conn = await _connect(settings)
+    try:
+        await ensure_partitions(conn, jan, 1)
+        pending, running = await client.submit("t.echo", 1), await client.submit("t.echo", 2)
+        await conn.execute("INSERT INTO events (run_id, queue, type, to_status, at) "
+                           "VALUES ($1, 'tq', 'submitted', 'PENDING', $2)", pending, _at(jan, 20))
+        done = await conn.fetchval(  # a finished run of January: its history goes
+            "INSERT INTO runs (handler, queue, status, payload, attempt, max_retries, timeout_s, created_at, "
+            "started_at, finished_at) VALUES ('t.echo', 'tq', 'SUCCEEDED', '\\x00', 1, 0, 1, $1, $1, $1) "
+            "RETURNING id", _at(jan, 5))
+        await conn.execute("INSERT INTO events (run_id, type, to_status, at) VALUES ($1, 'succeeded', 'SUCCEEDED', $2)",
+                           done, _at(jan, 5))
+        await conn.execute("INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome) "
+                           "VALUES ($1, 1, 7, 'w', $2, $2, 'succeeded')", done, _at(jan, 5))
+
+        stream = stores.keys("tq").events
+        start = datetime(2024, 1, 31, 23, 0, tzinfo=UTC)
+        t0 = int(start.timestamp() * 1000)
+        rec = Recorder(stores, consumer="test")
+        await rec.record([(stream, *_entry(t0, 0, run=running, type="claimed", **{"from": "PENDING"}, to="RUNNING",
+                                           v=1, ts=t0, attempt=1, token=11, worker="w1", lease=t0 + 3_600_000))])
+
+        async def history(run_id: int) -> tuple[list[Any], list[Any]]:
+            ev = await conn.fetch("SELECT id, type, at FROM events WHERE run_id = $1 ORDER BY id", run_id)
+            att = await conn.fetch("SELECT attempt, started_at, finished_at, outcome FROM attempts WHERE run_id = $1",
+                                   run_id)
+            return [tuple(r) for r in ev], [tuple(r) for r in att]
+
+        before = {rid: await history(rid) for rid in (pending, running)}
+        assert any(e[1] == "submitted" and e[2] == _at(jan, 20) for e in before[pending][0])
+        assert before[running][1] == [(1, start, None, None)], "the running attempt's row, started in January"
+
+        # 2024-02-01 13:00, keep 12h: the cutoff is 01:00, after January's partitions end
+        out = await fencepost(settings, "retention", "--keep", "12h", "--now", "2024-02-01T13:00:00+00:00")
+        assert out.returncode == 0, out.stderr
+        assert not await _exists(conn, _part("events", jan)) and not await _exists(conn, _part("attempts", jan))
+        assert await _exists(conn, _part("events", feb)), "February ends after the cutoff"
+        for rid in (pending, running):
+            assert await history(rid) == before[rid], f"run {rid} is not finished: its history stays"
+        assert "kept" in out.stdout and "rows of runs not finished" in out.stdout, out.stdout
+        assert await history(done) == ([], []), "the finished run's January history is dropped"
+
+        t1 = int(datetime(2024, 2, 1, 12, 30, tzinfo=UTC).timestamp() * 1000)
+        await rec.record([(stream, *_entry(t1, 0, run=running, type="succeeded", **{"from": "RUNNING"},
+                                           to="SUCCEEDED", v=2, ts=t1, attempt=1, token=11, worker="w1"))])
+        _, attempts = await history(running)
+        assert attempts == [(1, start, datetime.fromtimestamp(t1 / 1000, UTC), "succeeded")], \
+            "the finish closes the kept row: its start is not rewritten"
+    finally:
+        await conn.close()
