@@ -67,6 +67,7 @@ async def retention(settings: Settings, keep: str, archive_dir: Path | None, dry
                     click.echo(f"skipped {p.name}: already gone")
                 else:
                     where = f"archived to {done.archive}" if done.archive is not None else "not archived"
-                    click.echo(f"dropped {p.name}: {done.rows} rows, {where}")
+                    kept = f"; kept {done.kept} rows of runs not finished" if done.kept else ""
+                    click.echo(f"dropped {p.name}: {done.rows - done.kept} rows, {where}{kept}")
     finally:
         await db.close()
