@@ -1,28 +1,52 @@
-"""A thin HTTP client of the Fencepost API for the CLI (`--api URL --token T`, or
-FENCEPOST_API_URL / FENCEPOST_API_TOKEN): operators need no database or Redis credentials.
+"""HTTP clients of the Fencepost API, on httpx: `AsyncApiClient` implements the operator protocol
+(fencepost.core.views.Operator) as `fencepost.Client` does, returning the same typed views, so a CLI
+command is written once for both; `ApiClient` is the blocking one the remaining commands use
+(`--api URL --token T`, or FENCEPOST_API_URL / FENCEPOST_API_TOKEN: operators need no database or
+Redis credentials).
 
-Standard library only. Problem+json answers become typed errors where the CLI acts on the
-type (BulkNotConfirmed), and ApiProblem (a FencepostError: one line on stderr) otherwise.
+Problem+json answers become typed errors where the CLI acts on the type (BulkNotConfirmed,
+UnknownRun for 404 on a run), and ApiProblem (a FencepostError: one line on stderr) otherwise; an
+unreachable API is StoreUnavailable.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import urllib.error
+import time
 import urllib.parse
-import urllib.request
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+import msgspec
 
 from fencepost.core.errors import (
     BulkNotConfirmed,
     FencepostError,
     StoreUnavailable,
+    UnknownQueue,
     WaitTimeout,
 )
-from fencepost.core.states import RESTING
+from fencepost.core.models import Outcome, Submit
+from fencepost.core.states import DEAD, RESTING, Status
+from fencepost.core.views import (
+    Attempt,
+    Checkpoint,
+    Event,
+    QueueStats,
+    RecorderSilence,
+    Reply,
+    Run,
+    RunSummary,
+    status_filter,
+)
 
-__all__ = ["ApiClient", "ApiProblem"]
+__all__ = ["ApiClient", "ApiProblem", "AsyncApiClient"]
+
+T = TypeVar("T")
 
 
 class ApiProblem(FencepostError):
@@ -50,46 +74,210 @@ def _parse_times(row: Any) -> Any:
     return row
 
 
+def _request(method: str, path: str, body: Any, query: dict[str, Any] | None,
+             headers: dict[str, str] | None) -> dict[str, Any]:
+    """httpx arguments of one call: JSON body, query without None values, extra headers."""
+    params = {k: v for k, v in (query or {}).items() if v is not None}
+    hdrs = dict(headers or {})
+    content = None
+    if body is not None:
+        content = json.dumps(body, default=str).encode()
+        hdrs["Content-Type"] = "application/json"
+    return {"method": method, "url": path, "params": params or None, "content": content, "headers": hdrs}
+
+
+def _answer(resp: httpx.Response) -> Any:
+    """The decoded answer, or the typed error an error answer stands for."""
+    raw = resp.content
+    if resp.status_code >= 400:
+        try:
+            problem = json.loads(raw)
+        except ValueError:
+            problem = {"detail": raw.decode(errors="replace")[:200] or resp.reason_phrase}
+        if not isinstance(problem, dict):
+            problem = {"detail": str(problem)[:200]}
+        if resp.status_code == 428 and "matched" in problem:
+            refused = BulkNotConfirmed(int(problem["matched"]), int(problem.get("limit") or 0))
+            refused.until_id = problem.get("until_id")  # type: ignore[attr-defined]  # the set as counted
+            refused.handle = problem.get("handle")  # type: ignore[attr-defined]  # names the counted set
+            refused.acting = problem.get("acting", problem["matched"])  # type: ignore[attr-defined]
+            raise refused from None
+        raise ApiProblem(resp.status_code, problem) from None
+    return _parse_times(json.loads(raw)) if raw else None
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    out = {"Accept": "application/json"}
+    if token:
+        out["Authorization"] = f"Bearer {token}"
+    return out
+
+
+def _quote(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+def _outcome(run: Run) -> Outcome:
+    """Client.wait's Outcome from the API's live run (its error only where the final attempt failed)."""
+    failed = run.status in _DEAD or run.reason == "paused_after_error"
+    return Outcome(run.id, run.status, run.result, run.last_error if failed else None,
+                   run.last_error_class if failed else None,
+                   None if run.status == Status.SUCCEEDED else run.reason)
+
+
+_DEAD = frozenset(s.value for s in DEAD)
+_RESTING = frozenset(s.value for s in RESTING)
+
+
+def _as(cls: type[T], data: Any) -> T:
+    """The API's JSON answer as the typed view CLS (times from their ISO text)."""
+    return msgspec.convert(data, cls, strict=False)
+
+
+def _submit_body(req: Submit) -> dict[str, Any]:
+    body: dict[str, Any] = {"handler": req.handler, "args": list(req.args), "kwargs": dict(req.kwargs)}
+    for f in ("queue", "priority", "run_at", "delay", "timeout", "max_retries", "idempotency_key", "trace", "tenant",
+              "concurrency_key", "concurrency_limit", "rate_key", "rate_limit"):
+        v = getattr(req, f)
+        if v is not None:
+            body[f] = v.isoformat() if isinstance(v, datetime) else v
+    return body
+
+
+class AsyncApiClient:
+    """The API as an operator protocol (fencepost.core.views.Operator): `async with AsyncApiClient(url, token)`."""
+
+    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.url, headers=_headers(token), timeout=timeout,
+                                       transport=transport)
+
+    async def __aenter__(self) -> AsyncApiClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def request(self, method: str, path: str, body: Any = None, *, query: dict[str, Any] | None = None,
+                      headers: dict[str, str] | None = None) -> Any:
+        try:
+            resp = await self._http.request(**_request(method, path, body, query, headers))
+        except httpx.TransportError as exc:
+            raise StoreUnavailable(f"the API at {self.url} is unreachable: {exc}") from None
+        return _answer(resp)
+
+    # -- producer ------------------------------------------------------------------------------
+    async def submit_many(self, requests: Sequence[Submit]) -> list[int]:
+        """Each request as POST /v1/runs (its idempotency key also as the Idempotency-Key header)."""
+        ids = []
+        for req in requests:
+            hdrs = {"Idempotency-Key": req.idempotency_key} if req.idempotency_key else None
+            ids.append(int((await self.request("POST", "/v1/runs", _submit_body(req), headers=hdrs))["id"]))
+        return ids
+
+    async def wait(self, run_id: int, timeout: float | None = None) -> Outcome:
+        """Poll the run until it rests (terminal, PAUSED or STOPPED), as Client.wait does; the API's run
+        carries the outcome from Redis before PostgreSQL records it. WaitTimeout past `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            run = await self.run(run_id)
+            if run.status in _RESTING:
+                return _outcome(run)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(run_id, run.status)
+            await asyncio.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+
+    # -- read ----------------------------------------------------------------------------------
+    async def run(self, run_id: int) -> Run:
+        return _as(Run, await self.request("GET", f"/v1/runs/{run_id}"))
+
+    async def attempts(self, run_id: int) -> list[Attempt]:
+        return _as(list[Attempt], await self.request("GET", f"/v1/runs/{run_id}/attempts"))
+
+    async def checkpoint(self, run_id: int) -> Checkpoint | None:
+        got = await self.request("GET", f"/v1/runs/{run_id}/checkpoint")
+        return None if got is None else _as(Checkpoint, got)
+
+    async def events(self, run_id: int) -> list[Event]:
+        return _as(list[Event], await self.request("GET", f"/v1/runs/{run_id}/events"))
+
+    async def fleet_events(self, since: datetime, type_: str | None = None, queue: str | None = None,
+                           limit: int = 100) -> list[Event]:
+        return _as(list[Event], await self.request("GET", "/v1/events", query={
+            "since": since.isoformat(), "type": type_, "queue": queue, "limit": limit}))
+
+    async def list_runs(self, *, queue: str | None = None, status: str | None = None, handler: str | None = None,
+                        limit: int = 50) -> list[RunSummary]:
+        return _as(list[RunSummary], await self.request("GET", "/v1/runs", query={
+            "queue": queue, "status": status_filter(status), "handler": handler, "limit": limit}))
+
+    async def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
+        return _as(list[RunSummary], await self.request("GET", "/v1/dead-letter", query={"queue": queue,
+                                                                                          "limit": limit}))
+
+    async def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
+        return _as(list[RunSummary], await self.request("GET", "/v1/review", query={"queue": queue, "limit": limit}))
+
+    async def queues(self, *, window_s: int = 300) -> list[QueueStats]:
+        return _as(list[QueueStats], await self.request("GET", "/v1/queues", query={"window": window_s}))
+
+    async def known_queue(self, queue: str) -> None:
+        """UnknownQueue unless the API lists QUEUE (among the queues the token may see)."""
+        if queue not in {q.queue for q in await self.queues()}:
+            raise UnknownQueue(queue)
+
+    async def recorder_silence(self) -> RecorderSilence | None:
+        """Not exposed by the API yet: its own /readyz and alerts say so; None."""
+        return None
+
+    # -- operator ------------------------------------------------------------------------------
+    async def command(self, verb: str, run_id: int, *, reason: str = "",
+                      expected_version: int | None = None) -> Reply:
+        body: dict[str, Any] = {"reason": reason}
+        if expected_version is not None:
+            body["expected_version"] = expected_version
+        return Reply((await self.request("POST", f"/v1/runs/{run_id}/{verb}", body))["state"])
+
+    async def pause_queue(self, queue: str, *, reason: str = "") -> None:
+        await self.request("POST", f"/v1/queues/{_quote(queue)}/pause", {"reason": reason})
+
+    async def resume_queue(self, queue: str, *, reason: str = "") -> None:
+        await self.request("POST", f"/v1/queues/{_quote(queue)}/resume", {"reason": reason})
+
+
 class ApiClient:
-    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
+    """The blocking client (httpx): what the commands not yet written against the protocol use."""
+
+    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self._http = httpx.Client(base_url=self.url, headers=_headers(token), timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def request(self, method: str, path: str, body: Any = None, *, query: dict[str, Any] | None = None,
                 headers: dict[str, str] | None = None) -> Any:
-        url = self.url + path
-        if query:
-            q = {k: v for k, v in query.items() if v is not None}
-            if q:
-                url += "?" + urllib.parse.urlencode(q)
-        data = None if body is None else json.dumps(body, default=str).encode()
-        req = urllib.request.Request(url, data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        for k, v in (headers or {}).items():
-            req.add_header(k, v)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            try:
-                problem = json.loads(raw)
-            except ValueError:
-                problem = {"detail": raw.decode(errors="replace")[:200] or exc.reason}
-            if exc.code == 428 and "matched" in problem:
-                refused = BulkNotConfirmed(int(problem["matched"]), int(problem.get("limit") or 0))
-                refused.until_id = problem.get("until_id")  # type: ignore[attr-defined]  # the set as counted
-                refused.acting = problem.get("acting", problem["matched"])  # type: ignore[attr-defined]
-                raise refused from None
-            raise ApiProblem(exc.code, problem) from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise StoreUnavailable(f"the API at {self.url} is unreachable: {getattr(exc, 'reason', exc)}") from None
-        return _parse_times(json.loads(raw)) if raw else None
+            resp = self._http.request(**_request(method, path, body, query, headers))
+        except httpx.TransportError as exc:
+            raise StoreUnavailable(f"the API at {self.url} is unreachable: {exc}") from None
+        return _answer(resp)
 
     # -- producer ------------------------------------------------------------------------------
     def submit(self, handler: str, args: list[Any], kwargs: dict[str, Any], *, idempotency_key: str | None = None,
@@ -123,16 +311,13 @@ class ApiClient:
     def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         return self.request("GET", "/v1/dead-letter", query={"queue": queue, "limit": limit})
 
-    def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/review", query={"queue": queue, "limit": limit})
+    def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
+        return _as(list[RunSummary], self.request("GET", "/v1/review", query={"queue": queue, "limit": limit}))
 
     def wait(self, run_id: int, timeout: float | None = None) -> dict[str, Any]:
         """Poll the run until it rests (terminal, PAUSED or STOPPED), as Client.wait does; the API's
         run carries the outcome from Redis before PostgreSQL records it. WaitTimeout past `timeout`."""
-        import time
-
-
-        resting = {s.value for s in RESTING}
+        resting = _RESTING
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.05
         while True:
@@ -201,14 +386,20 @@ class ApiClient:
         return self.request("POST", f"/v1/runs/{run_id}/resolve", {"as": as_, "reason": reason})["state"]
 
     def pause_queue(self, queue: str, *, reason: str = "") -> None:
-        self.request("POST", f"/v1/queues/{urllib.parse.quote(queue, safe='')}/pause", {"reason": reason})
+        self.request("POST", f"/v1/queues/{_quote(queue)}/pause", {"reason": reason})
 
     def resume_queue(self, queue: str, *, reason: str = "") -> None:
-        self.request("POST", f"/v1/queues/{urllib.parse.quote(queue, safe='')}/resume", {"reason": reason})
+        self.request("POST", f"/v1/queues/{_quote(queue)}/resume", {"reason": reason})
 
     def bulk(self, verb: str, *, queue: str, status: str | None, handler: str | None, confirm: int,
-             reason: str = "", limit: int | None = None, until_id: int | None = None) -> dict[str, Any]:
-        body = {"command": verb, "status": status, "handler": handler, "confirm": confirm, "reason": reason,
-                "limit": limit, "until_id": until_id}
-        return self.request("POST", f"/v1/queues/{urllib.parse.quote(queue, safe='')}/bulk",
+             reason: str = "", limit: int | None = None, until_id: int | None = None,
+             handle: str | None = None) -> dict[str, Any]:
+        """Without `handle`: a count (BulkNotConfirmed carries its handle); with it: the confirm, which
+        acts on the counted runs that have not moved (the filters belong to the count)."""
+        if handle is not None:
+            body: dict[str, Any] = {"command": verb, "handle": handle, "confirm": confirm, "reason": reason}
+        else:
+            body = {"command": verb, "status": status, "handler": handler, "confirm": confirm, "reason": reason,
+                    "limit": limit, "until_id": until_id}
+        return self.request("POST", f"/v1/queues/{_quote(queue)}/bulk",
                             {k: v for k, v in body.items() if v is not None})

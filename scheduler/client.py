@@ -15,7 +15,7 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 
-from fencepost.control import ControlMixin
+from fencepost.control import COMMANDS, ControlMixin
 from fencepost.core import rates, validate
 from fencepost.core.config import Settings
 from fencepost.core.errors import (
@@ -32,12 +32,31 @@ from fencepost.core.errors import (
     WaitTimeout,
 )
 from fencepost.core.models import JobSpec, Outcome, RunRow, Submit, decode_result, encode_payload, run_columns
-from fencepost.core.queues import check_queue_name, declare_queues, stamp_created
+from fencepost.core.queues import check_queue_name, declare_queues, require_queue, stamp_created
 from fencepost.core.record import REFUSED, Conn, store_definitions
 from fencepost.core.registry import Handler, Registry
 from fencepost.core.states import DEAD, RESTING, Status
 from fencepost.core.stores import Stores
 from fencepost.core.tracing import submit_traceparent, submit_tracer, valid_traceparent
+from fencepost.core.views import (
+    Attempt,
+    Checkpoint,
+    Event,
+    QueueStats,
+    RecorderSilence,
+    Reply,
+    Run,
+    RunProgress,
+    RunRecord,
+    RunSummary,
+    live_runs,
+    live_summaries,
+    queue_stats,
+    recorder_silence,
+    run_view,
+    status_filter,
+    view,
+)
 from fencepost.workflows import RunHandle, SyncRunHandle, WorkflowMixin
 
 __all__ = ["Client", "SyncClient", "idempotency_scope", "request_fingerprint"]
@@ -183,7 +202,7 @@ def _outcome_from_event(run_id: int, status: str, result: Any, f: dict[bytes, by
     return Outcome(run_id, status, result, text(b"error"), text(b"error_class"), reason)
 
 
-def _outcome_from_row(run_id: int, status: str, result: Any, row: dict[str, Any], hot_error: str | None) -> Outcome:
+def _outcome_from_row(run_id: int, status: str, result: Any, row: RunRecord, hot_error: str | None) -> Outcome:
     """The outcome from PostgreSQL's row once the ending event was recorded. The row keeps the last
     error of any attempt, so it is reported only where the final attempt is the one that failed."""
     if row["status"] != status:  # the projection is behind (a very busy stream): no reason to give
@@ -326,8 +345,8 @@ class Client(ControlMixin, WorkflowMixin):
 
     def __init__(self, redis_url: str | None = None, database_url: str | None = None, *,
                  settings: Settings | None = None, actor: str = "client") -> None:
-        self.settings = settings or Settings.from_env(redis_url=redis_url, database_url=database_url)
-        self.stores = Stores(self.settings)
+        self.stores = Stores(settings or Settings.from_env(redis_url=redis_url, database_url=database_url))
+        self.settings = self.stores.settings  # the URLs as resolved: given, else the embedded pair (core.stores)
         self.actor = actor
         self.registry: Registry | None = None
         self._defs: dict[str, JobSpec] = {}
@@ -633,15 +652,21 @@ class Client(ControlMixin, WorkflowMixin):
                       concurrency_limit=climit, rate_key=rkey, rate_limit=rlimit, delay_ms=delay_ms)
 
     # -- read ----------------------------------------------------------------------------------
-    async def get(self, run_id: int) -> dict[str, Any]:
+    async def get(self, run_id: int) -> RunRecord:
+        """The run as PostgreSQL records it (hot or archived), with its latest progress report
+        (ctx.progress()); `run()` gives the live view an operator sees."""
         row = await self.stores.db.fetchrow("get_run", run_id)
         if row is None:
             raise UnknownRun(run_id)
-        out = dict(row)
+        out = view(RunRecord, row)
         prog = await self.stores.db.fetchrow("progress_get", [run_id])  # ctx.progress(): the latest attempt's
-        out["progress"] = None if prog is None else {k: prog[k] for k in ("done", "total", "message", "attempt",
-                                                                           "updated_at")}
+        out.progress = None if prog is None else view(RunProgress, prog)
         return out
+
+    async def run(self, run_id: int) -> Run:
+        """The run with its arguments and result decoded and the live state Redis holds when it is
+        newer than the record (fencepost.core.views.overlay: the rule every reader uses)."""
+        return (await live_runs(self.stores, [run_view(await self.get(run_id))]))[0]
 
     def handle(self, run_id: int) -> RunHandle:
         """A result handle for a run id (from submit, submit_many, a schedule...): status(), wait(), get()."""
@@ -700,20 +725,56 @@ class Client(ControlMixin, WorkflowMixin):
         return None
 
     async def list_runs(self, *, queue: str | None = None, status: str | None = None,
-                        handler: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        if status is not None and status not in Status.__members__:
-            raise InvalidInput(f"unknown status {status!r}; one of {', '.join(Status)}", field="status")
-        return [dict(r) for r in await self.stores.db.fetch("list_runs", queue, status, handler, limit)]
+                        handler: str | None = None, limit: int = 50) -> list[RunSummary]:
+        """Runs newest first, selected by their recorded state, shown with their live one (overlay)."""
+        rows = await self.stores.db.fetch("list_runs", queue, status_filter(status), handler, limit)
+        return await live_summaries(self.stores, [view(RunSummary, r) for r in rows])
 
-    async def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        return [dict(r) for r in await self.stores.db.fetch("dead_letter", queue, limit)]
+    async def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
+        rows = await self.stores.db.fetch("dead_letter", queue, limit)
+        return await live_summaries(self.stores, [view(RunSummary, r) for r in rows])
 
-    async def events(self, run_id: int) -> list[dict[str, Any]]:
+    async def events(self, run_id: int) -> list[Event]:
         await self.get(run_id)
-        return [dict(r) for r in await self.stores.db.fetch("run_events", run_id)]
+        return [view(Event, r) for r in await self.stores.db.fetch("run_events", run_id)]
 
-    async def attempts(self, run_id: int) -> list[dict[str, Any]]:
-        return [dict(r) for r in await self.stores.db.fetch("run_attempts", run_id)]
+    async def fleet_events(self, since: datetime, type_: str | None = None, queue: str | None = None,
+                           limit: int = 100) -> list[Event]:
+        """The fleet's history since SINCE, of one TYPE and QUEUE when given."""
+        if queue is not None:
+            await require_queue(self.stores, queue)
+        return [view(Event, r) for r in await self.stores.db.fetch("events_since", since, type_, queue, limit)]
+
+    async def attempts(self, run_id: int) -> list[Attempt]:
+        return [view(Attempt, r) for r in await self.stores.db.fetch("run_attempts", run_id)]
+
+    async def checkpoint(self, run_id: int) -> Checkpoint | None:
+        """The run's latest committed checkpoint (its state decoded), or None."""
+        row = await self.stores.db.fetchrow("get_checkpoint", run_id)
+        if row is None or row["state"] is None:
+            return None
+        return view(Checkpoint, {**dict(row), "state": decode_result(row["state"])})
+
+    async def queues(self, *, window_s: int = 300) -> list[QueueStats]:
+        """Every queue, its depth counted in Redis (the live store), its throughput from the record."""
+        return await queue_stats(self.stores, window_s=window_s)
+
+    async def known_queue(self, queue: str) -> None:
+        """UnknownQueue unless QUEUE exists."""
+        await require_queue(self.stores, queue)
+
+    async def command(self, verb: str, run_id: int, *, reason: str = "",
+                      expected_version: int | None = None) -> Reply:
+        """One operator command by name (pause, stop, cancel, resume, restart, retry)."""
+        if verb not in COMMANDS:
+            raise InvalidInput(f"unknown command {verb!r}; one of {', '.join(COMMANDS)}", field="command")
+        reply: Reply = await getattr(self, verb)(run_id, reason=reason, expected_version=expected_version)
+        return reply
+
+    async def recorder_silence(self) -> RecorderSilence | None:
+        """The queue whose transitions have waited longest for a recorder, when longer than
+        Settings.recorder_silence_s (the lag alert's threshold); None when none has."""
+        return await recorder_silence(self.stores)
 
 
 class SyncClient:

@@ -16,6 +16,7 @@ from fencepost.core.errors import BulkNotConfirmed, InvalidInput, ResumeRefused,
 from fencepost.core.hot import CancelArgs, ControlArgs, ControlVerb, ResolveArgs
 from fencepost.core.models import decode_payload, decode_result, run_row
 from fencepost.core.states import WAITING, Status
+from fencepost.core.views import Reply, RunSummary, view
 
 if TYPE_CHECKING:
     from fencepost.core.models import JobSpec
@@ -57,15 +58,15 @@ class ControlMixin:
 
         async def _load_definitions(self, names: set[str]) -> None: ...
 
-    async def pause(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def pause(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
         """PENDING / RETRY_WAIT -> PAUSED now ('PAUSED'); RUNNING -> pause requested ('REQUESTED')."""
         return await self._command("pause", run_id, reason, expected_version)
 
-    async def stop(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def stop(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
         """RUNNING -> STOPPING; the run becomes STOPPED when the handler lets go (or is forced)."""
         return await self._command("stop", run_id, reason, expected_version)
 
-    async def cancel(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def cancel(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
         """Not running: CANCELLED now. Running: stopped first, then CANCELLED ('STOPPING')."""
         run = await self._hot_run(run_id)
         spec = (await self._specs([run["handler"]])).get(run["handler"])
@@ -74,22 +75,22 @@ class ControlMixin:
             compensate = spec.compensate or "!"  # '!': flag needs_compensation, nothing to enqueue
         return await self._command("cancel", run_id, reason, expected_version, run=run, compensate=compensate)
 
-    async def resume(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def resume(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
         """PAUSED / STOPPED -> PENDING: same run, next attempt starts from the latest checkpoint."""
         run = await self._hot_run(run_id)
         await self._check_resumable(run)
         return await self._command("resume", run_id, reason, expected_version, run=run)
 
-    async def restart(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def restart(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
         """From the beginning: the checkpoint is discarded (its generation is bumped)."""
         return await self._command("restart", run_id, reason, expected_version)
 
-    async def retry(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
+    async def retry(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
         """A dead-lettered run (FAILED / TIMED_OUT / CANCELLED) -> PENDING, keeping its checkpoint."""
         return await self._command("retry", run_id, reason, expected_version)
 
     async def resolve(self, run_id: int, *, as_: str, reason: str = "",
-                      expected_version: int | None = None) -> str:
+                      expected_version: int | None = None) -> Reply:
         """Close a review-queue run: `as_` is 'succeeded' or 'failed' (or 'retry' to run it again)."""
         if as_ not in ("succeeded", "failed", "retry"):
             raise InvalidInput(f"resolve --as must be succeeded, failed or retry, not {as_!r}", field="as")
@@ -102,8 +103,10 @@ class ControlMixin:
             return await self.retry(run_id, reason=reason, expected_version=expected_version)
         return await self._command("resolve", run_id, reason, expected_version, run=run, outcome=as_)
 
-    async def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        return [dict(r) for r in await self.stores.db.fetch("review_queue", queue, limit)]
+    async def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
+        """FAILED runs with reason `review`, waiting for an operator's `resolve`."""
+        rows = await self.stores.db.fetch("review_queue", queue, limit)
+        return [view(RunSummary, {**dict(r), "status": "FAILED", "reason": "review"}) for r in rows]
 
     # -- queues --------------------------------------------------------------------------------
     async def pause_queue(self, queue: str, *, reason: str = "") -> None:
@@ -225,7 +228,7 @@ class ControlMixin:
 
     async def _command(self, verb: ControlVerb, run_id: int, reason: str, expected_version: int | None,
                        *, run: dict[str, Any] | None = None, compensate: str | None = None,
-                       outcome: str | None = None) -> str:
+                       outcome: str | None = None) -> Reply:
         audit.reason(reason)  # before anything takes effect: a reason the history cannot hold is refused
         run = run or await self._hot_run(run_id)
         keys = self.stores.keys(run["queue"])
@@ -237,15 +240,15 @@ class ControlMixin:
         elif outcome is not None:
             args = ResolveArgs(**msgspec.structs.asdict(base), outcome=outcome)
         try:
-            return await self.stores.scripts.control_run(verb, keys, args)
+            return Reply(await self.stores.scripts.control_run(verb, keys, args))
         except UnknownRun:
             # Redis no longer holds the run (a finished run's hash expired, or drift): put
             # PostgreSQL's copy back, then ask again; the Lua still decides (compare-and-set).
             try:
                 await self.stores.scripts.enqueue_runs(keys, [run_row(run)])
             except _UNHELD as exc:  # a row an older version stored, which Redis cannot hold (issue 22 item 8)
-                return await self._unheld(verb, run, reason, exc)
-            return await self.stores.scripts.control_run(verb, keys, args)
+                return Reply(await self._unheld(verb, run, reason, exc))
+            return Reply(await self.stores.scripts.control_run(verb, keys, args))
 
     async def _unheld(self, verb: str, run: dict[str, Any], reason: str, exc: BaseException) -> str:
         """A command on a run Redis cannot hold (no script can apply it): a cancel of a waiting run

@@ -2,8 +2,9 @@
 fencepost is installed (nothing to add to a conftest.py; `-p no:fencepost` turns it off).
 
 Loading it starts nothing: the fixtures reach the stores (or start embedded servers) only when a test
-requests them. `fencepost_urls` (session) is the stores: FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL,
-else embedded servers started for the session (the `embedded` extra); `fencepost_registry` is yours to
+requests them. `fencepost_urls` (session) is the stores, found as every entry point finds them
+(fencepost.core.stores.resolve): FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL, else the project
+directory's embedded pair (the `embedded` extra); `fencepost_registry` is yours to
 override, and `fencepost_app` (the registry's "module:attribute", found by itself when None) too;
 `fencepost` is a Harness (`.client`, `.drain()`, `.clock`, `.status()`) on a fresh Redis key
 prefix; with FENCEPOST_REDIS_URL=fakeredis:// no Redis server is needed (fencepost.testing.use_fakeredis).
@@ -14,8 +15,6 @@ fixture says what to install.
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -23,11 +22,12 @@ from typing import Any
 import pytest
 
 from fencepost.client import Client
+from fencepost.core import embedded
 from fencepost.core.config import Settings
 from fencepost.core.record import Database
 from fencepost.core.redisconn import connect
 from fencepost.core.registry import Registry
-from fencepost.dev.embedded import EmbeddedServers, resolve_urls
+from fencepost.core.stores import resolve
 from fencepost.testing import Harness, use_fakeredis
 
 try:
@@ -40,24 +40,21 @@ __all__ = ["fencepost", "fencepost_app", "fencepost_registry", "fencepost_urls"]
 
 @pytest.fixture(scope="session")
 def fencepost_urls() -> Iterator[tuple[str, str]]:
-    """(redis_url, database_url) for the session: FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL (point the
-    database at one for tests: it is migrated once, and runs of earlier tests stay in it), else embedded
-    servers started now (the `embedded` extra) and stopped after the session. Override the fixture to
-    choose otherwise."""
-    redis_url = os.environ.get("FENCEPOST_REDIS_URL")
-    database_url = os.environ.get("FENCEPOST_DATABASE_URL")
-    if redis_url and redis_url.startswith("fakeredis://"):
+    """(redis_url, database_url) for the session, by the rule every entry point uses
+    (fencepost.core.stores.resolve): FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL (point the database
+    at one for tests: it is migrated once, and runs of earlier tests stay in it), else the embedded pair
+    of the project directory (FENCEPOST_EMBEDDED_DIR, default ./.fencepost; the `embedded` extra), found
+    running or started now, and then stopped after the session. Override the fixture to choose otherwise."""
+    settings = Settings.from_env()
+    if settings.redis_url.startswith("fakeredis://"):
         use_fakeredis()  # no Redis server: fakeredis in this process (its Lua runs the scripts)
-    servers: EmbeddedServers | None = None
-    if not (redis_url and database_url):
-        base = tempfile.mkdtemp(prefix="fencepost-testing-")
-        redis_url, database_url, servers = resolve_urls(os.path.join(base, ".fencepost"))
+    resolved = resolve(settings)
     try:
-        asyncio.run(_migrate(database_url))
-        yield redis_url, database_url
+        asyncio.run(_migrate(resolved.settings.database_url))
+        yield resolved.settings.redis_url, resolved.settings.database_url
     finally:
-        if servers is not None:
-            servers.stop()
+        if resolved.started and resolved.embedded_dir is not None:
+            embedded.down(resolved.embedded_dir)  # started for this session: stopped with it (its data stays)
 
 
 async def _migrate(database_url: str) -> None:

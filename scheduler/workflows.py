@@ -25,6 +25,7 @@ from fencepost.core import audit, validate
 from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused, UnknownRun
 from fencepost.core.models import Outcome, RunRow, Submit
 from fencepost.core.states import LIVE, UNSUCCESSFUL, Status
+from fencepost.core.views import Reply, RunRecord
 
 if TYPE_CHECKING:
     from fencepost.client import Client
@@ -84,19 +85,14 @@ class RunHandle:
         self.client, self.id = client, run_id
 
     async def status(self) -> str:
-        """The live state: Redis's hot copy when it is ahead of what PostgreSQL recorded."""
-        run = await self.client.get(self.id)
-        state, version = cast("list[bytes | None]", await self.client.stores.redis.hmget(
-            self.client.stores.keys(run["queue"]).run(self.id), "state", "version"))
-        if state is not None and version is not None and int(version) > int(run["version"]):
-            return state.decode()
-        return str(run["status"])
+        """The live state: Redis's hot copy when it is ahead of what PostgreSQL recorded (core.views.overlay)."""
+        return (await self.client.run(self.id)).status
 
     async def wait(self, timeout: float | None = None) -> Outcome:
         """Until terminal, PAUSED or STOPPED: the state, decoded result, error and reason."""
         return await self.client.wait(self.id, timeout)
 
-    async def get(self) -> dict[str, Any]:
+    async def get(self) -> RunRecord:
         """The run as PostgreSQL records it (with its latest `progress`)."""
         return await self.client.get(self.id)
 
@@ -121,8 +117,8 @@ class SyncRunHandle:
     def wait(self, timeout: float | None = None) -> Outcome:
         return cast(Outcome, self._call(lambda: self._handle.wait(timeout)))
 
-    def get(self) -> dict[str, Any]:
-        return cast("dict[str, Any]", self._call(self._handle.get))
+    def get(self) -> RunRecord:
+        return cast(RunRecord, self._call(self._handle.get))
 
     def __int__(self) -> int:
         return self.id
@@ -236,10 +232,10 @@ class WorkflowMixin:
                           connection: Conn | None) -> tuple[list[int], list[int], dict[str, int]]: ...
         async def _stamp_new_queues(self, new_queues: dict[str, int]) -> None: ...
         async def _enqueue(self, created: list[int], ids: list[int], rows: Sequence[RunRow]) -> None: ...
-        async def resume(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str: ...
-        async def restart(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str: ...
-        async def retry(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str: ...
-        async def get(self, run_id: int) -> dict[str, Any]: ...
+        async def resume(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply: ...
+        async def restart(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply: ...
+        async def retry(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply: ...
+        async def get(self, run_id: int) -> RunRecord: ...
 
     async def submit_workflow(self, nodes: Sequence[Node], *, name: str | None = None,
                               trace: str | None = None) -> uuid.UUID:
@@ -343,6 +339,7 @@ class WorkflowMixin:
             counts[state] = counts.get(state, 0) + 1
         callbacks: dict[str, dict[str, Any] | None] = {}
         for kind in ("on_complete", "on_success"):
+            run: Any  # the callback's record, or a stand-in once it is purged
             try:
                 run = None if batch[kind] is None else await self.get(batch[kind])
             except UnknownRun:

@@ -27,19 +27,23 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 import click
+import msgspec
 from prometheus_client import start_http_server
 from redis.exceptions import RedisError
 
-from fencepost.apiclient import ApiClient
+from fencepost.apiclient import ApiClient, AsyncApiClient
+from fencepost.client import Client
 from fencepost.core import validate
 from fencepost.core.config import Settings
 from fencepost.core.errors import FencepostError, InvalidInput
+from fencepost.core.stores import resolve
+from fencepost.core.views import Operator
 
 try:
     import uvloop
@@ -65,13 +69,16 @@ __all__ = [
     "json_arg",
     "json_option",
     "metrics_port_option",
+    "operator",
     "print_json",
     "require_store",
     "run",
     "safe",
     "serve_metrics",
+    "store_settings",
     "table",
     "to_json",
+    "warn_if_recorder_silent",
 ]
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNSUCCESSFUL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -124,6 +131,28 @@ class RootGroup(click.Group):
         name, cmd, rest = super().resolve_command(ctx, args)
         ctx.meta[HELP_META] = "--help" in rest
         return name, cmd, rest
+
+
+NO_STORE_COMMANDS = frozenset({"dev", "demo"})
+"""Commands that do not take the stores from the root group (the demo picks its own, `dev` manages the pair)."""
+
+
+def store_settings(ctx: click.Context, settings: Settings, *, api: bool) -> Settings:
+    """SETTINGS with the stores found by fencepost.core.stores.resolve (explicit URLs, else the
+    project directory's embedded pair, started if need be, said in one line on stderr), for a
+    subcommand that needs them: not for --api, `dev`, `demo`, --help or shell completion. A store
+    that cannot be resolved is one `error:` line and exit 1."""
+    if (api or ctx.invoked_subcommand in NO_STORE_COMMANDS or ctx.invoked_subcommand is None
+            or ctx.resilient_parsing or ctx.meta.get(HELP_META)):
+        return settings
+    try:
+        resolved = resolve(settings)
+    except FencepostError as exc:
+        click.echo(f"error: {str(exc).splitlines()[0]}", err=True)
+        sys.exit(EXIT_REFUSED)
+    if resolved.note is not None:
+        click.echo(resolved.note, err=True)
+    return resolved.settings
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -265,8 +294,9 @@ def fmt(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def table(rows: list[dict[str, Any]], cols: list[str]) -> None:
-    """Print ROWS as aligned columns COLS (upper-case headers), or `(none)`."""
+def table(rows: Sequence[Any], cols: list[str]) -> None:
+    """Print ROWS (dicts or typed views: anything with `.get(column)`) as aligned columns COLS
+    (upper-case headers), or `(none)`."""
     if not rows:
         click.echo("(none)")
         return
@@ -282,7 +312,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (
 
 
 def to_json(v: Any) -> Any:
-    """V as plain JSON values: times in ISO 8601, UUIDs as text, bytes as their size."""
+    """V as plain JSON values: times in ISO 8601, UUIDs as text, bytes as their size, a typed view
+    (fencepost.core.views) as the object of its fields."""
+    if isinstance(v, msgspec.Struct):
+        return {f: to_json(getattr(v, f)) for f in v.__struct_fields__}
     if isinstance(v, dict):
         return {str(k): to_json(x) for k, x in v.items()}
     if isinstance(v, (list, tuple, set, frozenset)):
@@ -308,6 +341,40 @@ def require_store(command: str) -> None:
         click.echo(f"error: `fencepost {command}` needs direct Redis/PostgreSQL access and has no --api mode; "
                    "run it without --api / FENCEPOST_API_URL where the stores are reachable", err=True)
         sys.exit(EXIT_REFUSED)
+
+
+def _api_target() -> tuple[str, str | None] | None:
+    """(url, token) when the CLI was given --api (or FENCEPOST_API_URL), else None."""
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        found = ctx.meta.get("fencepost.api")
+        if found is not None:
+            url, token = found
+            return (url, token) if url else None
+        ctx = ctx.parent
+    return None
+
+
+@contextlib.asynccontextmanager
+async def operator(settings: Settings, *, actor: str = "cli") -> AsyncIterator[Operator]:
+    """What a command acts through, written once for both: the HTTP API with --api (an
+    AsyncApiClient), else the stores (a Client acting as ACTOR). Both implement
+    fencepost.core.views.Operator."""
+    target = _api_target()
+    if target is not None:
+        async with AsyncApiClient(*target) as api:
+            yield api
+        return
+    async with Client(settings=settings, actor=actor) as client:
+        yield client
+
+
+async def warn_if_recorder_silent(op: Operator) -> None:
+    """One line on stderr when a transition has waited in Redis for a recorder longer than the lag
+    alert's threshold (Settings.recorder_silence_s): the history PostgreSQL shows is behind."""
+    silence = await op.recorder_silence()
+    if silence is not None:
+        click.echo(silence.message, err=True)
 
 
 def from_context() -> ApiClient | None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from fencepost.cli.common import actor, async_command, from_context
+from fencepost.cli.common import actor, async_command, from_context, operator
 from fencepost.client import Client
 from fencepost.control import BULK_DEFAULT_LIMIT, explain_reply
 from fencepost.core.config import Settings
@@ -92,13 +92,14 @@ async def _act(verb: str, settings: Settings, *, run_id: int | None, reason: str
                status_: str | None, handler: str | None, limit: int, yes: bool, expected_version: int | None) -> None:
     if (run_id is None) == (queue is None):
         raise click.UsageError(f"give a RUN_ID, or --queue (with --status/--handler) for a bulk {verb}")
+    if run_id is not None:  # one run: written once, through the stores or the API (core.views.Operator)
+        async with operator(settings, actor=actor()) as op:
+            state = await op.command(verb, run_id, reason=reason, expected_version=expected_version)
+        click.echo(f"run {run_id}: {explain_reply(verb, state)}")
+        return
     if _via_api(verb, run_id, reason, queue, status_, handler, yes, expected_version, limit):
         return
     async with Client(settings=settings, actor=actor()) as client:
-        if run_id is not None:
-            state = await getattr(client, verb)(run_id, reason=reason, expected_version=expected_version)
-            click.echo(f"run {run_id}: {explain_reply(verb, state)}")
-            return
         assert queue is not None  # exactly one of RUN_ID and --queue (checked above)
         await require_queue(client.stores, queue)
         try:
@@ -113,14 +114,11 @@ async def _act(verb: str, settings: Settings, *, run_id: int | None, reason: str
 
 def _via_api(verb: str, run_id: int | None, reason: str, queue: str | None, status_: str | None,
              handler: str | None, yes: bool, expected_version: int | None, limit: int | None = None) -> bool:
-    """With --api: the same command through the HTTP API (the bulk confirm is the match count)."""
+    """A bulk command with --api: through the HTTP API, whose bulk protocol is its own (a count
+    names the counted set by a handle, the confirm acts on it)."""
     api = from_context()
     if api is None:
         return False
-    if run_id is not None:
-        state = api.command(verb, run_id, reason=reason, expected_version=expected_version)
-        click.echo(f"run {run_id}: {explain_reply(verb, state)}")
-        return True
     assert queue is not None
     status = status_.upper() if status_ else None
     try:
@@ -131,7 +129,7 @@ def _via_api(verb: str, run_id: int | None, reason: str, queue: str | None, stat
             click.echo(f"Re-run with --yes to {verb} them (the API acts on at most {exc.limit}).")
             return True
         out = api.bulk(verb, queue=queue, status=status, handler=handler, confirm=exc.acting,  # type: ignore[attr-defined]
-                       reason=reason, limit=limit, until_id=exc.until_id)  # type: ignore[attr-defined]  # exactly as counted
+                       reason=reason, handle=exc.handle)  # type: ignore[attr-defined]  # exactly the runs counted
     _print_bulk(out)
     return True
 

@@ -13,9 +13,9 @@ from fencepost import __version__
 from fencepost.cli.api import api
 from fencepost.cli.audit import audit
 from fencepost.cli.batch import batch
-from fencepost.cli.common import RootGroup
+from fencepost.cli.common import RootGroup, store_settings
 from fencepost.cli.control import RUN_COMMANDS
-from fencepost.cli.dev import dev, with_embedded_default
+from fencepost.cli.dev import dev
 from fencepost.cli.loadtest import loadtest
 from fencepost.cli.queue import queue
 from fencepost.cli.reconcile import reconcile
@@ -53,8 +53,9 @@ def cli(ctx: click.Context, redis_url: str | None, database_url: str | None, pre
         log_format: str, verbose: bool, api_url: str | None, api_token: str | None, api_token_file: str | None) -> None:
     """Fencepost: jobs that are never lost and never run twice by our own accident."""
     setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)  # --api: no line per request
     ctx.obj = Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=prefix)
-    ctx.obj = with_embedded_default(ctx, ctx.obj, configured=bool(redis_url or database_url or api_url))
+    ctx.obj = store_settings(ctx, ctx.obj, api=bool(api_url))  # the one rule of fencepost.core.stores
     api_token = api_token_from(ctx, api_token, api_token_file)
     ctx.meta["fencepost.api"] = (api_url, api_token)  # read by fencepost.cli.common.from_context
 

@@ -10,19 +10,27 @@ from typing import Any
 
 import click
 
-from fencepost.cli.common import actor, async_command, from_context, json_option, print_json, require_store, table
+from fencepost.cli.common import (
+    actor,
+    async_command,
+    json_option,
+    operator,
+    print_json,
+    require_store,
+    table,
+    to_json,
+    warn_if_recorder_silent,
+)
 from fencepost.client import Client
 from fencepost.core import fairness
 from fencepost.core.config import Settings
 from fencepost.core.errors import InvalidInput
 from fencepost.core.queues import require_queue
-from fencepost.core.states import ACTIVE, DEAD, RESUMABLE, WAITING, Status
 
 __all__ = ["queue"]
 
-_GROUPS = {"waiting": WAITING - RESUMABLE, "running": ACTIVE, "parked": RESUMABLE, "dead": DEAD,
-           "succeeded": frozenset({Status.SUCCEEDED})}
-"""`queue ls` columns: runs per state group (parked: PAUSED or STOPPED, waiting for an operator)."""
+_COLS = ["queue", "paused", "due", "delayed", "active", "oldest_due_age_s", "throughput_per_min"]
+"""`queue ls` columns (fencepost.core.views.QueueStats): counted in Redis, the live store."""
 
 
 @click.group()
@@ -35,28 +43,15 @@ def queue() -> None:
 @json_option
 @async_command
 async def queue_ls(settings: Settings, as_json: bool) -> None:
-    """Every queue: paused or not, and its runs per state group (the record, not archived runs)."""
-    if (api := from_context()) is not None:
-        rows = api.queues()
-        cols = ["queue", "paused", "due", "delayed", "active", "throughput_per_min"]
-    else:
-        async with Client(settings=settings) as client:
-            rows = [dict(r) for r in await client.stores.db.fetch("queue_list")]
-            counts = [dict(r) for r in await client.stores.db.fetch("queue_status_counts")]
-        by_queue = {r["queue"]: r for r in rows}
-        for r in rows:
-            r.update(dict.fromkeys(_GROUPS, 0))
-        for c in counts:
-            for group, states in _GROUPS.items():
-                if c["status"] in states and c["queue"] in by_queue:
-                    by_queue[c["queue"]][group] += c["n"]
-        cols = ["queue", "paused", *_GROUPS]
+    """Every queue: paused or not, and its runs as the live store (Redis) holds them now: due,
+    delayed (a delay or a retry's backoff) and active (leased), with finished runs per minute."""
+    async with operator(settings) as op:
+        rows = await op.queues()
+        await warn_if_recorder_silent(op)
     if as_json:
         print_json(rows)
         return
-    for r in rows:
-        r["paused"] = "paused" if r["paused"] else ""
-    table(rows, cols)
+    table([{**to_json(r), "paused": "paused" if r.paused else ""} for r in rows], _COLS)
 
 
 @queue.command("pause")
@@ -65,12 +60,8 @@ async def queue_ls(settings: Settings, as_json: bool) -> None:
 @async_command
 async def queue_pause(settings: Settings, name: str, reason: str) -> None:
     """Dispatch nothing new from queue NAME (running runs carry on); works before its first job."""
-    if (api := from_context()) is not None:
-        api.pause_queue(name, reason=reason)
-        click.echo(f"queue {name}: paused")
-        return
-    async with Client(settings=settings, actor=actor()) as client:
-        await client.pause_queue(name, reason=reason)
+    async with operator(settings, actor=actor()) as op:
+        await op.pause_queue(name, reason=reason)
     click.echo(f"queue {name}: paused")
 
 
@@ -80,12 +71,8 @@ async def queue_pause(settings: Settings, name: str, reason: str) -> None:
 @async_command
 async def queue_resume(settings: Settings, name: str, reason: str) -> None:
     """Dispatch from queue NAME again."""
-    if (api := from_context()) is not None:
-        api.resume_queue(name, reason=reason)
-        click.echo(f"queue {name}: resumed")
-        return
-    async with Client(settings=settings, actor=actor()) as client:
-        await client.resume_queue(name, reason=reason)
+    async with operator(settings, actor=actor()) as op:
+        await op.resume_queue(name, reason=reason)
     click.echo(f"queue {name}: resumed")
 
 

@@ -1,4 +1,7 @@
-"""`fencepost submit / status / ls / events / dlq`: submit one run and look at runs and their history."""
+"""`fencepost submit / status / ls / events / dlq`: submit one run and look at runs and their history.
+
+Each command is written once against the operator protocol (fencepost.core.views.Operator): the
+stores through a Client, or the HTTP API with --api."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import json
 import re
 import sys
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import click
 
@@ -15,17 +18,18 @@ from fencepost.cli.common import (
     Checked,
     async_command,
     fmt,
-    from_context,
     json_arg,
     json_option,
+    operator,
     print_json,
     table,
+    to_json,
+    warn_if_recorder_silent,
 )
-from fencepost.client import Client
 from fencepost.core.config import Settings
-from fencepost.core.models import decode_payload, decode_result
-from fencepost.core.queues import require_queue
+from fencepost.core.models import Submit
 from fencepost.core.states import DEAD, Status
+from fencepost.core.views import Attempt, Checkpoint, Run, RunProgress
 
 __all__ = ["dlq", "events", "ls", "status", "submit"]
 
@@ -62,28 +66,15 @@ async def submit(settings: Settings, handler: str, args_json: str | None, kwargs
     """Submit one run of HANDLER; prints its run id."""
     args = json_arg(args_json, "--args", list)
     kwargs = json_arg(kwargs_json, "--kwargs", dict)
-    api = from_context()
-    if api is not None:
-        run_id = api.submit(handler, args, kwargs, queue=queue, priority=priority, delay=delay, timeout=timeout,
-                            max_retries=max_retries, idempotency_key=idempotency_key, tenant=tenant,
-                            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
-                            rate_key=rate_key, rate_limit=rate_limit)
+    req = Submit(handler=handler, args=tuple(args), kwargs=kwargs, queue=queue, priority=priority, delay=delay,
+                 timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key, tenant=tenant,
+                 concurrency_key=concurrency_key, concurrency_limit=concurrency_limit, rate_key=rate_key,
+                 rate_limit=rate_limit)
+    async with operator(settings) as op:
+        (run_id,) = await op.submit_many([req])
         click.echo(run_id)
         if wait_s is not None:
-            run = api.wait(run_id, timeout=wait_s)
-            failed = run["status"] in _DEAD or run.get("reason") == "paused_after_error"
-            _print_outcome(run["status"], run.get("result"), run.get("last_error") if failed else None,
-                           run.get("last_error_class") if failed else None,
-                           None if run["status"] == Status.SUCCEEDED else run.get("reason"))
-        return
-    async with Client(settings=settings, actor="cli") as client:
-        run_id = await client.submit(handler, *args, kwargs=kwargs, queue=queue, priority=priority, delay=delay,
-                                     timeout=timeout, max_retries=max_retries, idempotency_key=idempotency_key,
-                                     tenant=tenant, concurrency_key=concurrency_key,
-                                     concurrency_limit=concurrency_limit, rate_key=rate_key, rate_limit=rate_limit)
-        click.echo(run_id)
-        if wait_s is not None:
-            out = await client.wait(run_id, timeout=wait_s)
+            out = await op.wait(run_id, timeout=wait_s)
             _print_outcome(out.status, out.result, out.error, out.error_class, out.reason)
 
 
@@ -108,38 +99,21 @@ def _print_outcome(status: str, result: Any, error: str | None, error_class: str
 async def status(settings: Settings, run_id: int, as_json: bool) -> None:
     """Show one run: its live state and version (for --version), arguments, tenant, concurrency
     key, progress (the latest checkpoint), last error and attempts."""
-    api = from_context()
-    if api is not None:
-        run = api.get(run_id)
-        result, ckpt, attempts = run.get("result"), api.checkpoint(run_id), api.attempts(run_id)
-    else:
-        async with Client(settings=settings) as client:
-            run = await client.get(run_id)
-            result = decode_result(run["result"]) if run.get("result") is not None else None
-            row = await client.stores.db.fetchrow("get_checkpoint", run_id)
-            ckpt = dict(row) if row is not None and row["state"] is not None else None
-            attempts = await client.attempts(run_id)
-            # the live state and version are Redis's (PostgreSQL records them a moment later)
-            live, version = cast(list[bytes | None], await client.stores.redis.hmget(
-                client.stores.keys(run["queue"]).run(run_id), "state", "version"))
-            if live is not None and live.decode() != run["status"]:
-                run["recorded_status"], run["status"] = run["status"], live.decode()
-            if version is not None:
-                run["version"] = int(version)
-        payload = run.pop("payload", None)
-        if payload is not None:
-            run["args"], run["kwargs"] = decode_payload(payload)
-    run.pop("result", None)
-    reported = run.pop("progress", None)  # ctx.progress(); "progress" in --json stays the checkpoint (compatible)
-    if ckpt is not None:
-        ckpt.pop("state", None)
+    async with operator(settings) as op:
+        run = await op.run(run_id)  # the record with the live state Redis holds (core.views.overlay)
+        ckpt, attempts = await op.checkpoint(run_id), await op.attempts(run_id)
+        await warn_if_recorder_silent(op)
+    shown = {k: v for k, v in to_json(run).items() if k not in ("result", "progress", "arguments_bytes",
+                                                                  "arguments_truncated", "arguments_preview")}
+    checkpoint = None if ckpt is None else {k: v for k, v in to_json(ckpt).items() if k != "state"}
     if as_json:
-        print_json({**run, "result": result, "progress": ckpt, "reported_progress": reported, "attempts": attempts})
+        print_json({**shown, "result": run.result, "progress": checkpoint, "reported_progress": run.progress,
+                    "attempts": attempts})
         return
-    _print_run(run, result, ckpt, attempts, reported)
+    _print_run(run, run.result, ckpt, attempts, run.progress)
 
 
-def _progress_line(p: dict[str, Any]) -> str:
+def _progress_line(p: RunProgress) -> str:
     """`40/100 (40%) copying, attempt 2, at ...` from a ctx.progress() report."""
     done, total = p["done"], p.get("total")
     text = f"{done:g}" + (f"/{total:g}" if total is not None else "")
@@ -150,14 +124,14 @@ def _progress_line(p: dict[str, Any]) -> str:
     return f"{text}, attempt {p['attempt']}, at {fmt(p['updated_at'])}"
 
 
-def _print_run(run: dict[str, Any], result: Any, ckpt: dict[str, Any] | None, attempts: list[dict[str, Any]],
-               reported: dict[str, Any] | None = None) -> None:
+def _print_run(run: Run, result: Any, ckpt: Checkpoint | None, attempts: list[Attempt],
+               reported: RunProgress | None = None) -> None:
     for k in ("id", "handler", "queue", "status", "recorded_status", "version", "reason", "priority", "attempt",
               "max_retries", "token", "lease_owner", "run_at", "created_at", "started_at", "finished_at",
               "last_error_class", "idempotency_key", "tenant", "concurrency_key", "concurrency_limit"):
         if run.get(k) not in (None, ""):
             click.echo(f"{k:17} {fmt(run[k])}")
-    if "args" in run:
+    if run.args is not None:
         click.echo(f"{'arguments':17} {_clip(json.dumps(run['args'], default=str))}"
                    + (f" {_clip(json.dumps(run['kwargs'], default=str))}" if run.get("kwargs") else ""))
     if result is not None:
@@ -191,16 +165,12 @@ def _clip(text: str, width: int = 200) -> str:
 @async_command
 async def ls(settings: Settings, queue: str | None, status_: str | None, handler: str | None, limit: int,
              as_json: bool) -> None:
-    """List runs, newest first."""
-    api = from_context()
-    if api is not None:
-        rows = api.list_runs(queue=queue, status=status_.upper() if status_ else None, handler=handler, limit=limit)
-    else:
-        async with Client(settings=settings) as client:
-            if queue is not None:
-                await require_queue(client.stores, queue)
-            rows = await client.list_runs(queue=queue, status=status_.upper() if status_ else None, handler=handler,
-                                          limit=limit)
+    """List runs, newest first: selected by their recorded state, shown with their live one."""
+    async with operator(settings) as op:
+        if queue is not None:
+            await op.known_queue(queue)
+        rows = await op.list_runs(queue=queue, status=status_, handler=handler, limit=limit)
+        await warn_if_recorder_silent(op)
     print_json(rows) if as_json else table(rows, _RUN_COLS)
 
 
@@ -224,17 +194,13 @@ async def events(settings: Settings, run_id: int | None, since: str | None, type
                  limit: int, as_json: bool) -> None:
     """The append-only history of one run, or of the fleet (--since/--type)."""
     start = _since(since or "1h")  # a malformed --since is a usage error before anything connects
-    api = from_context()
-    if api is not None:
-        rows = api.events(run_id) if run_id is not None else api.fleet_events(start, type_, queue, limit)
-    else:
-        async with Client(settings=settings) as client:
-            if run_id is not None:
-                rows = await client.events(run_id)
-            else:
-                if queue is not None:
-                    await require_queue(client.stores, queue)
-                rows = [dict(r) for r in await client.stores.db.fetch("events_since", start, type_, queue, limit)]
+    async with operator(settings) as op:
+        if run_id is not None:
+            rows = await op.events(run_id)
+        else:
+            if queue is not None:
+                await op.known_queue(queue)
+            rows = await op.fleet_events(start, type_, queue, limit)
     if as_json:
         print_json(rows)
     else:
@@ -248,12 +214,8 @@ async def events(settings: Settings, run_id: int | None, since: str | None, type
 @async_command
 async def dlq(settings: Settings, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead-letter view: runs that FAILED or TIMED_OUT for good."""
-    api = from_context()
-    if api is not None:
-        rows = api.dead_letter(queue=queue, limit=limit)
-    else:
-        async with Client(settings=settings) as client:
-            if queue is not None:
-                await require_queue(client.stores, queue)
-            rows = await client.dead_letter(queue=queue, limit=limit)
+    async with operator(settings) as op:
+        if queue is not None:
+            await op.known_queue(queue)
+        rows = await op.dead_letter(queue=queue, limit=limit)
     print_json(rows) if as_json else table(rows, _DLQ_COLS)

@@ -3,11 +3,15 @@ the stores themselves, so none has an --api mode (`require_store` says so and ex
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 import sys
 
 import click
 import msgspec
+from redis.exceptions import RedisError
 
 from fencepost.cli.common import (
     EXIT_REFUSED,
@@ -20,14 +24,19 @@ from fencepost.cli.common import (
     table,
 )
 from fencepost.core.config import Settings
+from fencepost.core.embedded import DEFAULT_DIR, DIR_ENV
+from fencepost.core.errors import FencepostError
 from fencepost.core.record import Database
 from fencepost.core.registry import load_registry
+from fencepost.core.stores import Stores
+from fencepost.core.views import recorder_silence
 from fencepost.dev.demo import FINISH_WITHIN_S, demo_settings, run_demo
-from fencepost.dev.embedded import DEFAULT_DIR, DIR_ENV
 from fencepost.reconciler.service import Reconciler
 from fencepost.worker.runtime import Worker, WorkerOptions
 
-__all__ = ["db", "demo", "reconciler", "worker"]
+__all__ = ["db", "demo", "reconciler", "watch_recorder", "worker"]
+
+log = logging.getLogger("fencepost.cli")
 
 @click.group()
 def db() -> None:
@@ -65,7 +74,31 @@ async def worker(settings: Settings, app: str, queues: tuple[str, ...], concurre
     registry = load_registry(app)
     opts = WorkerOptions(queues=list(queues), concurrency=concurrency, grace_s=grace, burst=burst,
                          processes=processes or os.cpu_count() or 1)
-    await Worker(registry, opts, settings=settings, app=app).run()
+    watch = asyncio.ensure_future(watch_recorder(settings))
+    try:
+        await Worker(registry, opts, settings=settings, app=app).run()
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+
+
+async def watch_recorder(settings: Settings) -> None:
+    """While a worker runs: one warning line each time a transition has waited in Redis for a
+    recorder longer than Settings.recorder_silence_s (the lag alert's threshold; checked that often),
+    so a worker started without `fencepost reconciler` says that nothing records what it does."""
+    stores = await Stores(settings, db_pool_size=1).connect(database=False)
+    try:
+        while True:
+            await asyncio.sleep(settings.recorder_silence_s)
+            try:
+                silence = await recorder_silence(stores)
+            except (FencepostError, RedisError, OSError):  # the worker itself reports a store that is down
+                continue
+            if silence is not None:
+                log.warning(silence.message.removeprefix("warning: "), extra={"event": "recorder_silent"})
+    finally:
+        await stores.close()
 
 
 @click.command()

