@@ -69,10 +69,6 @@ class Settings(msgspec.Struct, kw_only=True):
     """Attempts of one run that may end interrupted (its lease expired or its worker died: no
     handler error) before the run is FAILED with reason interrupted_too_often. Interruptions never
     use up max_retries (docs/clock.md)."""
-    max_interruptions: Annotated[int, Meta(ge=0, le=10_000)] = 10
-    """Attempts of one run that may end interrupted (its lease expired or its worker died: no
-    handler error) before the run is FAILED with reason interrupted_too_often. Interruptions never
-    use up max_retries (docs/clock.md)."""
     quarantine_after: Annotated[int, Meta(ge=1, le=1_000)] = 3
     """Crashes of the worker process (os._exit, segfault) before a run is quarantined."""
     backoff_base_ms: Ms = 1_000
