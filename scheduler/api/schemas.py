@@ -14,6 +14,7 @@ from fencepost.core.keys import QUEUE_NAME_PATTERN
 from fencepost.core.rates import PATTERN as RATE_PATTERN
 from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.validate import meta
+from fencepost.core.views import Attempt, Checkpoint, Event, QueueStats, Run, RunProgress, RunSummary
 from fencepost.core.workers import HeldRun, StopRequest, WorkerInfo
 from fencepost.schedules import ScheduleUpdate
 from fencepost.workflows import Node
@@ -121,107 +122,7 @@ class SubmittedBatch(msgspec.Struct, kw_only=True):
     ids: list[int]
 
 
-class RunSummary(msgspec.Struct, kw_only=True):
-    id: int
-    handler: str
-    queue: str
-    status: str
-    attempt: int
-    priority: int = 0
-    version: int | None = None
-    run_at: datetime | None = None
-    created_at: datetime | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    last_error_class: str | None = None
-    last_error: str | None = None
-    reason: str | None = None
-    workflow_id: uuid.UUID | None = None
-    schedule_id: int | None = None
-
-
-class RunProgress(msgspec.Struct, kw_only=True):
-    """The latest `ctx.progress()` of the run (advisory, written about once a second by its worker)."""
-
-    done: float
-    total: float | None = None
-    message: str | None = None
-    attempt: int
-    updated_at: datetime
-
-
-class Run(RunSummary, kw_only=True):
-    """A run as PostgreSQL records it, with the live state Redis holds when it is newer."""
-
-    max_retries: int = 0
-    timeout_s: float = 0.0
-    token: int | None = None
-    lease_owner: str | None = None
-    lease_expires_at: datetime | None = None
-    idempotency_key: str | None = None
-    trace_id: str | None = None
-    fire_time: datetime | None = None
-    result: Any = None
-    pause_requested: bool = False
-    stop_requested: bool = False
-    cancel_requested: bool = False
-    forced: bool = False
-    needs_compensation: bool = False
-    tenant: str = ""
-    concurrency_key: str | None = None
-    concurrency_limit: int | None = None
-    recorded_status: str | None = None
-    """The state PostgreSQL has recorded (status is the live one; they differ for the recorder's lag)."""
-    args: list[Any] | None = None
-    """The arguments as submitted (absent when over the page's cap: see arguments_preview)."""
-    kwargs: dict[str, Any] | None = None
-    arguments_bytes: int | None = None
-    arguments_truncated: bool = False
-    arguments_preview: str | None = None
-    progress: RunProgress | None = None
-
-
-class Attempt(msgspec.Struct, kw_only=True):
-    attempt: int
-    token: int
-    worker_id: str
-    started_at: datetime
-    finished_at: datetime | None = None
-    outcome: str | None = None
-    error_class: str | None = None
-    error_message: str | None = None
-
-
-class Event(msgspec.Struct, kw_only=True):
-    id: int
-    type: str
-    at: datetime
-    run_id: int | None = None
-    queue: str | None = None
-    from_status: str | None = None
-    to_status: str | None = None
-    version: int | None = None
-    attempt: int | None = None
-    token: int | None = None
-    worker_id: str | None = None
-    actor: str | None = None
-    reason: str | None = None
-    error_class: str | None = None
-    error_message: str | None = None
-    trace_id: str | None = None
-    handler: str | None = None
-    recorded_at: datetime | None = None
-
-
-class Checkpoint(msgspec.Struct, kw_only=True):
-    run_id: int
-    gen: int
-    attempt: int
-    version: int
-    schema_version: int
-    processed: int | None = None
-    updated_at: datetime | None = None
-    state: Any = None
+# RunSummary, RunProgress, Run, Attempt, Event, Checkpoint: fencepost.core.views (Client returns them too)
 
 
 class CommandRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -310,17 +211,7 @@ class DispatchSettings(msgspec.Struct, kw_only=True):
     rate_use: list[RateUse] = []
 
 
-class QueueStats(msgspec.Struct, kw_only=True):
-    queue: str
-    paused: bool
-    due: int
-    delayed: int
-    active: int
-    oldest_due_age_s: float
-    finished_last_window: int
-    throughput_per_min: float
-    schedule_lag_s: float | None
-    window_s: int
+# QueueStats: fencepost.core.views
 
 
 class BulkRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
