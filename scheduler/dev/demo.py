@@ -129,7 +129,7 @@ async def run_demo(settings: Settings, jobs: int) -> DemoReport:
             counts: dict[str, int] = {}
             for r in rows:
                 counts[r["status"]] = counts.get(r["status"], 0) + 1
-            table = [await client.get(run_id) for run_id in ids]
+            table = [dict(await client.get(run_id)) for run_id in ids]
     finally:
         worker.request_stop()
         reconciler.stop.set()
