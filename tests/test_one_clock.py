@@ -1,0 +1,84 @@
+"""One clock (DESIGN invariant 11, docs/clock.md): leases, due times, delayed-run promotion,
+retry times and reaping are decided on the Redis server's clock inside the scripts. A worker
+process whose host clock is skewed (libfaketime, Debian's `faketime`) by +-30 s or +-10 min runs
+beside a normal worker, both claiming and reaping: it neither reaps its peer's live runs, nor
+starts delayed runs early, nor loses its own leases, and no run fails without a handler error.
+
+Issue 22 item 1 measured, on the code before: at +30 s the skewed reaper interrupted the other
+worker's attempts and delayed runs started 20 s early; at -30 s its own leases were expired
+when taken, and runs went FAILED retries_exhausted with no handler error."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from fencepost.core.stores import Stores
+from tests.conftest import log_tail, spawn, stop, wait_until
+
+APP = "tests.apps:registry"
+WORKER = ("worker", "--app", APP, "--queue", "tq", "--concurrency", "3")  # 6 busy runs: each worker takes some
+LIBFAKETIME = next((p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+                                "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+                                "/usr/lib/faketime/libfaketime.so.1") if Path(p).exists()), None)
+LEASE_MS = "3000"
+"""Short, so a lease taken on a skewed clock would be past (or far ahead) within the test."""
+DELAY_S = 4.0
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    """The environment that runs a process under libfaketime at `offset` ('+30s', '-10m')."""
+    assert LIBFAKETIME is not None
+    return {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": offset, "FAKETIME_NO_CACHE": "1"}
+
+
+async def _server_ms(stores: Stores) -> int:
+    sec, usec = await stores.redis.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+async def _events(stores: Stores) -> list[dict[str, str]]:
+    return [{k.decode(): v.decode() for k, v in f.items()}
+            for _, f in await stores.redis.xrange(stores.keys("tq").events)]
+
+
+@pytest.mark.skipif(LIBFAKETIME is None or shutil.which("faketime") is None,
+                    reason="faketime (Debian package faketime) is not installed")
+@pytest.mark.parametrize("offset", ["+30s", "-30s", "+10m", "-10m"])
+async def test_a_worker_with_a_skewed_clock_neither_reaps_peers_nor_starts_delayed_runs_early_nor_loses_leases(
+        client: Client, settings: Settings, stores: Stores, tmp_path: Path, offset: str) -> None:
+    # runs long enough to be renewed twice under a 3 s lease, none may be retried (max_retries=0)
+    busy = [await client.submit("t.sleep", 4.0, max_retries=0) for _ in range(6)]
+    submitted_at = await _server_ms(stores)
+    delayed = [await client.submit("t.sleep", 0.0, delay=DELAY_S, max_retries=0) for _ in range(3)]
+    log_normal, log_skewed = tmp_path / "normal.log", tmp_path / "skewed.log"
+    normal = spawn(settings, *WORKER, log=log_normal, FENCEPOST_LEASE_MS=LEASE_MS)
+    skewed = spawn(settings, *WORKER, log=log_skewed, FENCEPOST_LEASE_MS=LEASE_MS, **faketime_env(offset))
+    try:
+        async def all_done() -> bool:
+            states = [await stores.redis.hget(stores.keys("tq").run(r), "state") for r in busy + delayed]
+            return all(s in (b"SUCCEEDED", b"FAILED") for s in states)
+
+        try:
+            await wait_until(all_done, timeout=40, what="every run to finish")
+        except AssertionError:
+            raise AssertionError(f"normal:\n{log_tail(log_normal)}\nskewed:\n{log_tail(log_skewed)}") from None
+    finally:
+        stop([normal, skewed])
+    events = await _events(stores)
+    claimed = [e for e in events if e["type"] == "claimed"]
+    workers = {e["worker"] for e in claimed}
+    assert len(workers) == 2, f"both workers claimed runs ({workers}): the test must exercise the skewed one"
+    expired = [e for e in events if e["type"] == "lease_expired"]
+    assert expired == [], f"{len(expired)} live leases were reaped: {expired[:3]}"
+    for r in busy + delayed:
+        h = await stores.redis.hgetall(stores.keys("tq").run(r))
+        assert (h[b"state"], h[b"attempt"]) == (b"SUCCEEDED", b"1"), (r, h)
+    for e in claimed:
+        if int(e["run"]) in delayed:
+            early = submitted_at + DELAY_S * 1000 - int(e["ts"])
+            assert early <= 0, f"delayed run {e['run']} started {early} ms early (by {e['worker']})"
