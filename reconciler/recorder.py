@@ -78,11 +78,37 @@ _KIND_SLOT = {"started": 2, "succeeded": 3, "failed": 4, "retried": 5}
 _LAG_HIST, _RUN_HIST = 6, 7
 """rollup_minutes' row: queue, minute, the four counts, the start-lag and run-time histograms."""
 
-_A_TOKEN, _A_WORKER, _A_STARTED, _A_FINISHED, _A_OUTCOME, _A_ERROR_CLASS, _A_ERROR = range(2, 9)
-"""Slots of an attempt row (after run id and attempt): apply_attempts' parameters $1-$9, in order."""
+_A_TOKEN, _A_WORKER, _A_STARTED, _A_FINISHED, _A_OUTCOME, _A_ERROR_CLASS, _A_ERROR, _A_CLAIM_V, _A_CLAIM_SID, \
+    _A_FTYPE, _A_FFROM, _A_FTO, _A_FV, _A_FSID, _A_REASON = range(2, 17)
+"""Slots of an attempt row (after run id and attempt): apply_attempts' parameters $1-$17, in order."""
+_ATTEMPT_WIDTH = 17
+
+_FINISHES = frozenset({b"succeeded", b"failed", b"timed_out", b"paused", b"cancelled", b"stopped", b"released"})
+"""Entry types a worker's finish (finish_runs.lua, release_runs.lua) writes when it closes its attempt.
+Such an entry without an actor, and every claim, is history as a column of the attempt's row, not an
+event row (DESIGN.md invariant 5); an operator's command, a retry scheduled, a lease expiry stays an event."""
 
 
-def _columns(rows: Iterable[list[Any]], width: int) -> list[list[Any]]:
+class _Recorded(ValueError):
+    """A batch read as fresh is in PostgreSQL already (a recorder that lost its consumer name mid-batch):
+    recorded again the replay way, which skips what is there."""
+
+
+def _folded(f: dict[bytes, bytes]) -> bool:
+    """Whether this entry's transition is recorded in its attempt's row rather than as an event row."""
+    typ = f[b"type"]
+    if typ == b"claimed":
+        return True
+    return (typ in _FINISHES and b"actor" not in f and b"attempt" in f and b"token" in f and b"worker" in f
+            and (typ == b"succeeded" or b"outcome" in f))
+
+
+def _count(status: str) -> int:
+    """The row count of a statement's status ('UPDATE 12', 'INSERT 0 12')."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
+def _columns(rows: Iterable[Sequence[Any]], width: int) -> list[list[Any]]:
     """Rows to one array per column (the transposition in C). A column that is NULL in every row goes
     as an empty array: the statements read their arrays with multi-argument unnest, which pads a
     shorter array with NULLs, and asyncpg then encodes nothing for it (most error, reason and
@@ -298,23 +324,34 @@ class Recorder:
                          r.decode() if r else None, ec.decode() if ec else None,
                          em.decode(errors="replace") if em else None, at, stream,
                          (int(ms) << 20) | int(seq), actor.decode() if actor else None))
+        folded = [_folded(f) for _, _, f in entries]
         async with self.stores.db.transaction() as tx:
             if copy:
-                await tx.copy_in("events", rows, _EVENT_COLUMNS)
+                events = [row for row, fold in zip(rows, folded, strict=True) if not fold]
+                if events:
+                    await tx.copy_in("events", events, _EVENT_COLUMNS)
                 new: set[tuple[str, int]] | None = None
             else:
-                written = await tx.fetch("insert_events_json", _json.encode(
-                    [(*row[:11], int(f[b"ts"]), *row[12:]) for row, (_, _, f) in zip(rows, entries, strict=True)]
-                ).decode())
-                new = {(r["stream"], r["stream_id"]) for r in written}
-                if len(new) == len(entries):
-                    new = None
-            runs, attempts, rollup = self._fold(entries, new, at_of, rows)
+                new = await self._unrecorded(tx, entries, rows, folded)
+            runs, attempts, unstarted, rollup = self._fold(entries, new, at_of, rows, folded)
+            late = False
             if runs:
-                await tx.execute("apply_runs", *runs)
+                late = _count(await tx.execute("apply_runs", *runs)) < len(runs[_R_ID])
                 await workflows.on_recorded(tx, runs[_R_ID], runs[_R_STATUS])  # release / cancel dependents
+            if late:  # another batch recorded a newer version of a run: its claims may come after their close
+                if copy:  # or this batch was recorded before: count only what it adds (rollup, metrics)
+                    new = await self._add_folded(tx, entries, rows, folded, {
+                        (stream, row[13]) for row, (stream, _, _), fold in zip(rows, entries, folded, strict=True)
+                        if not fold})
+                    if new is not None:
+                        _, attempts, unstarted, rollup = self._fold(entries, new, at_of, rows, folded)
+                attempts, unstarted = [], sorted(attempts + unstarted, key=lambda r: (r[0], r[1]))
             if attempts:
-                await tx.execute("apply_attempts", *attempts)
+                if _count(await tx.execute("apply_attempts", *_columns(attempts, _ATTEMPT_WIDTH))) < len(attempts) \
+                        and copy:
+                    raise _Recorded("a fresh batch's attempts are in PostgreSQL already")
+            if unstarted:
+                await tx.execute("apply_attempts_by_run", *_columns(unstarted, _ATTEMPT_WIDTH))
             if rollup[0]:  # the dashboard's per-minute counts, exactly once with the events they count
                 await tx.execute("rollup_minutes", *rollup)
             if self._compensations:
@@ -324,14 +361,43 @@ class Recorder:
         self.recorded += len(entries) if new is None else len(new)
         self.last_lag_s = max(0.0, time.time() - int(entries[-1][2][b"ts"]) / 1000)
 
+    async def _unrecorded(self, tx: Any, entries: list[tuple[str, bytes, dict[bytes, bytes]]],
+                          rows: Sequence[tuple[Any, ...]], folded: Sequence[bool]) -> set[tuple[str, int]] | None:
+        """A replayed batch (its entries may be committed already): write the event rows PostgreSQL does
+        not have, and return the (stream, stream id) of every entry not recorded before (None: all of
+        them). An attempt's claim or finish is recorded when its attempt row holds that entry's stream id."""
+        written = await tx.fetch("insert_events_json", _json.encode(
+            [(*row[:11], int(f[b"ts"]), *row[12:])
+             for row, (_, _, f), fold in zip(rows, entries, folded, strict=True) if not fold]).decode())
+        return await self._add_folded(tx, entries, rows, folded, {(r["stream"], r["stream_id"]) for r in written})
+
+    async def _add_folded(self, tx: Any, entries: list[tuple[str, bytes, dict[bytes, bytes]]],
+                          rows: Sequence[tuple[Any, ...]], folded: Sequence[bool],
+                          new: set[tuple[str, int]]) -> set[tuple[str, int]] | None:
+        """`new` (the event rows written now) with the claims and finishes no attempt row holds yet."""
+        runs = sorted({row[0] for row, fold in zip(rows, folded, strict=True) if fold})
+        if runs:
+            have: set[tuple[int, int | None, int]] = set()
+            for r in await tx.fetch("recorded_attempt_entries", runs):
+                for sid in (r["claim_stream_id"], r["finish_stream_id"]):
+                    if sid is not None:
+                        have.add((r["run_id"], r["attempt"], sid))
+            for row, (stream, _, _), fold in zip(rows, entries, folded, strict=True):
+                if fold and (row[0], row[5], row[13]) not in have:
+                    new.add((stream, row[13]))
+        return None if len(new) == len(entries) else new
+
     def _fold(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], only: set[tuple[str, int]] | None,
-              at_of: dict[bytes, datetime], rows: Sequence[tuple[Any, ...]]
-              ) -> tuple[list[list[Any]], list[list[Any]], list[list[Any]]]:
+              at_of: dict[bytes, datetime], rows: Sequence[tuple[Any, ...]], folded: Sequence[bool]
+              ) -> tuple[list[list[Any]], list[list[Any]], list[list[Any]], list[list[Any]]]:
         """One projection row per run and one attempt row per (run, attempt) for the whole batch, and
         the dashboard's per-minute rollup of the fresh entries (rollup_minutes' arguments: counted and
         bucketed here, run times of attempts started in an earlier batch left to PostgreSQL), in one
         pass. `at_of`: datetimes already made for the batch's ts values; `rows`: the entries' event
-        rows as `_record` parsed them."""
+        rows as `_record` parsed them; `folded`: which entries are columns of their attempt's row.
+        Returns apply_runs' arguments, the attempt rows whose start is known and those whose start is
+        not (apply_attempts / apply_attempts_by_run rows), and rollup_minutes' arguments, each in key
+        order (recorder replicas lock rows in one order: no deadlock between them)."""
         runs: dict[int, list[Any]] = {}
         atts: dict[tuple[int, int], list[Any]] = {}
         compensations: list[tuple[int, str, bytes]] = []
@@ -339,7 +405,8 @@ class Recorder:
         started: dict[tuple[int, int | None], int] = {}  # (run, attempt) -> claim ts (ms), from this batch
         looked: list[tuple[str, datetime, int, int | None]] = []  # finishes whose run time PostgreSQL has
         kinds = stats.KINDS
-        for row, (stream, _, f) in zip(rows, entries, strict=True):
+        unstarted: set[tuple[int, int]] = set()  # attempts closed with no start known (apply_attempts_by_run)
+        for row, (stream, _, f), fold in zip(rows, entries, folded, strict=True):
             if only is not None and (stream, row[13]) not in only:
                 continue
             run_id, status, a, at = row[0], row[3], row[5], row[11]
@@ -368,7 +435,9 @@ class Recorder:
                 p[_R_RESULT] = None
                 if a is None or token is None or worker is None:  # a claim always carries all three
                     raise KeyError(f"claim of run {run_id} without attempt, token or worker")
-                atts[(run_id, a)] = [run_id, a, p[_R_TOKEN], p[_R_WORKER], at, None, None, None, None]
+                atts[(run_id, a)] = [run_id, a, p[_R_TOKEN], p[_R_WORKER], at, None, None, None, None,
+                                     row[4], row[13], None, None, None, None, None, None]
+                unstarted.discard((run_id, a))
             if b"run_at" in f:
                 p[_R_RUN_AT] = _ts(f[b"run_at"])
             if b"error" in f:
@@ -390,14 +459,28 @@ class Recorder:
                 p[_R_FINISHED] = at
             outcome = f.get(b"outcome") or (b"succeeded" if typ == b"succeeded" else None)
             if outcome and a is not None:
-                att = atts.get((run_id, a))
-                if att is None:
-                    att = atts[(run_id, a)] = [run_id, a, int(f[b"token"]), f[b"worker"].decode(), at,
-                                               None, None, None, None]
+                found = atts.get((run_id, a))
+                if found is not None:
+                    att = found
+                else:
+                    begun_ms = f.get(b"started")  # the attempt's start (finish_runs.lua): its partition
+                    if begun_ms:
+                        begun_at = at_of.get(begun_ms)
+                        if begun_at is None:
+                            begun_at = at_of[begun_ms] = _ts(begun_ms)
+                    else:
+                        begun_at = None
+                        unstarted.add((run_id, a))
+                    att = atts[(run_id, a)] = [run_id, a, int(f[b"token"]), f[b"worker"].decode(), begun_at,
+                                               None, None, None, None, None, None, None, None, None, None, None,
+                                               None]
                 att[_A_FINISHED] = at
                 att[_A_OUTCOME] = outcome.decode()
                 att[_A_ERROR_CLASS] = f[b"error_class"].decode() if b"error_class" in f else None
                 att[_A_ERROR] = f[b"error"].decode(errors="replace")[:4000] if b"error" in f else None
+                if fold:  # the finish is a column of the attempt row, not an event row
+                    att[_A_FTYPE], att[_A_FFROM], att[_A_FTO], att[_A_FV], att[_A_FSID], att[_A_REASON] = (
+                        row[1], row[2], status, row[4], row[13], row[8])
             kind = kinds.get(typ)
             if kind is not None:  # the dashboard's per-minute counts and histograms (stats.BOUNDS_MS buckets)
                 t = int(f[b"ts"])
@@ -414,6 +497,8 @@ class Recorder:
                         grp[_LAG_HIST][bisect_right(stats.BOUNDS_MS, max(0, t - int(due)))] += 1
                 elif kind != "retried":  # succeeded / failed: the attempt's run time
                     begun = started.get((run_id, a))
+                    if begun is None and b"started" in f:
+                        begun = int(f[b"started"])
                     if begun is None:
                         looked.append((queue, grp[1], run_id, a))
                     else:
@@ -427,11 +512,13 @@ class Recorder:
                 p[_R_WORKER] = p[_R_LEASE] = None
             if p[_R_FINISHED] is not None:  # `at` only stands in for a finish time the fold did not set
                 p[_R_AT] = None
-        mins = list(groups.values())
+        mins = [groups[k] for k in sorted(groups, key=lambda k: (k[1], k[0]))]  # queue_minutes' key order
         rollup = [[g[i] for g in mins] for i in range(_LAG_HIST)]
         rollup += [[n for g in mins for n in g[_LAG_HIST]], [n for g in mins for n in g[_RUN_HIST]]]
         rollup += [list(c) for c in zip(*looked, strict=True)] if looked else [[], [], [], []]
-        return (_columns(runs.values(), 18) if runs else []), (_columns(atts.values(), 9) if atts else []), rollup
+        pruned = [atts[k] for k in sorted(atts) if k not in unstarted]
+        closes = [atts[k] for k in sorted(unstarted)]
+        return (_columns([runs[k] for k in sorted(runs)], 18) if runs else []), pruned, closes, rollup
 
     def _observe(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], only: set[tuple[str, int]] | None,
                  rows: Sequence[tuple[Any, ...]]) -> None:

@@ -125,9 +125,12 @@ FROM runs WHERE status IN ('FAILED', 'TIMED_OUT') AND reason IS DISTINCT FROM 'r
 ORDER BY finished_at DESC LIMIT $2;
 
 -- name: run_events
+-- A run's timeline: its event rows and its attempts' claim and finish columns, as one list of
+-- event-shaped rows (the view `history`, 020_attempt_history.sql). Within one millisecond, the
+-- order of the stream entries (a claim and the finish of a no-op job share their ts).
 SELECT id, type, from_status, to_status, version, attempt, token, worker_id, actor, reason,
        error_class, error_message, trace_id, at, recorded_at
-FROM events WHERE run_id = $1 ORDER BY at, id;
+FROM history WHERE run_id = $1 ORDER BY at, stream_id NULLS FIRST, id;
 
 -- name: run_attempts
 SELECT attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message
@@ -170,35 +173,97 @@ FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::integer[], $5::bigint[],
 WHERE r.id = u.id AND r.version < u.version;
 
 -- name: apply_attempts
--- One row per attempt, one statement per batch. attempts is partitioned by started_at, so
--- its key is (run_id, attempt, started_at), and a closing transition does not carry the
--- attempt's start: attempts that exist are updated by (run_id, attempt), the others
--- inserted. A close recorded before its claim (the claim in another recorder's batch)
--- inserts the attempt started at the close; the claim then moves started_at back (LEAST).
--- Two recorders never both insert one attempt: apply_runs, earlier in the same
--- transaction, waits on the run's row for a concurrent batch of that run to commit, so
--- this statement sees that batch's attempt row.
+-- One row per attempt, one statement per batch, each attempt's row found by its whole key
+-- (run_id, attempt, started_at): every closing transition the recorder writes this way carries its
+-- attempt's start (finish_runs.lua's `started`, or the claim in the same batch), so the insert goes
+-- to the one monthly partition of that start and its conflict check reads that partition's key only,
+-- whatever the size of the history. A claim and its finish in one batch are one insert; a finish
+-- after its claim's batch is one update of that row (ON CONFLICT), a claim after its finish's batch
+-- (another recorder's) fills the claim columns. Rows go in (run_id, attempt) order so recorder
+-- replicas take the key locks in one order (no deadlock). A row that brings nothing the attempt does
+-- not have (a batch recorded already) changes nothing: the statement's count tells the recorder.
+-- Closes whose start is not known, and the rows of a late batch, go to apply_attempts_by_run.
+-- $1-$9 run, attempt, token, worker, started, finished, outcome, error class, error message;
+-- $10-$16 claim version, claim stream id, finish type / from / to / version / stream id; $17 reason.
+INSERT INTO attempts AS a (run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class,
+                           error_message, claim_version, claim_stream_id, finish_type, finish_from, finish_to,
+                           finish_version, finish_stream_id, reason)
+SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::text[], $5::timestamptz[],
+                     $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::bigint[], $11::bigint[],
+                     $12::text[], $13::text[], $14::text[], $15::bigint[], $16::bigint[], $17::text[])
+    AS u(run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message,
+         claim_version, claim_stream_id, finish_type, finish_from, finish_to, finish_version, finish_stream_id,
+         reason)
+ORDER BY 1, 2
+ON CONFLICT (run_id, attempt, started_at) DO UPDATE SET
+    finished_at = COALESCE(excluded.finished_at, a.finished_at),
+    outcome = COALESCE(excluded.outcome, a.outcome),
+    error_class = COALESCE(excluded.error_class, a.error_class),
+    error_message = COALESCE(excluded.error_message, a.error_message),
+    claim_version = COALESCE(a.claim_version, excluded.claim_version),
+    claim_stream_id = COALESCE(a.claim_stream_id, excluded.claim_stream_id),
+    finish_type = COALESCE(excluded.finish_type, a.finish_type),
+    finish_from = COALESCE(excluded.finish_from, a.finish_from),
+    finish_to = COALESCE(excluded.finish_to, a.finish_to),
+    finish_version = COALESCE(excluded.finish_version, a.finish_version),
+    finish_stream_id = COALESCE(excluded.finish_stream_id, a.finish_stream_id),
+    reason = COALESCE(excluded.reason, a.reason),
+    recorded_at = now()
+WHERE (a.claim_stream_id IS NULL AND excluded.claim_stream_id IS NOT NULL)
+   OR (a.finished_at IS NULL AND excluded.finished_at IS NOT NULL);
+
+-- name: apply_attempts_by_run
+-- apply_attempts for the rows whose attempt row cannot be found by its whole key: closes that do not
+-- carry their attempt's start (a lease expiry, a release at shutdown, a run whose Redis hash was
+-- rebuilt without it, an older version's entry; $5 NULL), and every row of a batch that came late
+-- (apply_runs found a newer version of one of its runs: another recorder's batch, a replay), whose
+-- claim may find its attempt inserted by a close recorded before it. Found by (run_id, attempt), so
+-- this reads the key of every partition; the recorder sends it only such rows. A close that finds no
+-- row inserts the attempt started at the close; its claim, late by then, moves the start back.
+-- Parameters as apply_attempts.
 WITH input AS (
     SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::text[], $5::timestamptz[],
-                         $6::timestamptz[], $7::text[], $8::text[], $9::text[])
-        AS u(run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message)
+                         $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::bigint[], $11::bigint[],
+                         $12::text[], $13::text[], $14::text[], $15::bigint[], $16::bigint[], $17::text[])
+        AS u(run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message,
+             claim_version, claim_stream_id, finish_type, finish_from, finish_to, finish_version, finish_stream_id,
+             reason)
+    ORDER BY 1, 2
+), found AS (
+    SELECT a.run_id, a.attempt FROM attempts a JOIN input i ON a.run_id = i.run_id AND a.attempt = i.attempt
 ), upd AS (
     UPDATE attempts a SET
         started_at = LEAST(a.started_at, i.started_at),
         finished_at = COALESCE(i.finished_at, a.finished_at),
         outcome = COALESCE(i.outcome, a.outcome),
         error_class = COALESCE(i.error_class, a.error_class),
-        error_message = COALESCE(i.error_message, a.error_message)
+        error_message = COALESCE(i.error_message, a.error_message),
+        claim_version = COALESCE(a.claim_version, i.claim_version),
+        claim_stream_id = COALESCE(a.claim_stream_id, i.claim_stream_id),
+        finish_type = COALESCE(i.finish_type, a.finish_type),
+        finish_from = COALESCE(i.finish_from, a.finish_from),
+        finish_to = COALESCE(i.finish_to, a.finish_to),
+        finish_version = COALESCE(i.finish_version, a.finish_version),
+        finish_stream_id = COALESCE(i.finish_stream_id, a.finish_stream_id),
+        reason = COALESCE(i.reason, a.reason),
+        recorded_at = now()
     FROM input i WHERE a.run_id = i.run_id AND a.attempt = i.attempt
-    RETURNING a.run_id, a.attempt
+      AND ((a.claim_stream_id IS NULL AND i.claim_stream_id IS NOT NULL)   -- what the row does not have yet
+           OR (a.finished_at IS NULL AND i.finished_at IS NOT NULL) OR i.started_at < a.started_at)
 )
-INSERT INTO attempts AS a (run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message)
-SELECT * FROM input i WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.run_id = i.run_id AND upd.attempt = i.attempt)
-ON CONFLICT (run_id, attempt, started_at) DO UPDATE SET
-    finished_at = COALESCE(excluded.finished_at, a.finished_at),
-    outcome = COALESCE(excluded.outcome, a.outcome),
-    error_class = COALESCE(excluded.error_class, a.error_class),
-    error_message = COALESCE(excluded.error_message, a.error_message);
+INSERT INTO attempts AS a (run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class,
+                           error_message, claim_version, claim_stream_id, finish_type, finish_from, finish_to,
+                           finish_version, finish_stream_id, reason)
+SELECT run_id, attempt, token, worker_id, COALESCE(started_at, finished_at), finished_at, outcome, error_class,
+       error_message, claim_version, claim_stream_id, finish_type, finish_from, finish_to, finish_version,
+       finish_stream_id, reason
+FROM input i WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.run_id = i.run_id AND f.attempt = i.attempt)
+ON CONFLICT (run_id, attempt, started_at) DO NOTHING;
+
+-- name: recorded_attempt_entries
+-- For a replayed batch (entries that may be committed already): the stream ids of the claims and
+-- finishes the attempts of runs $1 hold, so the recorder counts only the entries it writes now.
+SELECT run_id, attempt, claim_stream_id, finish_stream_id FROM attempts WHERE run_id = ANY($1::bigint[]);
 
 -- name: queue_epochs
 SELECT name, epoch, paused FROM queues ORDER BY name;

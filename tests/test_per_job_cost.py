@@ -24,7 +24,7 @@ async def _run_three(client: Client, stores: Stores) -> list[int]:
 
 async def _stream_events(stores: Stores) -> list[tuple[int, str, int]]:
     rows = await stores.db.pool.fetch(  # type: ignore[union-attr]
-        "SELECT run_id, type, version FROM events WHERE stream_id IS NOT NULL ORDER BY run_id, version")
+        "SELECT run_id, type, version FROM history WHERE stream_id IS NOT NULL ORDER BY run_id, version")
     return [(r["run_id"], r["type"], r["version"]) for r in rows]
 
 

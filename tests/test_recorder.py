@@ -35,5 +35,5 @@ async def test_a_poison_entry_is_quarantined_and_the_rest_recorded(client: Clien
     poison = await stores.redis.xrange(f"{stores.settings.prefix}:recorder:poison")
     assert [int(f[b"run"]) for _, f in poison] == [bad, bad] and b"BOGUS" in poison[0][1][b"to"]
     assert await stores.redis.xlen(keys.events) == 0, "the stream moved on"
-    n = await stores.db.pool.fetchval("SELECT count(*) FROM events WHERE run_id = ANY($1)", good)  # type: ignore[union-attr]
+    n = await stores.db.pool.fetchval("SELECT count(*) FROM history WHERE run_id = ANY($1)", good)  # type: ignore[union-attr]
     assert n == 6, "each good run: submitted + paused, once"
