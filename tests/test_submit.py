@@ -154,7 +154,7 @@ async def test_history_reaches_postgres(client: Client, settings, stores) -> Non
     rows = await stores.db.fetch("run_status", ids)
     assert {r["status"] for r in rows} == {"SUCCEEDED"}
     types = await stores.db.pool.fetch(  # type: ignore[union-attr]
-        "SELECT type, count(*) AS n FROM events GROUP BY type ORDER BY type")
+        "SELECT type, count(*) AS n FROM history GROUP BY type ORDER BY type")
     assert {r["type"]: r["n"] for r in types} == {"submitted": 50, "claimed": 50, "succeeded": 50}
     att = await stores.db.pool.fetchval("SELECT count(*) FROM attempts WHERE outcome = 'succeeded'")  # type: ignore[union-attr]
     assert att == 50
