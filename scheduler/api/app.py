@@ -26,7 +26,7 @@ from fencepost.api.routes import ROUTES, wrap
 from fencepost.client import Client
 from fencepost.core.config import Settings, from_env
 
-__all__ = ["SECURITY_HEADERS", "STATIC_DIR", "Api", "ApiConfig", "SecurityHeaders", "create_app"]
+__all__ = ["API_HEADERS", "SECURITY_HEADERS", "STATIC_DIR", "Api", "ApiConfig", "SecurityHeaders", "create_app"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -48,9 +48,10 @@ class ApiConfig(msgspec.Struct, kw_only=True):
     auth_fail_limit: Annotated[int, Meta(ge=0, le=1_000_000)] = 20
     """Failed authentications per client address per window before it gets 429 (0: off)."""
     auth_fail_window_s: Annotated[int, Meta(ge=1, le=86_400)] = 60
-    metrics_token: bool = False
-    """/metrics asks for a token (any role) too; off by default, as scrapers usually reach
-    /metrics on a private network (queue and handler names are its only labels)."""
+    metrics_token: bool = True
+    """/metrics asks for a token (any role), as every /v1 route does; FENCEPOST_API_METRICS_TOKEN=0
+    makes it public, for scrapers that reach it on a private network (route templates, methods and
+    status classes are its only labels)."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ApiConfig:
@@ -155,6 +156,10 @@ SECURITY_HEADERS = [
 """On every response (the dashboard's files, its redirects and errors, and the API): the dashboard
 holds a token, so it must never run a foreign script or be framed."""
 
+API_HEADERS = [*SECURITY_HEADERS, (b"cache-control", b"no-store")]
+"""On every answer but the dashboard's static files: API answers (runs, arguments, errors, a new token's
+secret) are never kept by a browser or a proxy cache."""
+
 
 class SecurityHeaders:
     """Plain ASGI middleware adding SECURITY_HEADERS (cheaper than BaseHTTPMiddleware, no body buffering)."""
@@ -167,10 +172,12 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
 
+        extra = SECURITY_HEADERS if scope.get("path", "").startswith("/ui/") else API_HEADERS
+
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 have = {k.lower() for k, _ in message.get("headers", [])}
-                message["headers"] = [*message.get("headers", []), *(h for h in SECURITY_HEADERS if h[0] not in have)]
+                message["headers"] = [*message.get("headers", []), *(h for h in extra if h[0] not in have)]
             await send(message)
 
         await self.app(scope, receive, with_headers)

@@ -133,7 +133,8 @@ class Tokens:
     """Authenticates bearer tokens against PostgreSQL, caching answers for `cache_s` seconds
     (a revoke reaches other API replicas within that time; this one at once). Only known tokens
     are cached (a flood of bogus ones cannot evict them), and failed attempts are counted per
-    client address: past `fail_limit` in `fail_window_s`, the address gets 429 without a lookup."""
+    client address: past `fail_limit` in `fail_window_s`, the address's invalid tokens get 429 (its
+    valid tokens keep working: the throttle is for guessing, not for the address)."""
 
     def __init__(self, db: Database, *, cache_s: float = 5.0, redis: Any = None, prefix: str = "fp",
                  fail_limit: int = 20, fail_window_s: int = 60) -> None:
@@ -172,12 +173,15 @@ class Tokens:
     async def authenticate(self, header: str | None, addr: str) -> Principal:
         if not header:
             raise Unauthorized("send 'Authorization: Bearer <token>' (create one with `fencepost token create`)")
-        await self._throttled(addr)
+        # Failed attempts are counted per address, but only invalid tokens are throttled: a valid token
+        # from an address that also sent bad ones (a shared NAT, a misconfigured neighbour) keeps working.
         scheme, _, secret = header.partition(" ")
         secret = secret.strip()
         if scheme.lower() != "bearer" or not secret:
+            await self._throttled(addr)
             raise await self._failed(addr, "the Authorization header must be 'Bearer <token>'")
         if len(secret) > 200:
+            await self._throttled(addr)
             raise await self._failed(addr, "unknown, expired or revoked token")
         digest = hash_secret(secret)
         now = time.monotonic()
@@ -194,6 +198,7 @@ class Tokens:
                     self._cache.pop(next(iter(self._cache)))  # the oldest entry, not every entry
                 self._cache[digest] = (now + self.cache_s, row)
         if row is None or row["revoked_at"] is not None or row["expired"] or row["maker_ended"]:
+            await self._throttled(addr)
             raise await self._failed(addr, "unknown, expired or revoked token (or the token that made it is)")
         return Principal(id=row["id"], role=row["role"], queues=tuple(row["queues"] or ()), name=row["name"],
                          addr=addr, expires_at=row["expires_at"])

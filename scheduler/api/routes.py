@@ -436,7 +436,7 @@ async def resolve(ctx: Ctx) -> Any:
 
 def _queue_command(paused: bool) -> Callable[[Ctx], Awaitable[Any]]:
     async def queue_command(ctx: Ctx) -> Any:
-        name = ctx.path("queue")
+        name = _valid_queue(ctx.path("queue"))
         ctx.p.require_queue(name)
         body: S.ConfigCommand = ctx.body or S.ConfigCommand()
         if paused:
@@ -451,8 +451,7 @@ def _queue_command(paused: bool) -> Callable[[Ctx], Awaitable[Any]]:
 async def bulk(ctx: Ctx) -> Any:
     """A count (428 with a handle for the counted set) or its confirm: exactly the counted runs that
     have not moved since (fencepost.api.bulk)."""
-    name = ctx.path("queue")
-    _valid_queue(name)
+    name = _valid_queue(ctx.path("queue"))
     ctx.p.require_queue(name)
     cfg = ctx.api.config
     return await bulk_action(ctx.client, ctx.p, name, ctx.body, cap=cfg.bulk_cap, ttl=float(cfg.bulk_handle_ttl_s))
@@ -722,9 +721,7 @@ async def revoke_token_route(ctx: Ctx) -> Any:
 # -- audit -------------------------------------------------------------------------------------
 async def audit_log(ctx: Ctx) -> Any:
     """Who did what, newest first; a scoped token sees its queues' entries only."""
-    actor = ctx.q("actor")
-    if actor is not None:
-        validate.text("name", actor)
+    actor = _q_text(ctx, "actor")
     before = ctx.q_time("before")
     rows = await ctx.client.stores.db.fetch("audit_list", actor, ctx.q_queue(), ctx.q_time("since"),
                                             ctx.q_time("until"), ctx.q_int("limit", 100, 1, 1000), ctx.p.scope, before)
@@ -766,7 +763,7 @@ async def _stats(ctx: Ctx, queue: str | None) -> S.Stats:
 
 
 async def queue_stats(ctx: Ctx) -> Any:
-    name = ctx.path("queue")
+    name = _valid_queue(ctx.path("queue"))
     ctx.p.require_queue(name)
     return await _stats(ctx, name)
 
@@ -836,7 +833,7 @@ async def _dispatch_view(client: Client, name: str) -> S.DispatchSettings:
 
 
 async def get_dispatch(ctx: Ctx) -> Any:
-    name = ctx.path("queue")
+    name = _valid_queue(ctx.path("queue"))
     ctx.p.require_queue(name)
     return await _dispatch_view(ctx.client, name)
 
@@ -847,7 +844,7 @@ _DISPATCH_FIELDS = {"weight": ("tenant", "value"), "limit": ("key", "value"), "m
 
 
 async def set_dispatch(ctx: Ctx) -> Any:
-    name = ctx.path("queue")
+    name = _valid_queue(ctx.path("queue"))
     ctx.p.require_queue(name)
     b: S.DispatchUpdate = ctx.body
     stores, v = ctx.client.stores, b.value
@@ -859,6 +856,17 @@ async def set_dispatch(ctx: Ctx) -> Any:
                                field=f)
     if b.setting in ("limit", "max_running") and v is not None and v != int(v):
         raise InvalidInput(f"{b.setting} must be a whole number, not {v}", field="value")
+    try:
+        await _apply_dispatch(stores, name, b, who)
+    except InvalidInput as exc:
+        if exc.field in ("weight", "limit", "max_running", "aging"):  # the body's field is `value`
+            raise InvalidInput(f"value: {exc}", field="value") from None
+        raise
+    return await _dispatch_view(ctx.client, name)
+
+
+async def _apply_dispatch(stores: Any, name: str, b: S.DispatchUpdate, who: dict[str, str]) -> None:
+    v = b.value
     if b.setting == "weight":
         if b.tenant is None:
             raise InvalidInput("a weight needs the tenant it applies to", field="tenant")
@@ -877,15 +885,15 @@ async def set_dispatch(ctx: Ctx) -> Any:
             await fairness.set_key_rate(stores, name, b.key, b.rate, **who)
     else:
         await fairness.set_aging(stores, name, v, **who)
-    return await _dispatch_view(ctx.client, name)
 
 
 ROUTES: list[RouteSpec] = [
     RouteSpec("GET", "/healthz", health, "Liveness: the process answers", response=S.Health, tag="health", auth=False),
     RouteSpec("GET", "/readyz", ready, "Readiness: Redis and PostgreSQL reachable (503 otherwise)",
               response=S.Readiness, tag="health", auth=False),
-    RouteSpec("GET", "/metrics", metrics, "Prometheus metrics of this API process", response="text", tag="health",
-              auth=False),
+    RouteSpec("GET", "/metrics", metrics,
+              "Prometheus metrics of this API process (any token; public with FENCEPOST_API_METRICS_TOKEN=0)",
+              response="text", tag="health"),
     RouteSpec("GET", "/openapi.json", openapi_doc, "This document", response="object", tag="health", auth=False),
     RouteSpec("GET", "/v1/me", me, "The calling token", response=S.Me, tag="tokens"),
     RouteSpec("POST", "/v1/runs", submit, "Submit one run (Idempotency-Key header or body field)",
@@ -1038,11 +1046,36 @@ def _decode(raw: bytes, typ: type) -> Any:
         unknown = re.search(r"unknown field `([^`]*)`", msg)
         if unknown and (fld is None or path == "$"):
             fld = unknown.group(1)
+        if "matching regex" in msg and path is not None:  # name the character, not the pattern
+            why = _pattern_refusal(raw, path)
+            if why is not None:
+                raise InvalidInput(f"invalid body: {why} - at `{path}`", field=fld) from None
         raise InvalidInput(f"invalid body: {msg}", field=fld) from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise BadRequest("the body nests too deeply") from None
+
+
+def _pattern_refusal(raw: bytes, path: str) -> str | None:
+    """What is wrong with the text at `path` ($.a.b[0]) of a body a schema pattern refused: the offending
+    character and its position (validate.describe_text), instead of the pattern itself."""
+    try:
+        value: Any = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    steps = re.findall(r"\.([^.\[]+)|\[(\d+)\]", path.removeprefix("$"))
+    name = "value"
+    for key, index in steps:
+        if key and isinstance(value, dict):
+            value, name = value.get(key), key
+        elif index and isinstance(value, list) and int(index) < len(value):
+            value = value[int(index)]
+        else:
+            return None
+    if not isinstance(value, str):
+        return None
+    return validate.describe_text(name, value, label=True)
 
 
 def _addr(request: Request) -> str:
@@ -1057,7 +1090,7 @@ def wrap(spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
         started = time.perf_counter()
         principal: Principal | None = None
         try:
-            if spec.auth or (spec.fn is metrics and api.config.metrics_token):
+            if spec.auth and not (spec.fn is metrics and not api.config.metrics_token):
                 principal = await api.tokens.authenticate(request.headers.get("authorization"), _addr(request))
                 await api.limiter.hit(principal.id)
                 principal.require(*spec.roles)

@@ -25,11 +25,13 @@ __all__ = [
     "PRINTABLE_PATTERN",
     "Limit",
     "check",
+    "describe_text",
     "integer",
     "label",
     "meta",
     "number",
     "text",
+    "unsafe_at",
     "unsafe_char",
 ]
 
@@ -84,11 +86,32 @@ Unicode categories, so a character this pattern misses is still refused, with th
 
 def unsafe_char(value: str) -> str | None:
     """The first character of `value` that may not be stored or printed, or None."""
-    for ch in value:
+    at = unsafe_at(value)
+    return None if at is None else value[at]
+
+
+def unsafe_at(value: str) -> int | None:
+    """The index of the first character of `value` that may not be stored or printed, or None."""
+    for i, ch in enumerate(value):
         if ch.isprintable() or ch == " ":
             continue
         if unicodedata.category(ch) in _BAD_CATEGORIES:
-            return ch
+            return i
+    return None
+
+
+def describe_text(field: str, value: str, *, label: bool = False) -> str | None:
+    """Why `value` is refused as the field's text, naming the character and its position (counted from
+    1), e.g. "name must not contain control or invisible characters (found U+202E at position 3)"; None
+    when its characters are fine (the length is the caller's)."""
+    at = unsafe_at(value)
+    if at is not None:
+        return (f"{field} must not contain control or invisible characters "
+                f"(found U+{ord(value[at]):04X} at position {at + 1})")
+    if label:
+        for i, c in enumerate(value):
+            if c.isspace() or c in "{}":
+                return f"{field} must not contain spaces or braces (found {c!r} at position {i + 1})"
     return None
 
 
@@ -144,11 +167,9 @@ def text(field: str, value: Any) -> str:
         raise _fail(field, value, "must be text")
     if not lim.min_len <= len(value) <= lim.max_len:
         raise _fail(field, value, f"must be {lim.min_len}-{lim.max_len} characters")
-    bad = unsafe_char(value)
-    if bad is not None:
-        raise _fail(field, value, f"must not contain control or invisible characters (found U+{ord(bad):04X})")
-    if lim.kind == "label" and any(c.isspace() or c in "{}" for c in value):
-        raise _fail(field, value, "must not contain spaces or braces")
+    why = describe_text(field, value, label=lim.kind == "label")
+    if why is not None:
+        raise _fail(field, value, why.removeprefix(f"{field} "))
     return value
 
 

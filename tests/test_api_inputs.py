@@ -1,0 +1,93 @@
+"""Bad input to the API gets a 4xx naming the right field and changes nothing (issue 24 items 4 and
+13); every API answer says Cache-Control: no-store; /metrics needs a token unless made public."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from fencepost.api import ApiConfig
+from fencepost.client import Client
+from fencepost.core.config import Settings
+from tests.test_api import Api, _make_api
+
+
+@pytest.fixture
+async def api(settings: Settings, client: Client) -> AsyncIterator[Api]:
+    async for a in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        yield a
+
+
+async def _audit_rows(client: Client) -> int:
+    return await client.stores.db.pool.fetchval("SELECT count(*) FROM audit_log")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("ch", ["\a", "\x1b", "\u202e", "\u200b", "\u0085", "\u2028"])
+async def test_a_bulk_handler_filter_with_a_control_or_format_character_is_refused(api: Api, client: Client,
+                                                                                   ch: str) -> None:
+    """The issue's reproduction: these were stored in audit_log.data (and U+2028 cut `fencepost audit`)."""
+    await client.submit("t.echo", 1)
+    before = await _audit_rows(client)
+    for body in ({"command": "cancel", "handler": f"t.{ch}echo"},
+                 {"command": "cancel", "handler": f"t.{ch}echo", "count": True}):
+        r = await api.req("POST", "/v1/queues/tq/bulk", "admin", json=body)
+        assert r.status_code == 422 and r.json()["field"] == "handler", r.text
+        assert f"U+{ord(ch):04X} at position 3" in r.json()["detail"], r.json()["detail"]
+    assert await _audit_rows(client) == before
+
+
+async def test_a_bulk_on_a_queue_that_does_not_exist_is_404_and_audits_nothing(api: Api, client: Client) -> None:
+    before = await _audit_rows(client)
+    r = await api.req("POST", "/v1/queues/nosuch/bulk", "admin", json={"command": "cancel"})
+    assert r.status_code == 404 and r.json()["field"] == "queue", r.text
+    assert await _audit_rows(client) == before
+
+
+async def test_refusals_name_the_field_the_caller_sent(api: Api, client: Client) -> None:
+    """The issue: /v1/audit?actor= named `name`; a dispatch value 1e-320 named `aging` / `weight`."""
+    r = await api.req("GET", "/v1/audit", "admin", params={"actor": "tok\u202een"})
+    assert r.status_code == 422 and r.json()["field"] == "actor", r.text
+    await client.submit("t.echo", 1)
+    for setting, extra in (("aging", {}), ("weight", {"tenant": "acme"})):
+        r = await api.req("POST", "/v1/queues/tq/dispatch", "admin",
+                          json={"setting": setting, "value": 1e-320, **extra})
+        assert r.status_code == 422 and r.json()["field"] == "value", r.text
+
+
+async def test_a_text_field_refusal_names_the_character_and_its_position_not_a_regex(api: Api) -> None:
+    r = await api.req("POST", "/v1/workflows", "admin", json={"name": "ab\u202ec", "nodes": [
+        {"name": "a", "handler": "t.echo", "queue": "tq"}]})
+    assert r.status_code == 422 and r.json()["field"] == "name", r.text
+    detail = r.json()["detail"]
+    assert "U+202E at position 3" in detail and "regex" not in detail and "\\u" not in detail, detail
+
+
+async def test_a_queue_name_in_a_path_is_validated(api: Api) -> None:
+    """The issue: /v1/queues/a%20b/stats answered 200."""
+    for path in ("/v1/queues/a%20b/stats", "/v1/queues/a%20b/dispatch"):
+        r = await api.req("GET", path, "admin")
+        assert r.status_code == 422 and r.json()["field"] == "queue", (path, r.text)
+
+
+async def test_every_api_answer_says_no_store(api: Api) -> None:
+    """The issue: no Cache-Control at all, not even on the answer that carries a new token's secret."""
+    r = await api.req("POST", "/v1/tokens", "admin", json={"role": "producer"})
+    assert r.status_code == 201 and r.headers["cache-control"] == "no-store"
+    for method, path, who in (("GET", "/v1/me", "admin"), ("GET", "/v1/me", None), ("GET", "/healthz", None),
+                              ("GET", "/v1/runs/999", "admin"), ("GET", "/openapi.json", None),
+                              ("GET", "/v1/nothing", "admin")):
+        r = await api.req(method, path, who)
+        assert r.headers.get("cache-control") == "no-store", (path, r.status_code, r.headers)
+    assert "no-store" not in (await api.req("GET", "/ui/app.js")).headers.get("cache-control", "")
+
+
+async def test_metrics_need_a_token_unless_made_public(settings: Settings, client: Client,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        assert (await api.req("GET", "/metrics")).status_code == 401
+        assert (await api.req("GET", "/metrics", "producer")).status_code == 200
+    monkeypatch.setenv("FENCEPOST_API_METRICS_TOKEN", "0")
+    async for api in _make_api(settings, client, ApiConfig.from_env(token_cache_s=0, rate_limit=0)):
+        r = await api.req("GET", "/metrics")
+        assert r.status_code == 200 and "fencepost_api_requests_total" in r.text
