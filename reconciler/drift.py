@@ -196,7 +196,7 @@ class DriftRepair:
             return Drift(queue, "unqueued", rid, f"{state} but in no sorted set for it", seen_version=seen, redis=h)
         return None
 
-    async def _unrecorded_confirmed(self, queue: str, cands: list[Drift]) -> list[Drift]:
+    async def unrecorded_confirmed(self, queue: str, cands: list[Drift]) -> list[Drift]:
         """Keep candidates with no entry left in the queue's stream (those the recorder will
         never see), then re-read PostgreSQL: the recorder may have caught up meanwhile."""
         if not cands:
@@ -306,7 +306,7 @@ class DriftRepair:
         cands = [d for d in found if d.kind == "unrecorded"]
         if cands:
             due = self._unrecorded_due(queue, cands) if defer else cands
-            ok = {d.run_id for d in await self._unrecorded_confirmed(queue, due)}
+            ok = {d.run_id for d in await self.unrecorded_confirmed(queue, due)}
             found = [d for d in found if d.kind != "unrecorded" or d.run_id in ok]
         found = [d for d in found if d.kind != "untrusted_lease"]
         for d in found:

@@ -140,6 +140,12 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
             interrupted = await stores.scripts.repair_interrupt(
                 keys, [Versioned(d.run_id, d.seen_version) for d in leases])
             stats["interrupted"] += len(interrupted)
+        # A run finished in Redis whose stream entry is still there is the recorder's to record (issue 22
+        # item 11: recorded here as well, the transition was in the history twice), as in drift's own pass.
+        unrec = [d for d in found if d.kind == "unrecorded"]
+        if unrec:
+            confirmed = {d.run_id for d in await drift.unrecorded_confirmed(queue, unrec)}
+            found = [d for d in found if d.kind != "unrecorded" or d.run_id in confirmed]
         done = await drift.repair(queue, [d for d in found if d.kind != "untrusted_lease"], record=False)
         recorded = [d for d in done if d.kind == "unrecorded"]
         if recorded:  # a terminal transition only the dataset saw: its event is history, not repair noise

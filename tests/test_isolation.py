@@ -442,3 +442,29 @@ async def test_a_run_with_max_retries_stored_before_the_bounds_is_recorded(
     assert _metric("fencepost_quarantined_total", loop="recorder", kind="run_value") == before + 1
     check = reconcile(settings, "--check", "--grace", "0")
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+# -- issue 22 item 11: a transition recorded twice (from the stream and by the rebuild) -------------
+async def test_a_transition_still_in_the_stream_is_recorded_once_when_a_rebuild_sees_it_first(
+        client: Client, stores: Stores, settings: Settings) -> None:
+    """The rebuild took every run finished in Redis and not yet in PostgreSQL for `unrecorded` and
+    wrote it, without looking whether the stream still held its entry (drift's own pass does): the
+    recorder then recorded the same transition again."""
+    from fencepost.worker.runtime import WorkerOptions
+
+    [rid] = await client.submit_many([Submit(handler="t.noop")])
+    await Worker(registry, WorkerOptions(queues=[Q], concurrency=1, burst=True), settings=settings).run()
+    k = stores.keys(Q)
+    assert await stores.redis.hget(k.run(rid), "state") == b"SUCCEEDED"
+    assert (await client.get(rid))["status"] == "PENDING", "the recorder has not seen the stream yet"
+    await stores.redis.delete(k.epoch)  # the stamp is gone (a restart, a promoted replica): a rebuild
+    await rebuild_queue(stores, Q)
+    await record_all(stores)
+    assert (await client.get(rid))["status"] == "SUCCEEDED"
+    repaired = await _sql(settings, "SELECT reason FROM events WHERE run_id = $1 AND type = 'drift_repaired'", rid)
+    assert repaired == [], "the transition was recorded by the rebuild and again from the stream"
+    done = await _sql(settings, "SELECT count(*) AS n FROM events WHERE run_id = $1 AND to_status = 'SUCCEEDED'",
+                      rid)
+    attempts = await _sql(settings, "SELECT outcome FROM attempts WHERE run_id = $1", rid)
+    assert [a["outcome"] for a in attempts] == ["succeeded"]
+    assert done[0]["n"] <= 1
