@@ -83,7 +83,7 @@ async def _transitions(stores: Stores) -> set[tuple[int, int, str, str, str, int
 
 
 async def _stream_events_in_pg(stores: Stores) -> int:
-    return await _val(stores, "SELECT count(*) FROM events WHERE stream_id IS NOT NULL")
+    return await _val(stores, "SELECT count(*) FROM history WHERE stream_id IS NOT NULL")
 
 
 async def _pending(stores: Stores, consumer: str | None = None) -> int:
@@ -102,17 +102,17 @@ async def _pending(stores: Stores, consumer: str | None = None) -> int:
 async def _assert_history_equals(stores: Stores, expected: set[tuple[int, int, str, str, str, int]],
                                  run_ids: list[int]) -> None:
     """PostgreSQL holds exactly the transitions Redis made: none lost, none doubled, versions contiguous."""
-    rows = await _fetch(stores, "SELECT stream_id, run_id, type, from_status, to_status, version FROM events "
+    rows = await _fetch(stores, "SELECT stream_id, run_id, type, from_status, to_status, version FROM history "
                                 "WHERE stream_id IS NOT NULL")
     got = [(r["stream_id"], r["run_id"], r["type"], r["from_status"], r["to_status"], r["version"]) for r in rows]
     assert len(got) == len(set(got)), "an event was recorded twice"
     missing, extra = expected - set(got), set(got) - expected
     assert not missing and not extra, (f"{len(missing)} transitions missing (e.g. {sorted(missing)[:3]}), "
                                        f"{len(extra)} unexpected (e.g. {sorted(extra)[:3]})")
-    dup = await _fetch(stores, "SELECT run_id, type, count(*) AS n FROM events GROUP BY run_id, type "
+    dup = await _fetch(stores, "SELECT run_id, type, count(*) AS n FROM history GROUP BY run_id, type "
                                "HAVING count(*) > 1 LIMIT 5")
     assert not dup, f"duplicate (run, type) events: {[dict(r) for r in dup]}"
-    per_run = await _fetch(stores, "SELECT run_id, array_agg(version ORDER BY version) AS vs FROM events "
+    per_run = await _fetch(stores, "SELECT run_id, array_agg(version ORDER BY version) AS vs FROM history "
                                    "WHERE stream_id IS NOT NULL GROUP BY run_id")
     gaps = [(r["run_id"], list(r["vs"])) for r in per_run if list(r["vs"]) != list(range(1, len(r["vs"]) + 1))]
     assert not gaps, f"versions are not 1..n per run: {gaps[:5]}"
@@ -171,13 +171,13 @@ async def test_eight_worker_processes_claim_each_run_exactly_once(client: Client
     status = {r["status"]: r["n"] for r in await _fetch(
         stores, "SELECT status, count(*) AS n FROM runs WHERE id = ANY($1::bigint[]) GROUP BY status", ids)}
     assert status == {"SUCCEEDED": n}, f"not every run succeeded (drained in {drain_s:.1f}s): {status}"
-    claimed = await _fetch(stores, "SELECT run_id, count(*) AS n FROM events WHERE type = 'claimed' GROUP BY run_id")
+    claimed = await _fetch(stores, "SELECT run_id, count(*) AS n FROM history WHERE type = 'claimed' GROUP BY run_id")
     assert len(claimed) == n and {r["n"] for r in claimed} == {1}, "a run was claimed more than once (or never)"
     att = await _fetch(stores, "SELECT run_id, attempt, token, outcome FROM attempts")
     assert len(att) == n and {r["run_id"] for r in att} == set(ids)
     assert {(r["attempt"], r["outcome"]) for r in att} == {(1, "succeeded")}
     assert len({r["token"] for r in att}) == n, "two attempts share a fencing token"
-    dup_tokens = await _val(stores, "SELECT count(*) FROM (SELECT token FROM events WHERE type = 'claimed' "
+    dup_tokens = await _val(stores, "SELECT count(*) FROM (SELECT token FROM history WHERE type = 'claimed' "
                                     "GROUP BY token HAVING count(*) > 1) d")
     assert dup_tokens == 0
     assert await _val(stores, "SELECT count(*) FROM runs WHERE status = 'RUNNING'") == 0
@@ -286,17 +286,18 @@ async def _kill_recorder_mid_batch(settings: Settings, stores: Stores, total: in
     PostgreSQL transaction, not committed. Returns its pending count at death.
 
     To kill at that point every time rather than by luck, a test-only statement trigger makes an
-    insert into `events` wait on an advisory lock the test holds once any stream event exists."""
+    insert into `attempts` wait on an advisory lock the test holds once any attempt row exists (a claim
+    and its finish are attempt columns: issue 23)."""
     gate = await asyncpg.connect(settings.database_url)
     await gate.execute(f"""
         CREATE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            IF EXISTS (SELECT 1 FROM events WHERE stream_id IS NOT NULL) THEN
+            IF EXISTS (SELECT 1 FROM attempts) THEN
                 PERFORM pg_advisory_xact_lock_shared({_GATE});
             END IF;
             RETURN NULL;
         END $$;
-        CREATE TRIGGER test_gate BEFORE INSERT ON events FOR EACH STATEMENT EXECUTE FUNCTION test_gate();
+        CREATE TRIGGER test_gate BEFORE INSERT ON attempts FOR EACH STATEMENT EXECUTE FUNCTION test_gate();
         SELECT pg_advisory_lock({_GATE});""")
     rec = spawn(settings, "reconciler", log=log, FENCEPOST_RECORDER_ID="rec-1")
     try:
@@ -321,7 +322,7 @@ async def _kill_recorder_mid_batch(settings: Settings, stores: Stores, total: in
             return await gate.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted") == 0
 
         await wait_until(orphan_gone, timeout=10, what="the dead recorder's PostgreSQL session to end")
-        await gate.execute(f"SELECT pg_advisory_unlock({_GATE}); DROP TRIGGER test_gate ON events; "
+        await gate.execute(f"SELECT pg_advisory_unlock({_GATE}); DROP TRIGGER test_gate ON attempts; "
                            "DROP FUNCTION test_gate()")
     finally:
         _kill(rec)
@@ -333,7 +334,7 @@ async def _kill_recorder_mid_batch(settings: Settings, stores: Stores, total: in
 
 
 async def _assert_three_events_per_run(stores: Stores, ids: list[int]) -> None:
-    rows = await _fetch(stores, "SELECT run_id, array_agg(type ORDER BY version) AS types FROM events "
+    rows = await _fetch(stores, "SELECT run_id, array_agg(type ORDER BY version) AS types FROM history "
                                 "GROUP BY run_id")
     bad = [dict(r) for r in rows if list(r["types"]) != ["submitted", "claimed", "succeeded"]]
     assert not bad and len(rows) == len(ids), f"runs whose history is not exactly submitted, claimed, succeeded: {bad[:5]}"

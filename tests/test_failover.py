@@ -130,8 +130,8 @@ async def assert_guarantees(db_url: str, load: Load, failed_at: float, pre_max: 
         assert set(statuses.values()) == {"SUCCEEDED"}, {s for s in statuses.values()}
         # No run is claimed after PostgreSQL recorded it as completed.
         rerun = await conn.fetch(
-            """SELECT c.run_id FROM events c
-               JOIN (SELECT run_id, min(recorded_at) AS done FROM events WHERE to_status = 'SUCCEEDED'
+            """SELECT c.run_id FROM history c
+               JOIN (SELECT run_id, min(recorded_at) AS done FROM history WHERE to_status = 'SUCCEEDED'
                      GROUP BY run_id) s ON s.run_id = c.run_id
                WHERE c.type = 'claimed' AND c.at > s.done""")
         assert not rerun, f"runs claimed again after completion: {[r['run_id'] for r in rerun]}"

@@ -245,7 +245,7 @@ async def test_rebuild_records_the_event_of_a_finish_only_the_dataset_saw(settin
         assert row["status"] == "SUCCEEDED"
         conn = await asyncpg.connect(s.database_url)
         try:
-            n = await conn.fetchval("SELECT count(*) FROM events WHERE run_id = $1 AND to_status = 'SUCCEEDED'", rid)
+            n = await conn.fetchval("SELECT count(*) FROM history WHERE run_id = $1 AND to_status = 'SUCCEEDED'", rid)
         finally:
             await conn.close()
         assert n == 1, "the terminal transition has no event"
