@@ -114,7 +114,7 @@ WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR 
 -- own), filtered by type, queue and the caller's scope before the limit.
 SELECT e.id, e.run_id, COALESCE(r.queue, e.queue) AS queue, e.type, e.from_status, e.to_status, e.attempt,
        e.worker_id, e.actor, e.reason, e.error_class, e.at, r.handler, r.workflow_id, r.trace_id
-FROM events e LEFT JOIN runs r ON r.id = e.run_id
+FROM history e LEFT JOIN runs r ON r.id = e.run_id  -- event rows and attempts' claims / finishes (020)
 WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR COALESCE(r.queue, e.queue) = $3)
   AND ($5::text[] IS NULL OR COALESCE(r.queue, e.queue) = ANY($5))
 ORDER BY e.at DESC, e.id DESC LIMIT $4;

@@ -100,7 +100,7 @@ FROM attempts a WHERE a.run_id IN (SELECT id FROM runs WHERE queue = $1);
 
 -- name: chaos_history_events
 SELECT e.id, e.run_id, e.type, e.version, e.attempt, e.token, e.to_status, e.stream_id
-FROM events e WHERE e.run_id IN (SELECT id FROM runs WHERE queue = $1);
+FROM history e WHERE e.run_id IN (SELECT id FROM runs WHERE queue = $1);  -- events + attempts' claims / finishes (020)
 
 -- name: chaos_fires_since
 -- Runs of these schedules whose fire time is at least $2 (ms): how far the trigger caught up.

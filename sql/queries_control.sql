@@ -77,7 +77,7 @@ ORDER BY finished_at DESC LIMIT $2;
 -- The fleet's history: `fencepost events --since 10m --type lease_expired`.
 SELECT e.id, e.run_id, e.queue, e.type, e.from_status, e.to_status, e.attempt, e.worker_id, e.actor, e.reason,
        e.error_class, e.at, r.handler, r.workflow_id, r.trace_id
-FROM events e LEFT JOIN runs r ON r.id = e.run_id
+FROM history e LEFT JOIN runs r ON r.id = e.run_id  -- event rows and attempts' claims / finishes (020)
 WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR COALESCE(r.queue, e.queue) = $3)
 ORDER BY e.at DESC, e.id DESC LIMIT $4;
 
