@@ -8,6 +8,8 @@ socket would be noticed at once, a silent one is not).
     proxy.resume()     # what was held is delivered, in order (a "healed" partition: late commands
                        # run on the server now, late replies reach the client now)
     proxy.pause(drop=True)   # or: bytes sent during the cut are discarded (lost packets)
+    proxy.pause(existing_only=True)   # only the connections open now stall; new ones work (a dead
+                                      # flow beside a healthy path: what a client's re-send uses)
     await proxy.close()
 
 Runs in the test's own event loop (pytest-asyncio); for a process under test the proxy only
@@ -33,8 +35,8 @@ class Blackhole:
         self.port = 0
         self.forwarded = 0
         self.held = 0
-        self._open = asyncio.Event()
-        self._open.set()
+        self._gates: list[asyncio.Event] = []  # one per connection: set = forwarding
+        self._paused_new = False
         self._drop = False
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -49,17 +51,22 @@ class Blackhole:
 
     @property
     def paused(self) -> bool:
-        return not self._open.is_set()
+        return self._paused_new or any(not g.is_set() for g in self._gates)
 
-    def pause(self, drop: bool = False) -> None:
-        """Stop forwarding (both directions); sockets stay open. drop=True discards what is sent
-        during the cut instead of delivering it on resume()."""
+    def pause(self, drop: bool = False, existing_only: bool = False) -> None:
+        """Stop forwarding (both directions) on every connection, and on new ones unless
+        `existing_only`; sockets stay open. drop=True discards what is sent during the cut instead
+        of delivering it on resume()."""
         self._drop = drop
-        self._open.clear()
+        self._paused_new = not existing_only
+        for g in self._gates:
+            g.clear()
 
     def resume(self) -> None:
         self._drop = False
-        self._open.set()
+        self._paused_new = False
+        for g in self._gates:
+            g.set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -68,19 +75,23 @@ class Blackhole:
             writer.close()
             return
         self._writers |= {writer, up_w}
+        gate = asyncio.Event()
+        if not self._paused_new:
+            gate.set()
+        self._gates.append(gate)
         for src, dst in ((reader, up_w), (up_r, writer)):
-            t = asyncio.ensure_future(self._pipe(src, dst))
+            t = asyncio.ensure_future(self._pipe(src, dst, gate))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
-    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, gate: asyncio.Event) -> None:
         try:
             while data := await src.read(65536):
-                if not self._open.is_set():
+                if not gate.is_set():
                     if self._drop:
                         continue
                     self.held += len(data)
-                    await self._open.wait()  # hold it (reading stops, so TCP buffers fill up too)
+                    await gate.wait()  # hold it (reading stops, so TCP buffers fill up too)
                 dst.write(data)
                 await dst.drain()
                 self.forwarded += len(data)
@@ -93,7 +104,7 @@ class Blackhole:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        self._open.set()
+        self.resume()
         for t in list(self._tasks):
             t.cancel()
         for w in list(self._writers):
@@ -130,8 +141,8 @@ class BlackholeThread:
             fn(*args)
         asyncio.run_coroutine_threadsafe(call(), self._loop).result(10)  # in effect when this returns
 
-    def pause(self, drop: bool = False) -> None:
-        self._do(self.proxy.pause, drop)
+    def pause(self, drop: bool = False, existing_only: bool = False) -> None:
+        self._do(self.proxy.pause, drop, existing_only)
 
     def resume(self) -> None:
         self._do(self.proxy.resume)
