@@ -343,6 +343,10 @@ class _Coalescer:
 class Client(ControlMixin, WorkflowMixin):
     """Async client. A submit returns only after PostgreSQL committed the run."""
 
+    idempotency_namespace: str | None = None
+    """Idempotency keys of this client's submits are unique within this namespace too (the API sets
+    the calling token: a second producer's key never reaches, or reveals, the first one's run)."""
+
     def __init__(self, redis_url: str | None = None, database_url: str | None = None, *,
                  settings: Settings | None = None, actor: str = "client") -> None:
         self.stores = Stores(settings or Settings.from_env(redis_url=redis_url, database_url=database_url))
@@ -555,7 +559,8 @@ class Client(ControlMixin, WorkflowMixin):
         request again returns its run, a different one raises IdempotencyConflict and, as the
         caller's transaction rolls back, writes nothing."""
         db = self.stores.db
-        scopes = [idempotency_scope(r) if r.idempotency_key is not None else None for r in rows_in]
+        ns = "" if self.idempotency_namespace is None else "@" + self.idempotency_namespace
+        scopes = [idempotency_scope(r) + ns if r.idempotency_key is not None else None for r in rows_in]
         prints = [request_fingerprint(q, r) if r.idempotency_key is not None else None
                   for q, r in zip(requests, rows_in, strict=True)]
         seen: dict[tuple[str, str], str] = {}

@@ -62,7 +62,8 @@ async def test_the_same_key_with_a_different_request_is_a_409_naming_the_key(api
     r = await api.req("POST", "/v1/runs", "producer", headers=key, json={"handler": "t.echo", "args": ["b"]})
     assert r.status_code == 409 and r.headers["content-type"].startswith("application/problem+json")
     body = r.json()
-    assert body["error"] == "IdempotencyConflict" and body["key"] == "order-7" and body["scope"] == "tq"
+    assert body["error"] == "IdempotencyConflict" and body["key"] == "order-7"
+    assert body["scope"] == f"tq@token:{api.id('producer')}"  # keys through the API are per token (issue 24)
     assert "order-7" in body["detail"]
     assert await _sql(client, "SELECT count(*) FROM runs") == before
     # options count as the request too; the same request still returns the run
@@ -152,3 +153,39 @@ async def test_keys_outlive_archiving_for_the_window_then_the_reconciler_prunes_
         await rec.stores.close()
     assert await _sql(client, "SELECT count(*) FROM idempotency_keys WHERE key = 'old'") == 0
     assert await client.submit("t.echo", 6, idempotency_key="old") != rid
+
+
+# -- through the API (issue 24 item 6) ------------------------------------------------------------
+async def test_the_same_kwargs_in_another_key_order_are_the_same_request(api: Api) -> None:
+    """The issue: {"a": 1, "b": 2} then {"b": 2, "a": 1} under one key was a 409 conflict."""
+    first = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "kwargs": {"a": 1, "b": {"x": 1, "y": 2}}},
+                          headers={"Idempotency-Key": "order-7"})
+    again = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "kwargs": {"b": {"y": 2, "x": 1}, "a": 1}},
+                          headers={"Idempotency-Key": "order-7"})
+    assert first.status_code == 201 and again.status_code == 201 and again.json()["id"] == first.json()["id"], again.text
+
+
+async def test_a_body_key_and_a_header_key_that_disagree_are_refused_naming_both(api: Api, client: Client) -> None:
+    """The issue: the body's idempotency_key silently overrode the Idempotency-Key header."""
+    r = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "idempotency_key": "a"},
+                      headers={"Idempotency-Key": "b"})
+    assert r.status_code == 422 and r.json()["field"] == "idempotency_key", r.text
+    assert r.json()["fields"] == ["idempotency_key", "Idempotency-Key"] and "Idempotency-Key" in r.json()["detail"]
+    assert await _sql(client, "SELECT count(*) FROM runs") == 0
+    r = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "idempotency_key": "a"},
+                      headers={"Idempotency-Key": "a"})
+    assert r.status_code == 201, "the same key in both is one key"
+
+
+async def test_a_second_producer_never_gets_or_learns_the_first_producers_run(api: Api) -> None:
+    """The issue: on a shared queue the second producer's identical submit got the first one's run id
+    (then 404 reading it), and a different request's 409 revealed that run id."""
+    body = {"handler": "t.echo", "args": [1], "idempotency_key": "shared"}
+    mine = (await api.req("POST", "/v1/runs", "producer", json=body)).json()["id"]
+    r = await api.req("POST", "/v1/runs", "producer2", json=body)
+    assert r.status_code == 201 and r.json()["id"] != mine, r.text
+    theirs = r.json()["id"]
+    assert (await api.req("GET", f"/v1/runs/{theirs}", "producer2")).status_code == 200
+    r = await api.req("POST", "/v1/runs", "producer2", json={**body, "args": [2]})
+    assert r.status_code == 409 and r.json()["run_id"] == theirs and f"run {mine})" not in r.json()["detail"], r.text
+    assert (await api.req("POST", "/v1/runs", "producer", json=body)).json()["id"] == mine

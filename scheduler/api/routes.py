@@ -222,10 +222,30 @@ async def _queue_of(client: Client, handler: str, queue: str | None) -> str:
     return client._defs[handler].queue
 
 
+def _canonical(value: Any) -> Any:
+    """JSON as a canonical form: object keys sorted at every level, so the same arguments in another key
+    order are the same request (the idempotency fingerprint hashes the encoded arguments)."""
+    if isinstance(value, dict):
+        return {k: _canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def _idem_key(body_key: str | None, header_key: str | None) -> str | None:
+    """The request's idempotency key: the body's or the header's; both given and different is a mistake."""
+    if body_key is not None and header_key is not None and body_key != header_key:
+        exc = InvalidInput(f"the body's idempotency_key {body_key[:60]!r} and the Idempotency-Key header "
+                           f"{header_key[:60]!r} disagree; send one, or the same in both", field="idempotency_key")
+        exc.fields = ["idempotency_key", "Idempotency-Key"]  # type: ignore[attr-defined]
+        raise exc
+    return body_key if body_key is not None else header_key
+
+
 def _submit(req: S.SubmitRequest, key: str | None) -> Submit:
-    return Submit(handler=req.handler, args=tuple(req.args), kwargs=dict(req.kwargs), queue=req.queue,
-                  priority=req.priority, run_at=req.run_at, delay=req.delay, timeout=req.timeout,
-                  max_retries=req.max_retries, idempotency_key=req.idempotency_key or key, trace=req.trace,
+    return Submit(handler=req.handler, args=tuple(_canonical(list(req.args))), kwargs=_canonical(dict(req.kwargs)),
+                  queue=req.queue, priority=req.priority, run_at=req.run_at, delay=req.delay, timeout=req.timeout,
+                  max_retries=req.max_retries, idempotency_key=_idem_key(req.idempotency_key, key), trace=req.trace,
                   tenant=req.tenant, concurrency_key=req.concurrency_key, concurrency_limit=req.concurrency_limit,
                   rate_key=req.rate_key, rate_limit=req.rate_limit)
 
@@ -1099,6 +1119,7 @@ def wrap(spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
                 body = _decode(await _read_body(request, api.config.max_body_bytes), spec.body)
             client = copy.copy(api.client)
             client.actor = principal.actor if principal else "api"
+            client.idempotency_namespace = principal.owner if principal else None  # keys are per token
             out = await spec.fn(Ctx(request, principal, client, body))
             if client._defs is not api.client._defs:
                 api.client._defs = client._defs
