@@ -223,6 +223,11 @@ class Schedules:
                          reason: str = "") -> dict[str, Any]:
         """Pause keeps next_fire_time; resume coalesces what was missed (or backfills with catchup)."""
         audit.reason(reason)
+        if not paused:
+            why = (await self.get(name)).get("quarantined")
+            if why is not None:  # resumed as it is, it would fail the trigger again (and be quarantined again)
+                raise InvalidInput(f"schedule {name!r} is quarantined ({why}); fix it with `fencepost schedule "
+                                   "update`, which checks it and resumes it", field="name")
         async with self.db.transaction() as tx:
             if await self.db.fetchrow("schedule_pause", name, paused, conn=tx) is None:
                 raise UnknownSchedule(name)

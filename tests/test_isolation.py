@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
-from fencepost.core.errors import RedisUnavailable
+from fencepost.core.errors import InvalidInput, RedisUnavailable
 from fencepost.core.keys import breaker_keys
 from fencepost.core.models import Submit
 from fencepost.core.schedules import ScheduleSpec
@@ -375,6 +375,9 @@ async def test_a_tiny_interval_stored_before_the_bounds_is_quarantined_and_can_b
     assert _metric("fencepost_quarantined_total", loop="trigger", kind="schedule") == before + 1
     [row] = await _sql(settings, "SELECT paused, quarantined, interval_s FROM schedules WHERE name = 'tiny'")
     assert row["paused"] and row["quarantined"] and row["interval_s"] == 1e-9, dict(row)
+    with pytest.raises(InvalidInput, match="quarantined") as refused:  # as it is, it would fail again
+        await sch.set_paused("tiny", False)
+    assert refused.value.field == "name"
     from fencepost.schedules import ScheduleUpdate
     await sch.update("tiny", ScheduleUpdate(interval_s=30), now=clock.now(), reason="fixed its interval")
     [row] = await _sql(settings, "SELECT paused, quarantined, interval_s FROM schedules WHERE name = 'tiny'")
@@ -383,11 +386,11 @@ async def test_a_tiny_interval_stored_before_the_bounds_is_quarantined_and_can_b
     assert (await trig.tick()).created == 2
 
 
-async def test_a_run_redis_cannot_hold_stops_neither_the_rebuild_nor_new_submits_and_cancel_works(
+async def test_a_run_redis_cannot_hold_stops_neither_the_rebuild_nor_new_submits(
         client: Client, stores: Stores, settings: Settings) -> None:
     """A PENDING run with timeout_s = 'Infinity' (stored before 010): after its queue's Redis keys were
     lost the rebuild failed for ever, the queue stayed unstamped and new submits were acknowledged
-    and never ran; `fencepost cancel ID` printed an OverflowError traceback."""
+    and never ran."""
     ids = await client.submit_many([Submit(handler="t.noop") for _ in range(3)])
     await _poison(settings, ids[0])
     await _forget(stores)
@@ -401,19 +404,27 @@ async def test_a_run_redis_cannot_hold_stops_neither_the_rebuild_nor_new_submits
     assert await stores.redis.hget(stores.keys(Q).run(fresh), "state") == b"PENDING"
     assert await stores.redis.zscore(stores.keys(Q).due, fresh) is not None
 
-    # the cancel of such a run, Redis having lost it and no reconciler having passed yet
-    [other] = await client.submit_many([Submit(handler="t.noop")])
-    await _poison(settings, other)
-    await stores.redis.delete(stores.keys(Q).run(other))
-    await stores.redis.zrem(stores.keys(Q).due, other)
-    code, out = await _cli(settings, "cancel", str(other), "--reason", "stored before 010")
-    assert "Traceback" not in out and "OverflowError" not in out.replace("OverflowError:", ""), out
-    assert code == 0, out
-    row = await client.get(other)
-    assert row["status"] == "CANCELLED", row
-    [ev] = await _events(settings, other, "cancelled")
+
+async def test_cancel_of_a_run_redis_cannot_hold_is_done_in_postgresql_and_other_commands_say_why(
+        client: Client, stores: Stores, settings: Settings) -> None:
+    """`fencepost cancel ID` of a PENDING run with timeout_s = 'Infinity' whose Redis copy is gone
+    (no reconciler has passed yet) printed an OverflowError traceback: the command put PostgreSQL's
+    copy back into Redis first, which cannot hold it."""
+    ids = await client.submit_many([Submit(handler="t.noop") for _ in range(3)])
+    for rid in ids[:2]:
+        await _poison(settings, rid)
+        await stores.redis.delete(stores.keys(Q).run(rid))
+        await stores.redis.zrem(stores.keys(Q).due, rid)
+    code, out = await _cli(settings, "cancel", str(ids[0]), "--reason", "stored before 010")
+    assert code == 0 and "Traceback" not in out, out
+    row = await client.get(ids[0])
+    assert row["status"] == "CANCELLED" and row["timeout_s"] == 2592000, row
+    [ev] = await _events(settings, ids[0], "cancelled")
     assert ev["reason"] == "stored before 010" and ev["actor"] and ev["data"]["stored"]["timeout_s"] == "Infinity"
-    code, out = await _cli(settings, "pause", str(ids[1]))  # other commands on other runs are unaffected
+    code, out = await _cli(settings, "pause", str(ids[1]))
+    assert code != 0 and "Traceback" not in out and len(out.strip().splitlines()) == 1, out
+    assert "cannot hold" in out and (await client.get(ids[1]))["status"] == "PENDING"
+    code, out = await _cli(settings, "pause", str(ids[2]))  # the queue's other runs are unaffected
     assert code == 0, out
 
 
