@@ -685,29 +685,27 @@ class Client(ControlMixin, WorkflowMixin):
         reads PostgreSQL only when Redis no longer holds the run (recorded and expired).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        resting = {s.value.encode() for s in RESTING}
+        resting = {s.value for s in RESTING}
         run = await self.get(run_id)
-        queue = run["queue"]
-        key = self.stores.keys(queue).run(run_id)
+        queue = run.queue
+        keys = self.stores.keys(queue)
         delay = 0.005
         while True:
-            # Stores opens Redis with decode_responses=False: replies are bytes (redis-py types them bytes | str).
-            state, result, error, version = cast("list[bytes | None]", await self.stores.redis.hmget(
-                key, "state", "result", "error", "version"))
-            if state in resting:
-                status = state.decode()
-                ending = await self._ending_event(queue, run_id, status, version)
+            (hot,) = await self.stores.scripts.peek(keys, [run_id])  # the typed read of the hot store
+            if hot is not None and hot.state in resting:
+                ending = await self._ending_event(queue, run_id, hot.state,
+                                                  None if hot.version is None else str(hot.version).encode())
                 if ending is not None:
-                    return _outcome_from_event(run_id, status, decode_result(result), ending)
+                    return _outcome_from_event(run_id, hot.state, decode_result(hot.result), ending)
                 # the recorder has it (it deletes an entry only once PostgreSQL committed it)
-                return _outcome_from_row(run_id, status, decode_result(result), await self.get(run_id),
-                                         error.decode(errors="replace") if error else None)
-            if state is None:
+                return _outcome_from_row(run_id, hot.state, decode_result(hot.result), await self.get(run_id),
+                                         hot.error)
+            if hot is None:
                 run = await self.get(run_id)
-                if run["status"] in RESTING:
-                    return _outcome_from_row(run_id, run["status"], decode_result(run["result"]), run, None)
+                if run.status in RESTING:
+                    return _outcome_from_row(run_id, run.status, decode_result(run.result), run, None)
             if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(run_id, state.decode() if state else run["status"])
+                raise WaitTimeout(run_id, hot.state if hot is not None else run.status)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
 

@@ -210,8 +210,8 @@ class ControlMixin:
         if not spec.resumable:
             raise ResumeRefused(run_id, f"handler {name!r} declares itself not resumable")
         ckpt = await self.stores.db.fetchrow("get_checkpoint", run_id)
-        gen_raw = await self.stores.redis.hget(self.stores.keys(run["queue"]).run(run_id), "gen")
-        gen = int(gen_raw) if gen_raw else 0
+        (hot,) = await self.stores.scripts.peek(self.stores.keys(run["queue"]), [run_id])
+        gen = hot.gen if hot is not None else 0
         state = None
         if ckpt is not None and ckpt["state"] is not None and ckpt["gen"] == gen:
             sv = ckpt["schema_version"]
