@@ -109,7 +109,8 @@ async def fresh_database(admin_url: str, name: str) -> str:
 
 def spawn(settings: Settings, *args: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, FENCEPOST_REDIS_URL=settings.redis_url, FENCEPOST_DATABASE_URL=settings.database_url,
-               FENCEPOST_PREFIX=settings.prefix, FENCEPOST_LOG_FORMAT="json", PYTHONPATH=str(ROOT))
+               FENCEPOST_PREFIX=settings.prefix, FENCEPOST_LOG_FORMAT="json",
+               PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p))
     nice = int(os.environ.get("BENCH_NICE", "0")) if args[:1] == ("reconciler",) else 0
     return subprocess.Popen([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -189,9 +190,11 @@ class Fencepost:
 
     async def __aexit__(self, *exc: object) -> None:
         stop(self.procs)
-        await self.poll.close()
-        await self.done.aclose()
-        await self.client.close()
+        for close in (self.poll.close, self.done.aclose, self.client.close):
+            try:
+                await close()
+            except Exception:  # a connection PostgreSQL's restart took (the outage case)
+                pass
 
     def start(self, workers: int, *worker_args: str, reconciler: bool = True) -> None:
         """Spawn the reconciler and `workers` workers; snapshot the harness's PostgreSQL backends first."""
@@ -226,11 +229,24 @@ class Fencepost:
         await self.redis.delete(self.keys.paused)
         await self.redis.rpush(self.keys.wake, *([1] * workers))
 
+    async def q(self, sql: str) -> Any:
+        """fetchval on the harness's connection, reconnecting while PostgreSQL is away (the outage case)."""
+        while True:
+            try:
+                return await self.poll.fetchval(sql)
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                    asyncpg.exceptions.OperatorInterventionError):
+                await asyncio.sleep(0.1)
+                try:
+                    self.poll = await asyncpg.connect(self.settings.database_url, timeout=2)
+                except Exception:
+                    pass
+
     async def wait_history(self, timeout: float = 300.0) -> None:
         t0 = time.perf_counter()
         # the partial index runs_active holds exactly the unfinished runs: a cheap poll
-        while await self.poll.fetchval("SELECT EXISTS (SELECT 1 FROM runs WHERE status IN ('PENDING', "
-                                       "'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED'))"):
+        while await self.q("SELECT EXISTS (SELECT 1 FROM runs WHERE status IN ('PENDING', "
+                           "'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED'))"):
             if time.perf_counter() - t0 > timeout:
                 raise TimeoutError("PostgreSQL did not receive every outcome")
             await asyncio.sleep(0.02)
@@ -276,17 +292,20 @@ async def fp_drain(a: argparse.Namespace, workers: int) -> dict[str, Any]:
         await fp.go(workers)
         await wait_queues_empty(fp.redis, [fp.keys])
         drain_s = time.perf_counter() - t1
-        await fp.wait_history()
+        await fp.wait_history(timeout=600)
         lag_s = time.perf_counter() - t1 - drain_s
+        history_done_at = time.time()
         stats = commandstats_delta(stats0, await fp.redis.info("commandstats"))
         cpu = meter.stop()
         recorded = a.jobs if a.noop else await fp.done.hlen(DONE_KEY)
-        events = await fp.poll.fetchval("SELECT count(*) FROM events")
-        failed = await fp.poll.fetchval("SELECT count(*) FROM runs WHERE status <> 'SUCCEEDED'")
+        events = await fp.q("SELECT count(*) FROM events")
+        failed = await fp.q("SELECT count(*) FROM runs WHERE status <> 'SUCCEEDED'")
+        alive = sum(1 for p in fp.procs if p.poll() is None)
     out = {"system": "fencepost", "workers": workers, "jobs": a.jobs, "submit_per_s": a.jobs / submit_s,
            "drain_per_s": a.jobs / drain_s, "durable_per_s": a.jobs / (drain_s + lag_s), "history_lag_s": lag_s,
            "cpu_us": per_job_cpu(cpu, a.jobs), "busy_cores": cpu["machine"] / cpu["wall"],
-           "cpu_raw": cpu, "commandstats": stats, "events": events,
+           "cpu_raw": cpu, "commandstats": stats, "events": events, "history_done_at": history_done_at,
+           "procs_alive": alive, "procs": len(fp.procs),
            "notes": f"concurrency={a.concurrency or 'default'}; calls of {call}"}
     if recorded != a.jobs or failed:
         out["error"] = f"handler recorded {recorded} of {a.jobs} jobs; {failed} runs not SUCCEEDED"
@@ -308,6 +327,19 @@ def lag_summary(intended: dict[int, float], starts: dict[int, float]) -> dict[st
     lags = [(starts[i] - t) * 1000 for i, t in intended.items() if i in starts]
     return {"p50_ms": percentile(lags, 50), "p99_ms": percentile(lags, 99), "p999_ms": percentile(lags, 99.9),
             "max_ms": max(lags, default=float("nan")), "started": len(lags), "missing": len(intended) - len(lags)}
+
+
+def lag_windows(intended: dict[Any, float], starts: dict[Any, float], window_s: float) -> list[dict[str, float]]:
+    """Submit->start p50/p99 per `window_s` of intended submit time (does the tail grow as the run goes on?)."""
+    if not intended:
+        return []
+    t0 = min(intended.values())
+    by: dict[int, list[float]] = {}
+    for i, t in intended.items():
+        if i in starts:
+            by.setdefault(int((t - t0) // window_s), []).append((starts[i] - t) * 1000)
+    return [{"from_s": w * window_s, "n": len(v), "p50_ms": percentile(v, 50), "p99_ms": percentile(v, 99)}
+            for w, v in sorted(by.items())]
 
 
 async def produce(rate: float, duration: float, submit: Any) -> tuple[dict[int, float], float]:
@@ -351,11 +383,13 @@ async def fp_open_loop(a: argparse.Namespace, rate: float) -> dict[str, Any]:
         await fp.wait_history(timeout=120)
         cpu = meter.stop()
         starts = await fp.starts()
-        rows = await fp.poll.fetch("SELECT run_id, extract(epoch FROM recorded_at)::float8 AS t FROM events "
+        source = "history" if await fp.poll.fetchval("SELECT to_regclass('history') IS NOT NULL") else "events"
+        rows = await fp.poll.fetch(f"SELECT run_id, extract(epoch FROM recorded_at)::float8 AS t FROM {source} "
                                    "WHERE to_status = 'SUCCEEDED'")
     hist = [r["t"] - starts[r["run_id"]] for r in rows if r["run_id"] in starts]
     return {"system": "fencepost", "rate": rate, "achieved": len(intended) / took, "done": got,
-            **lag_summary(intended, starts), "history_p50_s": percentile(hist, 50),
+            **lag_summary(intended, starts), "windows": lag_windows(intended, starts, a.window_s),
+            "history_p50_s": percentile(hist, 50),
             "history_p99_s": percentile(hist, 99), "history_max_s": max(hist, default=float("nan")),
             "cpu_us": per_job_cpu(cpu, max(1, len(intended))), "busy_cores": cpu["machine"] / cpu["wall"]}
 
@@ -469,7 +503,8 @@ def case(a: argparse.Namespace, system: str, mode: str, workers: int = 2, rate: 
     if mode == "drain":
         return peer_drain(a, system, workers)
     extra = {"single": ["--jobs", str(a.single)],
-             "open": ["--rate", str(rate), "--duration", str(a.duration), "--workers", "2"],
+             "open": ["--rate", str(rate), "--duration", str(a.duration), "--workers", "2",
+                      "--window-s", str(a.window_s)],
              "spike": ["--jobs", str(a.spike), "--workers", "2"],
              "kill": ["--jobs", str(a.kill_jobs), "--workers", "2"]}[mode]
     return run_peer(a, system, mode, *extra)
@@ -505,6 +540,8 @@ def drain_table(a: argparse.Namespace) -> None:
             for w in a.workers if a.jobs else ():  # --jobs 0: sequential single submits only
                 r = case(a, system, "drain", w)
                 r.update(repeat=rep, workers=w, system=system)
+                if "error" not in r:  # the database of the case is there until the next case drops it
+                    r["storage"] = asyncio.run(storage(a.admin_url, system_db(system)))
                 results.append(r)
                 progress(r)
             if a.single and not a.noop and system != "pgqueuer-b100":
@@ -516,11 +553,18 @@ def drain_table(a: argparse.Namespace) -> None:
         Path(a.save).parent.mkdir(parents=True, exist_ok=True)
         Path(a.save).write_text(json.dumps(results, indent=1, default=str))
     print_drain(a, systems, results)
+    last = {}
+    for r in results:
+        if r.get("storage"):
+            last[r["system"]] = r
+    if last:
+        print("\nPostgreSQL storage after the last drain of each system (tables + indexes + TOAST, full history):")
+        print_storage(list(last.values()))
 
 
 def progress(r: dict[str, Any]) -> None:
     keep = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()
-            if k not in ("commandstats", "cpu_raw", "status")}
+            if k not in ("commandstats", "cpu_raw", "status", "storage", "windows")}
     print("  " + json.dumps(keep, default=str), file=sys.stderr, flush=True)
 
 
@@ -612,12 +656,50 @@ def open_loop(a: argparse.Namespace) -> None:
             rows.append(one_open_loop(a, s, a.open_loop))
             progress(rows[-1])
     print(f"\nopen loop: one producer, {a.open_loop:,} jobs/s offered in 10 ms ticks for {a.duration:g} s, 2 workers; "
-          "lag from each job's intended submit time to its handler's start")
+          "lag from each job's intended submit time to its handler's start"
+          + ("; another connection holds a REPEATABLE READ snapshot open in the system's database" if a.hold_snapshot
+             else ""))
     print_open(rows)
+    print_windows(rows)
+    print_storage(rows, per="started")
+
+
+def system_db(system: str) -> str:
+    return FP_DB if system in ("fencepost", REF) else PEER_DB
 
 
 def one_open_loop(a: argparse.Namespace, system: str, rate: float) -> dict[str, Any]:
-    return case(a, system, "open", rate=rate)
+    holder = SnapshotHolder(a.admin_url, system_db(system)) if a.hold_snapshot else None
+    try:
+        r = case(a, system, "open", rate=rate)
+    finally:
+        if holder is not None:
+            holder.release()
+    r["system"] = system
+    r["snapshot_held_s"] = (time.time() - holder.held_at) if holder is not None and holder.held_at else None
+    r["storage"] = asyncio.run(storage(a.admin_url, system_db(system)))
+    return r
+
+
+def print_storage(rows: list[dict[str, Any]], per: str = "jobs") -> None:
+    """The hot tables' dead tuples and the bytes per job of each case."""
+    for r in rows:
+        st = r.get("storage") or {}
+        if not st:
+            continue
+        n = r.get(per) or r.get("started") or 1
+        total = sum(v["bytes"] for v in st.values())
+        top = sorted(st.items(), key=lambda kv: -kv[1]["bytes"])[:4]
+        print(f"  {r['system']:15} {total / n:8,.0f} bytes/job over {n:,} jobs; "
+              + "; ".join(f"{t} {v['bytes'] / 1e6:.1f} MB live {v['live']:,} dead {v['dead']:,}" for t, v in top))
+
+
+def print_windows(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        w = r.get("windows") or []
+        if w:
+            print(f"  {r['system']:15} p50/p99 ms per window: "
+                  + "  ".join(f"{x['p50_ms']:.1f}/{x['p99_ms']:.1f}" for x in w))
 
 
 def print_open(rows: list[dict[str, Any]]) -> None:
@@ -661,6 +743,90 @@ def find_max(a: argparse.Namespace, system: str) -> float:
     return good
 
 
+def backlog(a: argparse.Namespace) -> None:
+    """(b) N queued, then drained by one worker: jobs/s per window of --window-jobs (flat if nothing grows
+    with the backlog), beside the system's 20,000-job drain rate from the same run."""
+    rows = []
+    jobs = a.jobs
+    for _ in range(a.repeats):
+        for s in [x for x in a.systems if x in ("fencepost", REF, "pgqueuer")]:
+            a.jobs = 20_000
+            ref = case(a, s, "drain", 1)
+            a.jobs = a.backlog
+            sampler = DoneSampler(a.done_url)
+            r = case(a, s, "drain", 1)
+            r["system"], r["ref_drain_per_s"] = s, ref.get("drain_per_s")
+            r["windows"] = sampler.windows(a.window_jobs, a.backlog)
+            r["storage"] = asyncio.run(storage(a.admin_url, system_db(s)))
+            rows.append(r)
+            progress(r)
+    a.jobs = jobs
+    print(f"\nbacklog: {a.backlog:,} queued, then drained by 1 worker; jobs/s per {a.window_jobs:,}-job window")
+    for r in rows:
+        w = [x["per_s"] for x in r.get("windows") or []]
+        ref = r.get("ref_drain_per_s") or float("nan")
+        worst = min(w, default=float("nan"))
+        print(f"  {r['system']:15} 20k drain {fmt(ref)}/s; windows " + " ".join(fmt(x) for x in w)
+              + f"; worst window x{worst / ref:.2f} of the 20k rate" + (f"  error: {r['error']}" if "error" in r else ""))
+    print_storage(rows)
+
+
+def outage(a: argparse.Namespace) -> None:
+    """(c) The private PostgreSQL stopped for --pg-outage seconds once --outage-after jobs had started, mid
+    drain of --jobs queued (1 worker): jobs started while it was down (and the rate then against before),
+    processes still alive, and seconds from its return until the system's history was complete."""
+    import threading
+    if not PRIVATE_PG:
+        raise SystemExit("--pg-outage needs --private-pg (it stops and starts that cluster)")
+    rows = []
+    for s in [x for x in a.systems if x in ("fencepost", REF, "pgqueuer")]:
+        import redis as sync_redis
+        done = sync_redis.Redis.from_url(a.done_url)
+        mark: dict[str, float] = {}
+
+        def watch(done: Any = done, mark: dict[str, float] = mark) -> None:
+            t0 = None
+            while True:
+                n = int(done.hlen(DONE_KEY))
+                if n > 0 and t0 is None:
+                    t0 = time.time()
+                    mark["t0"] = t0
+                if n >= a.outage_after:
+                    break
+                time.sleep(0.02)
+            mark["stop_t"], mark["stop_n"] = time.time(), n
+            pg_ctl("stop")
+            time.sleep(a.pg_outage)
+            mark["restart_t"], mark["restart_n"] = time.time(), int(done.hlen(DONE_KEY))
+            pg_ctl("start")
+            mark["back_t"] = time.time()
+
+        w = threading.Thread(target=watch, daemon=True)
+        w.start()
+        r = case(a, s, "drain", 1)
+        w.join(a.pg_outage + 120)
+        r["system"], r["outage"] = s, dict(mark)
+        if "stop_t" in mark and "restart_n" in mark:
+            before = mark["stop_n"] / max(1e-6, mark["stop_t"] - mark["t0"])
+            during = (mark["restart_n"] - mark["stop_n"]) / a.pg_outage
+            r["outage"].update(started_during=mark["restart_n"] - mark["stop_n"], rate_before=before,
+                               rate_during=during)
+            if r.get("history_done_at"):
+                r["outage"]["history_complete_after_return_s"] = r["history_done_at"] - mark["back_t"]
+        rows.append(r)
+        progress(r)
+        if "back_t" not in mark:
+            pg_ctl("start")
+    print(f"\nPostgreSQL stopped {a.pg_outage:g} s once {a.outage_after:,} of {a.jobs:,} jobs had started (1 worker)")
+    for r in rows:
+        o = r.get("outage", {})
+        print(f"  {r['system']:15} started during the outage {o.get('started_during', '?')}, "
+              f"rate during/before {fmt(o.get('rate_during'))}/{fmt(o.get('rate_before'))} jobs/s, "
+              f"history complete {fmt(o.get('history_complete_after_return_s'), 1)} s after the return, "
+              f"processes alive {r.get('procs_alive', '?')}/{r.get('procs', '?')}"
+              + (f"  error: {str(r['error'])[:200]}" if "error" in r else ""))
+
+
 def spike(a: argparse.Namespace) -> None:
     rows = []
     for _ in range(a.repeats):
@@ -698,6 +864,147 @@ def kill(a: argparse.Namespace) -> None:
             continue
         flag = " (timed out)" if r.get("timed_out") else ""
         print(f"{r['system']:15}{r['lost']:>7}{r['reruns']:>9}{fmt(r['drain_after_restart_s'], 2):>25}{flag}")
+
+
+def private_pg() -> tuple[subprocess.Popen[bytes], int, str]:
+    """A PostgreSQL cluster of our own with default settings (autovacuum on, unlike the shared server
+    here; cluster_name only names it in process titles, which the CPU meter reads): initdb in a temp
+    dir as the `postgres` user, started on a free port. Returns the server, its
+    port and its data directory (bench's pg_ctl calls use it: the outage case stops and starts it)."""
+    import pwd
+    import tempfile
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    data = tempfile.mkdtemp(prefix="fencepost-bench-pg-")
+    run_as: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses root
+        user = pwd.getpwnam("postgres")
+        os.chown(data, user.pw_uid, user.pw_gid)
+        run_as = ["runuser", "-u", "postgres", "--"]
+    subprocess.run([*run_as, "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([*run_as, "postgres", "-D", data, "-p", str(port), "-c", "listen_addresses=127.0.0.1",
+                             "-c", f"unix_socket_directories={data}", "-c", "cluster_name=bench"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        if subprocess.run(["pg_isready", "-h", "127.0.0.1", "-p", str(port)], capture_output=True).returncode == 0:
+            PRIVATE_PG.update(data=data, port=str(port), run_as=" ".join(run_as))
+            return proc, port, data
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("private postgres did not start")
+
+
+PRIVATE_PG: dict[str, str] = {}
+"""The private cluster of this run (--private-pg): data dir, port, how to run its tools."""
+
+
+def pg_ctl(action: str) -> None:
+    """Stop (fast) or start the private cluster (the outage case)."""
+    run_as = PRIVATE_PG["run_as"].split() if PRIVATE_PG.get("run_as") else []
+    args = ["-m", "fast"] if action == "stop" else ["-o", f"-p {PRIVATE_PG['port']} -c listen_addresses=127.0.0.1 "
+                                                         f"-c unix_socket_directories={PRIVATE_PG['data']} -c cluster_name=bench"]
+    subprocess.run([*run_as, "pg_ctl", "-D", PRIVATE_PG["data"], "-w", action, *args], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class SnapshotHolder:
+    """Another connection holds a REPEATABLE READ snapshot open in the system's database for the whole
+    case (a long report, a stuck transaction): vacuum cannot remove any row version dead after it. A
+    thread waits until the case has made its database and tables, then takes the snapshot."""
+
+    def __init__(self, admin_url: str, db: str) -> None:
+        import threading
+        self.url = admin_url.rsplit("/", 1)[0] + "/" + db
+        self.stop = threading.Event()
+        self.held_at: float | None = None
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._hold()), daemon=True)
+        self.thread.start()
+
+    async def _hold(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn = await asyncpg.connect(self.url, timeout=2)
+            except Exception:
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                if await conn.fetchval("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") < 2:
+                    await asyncio.sleep(0.1)
+                    continue
+                await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                await conn.fetchval("SELECT count(*) FROM pg_class")  # the snapshot is taken here
+                self.held_at = time.time()
+                while not self.stop.is_set():
+                    await asyncio.sleep(0.2)
+                    await conn.fetchval("SELECT 1")  # still in the same transaction and snapshot
+                return
+            except Exception:  # the case dropped its database (a new case): start again
+                await asyncio.sleep(0.1)
+            finally:
+                try:
+                    await conn.close(timeout=2)
+                except Exception:
+                    pass
+
+    def release(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+class DoneSampler:
+    """(time, jobs done) every 50 ms from the handlers' records (Redis DB 15), for every system alike:
+    the drain's rate per window of jobs."""
+
+    def __init__(self, done_url: str) -> None:
+        import threading
+
+        import redis as sync_redis
+        self.r = sync_redis.Redis.from_url(done_url)
+        self.samples: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.samples.append((time.perf_counter(), int(self.r.hlen(DONE_KEY))))
+            except Exception:
+                pass
+            self.stop.wait(0.05)
+
+    def windows(self, window: int, total: int) -> list[dict[str, float]]:
+        self.stop.set()
+        self.thread.join(5)
+        start = next((t for t, n in self.samples if n > 0), None)
+        if start is None:
+            return []
+        out, prev_t, prev_n = [], start, 0
+        for edge in range(window, total + 1, window):
+            hit = next(((t, n) for t, n in self.samples if n >= edge), None)
+            if hit is None:
+                break
+            out.append({"jobs_to": edge, "per_s": (hit[1] - prev_n) / max(1e-6, hit[0] - prev_t)})
+            prev_t, prev_n = hit
+        return out
+
+
+async def storage(admin_url: str, db: str) -> dict[str, Any]:
+    """Bytes of every table with its indexes and TOAST (history partitions summed into their parent), and
+    live / dead tuples, in one system's database after a case."""
+    conn = await asyncpg.connect(admin_url.rsplit("/", 1)[0] + "/" + db)
+    try:
+        rows = await conn.fetch(
+            "SELECT COALESCE(p.relname, c.relname) AS t, sum(pg_total_relation_size(c.oid))::bigint AS bytes, "
+            "sum(COALESCE(s.n_live_tup, 0))::bigint AS live, sum(COALESCE(s.n_dead_tup, 0))::bigint AS dead "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public' "
+            "LEFT JOIN pg_inherits i ON i.inhrelid = c.oid LEFT JOIN pg_class p ON p.oid = i.inhparent "
+            "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.relkind = 'r' GROUP BY 1")
+    finally:
+        await conn.close()
+    return {r["t"]: {"bytes": r["bytes"], "live": r["live"], "dead": r["dead"]} for r in rows}
 
 
 def private_redis() -> tuple[subprocess.Popen[bytes], int]:
@@ -752,8 +1059,23 @@ def main() -> None:
     ap.add_argument("--private-redis", action="store_true",
                     help="start a redis-server of our own for the run (exact Redis CPU; other people's "
                     "commands on the shared server are then not in the figures)")
+    ap.add_argument("--private-pg", action="store_true",
+                    help="initdb and start a PostgreSQL cluster of our own with default settings (autovacuum "
+                    "on), stopped at the end")
+    ap.add_argument("--hold-snapshot", action="store_true",
+                    help="open loop: another connection holds a REPEATABLE READ snapshot for the whole case")
+    ap.add_argument("--window-s", type=float, default=60.0, help="open loop: lag percentiles per window")
+    ap.add_argument("--backlog", type=int, default=None, metavar="N", help="N queued, then drained: jobs/s per window")
+    ap.add_argument("--window-jobs", type=int, default=50_000)
+    ap.add_argument("--pg-outage", type=float, default=None, metavar="S",
+                    help="stop the private PostgreSQL for S seconds mid-drain (with --private-pg)")
+    ap.add_argument("--outage-after", type=int, default=5_000)
     a = ap.parse_args()
     server = None
+    pg = None
+    if a.private_pg and not a.case:
+        pg, pg_port, _ = private_pg()
+        a.admin_url = f"postgresql://postgres@127.0.0.1:{pg_port}/postgres"
     if a.private_redis:
         server, port = private_redis()
         a.redis_url, a.done_url = f"redis://127.0.0.1:{port}/14", f"redis://127.0.0.1:{port}/15"
@@ -768,6 +1090,13 @@ def main() -> None:
         if server is not None:
             server.terminate()
             server.wait(10)
+        if pg is not None:
+            try:
+                pg_ctl("stop")
+            except Exception:
+                pg.terminate()
+            import shutil
+            shutil.rmtree(PRIVATE_PG.get("data", "/nonexistent"), ignore_errors=True)
 
 
 def run_mode(a: argparse.Namespace) -> None:
@@ -779,7 +1108,11 @@ def run_mode(a: argparse.Namespace) -> None:
         return
     if a.ref_python and REF not in a.systems:
         a.systems.insert(a.systems.index("fencepost") + 1 if "fencepost" in a.systems else 0, REF)
-    if a.open_loop is not None or a.find_max:
+    if a.backlog:
+        backlog(a)
+    elif a.pg_outage:
+        outage(a)
+    elif a.open_loop is not None or a.find_max:
         open_loop(a)
     elif a.spike:
         spike(a)

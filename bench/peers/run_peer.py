@@ -87,6 +87,7 @@ class Cfg:
     redis_url: str
     done_url: str
     database_url: str
+    window_s: float = 60.0
 
 
 def run_async(coro: Awaitable[Any]) -> Any:
@@ -513,7 +514,15 @@ async def mode_open(cfg: Cfg) -> dict[str, Any]:
     starts = await done_map(cfg)
     lags = [(starts[str(i)] - t) * 1000 for i, t in intended.items() if str(i) in starts]
     hist = [r["t"] - starts[str(r["job_id"])] for r in hist_rows if str(r["job_id"]) in starts]
+    t0 = min(intended.values(), default=0.0)
+    by: dict[int, list[float]] = {}
+    for i, t in intended.items():
+        if str(i) in starts:
+            by.setdefault(int((t - t0) // cfg.window_s), []).append((starts[str(i)] - t) * 1000)
+    windows = [{"from_s": w * cfg.window_s, "n": len(v), "p50_ms": percentile(v, 50), "p99_ms": percentile(v, 99)}
+               for w, v in sorted(by.items())]
     return {"rate": cfg.rate, "achieved": len(intended) / took, "done": got, "p50_ms": percentile(lags, 50),
+            "windows": windows,
             "p99_ms": percentile(lags, 99), "p999_ms": percentile(lags, 99.9), "max_ms": max(lags, default=None),
             "started": len(lags), "missing": len(intended) - len(lags),
             "history_p50_s": percentile(hist, 50) if hist else None,
@@ -632,10 +641,11 @@ def parse_args(argv: list[str] | None = None) -> Cfg:
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     ap.add_argument("--done-url", default="redis://127.0.0.1:6379/15")
     ap.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/bench_peers")
+    ap.add_argument("--window-s", type=float, default=60.0, help="open loop: lag percentiles per window")
     a = ap.parse_args(argv)
     knob = a.concurrency or (OLD_DEFAULTS[a.peer] if a.old_defaults else None)
     return Cfg(a.peer, a.mode, a.job, a.jobs, a.workers, knob, a.old_defaults, a.call_size, a.rate, a.duration,
-               a.redis_url, a.done_url, a.database_url)
+               a.redis_url, a.done_url, a.database_url, a.window_s)
 
 
 def main(argv: list[str] | None = None) -> int:
