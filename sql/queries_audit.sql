@@ -72,27 +72,32 @@ RETURNING id, at;
 -- Who did what: configuration changes and queue commands (audit_log) and commands on runs
 -- (run events with an operator's actor), newest first. $1 actor (exact, or a prefix ending in ':' / '@'),
 -- $2 queue, $3 since, $4 until, $5 limit, $6 queues in scope (NULL: all), $7 before (at, keyset).
+-- Each side is limited on its own index (audit_log_at_id, events_operator_at) before they are merged,
+-- so the view never reads the events operators did not make.
 SELECT * FROM (
-    SELECT 'config' AS source, a.id, a.at, a.actor, a.address, a.action, a.queue, a.target, a.reason,
-           a.data::text AS data
-    FROM audit_log a
-    WHERE ($1::text IS NULL OR a.actor = $1 OR (right($1, 1) IN (':', '@') AND starts_with(a.actor, $1)))
-      AND ($2::text IS NULL OR a.queue = $2)
-      AND ($3::timestamptz IS NULL OR a.at >= $3) AND ($4::timestamptz IS NULL OR a.at < $4)
-      AND ($6::text[] IS NULL OR a.queue = ANY($6))
+    (SELECT 'config' AS source, a.id, a.at, a.actor, a.address, a.action, a.queue, a.target, a.reason,
+            a.data::text AS data
+     FROM audit_log a
+     WHERE ($1::text IS NULL OR a.actor = $1 OR (right($1, 1) IN (':', '@') AND starts_with(a.actor, $1)))
+       AND ($2::text IS NULL OR a.queue = $2)
+       AND ($3::timestamptz IS NULL OR a.at >= $3) AND ($4::timestamptz IS NULL OR a.at < $4)
+       AND ($6::text[] IS NULL OR a.queue = ANY($6))
+       AND ($7::timestamptz IS NULL OR a.at < $7)
+     ORDER BY a.at DESC, a.id DESC LIMIT $5)
     UNION ALL
-    SELECT 'run' AS source, e.id, e.at, e.actor, NULL, e.type, COALESCE(r.queue, ra.queue, e.queue),
-           e.run_id::text, e.reason,
-           json_build_object('from', e.from_status, 'to', e.to_status, 'version', e.version)::text
-    FROM events e LEFT JOIN runs r ON r.id = e.run_id LEFT JOIN runs_archive ra ON ra.id = e.run_id
-    WHERE e.run_id IS NOT NULL AND e.actor IS NOT NULL AND e.type <> 'submitted'
-      AND e.actor NOT IN ('worker', 'recorder', 'reconciler', 'trigger')
-      AND ($1::text IS NULL OR e.actor = $1 OR (right($1, 1) IN (':', '@') AND starts_with(e.actor, $1)))
-      AND ($2::text IS NULL OR COALESCE(r.queue, ra.queue, e.queue) = $2)
-      AND ($3::timestamptz IS NULL OR e.at >= $3) AND ($4::timestamptz IS NULL OR e.at < $4)
-      AND ($6::text[] IS NULL OR COALESCE(r.queue, ra.queue, e.queue) = ANY($6))
+    (SELECT 'run' AS source, e.id, e.at, e.actor, NULL, e.type, COALESCE(r.queue, ra.queue, e.queue),
+            e.run_id::text, e.reason,
+            json_build_object('from', e.from_status, 'to', e.to_status, 'version', e.version)::text
+     FROM events e LEFT JOIN runs r ON r.id = e.run_id LEFT JOIN runs_archive ra ON ra.id = e.run_id
+     WHERE e.run_id IS NOT NULL AND e.actor IS NOT NULL AND e.type <> 'submitted'
+       AND e.actor NOT IN ('worker', 'recorder', 'reconciler', 'trigger')
+       AND ($1::text IS NULL OR e.actor = $1 OR (right($1, 1) IN (':', '@') AND starts_with(e.actor, $1)))
+       AND ($2::text IS NULL OR COALESCE(r.queue, ra.queue, e.queue) = $2)
+       AND ($3::timestamptz IS NULL OR e.at >= $3) AND ($4::timestamptz IS NULL OR e.at < $4)
+       AND ($6::text[] IS NULL OR COALESCE(r.queue, ra.queue, e.queue) = ANY($6))
+       AND ($7::timestamptz IS NULL OR e.at < $7)
+     ORDER BY e.at DESC, e.id DESC LIMIT $5)
 ) x
-WHERE ($7::timestamptz IS NULL OR x.at < $7)
 ORDER BY at DESC, id DESC LIMIT $5;
 
 -- name: bulk_select

@@ -5,7 +5,8 @@
 -- after, $5 created before, $6 limit, $7 queues in scope (NULL: all), $8 submitted by this actor prefix
 -- (NULL: anyone), $9 before id (keyset, id order only), $10 id, $11 tenant, $12 concurrency key,
 -- $13 idempotency key, $14 argument substring (bytes of a string argument, as msgpack stores it),
--- $15 sort column (id, created_at, finished_at, attempt, handler, status), $16 'asc' / 'desc', $17 offset.
+-- $15 sort column (id, created_at, finished_at, attempt, handler, status), $16 'asc' / 'desc', $17 offset,
+-- $18 the argument search looks only at ids above this (the newest runs: a bounded scan, not the table).
 SELECT r.id, r.handler, r.queue, r.status, r.priority, r.attempt, r.run_at, r.created_at, r.started_at,
        r.finished_at, r.last_error_class, r.last_error, r.reason, r.version, r.workflow_id, r.schedule_id
 FROM runs r
@@ -20,12 +21,13 @@ WHERE ($1::text IS NULL OR r.queue = $1) AND ($2::text IS NULL OR r.status = $2)
   AND ($11::text IS NULL OR r.tenant = $11)
   AND ($12::text IS NULL OR r.concurrency_key = $12)
   AND ($13::text IS NULL OR r.idempotency_key = $13)
-  AND ($14::text IS NULL OR position(convert_to($14, 'UTF8') IN r.payload) > 0)
+  AND ($14::text IS NULL OR (r.id > $18 AND position(convert_to($14, 'UTF8') IN r.payload) > 0))
 ORDER BY
-  CASE WHEN $16 = 'asc' THEN CASE $15 WHEN 'created_at' THEN r.created_at WHEN 'finished_at' THEN r.finished_at END END
-      ASC NULLS LAST,
-  CASE WHEN $16 = 'desc' THEN CASE $15 WHEN 'created_at' THEN r.created_at WHEN 'finished_at' THEN r.finished_at END END
-      DESC NULLS LAST,
+  -- created_at is never NULL: its default null order lets runs_created_page serve both directions
+  CASE WHEN $16 = 'asc' AND $15 = 'created_at' THEN r.created_at END ASC,
+  CASE WHEN $16 = 'desc' AND $15 = 'created_at' THEN r.created_at END DESC,
+  CASE WHEN $16 = 'asc' AND $15 = 'finished_at' THEN r.finished_at END ASC NULLS LAST,
+  CASE WHEN $16 = 'desc' AND $15 = 'finished_at' THEN r.finished_at END DESC NULLS LAST,
   CASE WHEN $16 = 'asc' THEN CASE $15 WHEN 'handler' THEN r.handler WHEN 'status' THEN r.status END END ASC,
   CASE WHEN $16 = 'desc' THEN CASE $15 WHEN 'handler' THEN r.handler WHEN 'status' THEN r.status END END DESC,
   CASE WHEN $16 = 'asc' AND $15 = 'attempt' THEN r.attempt END ASC,
@@ -38,7 +40,7 @@ LIMIT $6 OFFSET $17;
 -- How many runs the filters of dashboard_runs match, counted up to a bound (the page says "more than N"
 -- rather than scan a huge table for an exact figure). $1 queue, $2 status, $3 handler, $4 since, $5 until,
 -- $6 queues in scope, $7 submitter prefix, $8 before id, $9 id, $10 tenant, $11 concurrency key,
--- $12 idempotency key, $13 argument substring, $14 the bound.
+-- $12 idempotency key, $13 argument substring, $14 the bound, $15 the argument search's lowest id (exclusive).
 SELECT count(*) AS n FROM (
   SELECT 1 FROM runs r
   WHERE ($1::text IS NULL OR r.queue = $1) AND ($2::text IS NULL OR r.status = $2)
@@ -52,7 +54,7 @@ SELECT count(*) AS n FROM (
     AND ($10::text IS NULL OR r.tenant = $10)
     AND ($11::text IS NULL OR r.concurrency_key = $11)
     AND ($12::text IS NULL OR r.idempotency_key = $12)
-    AND ($13::text IS NULL OR position(convert_to($13, 'UTF8') IN r.payload) > 0)
+    AND ($13::text IS NULL OR (r.id > $15 AND position(convert_to($13, 'UTF8') IN r.payload) > 0))
   LIMIT $14
 ) m;
 
@@ -108,3 +110,6 @@ SELECT c.t, c.started, c.succeeded, c.failed, c.retried,
 FROM (SELECT t, sum(started)::int AS started, sum(succeeded)::int AS succeeded, sum(failed)::int AS failed,
              sum(retried)::int AS retried FROM m GROUP BY t) c
 ORDER BY c.t;
+
+-- name: runs_max_id
+SELECT COALESCE(max(id), 0) AS id FROM runs;

@@ -1,0 +1,187 @@
+"""Listing routes at scale (issue 24 item 12): 1,000,000 pending runs, then the median and max time of
+every listing route the dashboard uses, and of `fencepost reconcile --check`.
+
+    .venv/bin/python bench/listing_scale.py [--runs 1000000] [--repeat 30] [--keep]
+
+The dataset lives in a private database (fp_bench_listing_<pid>, dropped at the end unless --keep) and
+a private Redis key prefix: generate_series INSERTs (runs and their `submitted` events, a few thousand
+dead-lettered and operator-commanded runs beside the pending ones) and the queue's due set in Redis
+(ZADD in chunks), so building 1,000,000 runs takes about a minute on two cores. The API runs in this
+process (ASGI, no sockets): what is timed is the route, PostgreSQL and Redis, not HTTP parsing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+import httpx
+import redis.asyncio as aioredis
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = os.environ.get("FENCEPOST_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
+REDIS = os.environ.get("FENCEPOST_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+QUEUES = ("bench", "payments", "emails")
+
+
+async def build(dsn: str, prefix: str, runs: int) -> None:
+    from fencepost.core.config import Settings
+    from fencepost.core.record import upgrade
+    from fencepost.core.stores import Stores
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await upgrade(conn)
+        started = time.perf_counter()
+        await conn.execute("INSERT INTO queues (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING", list(QUEUES))
+        await conn.execute("INSERT INTO job_definitions (name, queue) VALUES ('bench.work', 'bench') ON CONFLICT DO NOTHING")
+        # pending runs: args ["<8 digits>"] (msgpack [[str8], {}]), created over the last 50 minutes
+        await conn.execute(f"""
+            INSERT INTO runs (id, handler, queue, status, payload, max_retries, timeout_s, created_at, run_at)
+            SELECT i, 'bench.work', 'bench', 'PENDING',
+                   '\\x9291a8'::bytea || convert_to(lpad(i::text, 8, '0'), 'UTF8') || '\\x80'::bytea, 3, 300,
+                   now() - make_interval(secs => ({runs} - i) * 3000.0 / {runs}),
+                   now() - make_interval(secs => ({runs} - i) * 3000.0 / {runs})
+            FROM generate_series(1, {runs}) i""")
+        await conn.execute(f"""
+            INSERT INTO events (run_id, type, to_status, version, actor, at)
+            SELECT i, 'submitted', 'PENDING', 0, 'token:1@127.0.0.1',
+                   now() - make_interval(secs => ({runs} - i) * 3000.0 / {runs})
+            FROM generate_series(1, {runs}) i""")
+        # dead letter and review in the other queues, some operator commands for the audit view
+        base = runs + 1
+        await conn.execute(f"""
+            INSERT INTO runs (id, handler, queue, status, payload, max_retries, timeout_s, attempt, finished_at,
+                              reason, last_error_class, last_error)
+            SELECT {base} + i, 'bench.work', CASE WHEN i % 2 = 0 THEN 'payments' ELSE 'emails' END, 'FAILED',
+                   '\\x929180'::bytea, 3, 300, 1, now() - make_interval(secs => i),
+                   CASE WHEN i % 10 = 0 THEN 'review' ELSE 'max_retries' END, 'ValueError', 'boom'
+            FROM generate_series(1, 5000) i""")
+        await conn.execute(f"""
+            INSERT INTO events (run_id, type, from_status, to_status, version, actor, reason, at)
+            SELECT {base} + i, 'retried', 'FAILED', 'PENDING', 1, 'token:1@127.0.0.1', 'bench',
+                   now() - make_interval(secs => i)
+            FROM generate_series(1, 2000) i""")
+        await conn.execute(f"SELECT setval(pg_get_serial_sequence('runs', 'id'), {base + 6000})")
+        await conn.execute("ANALYZE")
+        print(f"postgresql: {runs:,} pending + 5,000 dead runs in {time.perf_counter() - started:.1f} s", flush=True)
+    finally:
+        await conn.close()
+    stores = Stores(Settings(redis_url=REDIS, database_url=dsn, prefix=prefix))
+    await stores.connect()
+    try:
+        started = time.perf_counter()
+        k = stores.keys("bench")
+        r = stores.redis
+        chunk = 20_000
+        now_ms = int(time.time() * 1000)
+        for lo in range(1, runs + 1, chunk):
+            hi = min(runs, lo + chunk - 1)
+            await r.zadd(k.due, {str(i): float(i) for i in range(lo, hi + 1)})
+        await r.hset(k.run(1), mapping={"state": "PENDING", "version": 0, "run_at": now_ms - 3_000_000})
+        print(f"redis: {runs:,} due in {time.perf_counter() - started:.1f} s", flush=True)
+    finally:
+        await stores.close()
+
+
+ROUTES = [
+    ("GET", "/v1/queues", "admin"),
+    ("GET", "/v1/runs", "admin"),
+    ("GET", "/v1/runs?queue=bench&status=PENDING", "admin"),
+    ("GET", "/v1/runs?sort=created_at", "admin"),
+    ("GET", "/v1/runs?sort=created_at&order=asc", "admin"),
+    ("GET", "/v1/runs?arg=00999999", "admin"),
+    ("GET", "/v1/runs?queue=payments", "scoped"),
+    ("GET", "/v1/dead-letter", "admin"),
+    ("GET", "/v1/dead-letter", "scoped"),
+    ("GET", "/v1/review", "admin"),
+    ("GET", "/v1/events", "admin"),
+    ("GET", "/v1/audit", "admin"),
+    ("GET", "/v1/stats", "admin"),
+    ("GET", "/v1/workers", "admin"),
+    ("GET", "/v1/schedules", "admin"),
+    ("GET", "/v1/runs/1", "admin"),
+    ("GET", "/v1/runs/1/events", "admin"),
+]
+
+
+async def measure(dsn: str, prefix: str, repeat: int, extra: list[str]) -> None:
+    from fencepost.api import ApiConfig, create_app
+    from fencepost.api.auth import create_token
+    from fencepost.core.config import Settings
+
+    settings = Settings(redis_url=REDIS, database_url=dsn, prefix=prefix)
+    app = create_app(settings, ApiConfig(rate_limit=0, token_cache_s=60))
+    async with app.router.lifespan_context(app):
+        db = app.state.api.client.stores.db
+        _, admin = await create_token(db, "admin", [], "bench", "bench")
+        _, scoped = await create_token(db, "operator", ["payments"], "bench-op", "bench")
+        tokens = {"admin": admin, "scoped": scoped}
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            print(f"{'route':58} {'as':7} {'status':>6} {'median ms':>10} {'max ms':>8}")
+            for method, path, who in ROUTES + [("GET", p, "admin") for p in extra]:
+                times, status = [], 0
+                for i in range(repeat + 2):
+                    t0 = time.perf_counter()
+                    resp = await http.request(method, path, headers={"Authorization": f"Bearer {tokens[who]}"})
+                    dt = (time.perf_counter() - t0) * 1000
+                    status = resp.status_code
+                    if i >= 2:  # two warm-up calls (connections, plans, the token cache)
+                        times.append(dt)
+                print(f"{path:58} {who:7} {status:>6} {statistics.median(times):>10.1f} {max(times):>8.1f}", flush=True)
+
+
+def reconcile_check(dsn: str, prefix: str) -> None:
+    env = {**os.environ, "FENCEPOST_DATABASE_URL": dsn, "FENCEPOST_REDIS_URL": REDIS, "FENCEPOST_PREFIX": prefix}
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "fencepost.cli", "reconcile", "--check"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    dt = time.perf_counter() - t0
+    tail = (out.stdout + out.stderr).strip().splitlines()[-3:]
+    print(f"fencepost reconcile --check: exit {out.returncode} in {dt:.1f} s  | " + " / ".join(tail), flush=True)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--keep", action="store_true", help="keep the database and keys (prints their names)")
+    ap.add_argument("--reuse", help="measure an existing database built with --keep (name), skip building")
+    ap.add_argument("--prefix", help="with --reuse: its Redis prefix")
+    ap.add_argument("--no-check", action="store_true", help="skip `fencepost reconcile --check`")
+    ap.add_argument("--route", action="append", default=[], help="another GET path to time (as admin)")
+    args = ap.parse_args()
+    name = args.reuse or f"fp_bench_listing_{os.getpid()}"
+    prefix = args.prefix or f"fpbl{os.getpid()}"
+    dsn = f"{PG}/{name}"
+    admin = await asyncpg.connect(f"{PG}/postgres")
+    try:
+        if not args.reuse:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+            await build(dsn, prefix, args.runs)
+        await measure(dsn, prefix, args.repeat, args.route)
+        if not args.no_check:
+            reconcile_check(dsn, prefix)
+    finally:
+        if args.keep or args.reuse:
+            print(f"kept: --reuse {name} --prefix {prefix}")
+        else:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            r = aioredis.Redis.from_url(REDIS)
+            keys = [k async for k in r.scan_iter(match=f"{prefix}:*", count=1000)]
+            for i in range(0, len(keys), 500):
+                await r.delete(*keys[i:i + 500])
+            await r.aclose()
+        await admin.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
