@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ import pytest
 
 from fencepost.core.config import Settings
 from fencepost.dev import chaos_check as cc
+from fencepost.dev.chaos import FAULTS, ChaosReport, format_chaos
 from fencepost.dev.faults import TcpProxy
 from tests.chaos_doubles import clean, pick, second_execution
 from tests.conftest import ROOT, worker_env
@@ -205,32 +205,51 @@ async def test_the_proxy_blackholes_without_closing_and_delivers_late_on_resume(
         server.close()
 
 
+OPEN = frozenset({"overlapping_executions", "acknowledged_runs_unfinished", "failed_without_handler_error",
+                  "duplicate_events", "started_before_due", "children_outlived_worker"})
+"""Checks the short soak found failing on this tree (issue 22's open faults: self-fencing, late claims,
+one clock, interruptions counted as failures, a transition recorded twice, children outliving
+their worker), which other changes are fixing: printed, not asserted. Move a check out of OPEN
+when its fix lands; every other check must hold."""
+
+
 @pytest.mark.slow
 def test_a_short_seeded_soak_with_every_fault_kind_gives_its_verdict(settings: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """60 s of faults (every kind the machine supports at least once; each skip named), then the
-    verdicts. The exit code is non-zero exactly when a check failed; which checks fail on this
-    tree is the soak's finding, so the test asserts the verdict is complete and consistent."""
+    verdicts: complete, consistent with the exit code, and 0 for every check not in OPEN."""
     cmd = [sys.executable, "-m", "fencepost.cli", "loadtest", "chaos", "--duration", "60", "--seed", "7",
            "--lease-ms", "3000", "--rate", "8", "--log-dir", str(tmp_path), "--json"]
     out = subprocess.run(cmd, cwd=ROOT, env=worker_env(settings), capture_output=True, text=True, timeout=400)
     assert out.stdout.strip(), out.stderr[-3000:]
-    rep = json.loads(out.stdout.strip().splitlines()[-1])
+    line = out.stdout.strip().splitlines()[-1]
+    print("\n".join(format_chaos(msgspec.json.decode(line, type=ChaosReport))))
+    rep = json.loads(line)
     checks = {v["check"]: v["violations"] for v in rep["verdicts"]}
     assert list(checks) == list(cc.CHECKS)
     assert rep["failed"] == [f"{k}: {n}" for k, n in checks.items() if n]
     assert (out.returncode != 0) == bool(rep["failed"]), (out.returncode, rep["failed"])
     injected = {r["kind"] for r in rep["recoveries"] if not r["skipped"] and not r["error"]}
     skipped = {r["kind"] for r in rep["recoveries"] if r["skipped"]}
-    assert injected | skipped == set(rep["faults"]) and skipped == set(rep["skipped"]) & set(rep["faults"])
-    expect_skipped = {"cluster_shard_kill"} | (set() if shutil.which("faketime") else {"clock_skew"})
-    assert set(rep["faults"]) == set(cc_faults()), rep["faults"]
-    assert skipped <= expect_skipped | {"pg_restart", "promote_lagging"}
-    assert {"partition", "stop_worker", "starve_worker", "kill_worker_children", "trigger_fault"} <= injected
-    assert rep["acked"] > 100 and checks["acknowledged_submits_lost"] == 0 and checks["harness_errors"] == 0, rep
+    assert set(rep["faults"]) == set(FAULTS), rep["faults"]
+    assert injected | skipped == set(FAULTS) and skipped == set(rep["skipped"])
+    assert skipped <= {"cluster_shard_kill", "pg_restart", "promote_lagging"}  # the last two: no redis-server / initdb
     assert all(rep["recovery_s"][k]["n"] >= 1 for k in injected)
+    assert rep["acked"] > 100
+    assert {k: n for k, n in checks.items() if n and k not in OPEN} == {}, rep["verdicts"]
 
 
-def cc_faults() -> tuple[str, ...]:
-    from fencepost.dev.chaos import FAULTS
+def test_the_injected_clock_offset_moves_the_wall_clock_only() -> None:
+    """The skew the soak injects when faketime cannot run Python: time.time is off, monotonic is not."""
+    import os
 
-    return FAULTS
+    from fencepost.dev.faults import offset_clock_dir
+
+    d = offset_clock_dir()
+    code = "import time; print(time.time(), time.monotonic())"
+    env = dict(os.environ, PYTHONPATH=d, FENCEPOST_CHAOS_CLOCK_OFFSET_S="-600")
+    import time
+
+    wall, mono = time.time(), time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    t, m = map(float, out.stdout.split())
+    assert -610 < t - wall < -590 and abs(m - mono) < 30

@@ -60,7 +60,15 @@ from fencepost.core.record import Database
 from fencepost.core.registry import Registry
 from fencepost.core.schedules import ScheduleSpec
 from fencepost.dev import chaos_check as cc
-from fencepost.dev.faults import PrivatePostgres, PrivateRedis, Starver, TcpProxy, descendants
+from fencepost.dev.faults import (
+    PrivatePostgres,
+    PrivateRedis,
+    Starver,
+    TcpProxy,
+    descendants,
+    faketime_problem,
+    offset_clock_dir,
+)
 from fencepost.schedules import Schedules
 
 __all__ = ["FAULTS", "ChaosReport", "format_chaos", "registry", "soak"]
@@ -242,6 +250,9 @@ class _Soak:
         self.liveness_ms = settings.worker_liveness_ms
         self.schedule_ids: list[int] = []
         self.orphans: list[str] = []
+        self.repl_link: TcpProxy | None = None
+        self.faketime_problem: str | None = None
+        self.clock_dir: str | None = None
 
     # -- stores and processes ------------------------------------------------------------------
     async def _start_stores(self) -> None:
@@ -254,7 +265,7 @@ class _Soak:
                 binary = str(cand) if os.access(cand, os.X_OK) else None
         if binary is not None:
             self.primary = await PrivateRedis(binary).start()
-            self.replica = await PrivateRedis(binary, replicaof=self.primary).start()
+            await self._new_replica()
             self.redis_url = self.primary.url
         else:
             self.skipped["promote_lagging"] = "no redis-server binary: the configured Redis is used, not killed"
@@ -265,12 +276,21 @@ class _Soak:
             self.pg, self.fp_url = pg, pg.url
         else:
             self.skipped["pg_restart"] = "no initdb/pg_ctl: the machine's PostgreSQL is never restarted"
-        if shutil.which("faketime") is None:
-            self.skipped["clock_skew"] = "faketime is not installed (apt-get install faketime)"
+        self.faketime_problem = await asyncio.to_thread(faketime_problem)
+        """None: skewed workers run under faketime; else why not (the offset is then injected in-process)."""
         if self.cluster_url is None:
             self.skipped["cluster_shard_kill"] = "no --cluster-url given"
         else:
             self.skipped["cluster_shard_kill"] = "not implemented in this harness yet (a cluster URL was given)"
+
+    async def _new_replica(self) -> None:
+        """A replica of the primary, replicating through a proxy of its own (so the link can be
+        blackholed: writes the primary took and never sent are lost when it dies)."""
+        assert self.primary is not None
+        if self.repl_link is not None:
+            await self.repl_link.close()
+        self.repl_link = await TcpProxy("127.0.0.1", self.primary.port).start()
+        self.replica = await PrivateRedis(self.primary.binary, replicaof=self.repl_link.port).start()
 
     def _target(self) -> tuple[str, int]:
         u = urlsplit(self.redis_url)
@@ -303,9 +323,13 @@ class _Soak:
         else:
             args = [name]
         cmd = [sys.executable, "-m", "fencepost.cli", *args]
-        if skew is not None:
-            env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"  # a wrong wall clock, as NTP drift gives; monotonic time is right
+        if skew is not None and self.faketime_problem is None:
             cmd = ["faketime", "-f", skew, *cmd]
+        elif skew is not None:
+            if self.clock_dir is None:
+                self.clock_dir = offset_clock_dir()
+            env["FENCEPOST_CHAOS_CLOCK_OFFSET_S"] = skew.rstrip("s")
+            env["PYTHONPATH"] = os.pathsep.join([self.clock_dir, env["PYTHONPATH"]])
         out: Any = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -526,8 +550,10 @@ class _Soak:
                 self.errors.append("the skewed worker did not stop within 30 s of SIGTERM")
             self.procs.pop("worker_skew", None)
             secs = await self._settled(runs, tokens, t_ms, limit)
+            how = (f"faketime {skew}" if self.faketime_problem is None else
+                   f"wall clock offset {skew} injected in-process ({self.faketime_problem})")
             return self._rec(kind, at, secs, f"skewed worker's {len(runs)} runs finished or reclaimed after its stop",
-                             f"faketime {skew} for {length:.1f}s")
+                             f"{how} for {length:.1f}s")
         if kind == "promote_lagging":
             return await self._promote(client)
         if kind == "pg_restart":
@@ -575,12 +601,13 @@ class _Soak:
         raise ValueError(kind)
 
     async def _promote(self, client: Client) -> cc.FaultRecovery:
-        """Replication paused (SIGSTOP of the replica), writes go on, the primary is SIGKILLed,
-        the replica promoted; every proxy moves to it; a new replica is started for the next time."""
-        assert self.primary is not None and self.replica is not None
+        """The replication link is blackholed while writes go on, the primary is SIGKILLed, the
+        replica promoted (what the primary took after the cut is lost); every proxy moves to it
+        and a new replica is started for the next time."""
+        assert self.primary is not None and self.replica is not None and self.repl_link is not None
         old, new = self.primary, self.replica
         at = time.monotonic()
-        new.signal(signal.SIGSTOP)
+        self.repl_link.pause()
         await asyncio.sleep(self.rng.uniform(0.5, 1.5))  # the primary takes writes the replica never gets
         r = old.client()
         try:
@@ -590,7 +617,7 @@ class _Soak:
         finally:
             await r.aclose()
         old.kill()
-        new.signal(signal.SIGCONT)
+        self.repl_link.drop()  # what the link held dies with the primary
         rn = new.client()
         try:
             have = int((await rn.info("replication")).get("slave_repl_offset", 0))
@@ -602,10 +629,10 @@ class _Soak:
             px.switch("127.0.0.1", new.port)
         old.cleanup()
         self.primary = new
-        self.replica = await PrivateRedis(new.binary, replicaof=new).start()
+        await self._new_replica()
         secs = await self._probe(client, max(30.0, 6 * self.lease_ms / 1000), at)
         return self._rec("promote_lagging", at, secs, "a run submitted after the promotion SUCCEEDED in PostgreSQL",
-                         f"{max(0, offset - have)} bytes of writes lost")
+                         f"{max(0, offset - have)} bytes of replication stream lost")
 
     # -- the soak ------------------------------------------------------------------------------
     async def run(self) -> ChaosReport:
@@ -622,13 +649,15 @@ class _Soak:
             await self.ledger.close()
             with contextlib.suppress(Exception):
                 await self.fp.close()
-            for px in self.proxies.values():
+            for px in [*self.proxies.values(), *([self.repl_link] if self.repl_link else [])]:
                 await px.close()
             for s in (self.replica, self.primary):
                 if s is not None:
                     s.cleanup()
             if self.pg is not None:
                 await asyncio.to_thread(self.pg.cleanup)
+            if self.clock_dir is not None:
+                shutil.rmtree(self.clock_dir, ignore_errors=True)
 
     async def _soak(self) -> ChaosReport:
         cs = msgspec.structs.replace(self.settings, redis_url=await self._proxy("client"), database_url=self.fp_url)

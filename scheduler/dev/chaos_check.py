@@ -258,11 +258,15 @@ def check(ledger: Ledger, history: History, *, overlap_window_ms: int = 0, due_s
 
     # duplicate history: one transition recorded twice, one attempt with two rows
     dup: list[str] = []
-    seen: dict[tuple[int, str, int, int | None], int] = defaultdict(int)
+    seen: dict[tuple[int, str, int, int | None], list[EventRow]] = defaultdict(list)
     for ev in history.events:
         if ev.version is not None:
-            seen[(ev.run_id, ev.type, ev.version, ev.attempt)] += 1
-    dup += [f"run {k[0]}: {k[1]} at version {k[2]} recorded {n} times" for k, n in sorted(seen.items()) if n > 1]
+            seen[(ev.run_id, ev.type, ev.version, ev.attempt)].append(ev)
+    for k, evs in sorted(seen.items()):
+        if len(evs) > 1:
+            streamed = sum(1 for ev in evs if ev.stream_id is not None)
+            dup.append(f"run {k[0]}: {k[1]} of attempt {k[3]} at version {k[2]} recorded {len(evs)} times "
+                       f"({streamed} from the stream, {len(evs) - streamed} written directly)")
     rows_seen: dict[tuple[int, int], int] = defaultdict(int)
     for a in history.attempts:
         rows_seen[(a.run_id, a.attempt)] += 1

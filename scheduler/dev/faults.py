@@ -21,7 +21,8 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-__all__ = ["PrivatePostgres", "PrivateRedis", "Starver", "TcpProxy", "descendants", "free_port"]
+__all__ = ["PrivatePostgres", "PrivateRedis", "Starver", "TcpProxy", "descendants", "faketime_problem", "free_port",
+           "offset_clock_dir"]
 
 HOST = "127.0.0.1"
 
@@ -127,7 +128,8 @@ class TcpProxy:
 class PrivateRedis:
     """One redis-server on a free loopback port, in a private directory, without persistence."""
 
-    def __init__(self, binary: str, *, replicaof: PrivateRedis | None = None) -> None:
+    def __init__(self, binary: str, *, replicaof: int | None = None) -> None:
+        """replicaof: the loopback port of its primary (or of a proxy in front of it)."""
         self.binary, self.replicaof = binary, replicaof
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="fp-chaos-redis-")
@@ -150,7 +152,7 @@ class PrivateRedis:
                 "--dir", self.dir, "--maxmemory-policy", "noeviction", "--repl-diskless-sync-delay", "0",
                 "--repl-backlog-size", "64mb", "--client-output-buffer-limit", "replica 0 0 0"]
         if self.replicaof is not None:
-            args += ["--replicaof", HOST, str(self.replicaof.port)]
+            args += ["--replicaof", HOST, str(self.replicaof)]
         self.proc = self._launch(args)
         deadline = time.monotonic() + timeout
         r = self.client()
@@ -333,3 +335,55 @@ def _descendants(pid: int) -> list[int]:
 
 def descendants(pid: int) -> list[int]:
     return _descendants(pid)
+
+
+_FAKETIME_PROBE = """
+import asyncio, threading, time
+time.sleep(0.05)
+lock = threading.Lock()
+lock.acquire()
+lock.acquire(timeout=0.05)
+threading.Event().wait(0.05)
+asyncio.run(asyncio.sleep(0.05))
+print("ok")
+"""
+
+
+def faketime_problem(offset: str = "-30s") -> str | None:
+    """None when `faketime -f OFFSET python` runs the timed waits a worker uses (sleep, a lock with a
+    timeout, Event.wait, asyncio.sleep) within 10 s; else why not, in one line."""
+    if shutil.which("faketime") is None:
+        return "faketime is not installed (apt-get install faketime)"
+    try:
+        out = subprocess.run(["faketime", "-f", offset, sys.executable, "-c", _FAKETIME_PROBE], capture_output=True,
+                             text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return (f"faketime {offset} hangs this Python's timed waits (a Lock.acquire(timeout=) never returns "
+                "under libfaketime's clock)")
+    if out.returncode != 0 or "ok" not in out.stdout:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"faketime {offset} breaks this Python ({last[:120]})"
+    return None
+
+
+_OFFSET_CLOCK = """# Written by fencepost loadtest chaos: this process's wall clock is off by
+# FENCEPOST_CHAOS_CLOCK_OFFSET_S seconds (time.time, time.time_ns); monotonic time is right.
+import os as _os
+import time as _time
+
+_off = float(_os.environ.get("FENCEPOST_CHAOS_CLOCK_OFFSET_S", "0"))
+if _off:
+    _real, _real_ns = _time.time, _time.time_ns
+    _time.time = lambda: _real() + _off
+    _time.time_ns = lambda: _real_ns() + int(_off * 1e9)
+"""
+
+
+def offset_clock_dir() -> str:
+    """A directory holding a sitecustomize.py that offsets a Python process's wall clock by
+    $FENCEPOST_CHAOS_CLOCK_OFFSET_S (put it first on PYTHONPATH): the skew a test injects when
+    faketime cannot run Python."""
+    d = tempfile.mkdtemp(prefix="fp-chaos-clock-")
+    with open(os.path.join(d, "sitecustomize.py"), "w") as f:
+        f.write(_OFFSET_CLOCK)
+    return d
