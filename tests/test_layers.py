@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fencepost.core.states import Status
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"scheduler": "fencepost", "worker": "fencepost.worker", "reconciler": "fencepost.reconciler"}
 CLIENT = {"fencepost.client", "fencepost.control", "fencepost.workflows", "fencepost.schedules", "fencepost.apiclient"}
@@ -173,3 +175,118 @@ def test_below_the_faces_nothing_imports_a_face_library() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             bad += [f"{module}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in FACE_LIBRARIES]
     assert not bad, bad
+
+
+# -- no back doors above the gateways (STYLE habit 18) ------------------------------------------------
+
+REDIS_COMMANDS = frozenset({
+    "hget", "hmget", "hgetall", "hset", "hdel", "hincrby", "set", "get", "delete", "exists", "zadd", "zcard",
+    "zrange", "zrangebyscore", "zrem", "zscore", "zcount", "xadd", "xrange", "xrevrange", "xreadgroup", "xack",
+    "xgroup_create", "xautoclaim", "xtrim", "xlen", "xinfo_groups", "xinfo_stream", "xpending", "xpending_range",
+    "xdel", "smembers", "sadd", "srem", "scard", "sismember", "rpush", "lpush", "blpop", "brpop", "lrange", "llen",
+    "expire", "pexpire", "ttl", "pttl", "scan_iter", "scan", "unlink", "pipeline", "eval", "evalsha",
+    "execute_command", "time", "config_get", "config_set", "info", "ping", "incr", "incrby", "mget", "keys",
+    "flushdb", "publish", "wait", "script_load", "register_script",
+})
+"""redis-py methods: a call of one on a Redis client or pipeline above the core is a back door. Found by
+the receiver (an expression ending in `redis`, or a name bound from one, `connect(...)` or `.pipeline()`):
+a heuristic that misses a client kept under another attribute name, never a false alarm on a dict."""
+
+RAW_REDIS_OFFENDERS = {
+    "fencepost.api.auth": 7, "fencepost.api.routes": 5, "fencepost.api.routes_ops": 4,  # API helper
+    "fencepost.client": 1,  # wait(): the run's ending event, read back from the queue's stream
+    "fencepost.control": 3,  # queue pause / resume: the paused flag and the wake nudge
+    "fencepost.workflows": 1, "fencepost.trigger": 1,
+    "fencepost.testing": 8, "fencepost.testing_plugin": 2,  # the test clock; a test prefix's cleanup
+    "fencepost.dev.loadtest": 8,
+    "fencepost.reconciler.drift": 11, "fencepost.reconciler.gauges": 12, "fencepost.reconciler.rebuild": 6,
+    "fencepost.reconciler.recorder": 16,  # data and performance helpers
+    "fencepost.worker.checkpoints": 1, "fencepost.worker.runtime": 12,  # worker helper
+}
+"""Known offenders (issue 25) with their count of raw calls today: each count may only go down, and a
+module not listed may have none. Remove an entry when its module reaches 0 (the test says so)."""
+
+
+def _redis_receivers(tree: ast.AST) -> set[str]:
+    """Names bound to a Redis client or pipeline in a module: assigned from an expression that
+    mentions `redis`, `connect(` or `.pipeline(`."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.withitem)):
+            value = node.context_expr if isinstance(node, ast.withitem) else node.value
+            targets = [node.optional_vars] if isinstance(node, ast.withitem) else \
+                node.targets if isinstance(node, ast.Assign) else [node.target]
+            text = ast.unparse(value) if value is not None else ""
+            if "redis" in text.lower() or "connect(" in text or ".pipeline(" in text:
+                names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def raw_redis_calls() -> dict[str, list[int]]:
+    """Lines of redis-py calls above the core, per module."""
+    out: dict[str, list[int]] = {}
+    for module, path in sorted(_modules().items()):
+        if layer(module) == "core":
+            continue
+        tree = ast.parse(path.read_text())
+        receivers = _redis_receivers(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in REDIS_COMMANDS:
+                recv = ast.unparse(node.func.value)
+                last = recv.rsplit(".", 1)[-1]
+                if "redis" in last.lower() or (isinstance(node.func.value, ast.Name) and recv in receivers):
+                    out.setdefault(module, []).append(node.lineno)
+    return out
+
+
+def test_no_raw_redis_calls_above_the_core() -> None:
+    """Every Redis read and write above the core goes through core/hot.py's typed methods (Scripts,
+    Scripts.peek) or another core function: no new raw redis-py call, and the known ones only shrink."""
+    found = raw_redis_calls()
+    new = {m: lines for m, lines in found.items() if len(lines) > RAW_REDIS_OFFENDERS.get(m, 0)}
+    assert not new, f"raw redis-py calls above the core (use a typed method of core/hot.py): {new}"
+    done = sorted(m for m in RAW_REDIS_OFFENDERS if m not in found)
+    assert not done, f"no raw redis-py calls left in {done}: remove them from RAW_REDIS_OFFENDERS"
+
+
+RESTATED_GROUP_OFFENDERS = {
+    "fencepost.api.openapi": 1, "fencepost.api.schemas": 1,  # the Status Literal of the API (API helper)
+    "fencepost.dev.chaos": 2, "fencepost.dev.chaos_check": 2,
+    "fencepost.worker.checkpoints": 1,  # (b"RUNNING", b"STOPPING"): ACTIVE, in bytes (worker helper)
+}
+"""Known restated state groups (issue 25), per module: the counts only go down."""
+
+
+def restated_groups() -> dict[str, list[int]]:
+    """Lines of tuple / set / list literals of two or more state names (str, bytes or Status.X)
+    outside core/states.py, per module: a state group written out again instead of imported."""
+    names = {s.value for s in Status}
+    out: dict[str, list[int]] = {}
+    for module, path in sorted(_modules().items()):
+        if module == "fencepost.core.states":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.Tuple, ast.Set, ast.List)) or len(node.elts) < 2:
+                continue
+            values: list[str] = []
+            for e in node.elts:
+                if isinstance(e, ast.Constant) and isinstance(e.value, (str, bytes)):
+                    values.append(e.value.decode() if isinstance(e.value, bytes) else e.value)
+                elif isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id in ("Status", "S"):
+                    values.append(e.attr)
+                else:
+                    break
+            else:
+                if all(v in names for v in values):
+                    out.setdefault(module, []).append(node.lineno)
+    return out
+
+
+def test_no_restated_state_groups() -> None:
+    """A group of states is imported from core/states.py (TERMINAL, ACTIVE, DEAD, ...), never spelt
+    again: a copy drifts when the table changes (issue 25 found (b"RUNNING", b"STOPPING") for ACTIVE)."""
+    found = restated_groups()
+    new = {m: lines for m, lines in found.items() if len(lines) > RESTATED_GROUP_OFFENDERS.get(m, 0)}
+    assert not new, f"state groups spelt out instead of imported from fencepost.core.states: {new}"
+    done = sorted(m for m in RESTATED_GROUP_OFFENDERS if m not in found)
+    assert not done, f"no restated groups left in {done}: remove them from RESTATED_GROUP_OFFENDERS"

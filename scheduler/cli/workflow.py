@@ -13,14 +13,14 @@ from fencepost.cli.common import async_command, from_context, json_option, print
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.errors import InvalidInput
-from fencepost.core.states import Status
+from fencepost.core.states import FAILED_FOR_GOOD, Status
 from fencepost.workflows import UnknownWorkflow, layers
 
 __all__ = ["draw", "workflow"]
 
 _MARK = {"SUCCEEDED": "✔", "FAILED": "✘", "TIMED_OUT": "✘", "CANCELLED": "⊘", "RUNNING": "▶", "STOPPING": "▶",
          "PENDING": "◌", "RETRY_WAIT": "↻", "BLOCKED": "·", "PAUSED": "‖", "STOPPED": "■"}
-_WITH_REASON = frozenset({Status.CANCELLED, Status.FAILED})  # shown with why they ended
+_WITH_REASON = FAILED_FOR_GOOD - {Status.TIMED_OUT}  # shown with why they ended (a timeout says it)
 _COLOUR = {"SUCCEEDED": "green", "FAILED": "red", "TIMED_OUT": "red", "CANCELLED": "yellow", "RUNNING": "cyan",
            "STOPPING": "cyan", "RETRY_WAIT": "magenta"}
 
