@@ -250,8 +250,8 @@ class Worker:
         keys = self.stores.keys(queue)
         try:
             # the claim carries a deadline on the server's clock: sent late or re-sent, it claims nothing
-            deadline = await self.stores.scripts.claim_deadline(claim_wait_s(self.lease_ms))
-            args = ClaimArgs(n, self.id, self.lease_ms, max(n, 100), deadline)
+            claim_by = await self.stores.scripts.claim_deadline(claim_wait_s(self.lease_ms))
+            args = ClaimArgs(n, self.id, self.lease_ms, max(n, 100), claim_by)
             if self.settings.claim_replicas > 0:
                 jobs = await self._claim_durably(queue, args)
             else:
