@@ -74,10 +74,19 @@ WITH picked AS (
 INSERT INTO runs_archive SELECT * FROM moved RETURNING id;
 
 -- name: ops_run_events_after
--- A run's timeline after the event id $2 (the page's cursor), at most $3, in the order recorded.
+-- A run's timeline (the view `history`: its event rows and its attempts' claim and finish columns, as
+-- run_events reads it) recorded since the page's last look: $2 the latest recorded_at the page has seen
+-- (NULL: from the start), looked back $3 seconds (a batch that began earlier can commit later; the page
+-- skips the ids it has), or, with $4, the rows after ($2, $4) in (recorded_at, id) order (the next page
+-- of a long answer). At most $5, in the order recorded.
 SELECT id, type, from_status, to_status, version, attempt, token, worker_id, actor, reason,
        error_class, error_message, trace_id, at, recorded_at
-FROM events WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3;
+FROM history
+WHERE run_id = $1
+  AND ($2::timestamptz IS NULL
+       OR ($4::bigint IS NULL AND recorded_at >= $2 - make_interval(secs => $3::double precision))
+       OR ($4::bigint IS NOT NULL AND (recorded_at, id) > ($2, $4)))
+ORDER BY recorded_at, id LIMIT $5;
 
 -- name: ops_queue_rows
 -- The queues in scope ($1) with the queue-wide concurrency limit.

@@ -6,6 +6,7 @@ timeline after a cursor, state groups from fencepost.core.states."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fencepost.api import ApiConfig
@@ -14,7 +15,7 @@ from fencepost.core import states
 from fencepost.core.config import Settings
 from fencepost.core.stores import Stores
 from tests.conftest import record_all, run_state, wait_state
-from tests.test_api import _make_api
+from tests.test_api import Api, _make_api
 from tests.test_control import _worker
 
 
@@ -84,7 +85,8 @@ async def test_bulk_retry_acts_on_exactly_the_runs_counted(settings: Settings, c
         assert r.status_code == 404, "a handle is used once"
         audit = await client.stores.db.fetch("audit_list", None, None, None, None, 10, None, None)
         row = next(a for a in audit if a["action"] == "bulk_retry")
-        assert '"handle"' in row["data"] and str(first[1]) in row["data"] and str(late) not in row["data"]
+        data = json.loads(row["data"])
+        assert data["handle"] == handle and sorted(data["ids"]) == sorted(first[1:]) and data["skipped"] == [first[0]]
 
 
 async def test_delete_moves_finished_runs_out_of_the_lists_and_run_now_makes_a_delayed_run_due(
@@ -114,15 +116,30 @@ async def test_delete_moves_finished_runs_out_of_the_lists_and_run_now_makes_a_d
 
 
 async def test_a_runs_timeline_after_a_cursor(settings: Settings, client: Client, stores: Stores) -> None:
+    """The run page asks for what was recorded since its last look (event rows and attempt columns, the
+    view `history`), not the whole history; a long answer pages by (recorded_at, id)."""
     rid = await client.submit("t.noop", delay=3600)
     await client.pause(rid, reason="a")
     await record_all(stores)
     async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
-        t = (await api.req("GET", f"/v1/runs/{rid}/timeline", "admin")).json()
-        assert [e["type"] for e in t["events"]] == ["submitted", "paused"]
-        again = (await api.req("GET", f"/v1/runs/{rid}/timeline", "admin", params={"after": t["cursor"]})).json()
-        assert again["events"] == [] and again["cursor"] == t["cursor"]
+        async def timeline(api: Api = api, **params: Any) -> dict[str, Any]:
+            r = await api.req("GET", f"/v1/runs/{rid}/timeline", "admin", params=params)
+            assert r.status_code == 200, r.text
+            out: dict[str, Any] = r.json()
+            return out
+
+        t = await timeline()
+        assert [e["type"] for e in t["events"]] == ["submitted", "paused"] and t["cursor"]
+        one = await timeline(limit=1)
+        assert one["more"] and [e["type"] for e in one["events"]] == ["submitted"]
+        rest = await timeline(after=one["cursor"], from_id=one["last_id"])
+        assert [e["type"] for e in rest["events"]] == ["paused"] and not rest["more"]
         await client.resume(rid, reason="b")
+        await client.cancel(rid, reason="c")
         await record_all(stores)
-        new = (await api.req("GET", f"/v1/runs/{rid}/timeline", "admin", params={"after": t["cursor"]})).json()
-        assert [e["type"] for e in new["events"]] == ["resumed"]
+        new = await timeline(after=t["cursor"])
+        seen = {e["id"] for e in t["events"]}
+        assert [e["type"] for e in new["events"] if e["id"] not in seen] == ["resumed", "cancelled"]
+        assert len(new["events"]) <= 4, "a look reaches back a few seconds, not to the start"
+        r = await api.req("GET", f"/v1/runs/{rid}/timeline", "admin", params={"after": "x"})
+        assert r.status_code == 422 and r.json()["field"] == "after"

@@ -77,13 +77,15 @@ class OpsPage(msgspec.Struct, kw_only=True):
 
 
 class Timeline(msgspec.Struct, kw_only=True):
-    """A run's events after a cursor, and the cursor to ask with next time."""
+    """A run's timeline recorded since a cursor, and the cursor to ask with next time."""
 
     run_id: int
     events: list[S.Event]
-    cursor: int
+    cursor: str | None
+    """Ask with `after` = this next time (null: nothing recorded yet)."""
+    last_id: int | None = None
+    """With `more`: ask with `after` = cursor and `from_id` = this for the rest of this answer."""
     more: bool = False
-    """More events follow (ask again with `cursor`)."""
 
 
 class BulkFilter(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -256,15 +258,44 @@ async def get_states(ctx: Ctx) -> Any:
 
 # -- a run's timeline after a cursor --------------------------------------------------------------
 async def run_timeline(ctx: Ctx) -> Any:
-    """The run's events with ids above `after`: the page asks with the cursor of its last answer and
-    gets only what was recorded since, never the whole history again."""
+    """The run's timeline recorded since the cursor `after` (what the last answer said): the page asks
+    for what was recorded since its last look, never the whole history again. Each look reaches back
+    TIMELINE_LOOKBACK_S (a recorder batch that began earlier can commit later), so an answer may repeat
+    rows the page has: it keeps one per id."""
     run_id = ctx.run_id()
     await _run_for(ctx, run_id)
-    after = ctx.q_int("after", 0, 0, _BIGINT)
+    after = _micros(ctx, "after")
+    from_id = ctx.q_int("from_id", 0, -_BIGINT, _BIGINT) if ctx.q("from_id") is not None else None
+    if from_id is not None and after is None:
+        raise InvalidInput("from_id goes with the after of the same answer", field="from_id")
     limit = ctx.q_int("limit", 500, 1, 1000)
-    rows = await ctx.client.stores.db.fetch("ops_run_events_after", run_id, after, limit + 1)
-    events = [_row({**r, "run_id": run_id}, S.Event) for r in rows[:limit]]
-    return Timeline(run_id=run_id, events=events, cursor=events[-1].id if events else after, more=len(rows) > limit)
+    rows = await ctx.client.stores.db.fetch("ops_run_events_after", run_id, after, TIMELINE_LOOKBACK_S, from_id,
+                                            limit + 1)
+    page = rows[:limit]
+    events = [_row({**r, "run_id": run_id}, S.Event) for r in page]
+    seen = max((r["recorded_at"] for r in page), default=after)
+    more = len(rows) > limit
+    return Timeline(run_id=run_id, events=events, cursor=None if seen is None else str(_to_micros(seen)),
+                    last_id=page[-1]["id"] if more else None, more=more)
+
+
+TIMELINE_LOOKBACK_S = 5.0
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _to_micros(t: datetime) -> int:
+    return (t - _EPOCH) // timedelta(microseconds=1)
+
+
+def _micros(ctx: Ctx, name: str) -> datetime | None:
+    raw = ctx.q(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise InvalidInput(f"{name} must be the cursor of the last answer, not {raw[:40]!r}", field=name)
+    return _EPOCH + timedelta(microseconds=int(raw))
 
 
 # -- lists ---------------------------------------------------------------------------------------
@@ -274,9 +305,9 @@ def _cursor(ctx: Ctx) -> tuple[datetime | None, int | None]:
         return None, None
     t, _, i = raw.rpartition("_")
     try:
-        when = datetime.fromtimestamp(int(t) / 1_000_000, UTC)
-        if not (t.isascii() and t.isdigit() and i.isascii() and i.isdigit()):
+        if not (t.isascii() and t.isdigit() and i.isascii() and i.isdigit() and len(t) <= 18):
             raise ValueError(raw)
+        when = _EPOCH + timedelta(microseconds=int(t))
     except (ValueError, OverflowError, OSError):
         raise InvalidInput(f"cursor must be a cursor from the previous page's `next`, not {raw[:40]!r}",
                            field="cursor") from None
@@ -284,8 +315,7 @@ def _cursor(ctx: Ctx) -> tuple[datetime | None, int | None]:
 
 
 def _next_cursor(t: datetime | None, rid: int) -> str:
-    micros = 0 if t is None else int(t.timestamp() * 1_000_000)
-    return f"{micros}_{rid}"
+    return f"{0 if t is None else _to_micros(t)}_{rid}"
 
 
 async def list_page(ctx: Ctx) -> Any:
@@ -562,8 +592,9 @@ OPS_ROUTES: list[RouteSpec] = [
     RouteSpec("GET", "/v1/states", get_states, "Run states, their named groups and the states each command takes "
               "(fencepost.core.states)", response=StateGroups, tag="health", auth=False),
     RouteSpec("GET", "/v1/runs/{run_id}/timeline", run_timeline,
-              "The run's events recorded after the cursor `after` (an event id), oldest first, with the next cursor",
-              response=Timeline, params=[("after", "integer", 0, "Only events with a greater id"),
+              "The run's timeline recorded since the cursor `after` (the last answer's), in the order recorded",
+              response=Timeline, params=[("after", "string", None, "The last answer's cursor"),
+                                         ("from_id", "integer", None, "With `more`: the last answer's last_id"),
                                          ("limit", "integer", 500, "At most this many (1-1000)")]),
     RouteSpec("GET", "/v1/ops/lists/{list}", list_page,
               "dead (dead letter), review, retries (RETRY_WAIT) or scheduled (PENDING, due later): a page, scoped "

@@ -207,13 +207,14 @@ const views = {
     const concurrency = (q) => {
       const o = by[q.queue];
       const shown = o && o.max_running !== null ? String(o.max_running) : "no limit";
-      if (!admin) return shown;
+      const now = el("span", { "data-max-running": q.queue }, shown);
+      if (!admin) return now;
       const fid = `conc-${q.queue}`;
-      return el("form", { id: `conc-form-${q.queue}`, class: "inline", "data-keep": true,
+      return [now, el("form", { id: `conc-form-${q.queue}`, class: "inline", "data-keep": true,
         onsubmit: (ev) => { ev.preventDefault(); setConcurrency(q.queue, ev.target); } },
-      el("label", { for: fid, class: "muted" }, `${shown} → `),
+      el("label", { for: fid, class: "muted" }, " set to"),
       el("input", { id: fid, name: "value", type: "number", min: "1", step: "1", placeholder: "empty: none", size: 6 }),
-      el("button", { type: "submit", "data-concurrency": q.queue }, "Set…"));
+      el("button", { type: "submit", "data-concurrency": q.queue }, "Set…"))];
     };
     return [el("h1", {}, "Queues"), table([
       ["Queue", (q) => el("a", { href: `#/runs?queue=${enc(q.queue)}` }, q.queue)],
@@ -318,7 +319,7 @@ const views = {
   // only for the events recorded since the last one, never the whole history again. The error text is
   // shown once (with its attempt); the grid and the timeline name its class.
   async run(params, id) {
-    if (timeline.id !== id) Object.assign(timeline, { id, events: [], cursor: 0 });
+    if (timeline.id !== id) Object.assign(timeline, { id, events: [], cursor: null, ids: new Set() });
     const [run, attempts, ckpt] = await Promise.all([
       api("GET", `/v1/runs/${id}`), api("GET", `/v1/runs/${id}/attempts`), api("GET", `/v1/runs/${id}/checkpoint`),
       fetchTimeline(id)]);
@@ -624,16 +625,21 @@ async function listView(list, route, params) {
       el("button", { id: "next-page", disabled: !page.next, onclick: () => go(route, params, { cursor: page.next }) }, "Next page →"))];
 }
 
-// A run's timeline as the page has it: the events fetched so far and the cursor to ask after.
-const timeline = { id: null, events: [], cursor: 0 };
+// A run's timeline as the page has it: the events fetched so far (one per id) and the cursor to ask after.
+const timeline = { id: null, events: [], cursor: null, ids: new Set() };
 
 async function fetchTimeline(id) {
+  let from = null;
   for (let i = 0; i < 5; i++) {
-    const t = await api("GET", `/v1/runs/${id}/timeline?after=${timeline.cursor}`);
+    const q = new URLSearchParams();
+    if (timeline.cursor) q.set("after", timeline.cursor);
+    if (from !== null) q.set("from_id", String(from));
+    const t = await api("GET", `/v1/runs/${id}/timeline${q.toString() ? "?" + q : ""}`);
     if (timeline.id !== id) return;
-    timeline.events.push(...t.events);
+    for (const e of t.events) if (!timeline.ids.has(e.id)) { timeline.ids.add(e.id); timeline.events.push(e); }
     timeline.cursor = t.cursor;
     if (!t.more) break;
+    from = t.last_id;
   }
   timeline.events.sort((a, b) => Date.parse(a.at) - Date.parse(b.at) || a.id - b.id);
 }
