@@ -581,6 +581,8 @@ class Worker:
                     log.warning("lease renewal failed: %s", exc, extra={"event": "renew_failed", "queue": queue})
                     continue
                 for e, reply in zip(entries, replies):
+                    if reply.lost and (e.finishing or self.running.get(e.job.id) is not e):
+                        continue  # it finished while the renewal was on its way: its finish decides
                     if reply.lost:
                         metrics.LEASES_LOST.labels(queue).inc()
                         self._abandon(e)
