@@ -310,7 +310,7 @@ async def test_operators_get_what_sidekiq_and_oban_web_offer(settings: Settings,
         for rid in batch.run_ids:
             await wait_state(stores, rid, {"SUCCEEDED"})
     later = await client.submit("t.noop", delay=3600)
-    flaky = await client.submit("t.err.transient")
+    flaky = await client.submit("t.err.rate_limited", 3600)  # RETRY_WAIT for an hour after its first attempt
     _, secret = await create_token(client.stores.db, "admin", [], "parity-admin", "test")
     async with _recording(stores), _worker(settings) as worker:
         await wait_state(stores, flaky, {"RETRY_WAIT"})
@@ -320,6 +320,8 @@ async def test_operators_get_what_sidekiq_and_oban_web_offer(settings: Settings,
                 # workers serving each queue with their busy slots; the queue's concurrency, changed here
                 tq = page.locator("#queues-table tr").filter(has=page.locator("a[href='#/runs?queue=tq']"))
                 await expect(tq.locator("[data-workers]")).to_contain_text(f"{worker.opts.concurrency}")
+                await expect(tq.locator("[data-workers]")).to_contain_text(f"{worker.id} 0/{worker.opts.concurrency}")
+                await expect(tq.locator("[data-latency]")).to_have_text(re.compile(r"^\d+\.\ds$"))
                 await page.fill("#conc-tq", "3")
                 await page.click("button[data-concurrency=tq]")
                 await expect(page.locator("#confirm-title")).to_have_text("Change the concurrency of tq?")
@@ -339,11 +341,13 @@ async def test_operators_get_what_sidekiq_and_oban_web_offer(settings: Settings,
                 await expect(page.locator("#bulk-result")).to_have_text("run_now: 1 of 1 done")
                 await wait_state(stores, later, {"SUCCEEDED"})
                 await page.click("a[href='#/retries']")
-                if await run_state(stores, flaky) == "RETRY_WAIT":  # its backoff may have run out meanwhile
-                    await expect(page.locator("#retries-table")).to_contain_text("t.err.transient")
-                    await page.click("#list-bulk button[data-list-bulk=run_now]")
-                    await page.click("#confirm-ok")
-                    await expect(page.locator("#bulk-result")).to_contain_text("run_now: ")
+                await expect(page.locator(f"#retries-table tr[data-id='{flaky}']")).to_contain_text("t.err.rate_limited")
+                await page.screenshot(path=str(ARTIFACTS / "dashboard-retries.png"), full_page=True)
+                await page.click("#list-bulk button[data-list-bulk=run_now]")
+                await expect(page.locator("#confirm-title")).to_have_text("Run now 1 runs?")
+                await page.click("#confirm-ok")
+                await expect(page.locator("#bulk-result")).to_have_text("run_now: 1 of 1 done")
+                await wait_state(stores, flaky, {"SUCCEEDED"})  # its second attempt, now instead of in an hour
 
                 # delete: counted, confirmed, audited; the run leaves the lists, its history stays
                 await page.goto(f"{base}/ui/#/dead-letter?handler=t.err.invalid")

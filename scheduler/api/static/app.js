@@ -223,7 +223,7 @@ const views = {
       ["Overdue", (q) => by[q.queue] ? el("span", { "data-overdue": by[q.queue].overdue }, by[q.queue].overdue) : ""],
       ["Scheduled", (q) => by[q.queue] ? el("a", { href: `#/scheduled?queue=${enc(q.queue)}` }, by[q.queue].scheduled) : ""],
       ["Running", (q) => q.active],
-      ["Latency", (q) => el("span", { title: "age of the oldest due run" }, `${q.oldest_due_age_s.toFixed(1)}s`)],
+      ["Latency", (q) => el("span", { title: "age of the oldest due run", "data-latency": q.queue }, `${q.oldest_due_age_s.toFixed(1)}s`)],
       ["Workers (busy / slots)", (q) => {
         const o = by[q.queue];
         if (!o) return "";
