@@ -253,3 +253,38 @@ def test_the_injected_clock_offset_moves_the_wall_clock_only() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     t, m = map(float, out.stdout.split())
     assert -610 < t - wall < -590 and abs(m - mono) < 30
+
+
+@pytest.mark.slow
+async def test_a_cluster_soak_kills_the_soak_queues_shard_and_sees_it_recover(settings: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With --cluster-url the soak runs on Redis Cluster (3 primaries, 3 replicas) and shuts down the
+    primary owning its queue: the run on that queue and one on another shard's queue succeed after."""
+    from tests.servers import RedisClusterServers
+
+    cluster = await RedisClusterServers(masters=3, replicas=1).start()
+    try:
+        cmd = [sys.executable, "-m", "fencepost.cli", "loadtest", "chaos", "--duration", "45", "--seed", "3",
+               "--lease-ms", "3000", "--rate", "6", "--cluster-url", cluster.url, "--log-dir", str(tmp_path),
+               "--json"]
+        out = await asyncio.to_thread(subprocess.run, cmd, cwd=ROOT, env=worker_env(settings), capture_output=True,
+                                      text=True, timeout=400)
+    finally:
+        cluster.cleanup()
+    assert out.stdout.strip(), out.stderr[-3000:]
+    line = out.stdout.strip().splitlines()[-1]
+    print("\n".join(format_chaos(msgspec.json.decode(line, type=ChaosReport))))
+    rep = json.loads(line)
+    kills = [r for r in rep["recoveries"] if r["kind"] == "cluster_shard_kill" and not r["skipped"]]
+    assert len(kills) == 1 and kills[0]["seconds"] is not None and not kills[0]["error"], rep["recoveries"]
+    assert "another shard SUCCEEDED after" in kills[0]["detail"]
+    assert {"partition", "promote_lagging"} <= set(rep["skipped"])
+    checks = {v["check"]: v["violations"] for v in rep["verdicts"]}
+    assert checks["acknowledged_submits_lost"] == 0 and checks["harness_errors"] == 0, rep["verdicts"]
+
+
+def test_an_unknown_fault_kind_is_one_error_line_and_starts_nothing(settings: Settings) -> None:
+    cmd = [sys.executable, "-m", "fencepost.cli", "loadtest", "chaos", "--faults", "partition,bogus"]
+    out = subprocess.run(cmd, cwd=ROOT, env=worker_env(settings), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"error: faults must be some of {', '.join(FAULTS)}, not bogus"], out.stderr

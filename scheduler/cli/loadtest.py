@@ -12,7 +12,7 @@ import msgspec
 
 from fencepost.cli.common import EXIT_LOADTEST_ERRORS, async_command, require_store
 from fencepost.core.config import Settings
-from fencepost.dev.chaos import format_chaos, soak
+from fencepost.dev.chaos import FAULTS, format_chaos, soak
 from fencepost.dev.loadtest import burst, format_report, spike
 
 __all__ = ["loadtest"]
@@ -96,19 +96,22 @@ async def burst_cmd(settings: Settings, jobs: int, workers: int, concurrency: in
               help="FENCEPOST_LEASE_MS of the soak's services (faults last 1.5-3 leases).")
 @click.option("--overlap-window-ms", type=click.IntRange(0, 600_000), default=500, show_default=True,
               help="Overlap of two executions of one run tolerated (the self-fencing window's slack).")
-@click.option("--cluster-url", help="A Redis Cluster seed URL: enables the shard-kill fault.")
+@click.option("--cluster-url", help="A Redis Cluster seed URL: the soak runs there, with the shard-kill fault.")
+@click.option("--faults", "kinds", default=",".join(FAULTS), show_default=True,
+              help="Comma-separated fault kinds to draw from.")
 @click.option("--log-dir", help="Keep the processes' logs here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @async_command
 async def chaos_cmd(settings: Settings, duration_s: float, seed: int, workers: int, concurrency: int, rate: float,
-                    lease_ms: int, overlap_window_ms: int, cluster_url: str | None, log_dir: str | None,
+                    lease_ms: int, overlap_window_ms: int, cluster_url: str | None, kinds: str, log_dir: str | None,
                     as_json: bool) -> None:
     """Fault-injection soak on private stores: a verdict per check, recovery per fault; exit non-zero on a violation."""
     require_store("loadtest chaos")
     show = _progress(as_json)
     rep = await soak(settings, seed=seed, duration_s=duration_s, workers=workers, concurrency=concurrency, rate=rate,
                      lease_ms=lease_ms, overlap_window_ms=overlap_window_ms, cluster_url=cluster_url, log_dir=log_dir,
-                     progress=lambda line: show(line, True))
+                     progress=lambda line: show(line, True),
+                     kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()))
     rep.command = " ".join(["fencepost", "loadtest", "chaos", *sys.argv[3:]])
     click.echo(msgspec.json.encode(rep).decode() if as_json else "\n".join(format_chaos(rep)))
     if rep.failed:

@@ -54,7 +54,7 @@ import redis.asyncio as aioredis
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
-from fencepost.core.errors import FencepostError
+from fencepost.core.errors import FencepostError, InvalidInput
 from fencepost.core.models import Submit
 from fencepost.core.record import Database
 from fencepost.core.registry import Registry
@@ -222,12 +222,14 @@ class ChaosReport(msgspec.Struct, kw_only=True):
 class _Soak:
     def __init__(self, settings: Settings, *, seed: int, duration_s: float, workers: int, concurrency: int,
                  rate: float, lease_ms: int, overlap_window_ms: int, cluster_url: str | None, log_dir: str | None,
-                 progress: Callable[[str], None]) -> None:
+                 progress: Callable[[str], None], kinds: tuple[str, ...] = FAULTS) -> None:
         self.settings, self.seed, self.duration_s = settings, seed, duration_s
         self.n_workers, self.concurrency, self.rate = workers, concurrency, rate
         self.lease_ms, self.overlap_window_ms, self.cluster_url = lease_ms, overlap_window_ms, cluster_url
         self.log_dir = Path(log_dir) if log_dir else None
         self.progress = progress
+        self.kinds = tuple(k for k in FAULTS if k in kinds)
+        """The fault kinds this soak draws from (--faults; default every kind)."""
         self.rng = random.Random(seed)
         """The fault schedule alone draws from it: a seed gives the same faults, targets and lengths in order."""
         self.load_rng = random.Random(seed + 1)
@@ -251,11 +253,55 @@ class _Soak:
         self.schedule_ids: list[int] = []
         self.orphans: list[str] = []
         self.repl_link: TcpProxy | None = None
+        self.other_queue: str | None = None
+        """On Redis Cluster: a queue on another shard, whose runs a shard kill must not delay."""
         self.faketime_problem: str | None = None
         self.clock_dir: str | None = None
 
     # -- stores and processes ------------------------------------------------------------------
     async def _start_stores(self) -> None:
+        if self.cluster_url is not None:
+            why = "on Redis Cluster clients follow the nodes' own addresses: no proxy can sit in between"
+            self.skipped["partition"] = why
+            self.skipped["promote_lagging"] = "on Redis Cluster failover is the cluster's own (cluster_shard_kill)"
+            self.redis_url = self.cluster_url
+            self.other_queue = await self._queue_on_another_shard()
+        else:
+            self.skipped["cluster_shard_kill"] = "no --cluster-url given"
+            await self._start_redis()
+        bindir = PrivatePostgres.find()
+        if bindir is not None:
+            pg = PrivatePostgres(bindir)
+            await asyncio.to_thread(pg.start)
+            self.pg, self.fp_url = pg, pg.url
+        else:
+            self.skipped["pg_restart"] = "no initdb/pg_ctl: the machine's PostgreSQL is never restarted"
+        self.faketime_problem = await asyncio.to_thread(faketime_problem)
+        """None: skewed workers run under faketime; else why not (the offset is then injected in-process)."""
+
+    async def _cluster_owner(self, queue: str) -> tuple[str, int]:
+        """(host, port) of the cluster primary owning QUEUE's hash slot (its keys' tag is the queue name)."""
+        assert self.cluster_url is not None
+        r = aioredis.Redis.from_url(self.cluster_url, socket_timeout=5)
+        try:
+            slot = int(await r.execute_command("CLUSTER", "KEYSLOT", queue))
+            for lo, hi, owner, *_ in await r.execute_command("CLUSTER", "SLOTS"):
+                if int(lo) <= slot <= int(hi):
+                    host = owner[0].decode() if isinstance(owner[0], bytes) else str(owner[0])
+                    return host, int(owner[1])
+        finally:
+            await r.aclose()
+        raise RuntimeError(f"no cluster primary owns the slot of queue {queue!r}")
+
+    async def _queue_on_another_shard(self) -> str:
+        mine = await self._cluster_owner(self.queue)
+        for i in range(200):
+            name = f"{self.queue}o{i}"
+            if await self._cluster_owner(name) != mine:
+                return name
+        raise RuntimeError("every queue name tried hashes to the soak queue's shard")
+
+    async def _start_redis(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             with contextlib.suppress(Exception):
@@ -269,19 +315,6 @@ class _Soak:
             self.redis_url = self.primary.url
         else:
             self.skipped["promote_lagging"] = "no redis-server binary: the configured Redis is used, not killed"
-        bindir = PrivatePostgres.find()
-        if bindir is not None:
-            pg = PrivatePostgres(bindir)
-            await asyncio.to_thread(pg.start)
-            self.pg, self.fp_url = pg, pg.url
-        else:
-            self.skipped["pg_restart"] = "no initdb/pg_ctl: the machine's PostgreSQL is never restarted"
-        self.faketime_problem = await asyncio.to_thread(faketime_problem)
-        """None: skewed workers run under faketime; else why not (the offset is then injected in-process)."""
-        if self.cluster_url is None:
-            self.skipped["cluster_shard_kill"] = "no --cluster-url given"
-        else:
-            self.skipped["cluster_shard_kill"] = "not implemented in this harness yet (a cluster URL was given)"
 
     async def _new_replica(self) -> None:
         """A replica of the primary, replicating through a proxy of its own (so the link can be
@@ -297,6 +330,8 @@ class _Soak:
         return u.hostname or "127.0.0.1", u.port or 6379
 
     async def _proxy(self, name: str) -> str:
+        if self.cluster_url is not None:
+            return self.cluster_url
         p = self.proxies.get(name)
         if p is None:
             p = self.proxies[name] = await TcpProxy(*self._target()).start()
@@ -309,6 +344,7 @@ class _Soak:
                     FENCEPOST_PREFIX=self.settings.prefix, FENCEPOST_LOG_FORMAT="json",
                     FENCEPOST_LEASE_MS=str(self.lease_ms), FENCEPOST_BACKOFF_BASE_MS="100",
                     FENCEPOST_BACKOFF_CAP_MS="2000", FENCEPOST_CLAIM_REPLICAS="0",
+                    FENCEPOST_REDIS_CLUSTER="1" if self.cluster_url else "0",
                     **{_LEDGER_ENV: self.settings.database_url, _SOAK_ENV: self.soak_id},
                     PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
 
@@ -320,6 +356,8 @@ class _Soak:
         if name.startswith("worker"):
             args = ["worker", "--app", "fencepost.dev.chaos:registry", "--queue", self.queue, "--processes", "1",
                     "--concurrency", str(self.concurrency)]
+            if self.other_queue is not None:
+                args += ["--queue", self.other_queue]
         else:
             args = [name]
         cmd = [sys.executable, "-m", "fencepost.cli", *args]
@@ -448,16 +486,18 @@ class _Soak:
             return {r["id"] for r in rows if r["status"] in ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED")}
         return set()
 
-    async def _probe(self, client: Client, limit_s: float, t_from: float) -> float | None:
-        """Seconds from t_from (monotonic) until a run submitted now has SUCCEEDED in PostgreSQL."""
+    async def _probe(self, client: Client, limit_s: float, t_from: float, queue: str | None = None) -> float | None:
+        """Seconds from t_from (monotonic) until a run submitted now (on QUEUE, default the soak's)
+        has SUCCEEDED in PostgreSQL."""
         rid: int | None = None
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             try:
                 if rid is None:
                     rid = (await asyncio.wait_for(client.submit_many(
-                        [Submit(handler="chaos.work", queue=self.queue, args=(1, 10))]), 10))[0]
-                    self.acked.append(rid)
+                        [Submit(handler="chaos.work", queue=queue or self.queue, args=(1, 10))]), 10))[0]
+                    if queue is None:  # the checks read the soak queue's history
+                        self.acked.append(rid)
                 rows = await self.fp.fetch("chaos_run_status", [rid])
                 if rows and rows[0]["status"] == "SUCCEEDED":
                     return round(time.monotonic() - t_from, 3)
@@ -591,6 +631,21 @@ class _Soak:
                 await asyncio.sleep(0.2)
             return self._rec(kind, at, secs, f"the {want} fires due during the fault created, from its end",
                              f"trigger {how} for {length:.1f}s")
+        if kind == "cluster_shard_kill":
+            host, port = await self._cluster_owner(self.queue)
+            at = time.monotonic()
+            node = aioredis.Redis(host=host, port=port, socket_timeout=5)
+            with contextlib.suppress(OSError, aioredis.RedisError):
+                await node.execute_command("SHUTDOWN", "NOSAVE")  # the node dies: a crash, no save
+            with contextlib.suppress(Exception):
+                await node.aclose()
+            self.skipped[kind] = "the killed cluster node is not the harness's to restart: one shard kill per soak"
+            assert self.other_queue is not None
+            other, own = await asyncio.gather(self._probe(client, limit, at, self.other_queue),
+                                              self._probe(client, limit, at))
+            return self._rec(kind, at, own, "a run on the killed shard's queue SUCCEEDED after the cluster's failover",
+                             f"primary {host}:{port} shut down (NOSAVE); a run on a queue of another shard "
+                             f"SUCCEEDED after {other}s")
         if kind == "kill_reconciler":
             at = time.monotonic()
             self._signal("reconciler", signal.SIGKILL)
@@ -660,7 +715,8 @@ class _Soak:
                 shutil.rmtree(self.clock_dir, ignore_errors=True)
 
     async def _soak(self) -> ChaosReport:
-        cs = msgspec.structs.replace(self.settings, redis_url=await self._proxy("client"), database_url=self.fp_url)
+        cs = msgspec.structs.replace(self.settings, redis_url=await self._proxy("client"), database_url=self.fp_url,
+                                     redis_cluster=self.cluster_url is not None)
         client = await Client(settings=cs, actor="chaos").connect()
         await client.register(registry)
         faults: dict[str, int] = {}
@@ -681,12 +737,12 @@ class _Soak:
             stop = asyncio.Event()
             load = asyncio.create_task(self._load(client, stop))
             t_end = time.monotonic() + self.duration_s
-            first = list(FAULTS)
+            first = list(self.kinds)
             self.rng.shuffle(first)
             order = iter(first)
             while time.monotonic() < t_end:
                 await asyncio.sleep(self.rng.uniform(0.5, 2.0))
-                kind = next(order, None) or self.rng.choice(FAULTS)
+                kind = next(order, None) or self.rng.choice(self.kinds)
                 if kind in self.skipped and kind in faults:
                     continue
                 faults[kind] = faults.get(kind, 0) + 1
@@ -712,10 +768,24 @@ class _Soak:
                 await asyncio.sleep(1.0)
                 ledger, history = await self._collect(until_ms)
                 verdicts = cc.check(ledger, history, overlap_window_ms=self.overlap_window_ms)
+            await self._explain_unfinished(client, verdicts, history)
         finally:
             self._stop_all()
             await client.close()
         return self._report(ledger, verdicts, faults)
+
+    async def _explain_unfinished(self, client: Client, verdicts: list[cc.Verdict], history: cc.History) -> None:
+        """Each example of an unfinished run gets the live state Redis holds (the overlay every reader uses)."""
+        v = next(v for v in verdicts if v.check == "acknowledged_runs_unfinished")
+        done = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"}
+        ids = [r.id for r in history.runs if r.id in set(self.acked) and r.status not in done][:len(v.examples)]
+        for i, rid in enumerate(ids):
+            try:
+                run = await client.run(rid)
+                v.examples[i] += (f"; live: {run.status} attempt {run.attempt} token {run.token}, lease "
+                                  f"{run.lease_owner or '-'} until {run.lease_expires_at or '-'}")
+            except (FencepostError, OSError) as exc:
+                v.examples[i] += f"; live: unreadable ({type(exc).__name__})"
 
     async def _drain(self, limit_s: float) -> None:
         deadline = time.monotonic() + limit_s
@@ -754,7 +824,8 @@ class _Soak:
             ok = [v for v in vals if v is not None]
             recovery[k] = {"n": float(len(vals)), "median": round(statistics.median(ok), 3) if ok else None,
                            "max": max(ok) if ok else None}
-        stores = (f"private redis-server pair {self.primary.port if self.primary else '-'}; "
+        stores = (("Redis Cluster " + self.cluster_url if self.cluster_url else
+                   f"private redis-server pair {self.primary.port if self.primary else '-'}") + "; "
                   f"{'private PostgreSQL' if self.pg else 'the configured PostgreSQL'} for Fencepost; "
                   "ledger in the configured database")
         return ChaosReport(
@@ -777,11 +848,16 @@ def _alive(pid: int) -> bool:
 async def soak(settings: Settings, *, seed: int, duration_s: float, workers: int = 2, concurrency: int = 20,
                rate: float = 10.0, lease_ms: int = 4000, overlap_window_ms: int = 500,
                cluster_url: str | None = None, log_dir: str | None = None,
-               progress: Callable[[str], None] | None = None) -> ChaosReport:
-    """Run one seeded soak (see the module doc); the report's verdicts say what failed, if anything."""
+               progress: Callable[[str], None] | None = None, kinds: tuple[str, ...] = FAULTS) -> ChaosReport:
+    """Run one seeded soak (see the module doc); the report's verdicts say what failed, if anything.
+    KINDS: the fault kinds to draw from (default all; an unknown name is an InvalidInput)."""
+    unknown = sorted(set(kinds) - set(FAULTS))
+    if unknown or not kinds:
+        raise InvalidInput(f"faults must be some of {', '.join(FAULTS)}, not {', '.join(unknown) or 'none'}",
+                           field="faults")
     return await _Soak(settings, seed=seed, duration_s=duration_s, workers=workers, concurrency=concurrency,
                        rate=rate, lease_ms=lease_ms, overlap_window_ms=overlap_window_ms, cluster_url=cluster_url,
-                       log_dir=log_dir, progress=progress or (lambda line: None)).run()
+                       log_dir=log_dir, progress=progress or (lambda line: None), kinds=kinds).run()
 
 
 def format_chaos(r: ChaosReport) -> list[str]:
@@ -805,6 +881,12 @@ def format_chaos(r: ChaosReport) -> list[str]:
     for k, rs in r.recovery_s.items():
         lines.append(f"  {k:<24}{int(rs['n'] or 0):>4}{rs['median'] if rs['median'] is not None else '-':>9}"
                      f"{rs['max'] if rs['max'] is not None else '-':>9}  {measures.get(k, '')}")
+    lines.append("")
+    lines.append("  fault log (s into the soak, kind, recovery, detail)")
+    for rec in r.recoveries:
+        outcome = (f"skipped: {rec.skipped}" if rec.skipped else f"ERROR {rec.error}" if rec.error else
+                   f"{rec.seconds}s" if rec.seconds is not None else "NOT RECOVERED")
+        lines.append(f"    {rec.at_s:7.1f}  {rec.kind:<22}{outcome}" + (f"  ({rec.detail})" if rec.detail else ""))
     lines.append("")
     lines.append("  FAILED: " + "; ".join(r.failed) if r.failed else "  every check held")
     return lines
