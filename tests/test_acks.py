@@ -4,7 +4,6 @@ outcome batched with it is acknowledged (it used to retry the whole batch foreve
 from __future__ import annotations
 
 import asyncio
-import time
 
 from fencepost.client import Client
 from fencepost.core import metrics
@@ -16,7 +15,7 @@ from fencepost.worker.acks import Acknowledger
 async def test_one_refused_finish_does_not_hold_the_batch(client: Client, stores: Stores) -> None:
     ids = [await client.submit("t.fail") for _ in range(5)]
     keys = stores.keys("tq")
-    jobs = await stores.scripts.claim_due(keys, ClaimArgs(int(time.time() * 1000), 5, "w", 30_000, 100))
+    jobs = await stores.scripts.claim_due(keys, ClaimArgs(5, "w", 30_000, 100))
     assert sorted(j.id for j in jobs) == sorted(ids)
     bad = jobs[2]
     await stores.redis.hset(stores.keys("tq").run(bad.id), "max_retries", "x")  # the script errors on it

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
-from fencepost.core.hot import Lease, PulseArgs, ReapArgs, RenewArgs
+from fencepost.core.hot import ClaimArgs, Lease, PulseArgs, ReapArgs, RenewArgs
 from fencepost.core.models import decode_result
 from fencepost.core.stores import Stores
 from tests.conftest import log_tail, record_all, run_state, spawn, wait_state, wait_until
@@ -28,7 +27,7 @@ LONG_LEASE_MS = "600000"
 
 
 async def _claim(stores: Stores, worker: str, lease_ms: int = 600_000) -> list[Any]:
-    return await stores.scripts.run("claim_due", stores.keys("tq"), [int(time.time() * 1000), 1, worker, lease_ms, 100])
+    return [c.id for c in await stores.scripts.claim_due(stores.keys("tq"), ClaimArgs(1, worker, lease_ms, 100))]
 
 
 def _kill(*procs: subprocess.Popen[bytes] | None) -> None:
@@ -50,8 +49,8 @@ async def test_runs_of_a_worker_whose_pulse_lapsed_are_reaped_whatever_their_lea
     await stores.scripts.pulse_worker(keys, PulseArgs("w-live", 600_000))
     await stores.scripts.pulse_worker(keys, PulseArgs("w-dead", 1))  # alive for 1 ms of the server's clock
 
-    now = int(time.time() * 1000)  # every lease still has ten minutes to go
-    reaped = await wait_until(lambda: stores.scripts.reap_expired(keys, ReapArgs(now, 100)), timeout=10,
+    # every lease still has ten minutes to go
+    reaped = await wait_until(lambda: stores.scripts.reap_expired(keys, ReapArgs(100)), timeout=10,
                               what="the dead worker's run to be reaped")
     assert reaped == 1
     assert await run_state(stores, dead_run) == "PENDING"
@@ -59,7 +58,7 @@ async def test_runs_of_a_worker_whose_pulse_lapsed_are_reaped_whatever_their_lea
     assert await run_state(stores, silent_run) == "RUNNING", "a worker that never pulsed keeps its lease"
     assert await stores.redis.zscore(keys.base + "workers", "w-dead") is None, "a dead worker leaves the set"
     assert await stores.redis.zscore(keys.base + "workers", "w-live") is not None
-    assert await stores.scripts.reap_expired(keys, ReapArgs(now, 100)) == 0
+    assert await stores.scripts.reap_expired(keys, ReapArgs(100)) == 0
 
     # the dead worker's token is stale: it can neither renew nor finish
     h = await stores.redis.hgetall(keys.run(dead_run))
@@ -67,7 +66,7 @@ async def test_runs_of_a_worker_whose_pulse_lapsed_are_reaped_whatever_their_lea
     await record_all(stores)
     (att,) = await client.attempts(dead_run)
     assert (att["worker_id"], att["outcome"]) == ("w-dead", "interrupted")
-    renew = await stores.scripts.renew_leases(keys, RenewArgs(now, 30_000), [Lease(dead_run, att["token"])])
+    renew = await stores.scripts.renew_leases(keys, RenewArgs(30_000), [Lease(dead_run, att["token"])])
     assert renew[0].lost
     events = [(e["type"], e["from_status"], e["to_status"]) for e in await client.events(dead_run)]
     assert events == [("submitted", None, "PENDING"), ("claimed", "PENDING", "RUNNING"),
@@ -138,7 +137,7 @@ async def test_frozen_worker_loses_its_run_and_cannot_finish_it_when_thawed(clie
 
         async def stale_or_lost() -> bool:
             text = log1.read_text(errors="replace") if log1.exists() else ""
-            return "stale_finish" in text or "lease_lost" in text or "late finish" in text or "lost lease" in text
+            return any(w in text for w in ("stale_finish", "lease_lost", "late finish", "lost lease", "self_fenced"))
 
         await wait_until(stale_or_lost, timeout=30, what=f"the thawed worker to find its token stale\n{log_tail(log1)}")
     finally:

@@ -105,11 +105,13 @@ async def test_process_handlers_get_progress_upstream_and_batch_results(client: 
         assert row["status"] == "SUCCEEDED", row
         out = await client.wait(combine_id, timeout=10)
         assert out.result == {"names": ["numbers"], "value": 100}
-        async def last_progress(run_id: int, message: str) -> Any:
+        async def last_progress(run_id: int, message: str, done: int | None = None) -> Any:
             p = (await client.get(run_id))["progress"]  # written by the worker's next flush (about a second)
-            return p if p is not None and p["message"] == message else None
+            return p if p is not None and p["message"] == message and done in (None, p["done"]) else None
 
-        progress = await wait_until(lambda: last_progress(combine_id, "combining"), what="the combine's progress")
+        # an earlier report may be flushed first (a slow child sends one every 0.2 s): wait for the last
+        progress = await wait_until(lambda: last_progress(combine_id, "combining", N), timeout=10,
+                                    what="the combine's last progress report")
         assert (progress["done"], progress["total"]) == (N, N), "the last report of the child arrived"
         row = await _final(client, b.on_complete, tmp_path)
         assert row["status"] == "SUCCEEDED", row

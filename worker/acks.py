@@ -78,13 +78,42 @@ class Acknowledger:
                 self._retrying(queue, items, exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
-        for (item, fut), reply in zip(items, replies):
-            state = reply.state
+        states = [reply.state for reply in replies]
+        stale = [i for i, st in enumerate(states) if st == "STALE"]
+        if stale:
+            await self._settle_stale(queue, [items[i][0] for i in stale], stale, states)
+        for (item, fut), state in zip(items, states):
             if state == "STALE":
                 log.warning("late finish of run %s discarded: its token %s is stale", item.id, item.token,
                             extra={"event": "stale_finish", "run_id": item.id})
             if not fut.done():
                 fut.set_result(state)
+
+    async def _settle_stale(self, queue: str, finishes: list[Finish], where: list[int], states: list[str]) -> None:
+        """A STALE reply can be this very finish, applied by an earlier send whose reply was lost (a
+        connection dropped after Redis ran the script, a client-side re-send, a batch refused after
+        it had applied some items): the run then still carries our token and is in the state our
+        outcome leads to (SUCCEEDED, RETRY_WAIT, TIMED_OUT, or FAILED with our error class; a reaper
+        never leads there under our token). Those are reported with their state, not as late."""
+        try:
+            peeks = await self.stores.scripts.peek(self.stores.keys(queue), [f.id for f in finishes])
+        except Exception as exc:  # unknown: reported stale as before
+            log.debug("could not read back stale finishes: %s", exc)
+            return
+        for f, i, peek in zip(finishes, where, peeks):
+            if peek is None or peek.token != f.token:
+                continue
+            if f.outcome == "ok":
+                applied = peek.state == "SUCCEEDED"
+            elif f.outcome == "interrupted":  # PENDING / PAUSED / STOPPED / CANCELLED: a reaper leads there too
+                applied = False
+            else:
+                applied = peek.state == "RETRY_WAIT" or (peek.state in ("FAILED", "TIMED_OUT")
+                                                         and (peek.error_class or "") == f.error_class)
+            if applied:
+                log.info("finish of run %s was already applied by an earlier try (%s)", f.id, peek.state,
+                         extra={"event": "finish_applied_earlier", "run_id": f.id})
+                states[i] = peek.state
 
     @staticmethod
     def _retrying(queue: str, items: list[tuple[Finish, asyncio.Future[str]]], exc: Exception) -> None:

@@ -1,17 +1,35 @@
-"""Checkpoints: fenced writes to PostgreSQL and the read at the start of an attempt."""
+"""Checkpoints: fenced writes to PostgreSQL and the read at the start of an attempt.
+
+A write that meets a store failure (Redis or PostgreSQL unreachable, a failover, a replica still
+read-only) is the store's failure, never the handler's: it is retried with backoff for as long as
+the attempt may still hold its lease. Once the worker has fenced the attempt off (docs/worker.md,
+"Self-fencing") the write is refused here without touching the stores (LeaseLost), so a cut-off
+execution never commits a checkpoint after its lease could have passed to another worker.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from typing import Any, cast
 
+from redis.exceptions import RedisError
+
 from fencepost.core import metrics
+from fencepost.core.errors import DatabaseUnavailable, StoreUnavailable
 from fencepost.core.models import decode_result, encode_result
 from fencepost.core.registry import Registry
+from fencepost.core.states import ACTIVE
 from fencepost.core.stores import Stores
 from fencepost.worker.context import Context, Interrupt, LeaseLost
 
 __all__ = ["Checkpoints"]
+
+log = logging.getLogger("fencepost.worker")
+
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 1.0
 
 
 class Checkpoints:
@@ -29,11 +47,30 @@ class Checkpoints:
         return await self.write_encoded(ctx, encode_result(state), processed)
 
     async def write_encoded(self, ctx: Context, raw: bytes, processed: int | None) -> int:
-        """`write` for a state already encoded (a process-model child sends it encoded)."""
+        """`write` for a state already encoded (a process-model child sends it encoded). Retries
+        store failures until it is written, refused, or the attempt is fenced off (LeaseLost)."""
+        delay = RETRY_FIRST_S
+        while True:
+            if ctx._fenced:
+                self.refused += 1
+                raise LeaseLost(f"run {ctx.run_id}: token {ctx.token} was fenced off by its worker (lease not "
+                                "renewed in time)")
+            try:
+                return await self._write_once(ctx, raw, processed)
+            except (StoreUnavailable, RedisError, OSError) as exc:
+                what = "database" if isinstance(exc, DatabaseUnavailable) else "redis"
+                metrics.CHECKPOINT_RETRIES.labels(what).inc()
+                log.warning("checkpoint of run %s not written (%s); retrying while the lease lasts", ctx.run_id, exc,
+                            extra={"event": "checkpoint_retry", "run_id": ctx.run_id, "attempt": ctx.attempt,
+                                   "worker_id": ctx.worker_id})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _write_once(self, ctx: Context, raw: bytes, processed: int | None) -> int:
         key = self.stores.keys(ctx.queue).run(ctx.run_id)
         # Stores opens Redis with decode_responses=False: replies are bytes (redis-py types them bytes | str).
         state, token, ctl = cast("list[bytes | None]", await self.stores.redis.hmget(key, "state", "token", "ctl"))
-        if token is None or int(token) != ctx.token or state not in (b"RUNNING", b"STOPPING"):
+        if token is None or int(token) != ctx.token or state is None or state.decode() not in ACTIVE:
             self.refused += 1
             ctx._stop = True
             raise LeaseLost(f"run {ctx.run_id}: token {ctx.token} no longer owns the run")

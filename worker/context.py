@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
 from collections.abc import Callable, Coroutine
@@ -65,10 +66,12 @@ class Context:
 
     __slots__ = (
         "_ctl",
+        "_fenced",
         "_log",
         "_progress",
         "_services",
         "_stop",
+        "_thread",
         "_writer",
         "attempt",
         "checkpoint_data",
@@ -97,6 +100,12 @@ class Context:
         self.checkpointed_at: float | None = None
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
         self._stop = False
+        self._fenced = False
+        """The worker fenced this attempt off (lease not renewed in time, or superseded): should_stop() is
+        True and checkpoints are refused without touching the stores (docs/worker.md)."""
+        self._thread: asyncio.Future[Any] | None = None
+        """A thread handler's future while its thread runs (the worker waits for it before starting a
+        newer attempt of the same run)."""
         self._ctl: str | None = None
         self._writer: Callable[[Context, Any, int | None], Coroutine[Any, Any, int]] | None = None
         self._services: RunServices | None = None
@@ -119,7 +128,7 @@ class Context:
     def should_stop(self) -> bool:
         """True once a stop or cancel was asked, the worker is shutting down, or the lease is
         gone: checkpoint and return at the next safe boundary."""
-        return self._stop or self._ctl in ("stop", "cancel")
+        return self._stop or self._fenced or self._ctl in ("stop", "cancel")
 
     def should_pause(self) -> bool:
         return self._ctl == "pause"
@@ -189,7 +198,16 @@ class SyncContext(Context):
     def checkpoint(self, state: Any, *, processed: int | None = None) -> int:  # type: ignore[override]
         if self._writer is None or self._loop is None:
             raise RuntimeError("checkpoint() is only available inside a worker")
-        return asyncio.run_coroutine_threadsafe(self._writer(self, state, processed), self._loop).result()
+        if self._fenced:
+            raise LeaseLost(f"run {self.run_id}: token {self.token} was fenced off by its worker")
+        fut = asyncio.run_coroutine_threadsafe(self._writer(self, state, processed), self._loop)
+        while True:  # a write stuck on an unreachable store must not outlive the fence
+            try:
+                return fut.result(timeout=0.05)
+            except concurrent.futures.TimeoutError:
+                if self._fenced:
+                    fut.cancel()
+                    raise LeaseLost(f"run {self.run_id}: token {self.token} was fenced off by its worker") from None
 
     def upstream_results(self) -> dict[str, RunResult]:  # type: ignore[override]
         if self._services is None or self._loop is None:

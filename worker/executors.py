@@ -118,6 +118,7 @@ class Executors:
         call = contextvars.copy_context().run  # the thread sees the run's trace context too
         fut = loop.run_in_executor(self._threads, lambda: call(fn, ctx, *args, **kwargs))
         fut.add_done_callback(self._thread_done)
+        ctx._thread = fut
         try:
             result = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except (TimeoutError, asyncio.CancelledError):
@@ -133,6 +134,8 @@ class Executors:
     def _thread_done(self, _fut: Any) -> None:
         self.threads_busy -= 1
 
-    def _thread_returned(self, _fut: Any) -> None:
+    def _thread_returned(self, fut: Any) -> None:
         with self._lock:
             self.leaked_threads -= 1
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a given-up thread's LeaseLost is not "never retrieved" at exit

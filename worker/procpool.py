@@ -3,6 +3,11 @@
 concurrent.futures.ProcessPoolExecutor cannot kill one task, and one os._exit breaks the
 whole pool; here each child is addressed on its own pipe, and a child that times out is
 killed and replaced while the rest keep serving.
+
+A child never outlives its worker, on any path including SIGKILL: it asks Linux for SIGKILL at
+its parent's death (PR_SET_PDEATHSIG, then checks it still has that parent: the parent may have
+died before the request took effect), and a thread of its own watches a lifeline pipe whose other
+end only the parent holds: the pipe reads EOF the moment the parent is gone, and the child exits.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable
@@ -28,6 +34,7 @@ from fencepost.core.models import decode_payload, decode_result, encode_result
 from fencepost.core.registry import load_registry
 from fencepost.core.tracing import traceparent_var
 from fencepost.worker.context import Context, Interrupt, LeaseLost, RunResult, SyncContext
+from fencepost.worker.liveness import die_with_parent
 
 log = logging.getLogger("fencepost.worker.procpool")
 _CTX = mp.get_context("spawn")
@@ -118,9 +125,22 @@ def _flush_progress(ctx: Context) -> None:
         services.pending, services.sent_at = False, time.monotonic()
 
 
-def _child_main(app: str, conn: Connection) -> None:
+def _watch_lifeline(lifeline: Connection) -> None:
+    """The parent holds the only other end: EOF (or an error) means it is gone; exit at once."""
+    try:
+        lifeline.recv()
+    except BaseException:
+        pass
+    os._exit(70)
+
+
+def _child_main(app: str, conn: Connection, parent_pid: int | None = None, lifeline: Connection | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
+    if lifeline is not None:
+        threading.Thread(target=_watch_lifeline, args=(lifeline,), name="fencepost-lifeline", daemon=True).start()
 
     registry = load_registry(app)
     while True:
@@ -158,20 +178,25 @@ def _child_main(app: str, conn: Connection) -> None:
 
 
 class _Child:
-    __slots__ = ("conn", "proc")
+    __slots__ = ("conn", "lifeline", "proc")
 
     def __init__(self, app: str) -> None:
         parent, child = _CTX.Pipe()
-        self.proc = _CTX.Process(target=_child_main, args=(app, child), daemon=True, name="fencepost-job")
+        keep, give = _CTX.Pipe(duplex=False)  # the child reads `keep`; only this process holds `give`
+        self.proc = _CTX.Process(target=_child_main, args=(app, child, os.getpid(), keep), daemon=True,
+                                 name="fencepost-job")
         self.proc.start()
         child.close()
+        keep.close()
         self.conn = parent
+        self.lifeline = give
 
     def kill(self) -> None:
         if self.proc.is_alive() and self.proc.pid is not None:  # alive: started, so it has a pid
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.join(5)
         self.conn.close()
+        self.lifeline.close()
 
 
 def _progress(ctx: Context, reply: tuple[Any, ...]) -> None:

@@ -2,6 +2,12 @@
 
 Graceful stop (SIGTERM) = stop claiming, let running jobs finish within the grace
 period, give back (release) what is left, flush every outcome.
+
+What runs is keyed by execution (run, attempt, token), never by run alone: a claim for a run
+this worker still executes under an older token fences the old execution off and starts the
+new attempt only once the old one has ended. A run whose lease (or whose worker's pulse) this
+worker could not renew in time is fenced off before the lease can pass to anyone else
+(docs/worker.md, "Self-fencing").
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from math import inf
+from typing import Any
+
+import msgspec
 
 from fencepost.core import metrics
 from fencepost.core import workers as fleet
@@ -84,12 +93,41 @@ def _band(attempt: int) -> str:
     return str(attempt) if attempt < 3 else "3+"
 
 
-class _Running:
-    __slots__ = ("claimed_ns", "ctx", "deadline", "finishing", "forced", "job", "stop_seen", "task", "timed_out",
-                 "trace")
+FENCE_MARGIN_MAX_S = 1.0
+"""The self-fencing margin: a fifth of the window (lease or liveness), at most this."""
 
-    def __init__(self, job: Claimed, ctx: Context, deadline: float) -> None:
+
+def fence_margin_s(window_ms: int) -> float:
+    """How long before a lease (or the worker's liveness) could lapse on Redis the worker stops the
+    run's handler: a fifth of the window, at most FENCE_MARGIN_MAX_S (docs/worker.md)."""
+    return min(FENCE_MARGIN_MAX_S, window_ms / 5000)
+
+
+class Execution(msgspec.Struct, frozen=True):
+    """What one entry of `Worker.running` is: one attempt of one run under one fencing token."""
+
+    run_id: int
+    attempt: int
+    token: int
+
+
+class _Running:
+    __slots__ = ("claimed_ns", "ctx", "deadline", "ended", "fenced", "finishing", "forced", "job", "key", "model",
+                 "prior", "renewed_at", "stop_seen", "task", "timed_out", "trace")
+
+    def __init__(self, job: Claimed, ctx: Context, deadline: float, sent_at: float = 0.0, model: str = "async") -> None:
         self.job, self.ctx = job, ctx
+        self.key = Execution(job.id, job.attempt, job.token)
+        self.model = model
+        self.renewed_at = sent_at or time.monotonic()
+        """CLOCK_MONOTONIC when the claim, or the last renewal Redis answered 'renewed', was *sent*: the
+        lease on Redis runs at least lease_ms from then (the self-fencing clock)."""
+        self.fenced: str | None = None
+        """Why this worker fenced the execution off (lease | pulse | lost | superseded), else None."""
+        self.prior: _Running | None = None
+        """An older execution of the same run in this worker that must end before this one starts."""
+        self.ended = asyncio.Event()
+        """Set once the handler can have no more effects (its task ended; a thread handler's thread returned)."""
         self.claimed_ns = time.time_ns()
         self.trace: RunTrace | None = None
         """Its OpenTelemetry spans, when a tracer is active (fencepost.core.tracing)."""
@@ -120,7 +158,18 @@ class Worker:
         self.acks = Acknowledger(self.stores)
         self.breakers = Breakers(self.stores)
         self.m = metrics.Cached()
-        self.running: dict[int, _Running] = {}
+        self.running: dict[Execution, _Running] = {}
+        """What this worker holds a lease for and executes (or is about to), by execution."""
+        self._executing: dict[int, _Running] = {}
+        """Per run, its latest execution in this worker until its handler has ended (fenced ones too)."""
+        self.fenced = 0
+        self._pulse: Pulse | None = None
+        self._claim_blocked: dict[str, tuple[float, float]] = {}
+        """Queues whose last claim or wait failed on an unreachable store -> (monotonic time to try again,
+        backoff used): each queue backs off on its own, so a dead shard delays only its own queues."""
+        self._degraded_logged: dict[str, float] = {}
+        self._lease_margin = fence_margin_s(self.lease_ms)
+        self._pulse_margin = fence_margin_s(self.settings.worker_liveness_ms)
         self._escalations: set[asyncio.Task[None]] = set()
         self.lost = 0
         self.claimed = 0
@@ -173,7 +222,7 @@ class Worker:
                 pass
         log.info("worker %s serving %s (concurrency %d)", self.id, ",".join(self.opts.queues),
                  self.opts.concurrency, extra={"event": "worker_started", "worker_id": self.id})
-        pulse = Pulse(self.settings, self.id, self.opts.queues)
+        pulse = self._pulse = Pulse(self.settings, self.id, self.opts.queues)
         pulse.start()
         helpers = [asyncio.create_task(self._keep_leases()), asyncio.create_task(self._reap()),
                    asyncio.create_task(self._watchdog()), asyncio.create_task(self.breakers.run()),
@@ -234,6 +283,8 @@ class Worker:
                     break
                 if self._unstamped.get(queue, 0.0) > time.monotonic():
                     continue
+                if self._claim_blocked.get(queue, (0.0, 0.0))[0] > time.monotonic():
+                    continue  # its store failed: it waits out its own backoff, the others go on
                 got += await self._claim(queue, free)
             turn += 1
             if got:
@@ -245,8 +296,16 @@ class Worker:
                     return
             await self._wait_for_work()
 
+    def _store_failed(self, queue: str) -> float:
+        """The queue's store failed (a claim or a wait): back off this queue alone (0.25 s doubling to 5 s)."""
+        delay = min(max(self._claim_blocked.get(queue, (0.0, 0.125))[1] * 2, 0.25), 5.0)
+        self._claim_blocked[queue] = (time.monotonic() + delay, delay)
+        metrics.CLAIM_BACKOFF.labels(queue).inc()
+        return delay
+
     async def _claim(self, queue: str, n: int) -> int:
         now = int(time.time() * 1000)
+        sent = time.monotonic()  # the lease on Redis runs at least lease_ms from here
         keys = self.stores.keys(queue)
         try:
             # the claim carries a deadline on the server's clock: sent late or re-sent, it claims nothing
@@ -263,9 +322,12 @@ class Worker:
             self._unstamped[queue] = time.monotonic() + UNSTAMPED_RECHECK_S
             return 0
         except StoreUnavailable as exc:
-            log.warning("claim failed: %s", exc, extra={"event": "claim_failed", "queue": queue})
-            await asyncio.sleep(0.5)
+            delay = self._store_failed(queue)
+            log.warning("claim failed: %s (queue %s backs off %.2fs; the other queues go on)", exc, queue, delay,
+                        extra={"event": "claim_failed", "queue": queue})
             return 0
+        if self._claim_blocked.pop(queue, None) is not None:
+            log.info("queue %s answers claims again", queue, extra={"event": "claim_recovered", "queue": queue})
         self._due_seen[queue] = now
         if self._unstamped.pop(queue, None) is not None:
             log.info("queue %s is stamped again; claiming from it", queue,
@@ -282,9 +344,16 @@ class Worker:
                                   self.id, job.gen, loop=loop)
             ctx._writer = self.checkpoints.write
             ctx._services = self.services
-            deadline = (time.monotonic() + job.timeout_ms / 1000) if model == "async" else inf
-            entry = _Running(job, ctx, deadline)
-            self.running[job.id] = entry
+            timeout_at = (time.monotonic() + job.timeout_ms / 1000) if model == "async" else inf
+            entry = _Running(job, ctx, timeout_at, sent, model)
+            prior = self._executing.get(job.id)
+            self._executing[job.id] = entry
+            if prior is not None and not prior.ended.is_set():
+                # this worker still executes an older attempt of the run (its lease passed while it was
+                # cut off, frozen or starved, and the run came back here): never two copies at once
+                entry.prior = prior
+                self._fence(prior, "superseded")
+            self.running[entry.key] = entry
             entry.task = asyncio.create_task(self._execute(entry))
         self.claimed += count
         if count:
@@ -293,31 +362,45 @@ class Worker:
         return count
 
     async def _claim_durably(self, queue: str, args: ClaimArgs) -> list[Claimed]:
-        """Durable-claim mode: handlers start only once `claim_replicas` replicas acknowledged
-        the claim (WAIT on the claim's connection), so a promoted replica holds every lease an
-        execution runs under. A batch not acknowledged in time is released unrun."""
-        s = self.settings
-        batch = await self.stores.scripts.claim_due_replicated(self.stores.keys(queue), args, s.claim_replicas,
-                                                               s.claim_wait_ms)
-        if batch.replicas >= s.claim_replicas or not batch.claimed:
-            return batch.claimed
-        log.warning("claim of %d runs of %s reached %d of %d replicas in %d ms; releasing them unrun",
-                    len(batch.claimed), queue, batch.replicas, s.claim_replicas, s.claim_wait_ms,
-                    extra={"event": "claim_not_replicated", "queue": queue, "worker_id": self.id})
-        try:
-            await self.stores.scripts.release_runs(self.stores.keys(queue),
-                                                   [Lease(j.id, j.token) for j in batch.claimed])
-        except StoreUnavailable as exc:  # the leases expire instead; nothing ran under them
-            log.warning("release failed (%s); leases will expire instead", exc)
-        await asyncio.sleep(0.5)
-        return []
+        """Durable-claim mode: each claim is followed by WAIT on its connection for `claim_replicas`
+        replicas, so a promoted replica holds every lease an execution runs under.
 
-    async def _next_due(self) -> tuple[int, str] | None:
+        With fewer replicas acknowledging in time the worker keeps working, degraded and loudly
+        (docs/worker.md, "Durable claims"): the batch runs anyway (releasing it unrun only bumped
+        attempt numbers and piled up released attempts, with zero throughput for as long as no
+        replica attached), fencepost_claims_unreplicated_total counts its runs,
+        fencepost_durable_claims_degraded{queue} is 1, and one warning per queue per minute says so.
+        While degraded the WAIT is shortened to 50 ms (it only watches for the replicas' return)."""
+        s = self.settings
+        degraded = queue in self._degraded_logged
+        wait_ms = min(s.claim_wait_ms, 50) if degraded else s.claim_wait_ms
+        batch = await self.stores.scripts.claim_due_replicated(self.stores.keys(queue), args, s.claim_replicas,
+                                                               wait_ms)
+        if not batch.claimed:
+            return batch.claimed
+        if batch.replicas >= s.claim_replicas:
+            if self._degraded_logged.pop(queue, None) is not None:
+                metrics.DURABLE_DEGRADED.labels(queue).set(0)
+                log.warning("durable claims of %s reach %d replicas again", queue, batch.replicas,
+                            extra={"event": "durable_claims_restored", "queue": queue, "worker_id": self.id})
+            return batch.claimed
+        metrics.CLAIMS_UNREPLICATED.labels(queue).inc(len(batch.claimed))
+        metrics.DURABLE_DEGRADED.labels(queue).set(1)
+        now = time.monotonic()
+        if now - self._degraded_logged.get(queue, -inf) >= 60.0:
+            self._degraded_logged[queue] = now
+            log.warning("DURABLE CLAIMS DEGRADED: claims of %s reach %d of FENCEPOST_CLAIM_REPLICAS=%d replicas "
+                        "(in %d ms); running them anyway: a failover now may lose their leases (at most once "
+                        "per minute; fencepost_durable_claims_degraded)", queue, batch.replicas, s.claim_replicas,
+                        wait_ms, extra={"event": "claim_not_replicated", "queue": queue, "worker_id": self.id})
+        return batch.claimed
+
+    async def _next_due(self, queues: list[str] | None = None) -> tuple[int, str] | None:
         """The earliest delayed or retry-wait run of our queues that no claim was offered yet, or
         the earliest rate window (queue-wide or a key's with held runs) to free up: (ms, queue).
         One pipelined read per idle wait, not per job."""
         pipe = self.stores.redis.pipeline(transaction=False)
-        queues = self.opts.queues
+        queues = self.opts.queues if queues is None else queues
         for q in queues:
             keys = self.stores.keys(q)
             for z in (keys.delayed, keys.rwait):
@@ -342,42 +425,66 @@ class Worker:
 
     async def _wait_for_work(self) -> None:
         """Block until a wake push (a submit, a freed slot...), the earliest delayed or retry-wait
-        run of our queues is due (a timer of our own pushes the wake), a stop, or idle_wait_s."""
-        wake = [self.stores.keys(q).wake for q in self.opts.queues]
+        run of our queues is due (a timer of our own pushes the wake), a stop, or idle_wait_s.
+        Queues backing off after a store failure are left out; on Redis Cluster a queue whose node
+        fails its wait backs off alone while the wait goes on for the others."""
+        mono = time.monotonic()
+        queues = [q for q in self.opts.queues if self._claim_blocked.get(q, (0.0, 0.0))[0] <= mono]
+        if not queues:  # every queue backs off: sleep until the first may be tried again
+            until = min(t for t, _ in self._claim_blocked.values())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), min(max(until - mono, 0.01), self.opts.idle_wait_s))
+            return
         timer: asyncio.TimerHandle | None = None
         try:
-            nxt = await self._next_due()
+            try:
+                nxt = await self._next_due(queues)
+            except Exception as exc:  # a timer is an optimisation: the wait below still ends in idle_wait_s
+                log.debug("next due read failed: %s", exc)
+                nxt = None
             if nxt is not None:
                 delay = nxt[0] / 1000 - time.time()
                 if delay < self.opts.idle_wait_s:
                     timer = asyncio.get_running_loop().call_later(max(delay, 0.0), self._ring, *nxt)
+            waiters: dict[asyncio.Future[Any], list[str]]
             if self.settings.redis_cluster:
                 # Redis Cluster: the wake keys of different queues live in different hash slots
                 # (usually on different nodes), so one multi-key BLPOP fails with CROSSSLOT. Block
                 # on each queue's wake key separately (each BLPOP goes to the node owning that
                 # queue's slot) and wake up at the first that returns; the others are cancelled.
-                waiters = {asyncio.ensure_future(self.stores.redis.blpop([k], timeout=self.opts.idle_wait_s))
-                           for k in wake}
+                waiters = {asyncio.ensure_future(self.stores.redis.blpop([self.stores.keys(q).wake],
+                                                                         timeout=self.opts.idle_wait_s)): [q]
+                           for q in queues}
             else:
-                waiters = {asyncio.ensure_future(self.stores.redis.blpop(wake, timeout=self.opts.idle_wait_s))}
+                waiters = {asyncio.ensure_future(self.stores.redis.blpop([self.stores.keys(q).wake for q in queues],
+                                                                         timeout=self.opts.idle_wait_s)): queues}
             stop = asyncio.ensure_future(self._stopping.wait())
-            await asyncio.wait({*waiters, stop}, return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
+            pending: set[asyncio.Future[Any]] = {*waiters, stop}
             failed: BaseException | None = None
             woke = False
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.cancel()
-                elif not waiter.cancelled():
-                    if waiter.exception() is None:  # retrieved here, not logged as an unhandled task error
-                        woke = True
-                    else:
-                        failed = waiter.exception()
+            try:
+                while not woke and not stop.done() and pending - {stop}:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for waiter in done:
+                        if waiter is stop or waiter.cancelled():
+                            continue
+                        err = waiter.exception()  # retrieved here, not logged as an unhandled task error
+                        if err is None:
+                            woke = True
+                        else:
+                            failed = err
+                            if len(waiters) > 1:  # this node failed: its queues back off, the wait goes on
+                                for q in waiters[waiter]:
+                                    self._store_failed(q)
+            finally:
+                for fut in pending:
+                    fut.cancel()
             if failed is not None and not woke and not self._stopping.is_set():
                 raise failed  # Redis unreachable (a failover): back off below instead of spinning
         except Exception as exc:
             log.debug("idle wait failed: %s", exc)
-            await asyncio.sleep(self.opts.idle_wait_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.opts.idle_wait_s)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -400,6 +507,17 @@ class Worker:
         started = time.monotonic()
         try:
             try:
+                prior = entry.prior
+                if prior is not None and not prior.ended.is_set():
+                    # an older execution of this run is still stopping here: start only once it ended
+                    try:
+                        await asyncio.wait_for(prior.ended.wait(), job.timeout_ms / 1000)
+                    except TimeoutError:  # a thread handler that ignores should_stop(): never run beside it
+                        await self._finish(entry, Outcome(
+                            "timeout", "an older execution of this run in this worker did not end within the "
+                            f"run's timeout of {job.timeout_ms / 1000:g}s", "Timeout"), None)
+                        return
+                entry.prior = None
                 if service is not None:
                     allowed, wait_s, probe = await self.breakers.check(service)
                     if not allowed:  # the dependency is down: wait in RETRY_WAIT, not a failure
@@ -422,7 +540,7 @@ class Worker:
             except ValueError as exc:  # an incompatible checkpoint: never retried blindly
                 outcome = Outcome("fatal", str(exc), "IncompatibleCheckpoint")
             if outcome.kind == "lost":
-                self._abandon(entry)
+                self._fence(entry, "lost")
                 return
             if entry.forced and outcome.kind == "interrupted":
                 outcome = Outcome("interrupted", "forced")
@@ -437,9 +555,20 @@ class Worker:
         except asyncio.CancelledError:
             pass
         finally:
-            if self.running.get(job.id) is entry:
-                del self.running[job.id]
+            if self.running.get(entry.key) is entry:
+                del self.running[entry.key]
             self._slot_freed.set()
+            thread = entry.ctx._thread
+            if thread is not None and not thread.done():  # a given-up thread handler: ended when it returns
+                thread.add_done_callback(lambda _f: self._ended(entry))
+            else:
+                self._ended(entry)
+
+    def _ended(self, entry: _Running) -> None:
+        """The execution can have no more effects: a newer attempt of its run may start here."""
+        entry.ended.set()
+        if self._executing.get(entry.job.id) is entry:
+            del self._executing[entry.job.id]
 
     async def _run_traced(self, entry: _Running) -> Outcome:
         """The handler, inside its claim and execution spans when a tracer is active (else as is)."""
@@ -466,7 +595,7 @@ class Worker:
                 await self._throttle(job.queue, outcome.retry_after)
         if entry.forced and model is not None:
             metrics.FORCED.labels(job.handler, model).inc()
-        if self.running.get(job.id) is not entry:
+        if self.running.get(entry.key) is not entry:  # fenced off meanwhile: its lease is not ours to finish
             return
         entry.finishing = True
         with entry.trace.finishing() if entry.trace is not None else contextlib.nullcontext():
@@ -522,12 +651,30 @@ class Worker:
             await asyncio.sleep(period)
 
     # -- watchdog ------------------------------------------------------------------------------
+    def _fence_reason(self, entry: _Running, now: float) -> str | None:
+        """'lease' or 'pulse' once the execution's lease, or this worker's liveness on its queue, could
+        lapse on Redis within the margin (both measured from the *send* time of the last request
+        Redis answered, on CLOCK_MONOTONIC: Redis started the window no earlier than that)."""
+        if now >= entry.renewed_at + self.lease_ms / 1000 - self._lease_margin:
+            return "lease"
+        pulse = self._pulse
+        sent = pulse.sent_at(entry.job.queue) if pulse is not None else None
+        if pulse is not None and sent is not None and now >= sent + pulse.liveness_ms / 1000 - self._pulse_margin:
+            return "pulse"
+        return None
+
     async def _watchdog(self, period: float = 0.05) -> None:
-        """Cancel async jobs past their timeout: one scan per period instead of a timer per job."""
+        """Self-fence executions whose lease this worker could not keep, and cancel async jobs past
+        their timeout: one scan per period instead of a timer per job."""
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
             for entry in list(self.running.values()):
+                if not entry.finishing and entry.fenced is None:
+                    reason = self._fence_reason(entry, now)
+                    if reason is not None:
+                        self._fence(entry, reason)
+                        continue
                 if entry.deadline < now and not entry.timed_out and entry.task is not None:
                     entry.timed_out = True
                     entry.ctx._stop = True
@@ -539,6 +686,8 @@ class Worker:
                         task = asyncio.ensure_future(self._escalate(entry, grace))
                         self._escalations.add(task)  # a task nobody references can be collected mid-run
                         task.add_done_callback(self._escalations.discard)
+            if self._pulse is not None:  # after the fence checks: a thawed worker fences before it pulses again
+                self._pulse.tick()
 
     def _grace(self, handler: str) -> float:
         h = self.registry.handlers.get(handler)
@@ -563,7 +712,8 @@ class Worker:
     async def _keep_leases(self) -> None:
         period = min(self.lease_ms / 3000, self.opts.heartbeat_s)
         while True:
-            await self._announce(period)
+            with contextlib.suppress(TimeoutError):  # the operator's view only: never holds the renewals
+                await asyncio.wait_for(self._announce(period), max(2 * period, 0.5))
             await asyncio.sleep(period)
             by_queue: dict[str, list[_Running]] = {}
             for entry in list(self.running.values()):
@@ -573,20 +723,24 @@ class Worker:
                 leases = [Lease(e.job.id, e.job.token) for e in entries]
                 t0 = time.monotonic()
                 try:
-                    replies = await self.stores.scripts.renew_leases(
-                        self.stores.keys(queue), RenewArgs(self.lease_ms), leases)
+                    # bounded: a blackholed link must not hold the keeper (the watchdog fences meanwhile)
+                    replies = await asyncio.wait_for(self.stores.scripts.renew_leases(
+                        self.stores.keys(queue), RenewArgs(self.lease_ms), leases), max(2 * period, 0.5))
                     metrics.HEARTBEAT.labels(queue).observe(time.monotonic() - t0)
                     metrics.RENEWALS.labels(queue).inc(sum(1 for r in replies if not r.lost))
                 except Exception as exc:
-                    log.warning("lease renewal failed: %s", exc, extra={"event": "renew_failed", "queue": queue})
+                    log.warning("lease renewal failed: %s", str(exc) or type(exc).__name__,
+                                extra={"event": "renew_failed", "queue": queue})
                     continue
                 for e, reply in zip(entries, replies):
-                    if reply.lost and (e.finishing or self.running.get(e.job.id) is not e):
-                        continue  # it finished while the renewal was on its way: its finish decides
+                    if e.fenced is not None or e.finishing or self.running.get(e.key) is not e:
+                        continue  # finished (or fenced) while the renewal was on its way: not a lost lease
                     if reply.lost:
                         metrics.LEASES_LOST.labels(queue).inc()
-                        self._abandon(e)
-                    elif reply.ctl is not None:
+                        self._fence(e, "lost")
+                        continue
+                    e.renewed_at = max(e.renewed_at, t0)
+                    if reply.ctl is not None:
                         e.ctx._ctl = reply.ctl
                         if e.ctx._ctl in ("stop", "cancel") and e.stop_seen is None:
                             e.stop_seen = time.monotonic()
@@ -609,15 +763,44 @@ class Worker:
                         extra={"event": "worker_stop_requested", "worker_id": self.id})
             self.request_stop()
 
-    def _abandon(self, entry: _Running) -> None:
-        """The lease is gone (another attempt owns the run): stop and never finish it."""
-        self.lost += 1
-        log.warning("lost lease on run %s (token %s); abandoning it", entry.job.id, entry.job.token,
-                    extra={"event": "lease_lost", "run_id": entry.job.id, "attempt": entry.job.attempt,
-                           "worker_id": self.id})
+    def _fence(self, entry: _Running, reason: str) -> None:
+        """Stop an execution and never finish it: `reason` lost (Redis says another attempt owns the
+        run), lease or pulse (this worker could not renew in time: the lease may pass any moment),
+        superseded (a newer attempt of the run reached this worker). should_stop() turns True and
+        checkpoints are refused; an async handler is cancelled; a process child is killed; a thread
+        cannot be killed: it is abandoned (counted) and a newer attempt here waits until it returns."""
+        if entry.fenced is not None:
+            return
+        entry.fenced = reason
+        job = entry.job
+        fields = {"run_id": job.id, "attempt": job.attempt, "worker_id": self.id, "token": job.token,
+                  "queue": job.queue, "reason": reason}
+        if reason == "lost":
+            self.lost += 1
+            log.warning("lost lease on run %s (token %s); abandoning it", job.id, job.token,
+                        extra={"event": "lease_lost", **fields})
+        elif reason == "superseded":
+            log.warning("run %s came back to this worker as attempt %d while attempt %d (token %s) still ran "
+                        "here; stopping the old execution before the new one starts", job.id,
+                        self._executing[job.id].job.attempt if job.id in self._executing else job.attempt + 1,
+                        job.attempt, job.token, extra={"event": "attempt_superseded", **fields})
+        else:
+            self.fenced += 1
+            since = time.monotonic() - entry.renewed_at
+            log.warning("could not renew the %s of run %s (token %s) in time (last renewal sent %.2fs ago); "
+                        "stopping its handler before the lease can pass to another worker",
+                        "lease" if reason == "lease" else "worker's liveness pulse", job.id, job.token, since,
+                        extra={"event": "self_fenced", **fields})
+        metrics.SELF_FENCED.labels(job.queue, entry.model, reason).inc()
+        if entry.model == "thread" and entry.task is not None and not entry.task.done():
+            metrics.THREADS_ABANDONED.labels(job.queue).inc()
+            log.warning("run %s (token %s) runs in a thread, which cannot be killed: thread handler abandoned "
+                        "(should_stop() is True, its checkpoints are refused)", job.id, job.token,
+                        extra={"event": "thread_abandoned", **fields})
         entry.ctx._stop = True
-        if self.running.get(entry.job.id) is entry:
-            del self.running[entry.job.id]
+        entry.ctx._fenced = True
+        if self.running.get(entry.key) is entry:
+            del self.running[entry.key]
         if entry.task is not None:
             entry.task.cancel()
         self._slot_freed.set()

@@ -1,0 +1,321 @@
+"""Self-fencing (DESIGN invariant 12, issue 22 item 2): a worker that cannot renew a lease stops that
+run's handler before the lease can pass to anyone else. A real worker process talks to Redis through
+a blackholing proxy (tests/blackhole.py: it stops forwarding and keeps the sockets open, so nothing
+tells the worker the link is gone); the cut lasts longer than the lease. Every effect a handler writes
+goes to a ledger file with (attempt, token, CLOCK_MONOTONIC time, pid); the test checks that the
+cut-off execution's last effect is earlier than the moment its lease could pass (the run's
+lease_until as Redis stored it), and earlier than the first effect of the attempt that took over.
+
+CLOCK_MONOTONIC is one clock for every process on the machine, so the ledger's times compare with
+the test's."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from fencepost.client import Client
+from fencepost.core import metrics
+from fencepost.core.config import Settings
+from fencepost.core.hot import PulseArgs, ReapArgs
+from fencepost.core.registry import Registry
+from fencepost.core.stores import Stores
+from fencepost.worker.context import Context, SyncContext
+from fencepost.worker.runtime import Worker, WorkerOptions
+from tests.blackhole import Blackhole
+from tests.conftest import log_tail, record_all, spawn, stop, wait_until
+from tests.servers import TcpProxy, free_port
+
+registry = Registry()
+Q = "sfq"
+APP = "tests.test_self_fencing:registry"
+LEASE_MS = 3000
+
+
+def _effect(ledger: str, ctx: Context, step: int) -> None:
+    with open(ledger, "a") as f:
+        f.write(f"{ctx.attempt} {ctx.token} {time.monotonic():.6f} {os.getpid()} {step}\n")
+
+
+@registry.job("sf.async", queue=Q, max_retries=3)
+async def effects_async(ctx: Context, ledger: str, steps: int) -> int:
+    """Cooperative: one effect every 50 ms until should_stop()."""
+    n = steps if ctx.attempt == 1 else 3
+    for i in range(n):
+        if ctx.should_stop():
+            return -i
+        _effect(ledger, ctx, i)
+        await asyncio.sleep(0.05)
+    return n
+
+
+@registry.job("sf.async_deaf", queue=Q, max_retries=3)
+async def effects_async_deaf(ctx: Context, ledger: str, steps: int) -> int:
+    """Ignores should_stop(): only cancellation stops it."""
+    n = steps if ctx.attempt == 1 else 3
+    for i in range(n):
+        _effect(ledger, ctx, i)
+        await asyncio.sleep(0.05)
+    return n
+
+
+@registry.job("sf.thread", queue=Q, model="thread", max_retries=3)
+def effects_thread(ctx: SyncContext, ledger: str, steps: int) -> int:
+    n = steps if ctx.attempt == 1 else 3
+    for i in range(n):
+        if ctx.should_stop():
+            return -i
+        _effect(ledger, ctx, i)
+        time.sleep(0.05)
+    return n
+
+
+@registry.job("sf.process", queue=Q, model="process", max_retries=3)
+def effects_process(ctx: SyncContext, ledger: str, steps: int) -> int:
+    """Ignores should_stop() (a child cannot see the parent's flag anyway): only a kill stops it."""
+    n = steps if ctx.attempt == 1 else 3
+    for i in range(n):
+        _effect(ledger, ctx, i)
+        time.sleep(0.05)
+    return n
+
+
+@pytest.fixture
+def client_registry() -> Registry:
+    return registry
+
+
+def _ledger(path: Path) -> list[tuple[int, int, float, int, int]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        a, t, m, pid, step = line.split()
+        out.append((int(a), int(t), float(m), int(pid), int(step)))
+    return out
+
+
+async def _cut_off_worker_stops_before_its_lease_can_pass(client: Client, settings: Settings, stores: Stores,
+                                                          tmp_path: Path, handler: str) -> None:
+    proxy = await Blackhole.start("127.0.0.1", int(settings.redis_url.rsplit(":", 1)[1].split("/")[0]))
+    ledger = tmp_path / "ledger"
+    log1, log2 = tmp_path / "w1.log", tmp_path / "w2.log"
+    run_id = await client.submit(handler, str(ledger), 400)  # 20 s of effects if nothing stops it
+    w1 = spawn(settings, "worker", "--app", APP, "--queue", Q, "--processes", "1", log=log1,
+               FENCEPOST_REDIS_URL=f"redis://127.0.0.1:{proxy.port}/0", FENCEPOST_LEASE_MS=str(LEASE_MS))
+    w2: subprocess.Popen[bytes] | None = None
+    key = stores.keys(Q).run(run_id)
+    try:
+        async def renewed_twice() -> bool:  # running, its lease renewed since the claim
+            rows = _ledger(ledger)
+            return len(rows) >= 25
+
+        await wait_until(renewed_twice, timeout=30, what=f"the first worker's effects\n{log_tail(log1)}")
+        proxy.pause()  # blackhole: nothing passes, nothing is closed
+        cut = time.monotonic()
+        lease_until_ms = int(await stores.redis.hget(key, "lease_until"))
+        worker_id = (await stores.redis.hget(key, "worker")).decode()
+        alive_until = await stores.redis.zscore(stores.keys(Q).base + "workers", worker_id)
+        if alive_until is not None:  # its runs may also pass once its liveness pulse lapses
+            lease_until_ms = min(lease_until_ms, int(alive_until))
+        # the same instant on both clocks, to place lease_until on CLOCK_MONOTONIC
+        lease_until = lease_until_ms / 1000 - time.time() + time.monotonic()
+        assert lease_until <= cut + LEASE_MS / 1000 + 0.1
+        # a healthy peer that reaps and takes the run over once its lease has passed
+        w2 = spawn(settings, "worker", "--app", APP, "--queue", Q, "--processes", "1", log=log2,
+                   FENCEPOST_LEASE_MS=str(LEASE_MS))
+
+        async def taken_over() -> bool:
+            return any(r[0] >= 2 for r in _ledger(ledger))
+
+        await wait_until(taken_over, timeout=30, what=f"the second worker to take the run over\n{log_tail(log2)}")
+        rows = _ledger(ledger)
+        first = [r for r in rows if r[0] == 1]
+        second = [r for r in rows if r[0] >= 2]
+        assert first and second
+        last_fenced = max(r[2] for r in first)
+        assert last_fenced < lease_until, (
+            f"the cut-off execution wrote effects {last_fenced - lease_until:.2f}s after its lease could pass "
+            f"(cut at +0, last effect at +{last_fenced - cut:.2f}s, lease until +{lease_until - cut:.2f}s)\n"
+            f"{log_tail(log1)}")
+        assert last_fenced < min(r[2] for r in second)
+        # the window: it gave up at most LEASE_MS after the last renewal it sent (always before the cut)
+        assert last_fenced < cut + LEASE_MS / 1000
+        await asyncio.sleep(1.0)
+        proxy.resume()  # healed: the held commands and replies arrive late
+        async def done() -> bool:
+            raw = await stores.redis.hget(key, "state")
+            return raw == b"SUCCEEDED"
+
+        await wait_until(done, timeout=30, what=f"the run to succeed\n{log_tail(log2)}")
+        await asyncio.sleep(1.5)  # anything the healed worker still had in flight lands now
+        assert max(r[2] for r in _ledger(ledger) if r[0] == 1) == last_fenced, "the fenced execution resumed"
+        text = log1.read_text(errors="replace")
+        assert "self_fenced" in text
+    finally:
+        stop([w1, w2])
+        await proxy.close()
+    await record_all(stores)
+    attempts = await client.attempts(run_id)
+    assert [a["outcome"] for a in attempts][-1] == "succeeded"
+    assert attempts[0]["outcome"] == "interrupted"
+
+
+@pytest.mark.parametrize("handler", ["sf.async", "sf.async_deaf", "sf.process"])
+async def test_a_worker_cut_off_from_redis_stops_the_handler_before_its_lease_can_pass(
+        client: Client, settings: Settings, stores: Stores, tmp_path: Path, handler: str) -> None:
+    await _cut_off_worker_stops_before_its_lease_can_pass(client, settings, stores, tmp_path, handler)
+
+
+async def test_a_cut_off_thread_handler_sees_should_stop_and_is_counted_abandoned(
+        client: Client, settings: Settings, stores: Stores, tmp_path: Path) -> None:
+    """A thread cannot be killed: a cooperative one sees should_stop() and stops in time; the worker
+    counts it (fencepost_thread_handlers_abandoned_total) and logs the fence."""
+    await _cut_off_worker_stops_before_its_lease_can_pass(client, settings, stores, tmp_path, "sf.thread")
+    assert "thread_abandoned" in (tmp_path / "w1.log").read_text(errors="replace")
+
+
+# -- one execution per (run, attempt, token) in a worker ----------------------------------------------------------
+
+@registry.job("sf.quick", queue=Q)
+async def quick(ctx: Context) -> str:
+    await asyncio.sleep(0.3)
+    return "done"
+
+
+def _worker(settings: Settings, **opts: Any) -> Worker:
+    return Worker(registry, WorkerOptions(queues=[Q], concurrency=4, processes=1, **opts), settings=settings)
+
+
+async def test_a_run_that_comes_back_to_its_worker_never_runs_there_twice(client: Client, settings: Settings,
+                                                                         stores: Stores, tmp_path: Path) -> None:
+    """Issue 22 item 2: the run's lease passed while this worker still executed it (here: its liveness
+    lapsed and a reaper took the run back) and the same worker claims it again. Attempt 2 used to
+    overwrite attempt 1 in `Worker.running` (keyed by run id): attempt 1 went on unrenewed and
+    uncancelled beside attempt 2. Now attempt 1 is fenced off (superseded) and attempt 2 starts only
+    once it has ended."""
+    ledger = tmp_path / "ledger"
+    keys = stores.keys(Q)
+    w = _worker(settings)
+    await w.stores.connect()
+    await w.executors.start()
+    try:
+        run_id = await client.submit("sf.async_deaf", str(ledger), 400)
+        assert await w._claim(Q, 4) == 1
+
+        async def effects() -> bool:
+            return len(_ledger(ledger)) >= 3
+
+        await wait_until(effects, timeout=10, what="attempt 1's effects")
+        await stores.scripts.pulse_worker(keys, PulseArgs(w.id, 1))  # its liveness lapses (1 ms)
+        await asyncio.sleep(0.05)
+        assert await stores.scripts.reap_expired(keys, ReapArgs(100)) == 1
+        assert await w._claim(Q, 4) == 1  # the same worker claims it again: attempt 2
+
+        async def succeeded() -> bool:
+            return await stores.redis.hget(keys.run(run_id), "state") == b"SUCCEEDED"
+
+        await wait_until(succeeded, timeout=15, what="attempt 2 to succeed")
+        rows = _ledger(ledger)
+        first_of_2 = min(r[2] for r in rows if r[0] == 2)
+        assert max(r[2] for r in rows if r[0] == 1) < first_of_2, "attempt 1 ran beside attempt 2 in one worker"
+        assert len([r for r in rows if r[0] == 2]) == 3
+        await asyncio.sleep(0.3)
+        assert max(r[2] for r in _ledger(ledger) if r[0] == 1) < first_of_2
+        assert not w.running and not w._executing
+    finally:
+        for e in list(w.running.values()) + list(w._executing.values()):
+            if e.task is not None:
+                e.task.cancel()
+        await w.acks.drain()
+        await w.executors.close()
+        await w.stores.close()
+    await record_all(stores)
+    assert [(a["attempt"], a["outcome"]) for a in await client.attempts(run_id)] == [(1, "interrupted"),
+                                                                                     (2, "succeeded")]
+
+
+async def test_a_renewal_that_crosses_a_finish_is_not_a_lost_lease(client: Client, settings: Settings,
+                                                                   stores: Stores,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 22 item 11: `lease_lost` was logged (and the lease counted lost) for a run that had just
+    succeeded: its finish reached Redis while a renewal naming it was on its way."""
+    keys = stores.keys(Q)
+    run_id = await client.submit("sf.quick")
+    w = _worker(settings, burst=True, heartbeat_s=0.1)
+    real = w.stores.scripts.renew_leases
+    crossed = 0
+
+    async def renew_after_the_finish(k: Any, args: Any, leases: Any) -> Any:
+        nonlocal crossed
+        if any(lease.id == run_id for lease in leases):  # hold it until the finish has landed
+            deadline = time.monotonic() + 5
+            while await stores.redis.hget(keys.run(run_id), "state") != b"SUCCEEDED" and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            crossed += 1
+        return await real(k, args, leases)
+
+    w.stores.scripts.renew_leases = renew_after_the_finish  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="fencepost.worker"):
+        await asyncio.wait_for(w.run(), 30)
+    assert crossed >= 1, "no renewal crossed the finish"
+    assert await stores.redis.hget(keys.run(run_id), "state") == b"SUCCEEDED"
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert "lease_lost" not in events and "self_fenced" not in events, caplog.text
+    assert w.lost == 0
+
+
+# -- checkpoints: a store failure is not the handler's -----------------------------------------------------------
+
+CUT = asyncio.Event()
+
+
+@registry.job("sf.ckpt", queue=Q, max_retries=0)
+async def checkpointed(ctx: Context, marker: str) -> int:
+    await ctx.checkpoint(1)
+    Path(marker).write_text("1")
+    await CUT.wait()  # the test cuts Redis off now
+    await ctx.checkpoint(2)  # meets ConnectionError, retried until Redis is back
+    return 2
+
+
+async def test_a_redis_failure_inside_a_checkpoint_does_not_fail_the_run(client: Client, settings: Settings,
+                                                                         stores: Stores, tmp_path: Path) -> None:
+    """Issue 22 item 7: a ConnectionError inside ctx.checkpoint was classified as the handler's
+    transient error; with max_retries=0 the run ended FAILED because of a Redis blip. Redis here is
+    reached through a TCP proxy whose connections are reset and whose target is dead for a second."""
+    CUT.clear()
+    real_port = int(settings.redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy = await TcpProxy(real_port).start()
+    marker = tmp_path / "marker"
+    run_id = await client.submit("sf.ckpt", str(marker))
+    w = Worker(registry, WorkerOptions(queues=[Q], concurrency=4, processes=1, burst=True),
+               settings=msgspec.structs.replace(settings, redis_url=proxy.url))
+    before = metrics.CHECKPOINT_RETRIES.labels("redis")._value.get()
+    task = asyncio.ensure_future(w.run())
+    try:
+        await wait_until(lambda: asyncio.sleep(0, marker.exists()), timeout=15, what="the first checkpoint")
+        proxy.switch(free_port())  # every connection reset; new ones reach nothing
+        CUT.set()
+        await asyncio.sleep(1.5)  # the second checkpoint meets the outage
+        proxy.switch(real_port)
+        await asyncio.wait_for(task, 30)
+    finally:
+        if not task.done():
+            w.request_stop()
+            await asyncio.wait_for(asyncio.shield(task), 30)
+        await proxy.close()
+    keys = stores.keys(Q)
+    assert await stores.redis.hget(keys.run(run_id), "state") == b"SUCCEEDED"
+    await record_all(stores)
+    run = await client.get(run_id)
+    assert run["status"] == "SUCCEEDED" and run["attempt"] == 1
+    assert metrics.CHECKPOINT_RETRIES.labels("redis")._value.get() > before, "the checkpoint never met the outage"
