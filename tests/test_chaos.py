@@ -288,3 +288,18 @@ def test_an_unknown_fault_kind_is_one_error_line_and_starts_nothing(settings: Se
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         f"error: faults must be some of {', '.join(FAULTS)}, not bogus"], out.stderr
+
+
+def test_a_seed_gives_the_same_faults_in_the_same_order() -> None:
+    """Kinds, lengths, variants and target picks are drawn from the seed alone, every kind first."""
+    from itertools import islice
+
+    from fencepost.dev.chaos import fault_plan
+
+    a = list(islice(fault_plan(11), 40))
+    assert a == list(islice(fault_plan(11), 40))
+    assert a != list(islice(fault_plan(12), 40))
+    assert sorted(p.kind for p in a[:len(FAULTS)]) == sorted(FAULTS)
+    only = list(islice(fault_plan(11, ("partition", "pg_restart")), 10))
+    assert {p.kind for p in only} == {"partition", "pg_restart"}
+    assert all(0 <= x < 1 for p in a for x in (p.length, p.variant, p.pick)) and all(0.5 <= p.gap_s <= 2 for p in a)

@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -71,7 +71,7 @@ from fencepost.dev.faults import (
 )
 from fencepost.schedules import Schedules
 
-__all__ = ["FAULTS", "ChaosReport", "format_chaos", "registry", "soak"]
+__all__ = ["FAULTS", "ChaosReport", "FaultPlan", "fault_plan", "format_chaos", "registry", "soak"]
 
 registry = Registry()
 
@@ -196,6 +196,42 @@ def child(ctx: Any, steps: int, step_ms: int) -> int:
     return _sync_body(ctx, steps, step_ms, "process", False)
 
 
+# -- the fault plan -------------------------------------------------------------------------------
+class FaultPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One fault as the seed decides it; the soak maps each number onto the fault's own range."""
+
+    kind: str
+    gap_s: float
+    """Pause before it (0.5-2 s)."""
+    length: float
+    """In [0, 1): where in the kind's range its length falls."""
+    variant: float
+    """In [0, 1): which variant (skew, restart mode, trigger signal, ...)."""
+    pick: float
+    """In [0, 1): which of the equally busy targets."""
+
+    def choose(self, options: list[str] | tuple[str, ...], by: float | None = None) -> str:
+        return options[min(len(options) - 1, int((self.variant if by is None else by) * len(options)))]
+
+    def span(self, lo: float, hi: float) -> float:
+        return lo + (hi - lo) * self.length
+
+
+def fault_plan(seed: int, kinds: tuple[str, ...] = FAULTS) -> Iterator[FaultPlan]:
+    """The soak's faults for SEED, in order: every kind once (shuffled), then seeded draws. Each
+    fault takes the same number of draws whatever happens when it runs, so a seed always gives
+    the same kinds, lengths, variants and target choices in the same order."""
+    rng = random.Random(seed)
+    first = list(kinds)
+    rng.shuffle(first)
+    n = 0
+    while True:
+        gap = rng.uniform(0.5, 2.0)
+        kind = first[n] if n < len(first) else rng.choice(kinds)
+        n += 1
+        yield FaultPlan(kind=kind, gap_s=round(gap, 3), length=rng.random(), variant=rng.random(), pick=rng.random())
+
+
 # -- the report -----------------------------------------------------------------------------------
 class ChaosReport(msgspec.Struct, kw_only=True):
     seed: int
@@ -230,8 +266,6 @@ class _Soak:
         self.progress = progress
         self.kinds = tuple(k for k in FAULTS if k in kinds)
         """The fault kinds this soak draws from (--faults; default every kind)."""
-        self.rng = random.Random(seed)
-        """The fault schedule alone draws from it: a seed gives the same faults, targets and lengths in order."""
         self.load_rng = random.Random(seed + 1)
         self.soak_id = f"chaos-{seed}-{uuid.uuid4().hex[:6]}"
         self.queue = f"chaos{uuid.uuid4().hex[:8]}"
@@ -436,7 +470,8 @@ class _Soak:
             best[r["run_id"]] = max(best.get(r["run_id"], 0), r["token"])
         return list(best), [best[k] for k in best]
 
-    async def _busy_pid(self, names: list[str], model: str | None = None, wait_s: float = 8.0) -> str:
+    async def _busy_pid(self, plan: FaultPlan, names: list[str], model: str | None = None,
+                        wait_s: float = 8.0) -> str:
         """The worker (of names) holding the most open executions (of that model), waiting a little for one."""
         deadline = time.monotonic() + wait_s
         while True:
@@ -456,9 +491,9 @@ class _Soak:
             if counts and (max(counts.values()) > 0 or time.monotonic() > deadline):
                 ranked = sorted(counts, key=lambda n: (-counts[n], n))
                 top = [n for n in ranked if counts[n] == counts[ranked[0]]]
-                return self.rng.choice(top)
+                return plan.choose(top, plan.pick)
             if not counts:
-                return self.rng.choice(names)
+                return plan.choose(names, plan.pick)
             await asyncio.sleep(0.2)
 
     async def _settled(self, runs: list[int], tokens: list[int], since_ms: int, limit_s: float) -> float | None:
@@ -514,18 +549,18 @@ class _Soak:
         return cc.FaultRecovery(kind=kind, at_s=round(at - self.t0, 1), seconds=seconds, measures=measures,
                                 detail=detail)
 
-    async def _fault(self, kind: str, client: Client) -> cc.FaultRecovery:
-        rng, lease = self.rng, self.lease_ms / 1000
+    async def _fault(self, plan: FaultPlan, client: Client) -> cc.FaultRecovery:
+        kind, lease = plan.kind, self.lease_ms / 1000
         at = time.monotonic()
         if kind in self.skipped:
             return cc.FaultRecovery(kind=kind, at_s=round(at - self.t0, 1), seconds=None, skipped=self.skipped[kind])
         limit = max(30.0, 6 * lease)
         if kind in ("partition", "stop_worker", "starve_worker"):
-            name = await self._busy_pid(self._workers())
+            name = await self._busy_pid(plan, self._workers())
             pid = self.procs[name].pid
-            length = {"partition": rng.uniform(1.5, 2.5) * lease,
-                      "stop_worker": rng.uniform(1.5, 2.5) * max(lease, self.liveness_ms / 1000),
-                      "starve_worker": rng.uniform(2.0, 3.0) * lease}[kind]
+            length = {"partition": plan.span(1.5, 2.5) * lease,
+                      "stop_worker": plan.span(1.5, 2.5) * max(lease, self.liveness_ms / 1000),
+                      "starve_worker": plan.span(2.0, 3.0) * lease}[kind]
             at = time.monotonic()
             t_ms = await self._now_ms()
             runs, tokens = await self._held([pid], t_ms)
@@ -554,7 +589,7 @@ class _Soak:
             return self._rec(kind, at, secs, f"{name}'s {len(runs)} runs reclaimed or finished, from the fault's start",
                              f"{length:.1f}s" + (f", {how}" if how else ""))
         if kind == "kill_worker_children":
-            name = await self._busy_pid(self._workers(), model="process", wait_s=10)
+            name = await self._busy_pid(plan, self._workers(), model="process", wait_s=10)
             p = self.procs[name]
             kids = descendants(p.pid)
             at = time.monotonic()
@@ -575,8 +610,8 @@ class _Soak:
             return self._rec(kind, at, secs, f"killed {name}'s {len(runs)} runs reclaimed or finished",
                              f"{len(kids)} children, {len(alive)} outlived it")
         if kind == "clock_skew":
-            skew = rng.choice(["+30s", "-30s", "+30s", "-30s", "+600s", "-600s"])
-            length = rng.uniform(2.5, 4.0) * lease
+            skew = plan.choose(["+30s", "-30s", "+30s", "-30s", "+600s", "-600s"])
+            length = plan.span(2.5, 4.0) * lease
             proc = await self._spawn("worker_skew", skew=skew)
             await asyncio.sleep(length)
             t_ms = await self._now_ms()
@@ -595,18 +630,18 @@ class _Soak:
             return self._rec(kind, at, secs, f"skewed worker's {len(runs)} runs finished or reclaimed after its stop",
                              f"{how} for {length:.1f}s")
         if kind == "promote_lagging":
-            return await self._promote(client)
+            return await self._promote(client, plan.span(0.5, 1.5))
         if kind == "pg_restart":
             assert self.pg is not None
-            mode = rng.choice(["fast", "immediate"])
+            mode = plan.choose(["fast", "immediate"])
             at = time.monotonic()
             await asyncio.to_thread(self.pg.restart, mode)
             secs = await self._probe(client, limit, at)
             return self._rec(kind, at, secs, "a run submitted after the restart SUCCEEDED in PostgreSQL",
                              f"pg_ctl restart -m {mode}")
         if kind == "trigger_fault":
-            how = rng.choice(["SIGSTOP", "SIGKILL"])
-            length = rng.uniform(3.0, 6.0)
+            how = plan.choose(["SIGSTOP", "SIGKILL"])
+            length = plan.span(3.0, 6.0)
             at = time.monotonic()
             t_ms = await self._now_ms()
             if how == "SIGSTOP":
@@ -655,7 +690,7 @@ class _Soak:
             return self._rec(kind, at, secs, "a run submitted after the kill recorded SUCCEEDED in PostgreSQL")
         raise ValueError(kind)
 
-    async def _promote(self, client: Client) -> cc.FaultRecovery:
+    async def _promote(self, client: Client, cut_s: float) -> cc.FaultRecovery:
         """The replication link is blackholed while writes go on, the primary is SIGKILLed, the
         replica promoted (what the primary took after the cut is lost); every proxy moves to it
         and a new replica is started for the next time."""
@@ -663,7 +698,7 @@ class _Soak:
         old, new = self.primary, self.replica
         at = time.monotonic()
         self.repl_link.pause()
-        await asyncio.sleep(self.rng.uniform(0.5, 1.5))  # the primary takes writes the replica never gets
+        await asyncio.sleep(cut_s)  # the primary takes writes the replica never gets
         r = old.client()
         try:
             offset = int((await r.info("replication")).get("master_repl_offset", 0))
@@ -737,18 +772,17 @@ class _Soak:
             stop = asyncio.Event()
             load = asyncio.create_task(self._load(client, stop))
             t_end = time.monotonic() + self.duration_s
-            first = list(self.kinds)
-            self.rng.shuffle(first)
-            order = iter(first)
+            plans = fault_plan(self.seed, self.kinds)
             while time.monotonic() < t_end:
-                await asyncio.sleep(self.rng.uniform(0.5, 2.0))
-                kind = next(order, None) or self.rng.choice(self.kinds)
+                plan = next(plans)
+                await asyncio.sleep(plan.gap_s)
+                kind = plan.kind
                 if kind in self.skipped and kind in faults:
                     continue
                 faults[kind] = faults.get(kind, 0) + 1
                 self.progress(f"{time.monotonic() - self.t0:6.1f}s fault {kind} (acked {len(self.acked)})")
                 try:
-                    rec = await self._fault(kind, client)
+                    rec = await self._fault(plan, client)
                 except Exception as exc:  # a fault that could not be injected is reported: the soak did not test it
                     rec = cc.FaultRecovery(kind=kind, at_s=round(time.monotonic() - self.t0, 1), seconds=None,
                                            error=repr(exc)[:300])
