@@ -303,3 +303,39 @@ def test_a_seed_gives_the_same_faults_in_the_same_order() -> None:
     only = list(islice(fault_plan(11, ("partition", "pg_restart")), 10))
     assert {p.kind for p in only} == {"partition", "pg_restart"}
     assert all(0 <= x < 1 for p in a for x in (p.length, p.variant, p.pick)) and all(0.5 <= p.gap_s <= 2 for p in a)
+
+
+async def test_the_proxy_can_drop_what_is_sent_during_a_cut_or_stall_only_open_connections() -> None:
+    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while data := await r.read(100):
+            w.write(data)
+            await w.drain()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    proxy = await TcpProxy("127.0.0.1", server.sockets[0].getsockname()[1]).start()
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+        w.write(b"up")
+        assert await asyncio.wait_for(r.read(10), 5) == b"up"
+        proxy.pause(drop=True)
+        w.write(b"lost")
+        await w.drain()
+        await asyncio.sleep(0.2)
+        proxy.resume()
+        w.write(b"kept")
+        assert await asyncio.wait_for(r.read(10), 5) == b"kept"
+        proxy.pause(existing_only=True)
+        r2, w2 = await asyncio.open_connection("127.0.0.1", proxy.port)  # a new connection works
+        w2.write(b"new")
+        assert await asyncio.wait_for(r2.read(10), 5) == b"new"
+        w.write(b"old")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(r.read(10), 0.3)
+        assert proxy.paused
+        proxy.resume()
+        assert await asyncio.wait_for(r.read(10), 5) == b"old"
+        w.close()
+        w2.close()
+    finally:
+        await proxy.close()
+        server.close()

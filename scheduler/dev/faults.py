@@ -37,8 +37,10 @@ class TcpProxy:
     """A loopback TCP forwarder to (host, port).
 
     - `pause()` blackholes the link: bytes in either direction are held, not forwarded, and no
-      socket is closed, so a client sees a silent peer (timeouts), not a reset. `resume()`
-      delivers what was held, in order, as a healed partition does (late commands run late).
+      socket is closed, so a client sees a silent peer (timeouts), not a reset; connections made
+      during the cut wait too. `resume()` delivers what was held, in order, as a healed partition
+      does (late commands run late). `pause(drop=True)` discards what is sent during the cut
+      instead (lost packets); `pause(existing_only=True)` stalls only the connections open now.
     - `switch(host, port)` points new connections elsewhere and aborts the current ones (a
       failover address moving to a promoted replica).
     - `delay` adds latency to every chunk; `drop()` aborts every connection.
@@ -48,14 +50,20 @@ class TcpProxy:
         self.target = (host, port)
         self.delay = 0.0
         self.port = 0
+        self.forwarded = 0
+        """Bytes forwarded so far (both directions)."""
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
-        self._open = asyncio.Event()
-        self._open.set()
+        self._gates: dict[asyncio.StreamWriter, asyncio.Event] = {}
+        """Per accepted connection: set while its bytes flow."""
+        self._new = asyncio.Event()
+        """Set while new connections are let through."""
+        self._new.set()
+        self._drop = False
 
     @property
     def paused(self) -> bool:
-        return not self._open.is_set()
+        return not self._new.is_set() or any(not g.is_set() for g in self._gates.values())
 
     async def start(self) -> TcpProxy:
         self._server = await asyncio.start_server(self._handle, HOST, 0)
@@ -72,37 +80,55 @@ class TcpProxy:
         return urlunsplit(u._replace(netloc=f"{cred[0]}@{where}" if len(cred) == 2 else where))
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._open.wait()  # a connection made during a cut waits, as a SYN to a dead route would
+        await self._new.wait()  # a connection made during a cut waits, as a SYN to a dead route would
         try:
             up_r, up_w = await asyncio.open_connection(*self.target)
         except OSError:
             writer.transport.abort()
             return
+        gate = asyncio.Event()
+        if self._new.is_set():  # a cut that began while this connection was being made holds it too
+            gate.set()
+        self._gates[writer] = gate
         self._conns |= {writer, up_w}
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             try:
                 while data := await src.read(65536):
-                    await self._open.wait()  # held, not dropped, while paused
+                    if not gate.is_set():
+                        if self._drop:
+                            continue  # lost, not held
+                        await gate.wait()  # held, not dropped, while paused
                     if self.delay:
                         await asyncio.sleep(self.delay)
                     dst.write(data)
                     await dst.drain()
+                    self.forwarded += len(data)
             except (OSError, asyncio.IncompleteReadError):
                 pass
             finally:
                 with contextlib.suppress(Exception):
                     dst.close()
 
-        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
-        self._conns -= {writer, up_w}
+        try:
+            await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
+        finally:
+            self._conns -= {writer, up_w}
+            self._gates.pop(writer, None)
 
-    def pause(self) -> None:
-        """Stop forwarding (both directions, new connections too); sockets stay open."""
-        self._open.clear()
+    def pause(self, drop: bool = False, existing_only: bool = False) -> None:
+        """Stop forwarding (both directions; new connections too unless existing_only); sockets stay open."""
+        self._drop = drop
+        for g in self._gates.values():
+            g.clear()
+        if not existing_only:
+            self._new.clear()
 
     def resume(self) -> None:
-        self._open.set()
+        self._drop = False
+        for g in self._gates.values():
+            g.set()
+        self._new.set()
 
     def drop(self) -> int:
         n = len(self._conns)
