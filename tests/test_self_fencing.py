@@ -319,3 +319,42 @@ async def test_a_redis_failure_inside_a_checkpoint_does_not_fail_the_run(client:
     run = await client.get(run_id)
     assert run["status"] == "SUCCEEDED" and run["attempt"] == 1
     assert metrics.CHECKPOINT_RETRIES.labels("redis")._value.get() > before, "the checkpoint never met the outage"
+
+
+# -- process children die with their worker ----------------------------------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+async def test_a_process_child_dies_within_a_second_of_its_sigkilled_worker(client: Client, settings: Settings,
+                                                                            stores: Stores, tmp_path: Path) -> None:
+    """Issue 22 item 4: kill -9 of a worker running a process job left the child running (5.5 s to over
+    40 s of work) and writing effects under the old token. Now it is gone within a second and writes
+    nothing after its worker's death."""
+    ledger = tmp_path / "ledger"
+    log1 = tmp_path / "w1.log"
+    await client.submit("sf.process", str(ledger), 400)
+    w1 = spawn(settings, "worker", "--app", APP, "--queue", Q, "--processes", "1", log=log1)
+    try:
+        async def child_working() -> bool:
+            return len(_ledger(ledger)) >= 3
+
+        await wait_until(child_working, timeout=30, what=f"the child's effects\n{log_tail(log1)}")
+        child = _ledger(ledger)[-1][3]
+        assert child != w1.pid and _pid_alive(child)
+        w1.kill()  # SIGKILL: no handler, no cleanup in the worker
+        killed = time.monotonic()
+        w1.wait(10)
+        deadline = killed + 1.0
+        while _pid_alive(child) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert not _pid_alive(child), "the process-model child outlived its worker by more than a second"
+        await asyncio.sleep(0.5)
+        assert max(r[2] for r in _ledger(ledger)) < killed + 1.0, "the child wrote effects after its worker died"
+    finally:
+        stop([w1])
