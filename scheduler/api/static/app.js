@@ -651,7 +651,7 @@ function lineChart(id, points, series, unit) {
   const s = (tag, attrs, text) => {
     const e = document.createElementNS(NS, tag);
     for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
-    if (text !== undefined) e.textContent = text;
+    if (text !== undefined) e.textContent = visible(text);
     return e;
   };
   const W = 900, H = 180, L = 56, B = 22, T = 8;
@@ -726,7 +726,7 @@ function graph(nodes) {
   const s = (tag, attrs, text) => {
     const e = document.createElementNS(NS, tag);
     for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
-    if (text) e.textContent = text;
+    if (text) e.textContent = visible(text);
     return e;
   };
   const svg = s("svg", { width, height, id: "workflow-graph", role: "img", "aria-label": "workflow graph" });
