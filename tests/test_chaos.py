@@ -215,9 +215,10 @@ when its fix lands; every other check must hold."""
 
 @pytest.mark.slow
 def test_a_short_seeded_soak_with_every_fault_kind_gives_its_verdict(settings: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """60 s of faults (every kind the machine supports at least once; each skip named), then the
-    verdicts: complete, consistent with the exit code, and 0 for every check not in OPEN."""
-    cmd = [sys.executable, "-m", "fencepost.cli", "loadtest", "chaos", "--duration", "60", "--seed", "7",
+    """One round of every fault kind (the first round always completes; --duration 30 adds no
+    more), each skip named, then the verdicts: complete, consistent with the exit code, and 0 for
+    every check not in OPEN."""
+    cmd = [sys.executable, "-m", "fencepost.cli", "loadtest", "chaos", "--duration", "30", "--seed", "7",
            "--lease-ms", "3000", "--rate", "8", "--log-dir", str(tmp_path), "--json"]
     out = subprocess.run(cmd, cwd=ROOT, env=worker_env(settings), capture_output=True, text=True, timeout=400)
     assert out.stdout.strip(), out.stderr[-3000:]
@@ -263,7 +264,7 @@ async def test_a_cluster_soak_kills_the_soak_queues_shard_and_sees_it_recover(se
 
     cluster = await RedisClusterServers(masters=3, replicas=1).start()
     try:
-        cmd = [sys.executable, "-m", "fencepost.cli", "loadtest", "chaos", "--duration", "45", "--seed", "3",
+        cmd = [sys.executable, "-m", "fencepost.cli", "loadtest", "chaos", "--duration", "20", "--seed", "3",
                "--lease-ms", "3000", "--rate", "6", "--cluster-url", cluster.url, "--log-dir", str(tmp_path),
                "--json"]
         out = await asyncio.to_thread(subprocess.run, cmd, cwd=ROOT, env=worker_env(settings), capture_output=True,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 import msgspec
@@ -101,10 +103,12 @@ async def burst_cmd(settings: Settings, jobs: int, workers: int, concurrency: in
               help="Comma-separated fault kinds to draw from.")
 @click.option("--log-dir", help="Keep the processes' logs here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--json-file", type=click.Path(dir_okay=False, writable=True),
+              help="Also write the JSON report to this file.")
 @async_command
 async def chaos_cmd(settings: Settings, duration_s: float, seed: int, workers: int, concurrency: int, rate: float,
                     lease_ms: int, overlap_window_ms: int, cluster_url: str | None, kinds: str, log_dir: str | None,
-                    as_json: bool) -> None:
+                    as_json: bool, json_file: str | None) -> None:
     """Fault-injection soak on private stores: a verdict per check, recovery per fault; exit non-zero on a violation."""
     require_store("loadtest chaos")
     show = _progress(as_json)
@@ -114,5 +118,7 @@ async def chaos_cmd(settings: Settings, duration_s: float, seed: int, workers: i
                      kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()))
     rep.command = " ".join(["fencepost", "loadtest", "chaos", *sys.argv[3:]])
     click.echo(msgspec.json.encode(rep).decode() if as_json else "\n".join(format_chaos(rep)))
+    if json_file is not None:
+        await asyncio.to_thread(Path(json_file).write_bytes, msgspec.json.encode(rep))
     if rep.failed:
         sys.exit(EXIT_LOADTEST_ERRORS)

@@ -773,8 +773,10 @@ class _Soak:
             load = asyncio.create_task(self._load(client, stop))
             t_end = time.monotonic() + self.duration_s
             plans = fault_plan(self.seed, self.kinds)
-            while time.monotonic() < t_end:
+            n = 0
+            while n < len(self.kinds) or time.monotonic() < t_end:  # the first round always completes
                 plan = next(plans)
+                n += 1
                 await asyncio.sleep(plan.gap_s)
                 kind = plan.kind
                 if kind in self.skipped and kind in faults:
@@ -793,7 +795,7 @@ class _Soak:
             await load
             until_ms = await self._now_ms() - 3000
             self.progress(f"load stopped; {len(self.acked)} acknowledged; draining")
-            await self._drain(max(30.0, 4 * self.lease_ms / 1000))
+            await self._drain(max(45.0, 6 * self.lease_ms / 1000))
             ledger, history = await self._collect(until_ms)
             verdicts = cc.check(ledger, history, overlap_window_ms=self.overlap_window_ms)
             deadline = time.monotonic() + 15  # the recorder may still be writing the last attempts
