@@ -14,6 +14,7 @@ import asyncpg
 import pytest_asyncio
 
 from fencepost.client import Client
+from fencepost.core import metrics
 from fencepost.core.config import Settings
 from fencepost.core.hot import ClaimArgs, Finish, FinishArgs
 from fencepost.core.models import Claimed
@@ -204,9 +205,10 @@ async def test_durable_claim_survives_promotion_with_its_token(settings: Setting
         replica.cleanup()
 
 
-async def test_durable_claim_without_replica_is_refused_and_released(settings: Settings, server: RedisServer) -> None:
-    """A worker in durable mode with no replica to acknowledge: nothing starts, the run goes
-    back to PENDING (released), and a later claim gets the next number."""
+async def test_durable_claim_without_replica_runs_degraded_and_counted(settings: Settings, server: RedisServer) -> None:
+    """A worker in durable mode with no replica to acknowledge keeps working, degraded and loudly
+    (docs/worker.md, "Durable claims"; issue 22 item 5): the run starts under attempt 1 instead of
+    being released unrun (which bumped attempt numbers with zero throughput), and it is counted."""
     client, stores, s = await _connect(settings, server.url)
     try:
         rid = await client.submit("t.noop")
@@ -214,14 +216,19 @@ async def test_durable_claim_without_replica_is_refused_and_released(settings: S
                            claim_replicas=1, claim_wait_ms=50)
         w = Worker(registry, WorkerOptions(queues=[Q], concurrency=2, processes=1), settings=durable)
         await w.stores.connect(database=False)
+        before = metrics.CLAIMS_UNREPLICATED.labels(Q)._value.get()
         try:
-            assert await w._claim(Q, 2) == 0
+            assert await w._claim(Q, 2) == 1
+            for e in list(w.running.values()):
+                if e.task is not None:
+                    e.task.cancel()
         finally:
             await w.stores.close()
             await w.executors.close()
-        assert await stores.redis.hget(stores.keys(Q).run(rid), "state") == b"PENDING"
-        again = await _claim(stores)
-        assert (again.id, again.attempt) == (rid, 2)
+        assert metrics.CLAIMS_UNREPLICATED.labels(Q)._value.get() == before + 1
+        assert metrics.DURABLE_DEGRADED.labels(Q)._value.get() == 1
+        h = await stores.redis.hmget(stores.keys(Q).run(rid), "state", "attempt")
+        assert h == [b"RUNNING", b"1"]
     finally:
         await client.close()
         await stores.close()
