@@ -32,7 +32,7 @@ from fencepost.worker.context import Context, SyncContext
 from fencepost.worker.runtime import Worker, WorkerOptions
 from tests.blackhole import Blackhole
 from tests.conftest import log_tail, record_all, spawn, stop, wait_until
-from tests.servers import TcpProxy, free_port
+from tests.servers import RedisServer, TcpProxy, free_port
 
 registry = Registry()
 Q = "sfq"
@@ -358,3 +358,50 @@ async def test_a_process_child_dies_within_a_second_of_its_sigkilled_worker(clie
         assert max(r[2] for r in _ledger(ledger)) < killed + 1.0, "the child wrote effects after its worker died"
     finally:
         stop([w1])
+
+
+# -- durable claims degrade visibly ------------------------------------------------------------------------------
+
+async def test_durable_claims_without_their_replica_keep_working_and_say_so(settings: Settings,
+                                                                            tmp_path: Path) -> None:
+    """Issue 22 item 5: with FENCEPOST_CLAIM_REPLICAS=1 and the only replica gone, every batch was
+    released unrun: zero throughput, attempt numbers climbing, `released` attempt rows piling up, and
+    nothing in the docs. Now the runs execute (once each), a warning says durability is degraded (at
+    most once a minute per queue), and fencepost_claims_unreplicated_total counts them."""
+    primary = await RedisServer().start()
+    replica = await RedisServer(replicaof=primary).start()
+    s = msgspec.structs.replace(settings, redis_url=primary.url)
+    client = await Client(settings=s).connect()
+    log1 = tmp_path / "w1.log"
+    w1: subprocess.Popen[bytes] | None = None
+    try:
+        await client.register(registry)
+        replica.kill()  # stopped: the primary has no replica to acknowledge a claim
+        ids = [await client.submit("sf.quick") for _ in range(8)]
+        w1 = spawn(s, "worker", "--app", APP, "--queue", Q, "--processes", "1", log=log1,
+                   FENCEPOST_CLAIM_REPLICAS="1", FENCEPOST_CLAIM_WAIT_MS="200")
+
+        async def all_done() -> bool:
+            return all([(await client.get(i))["status"] == "SUCCEEDED" for i in ids])
+
+        stores = await Stores(s).connect()
+        try:
+            async def hot_done() -> bool:
+                states = await stores.scripts.peek(stores.keys(Q), ids)
+                return all(p is not None and p.state == "SUCCEEDED" for p in states)
+
+            await wait_until(hot_done, timeout=30, what=f"the runs to succeed without a replica\n{log_tail(log1)}")
+            await record_all(stores)
+        finally:
+            await stores.close()
+        await wait_until(all_done, timeout=10, what="the record to show them")
+        for i in ids:
+            attempts = await client.attempts(i)
+            assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "succeeded")], attempts
+        text = log1.read_text(errors="replace")
+        assert text.count("DURABLE CLAIMS DEGRADED") == 1, text
+    finally:
+        stop([w1])
+        await client.close()
+        primary.cleanup()
+        replica.cleanup()
