@@ -12,7 +12,8 @@ const TOKEN_KEY = "fencepost.token";
 const POLL_MS = 2000;
 const RENDER_GAP_MS = 2500;
 // While the stream is up: how often a view is rebuilt with no event about it (its data has none).
-const LIVE_REFRESH_MS = { queues: 5000, workers: 5000, dispatch: 5000, default: 30000 };
+// A run page refreshes every 5 s too: a running run's progress (ctx.progress) has no event.
+const LIVE_REFRESH_MS = { queues: 5000, workers: 5000, dispatch: 5000, run: 5000, default: 30000 };
 // The run states, their groups and the states each command takes: fencepost.core.states, served by
 // GET /v1/states (filled in before the first view is drawn; never typed in here).
 let STATES = [];
