@@ -12,6 +12,7 @@ the test's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import subprocess
@@ -405,3 +406,48 @@ async def test_durable_claims_without_their_replica_keep_working_and_say_so(sett
         await client.close()
         primary.cleanup()
         replica.cleanup()
+
+
+# -- a failing queue backs off alone -----------------------------------------------------------------------------
+
+@registry.job("sf.noop", queue=Q)
+async def noop(ctx: Context) -> int:
+    return 1
+
+
+async def test_a_queue_whose_redis_is_dead_does_not_slow_the_others(client: Client, settings: Settings,
+                                                                     stores: Stores) -> None:
+    """Issue 22 item 6: the claim loop visits queues one after another, and a queue whose node was
+    dead cost a failed call plus a 0.5 s sleep in every round, so every other queue was claimed at
+    that pace. Here one of the worker's two queues lives on a second redis-server, killed: its claims
+    fail with a real connection error. The healthy queue must be claimed from at its own pace: the
+    dead queue is tried again only after its own backoff, so far less often than the healthy one
+    is claimed from (it used to be tried once per claim of the healthy queue)."""
+    other = await RedisServer().start()
+    dead = await Stores(msgspec.structs.replace(settings, redis_url=other.url)).connect(database=False)
+    other.kill()
+    w = Worker(registry, WorkerOptions(queues=[Q, "sfdead"], concurrency=1, processes=1), settings=settings)
+    real = w.stores.scripts.claim_due
+    calls = {Q: 0, "sfdead": 0}
+
+    async def claim_due(keys: Any, args: Any) -> Any:
+        calls[keys.queue] = calls.get(keys.queue, 0) + 1
+        return await (dead.scripts.claim_due(keys, args) if keys.queue == "sfdead" else real(keys, args))
+
+    w.stores.scripts.claim_due = claim_due  # type: ignore[method-assign]
+    ids = [await client.submit("sf.noop") for _ in range(30)]
+    task = asyncio.ensure_future(w.run())
+    try:
+        async def all_done() -> bool:
+            peeks = await stores.scripts.peek(stores.keys(Q), ids)
+            return all(p is not None and p.state == "SUCCEEDED" for p in peeks)
+
+        await wait_until(all_done, timeout=30, what="the healthy queue's runs")
+    finally:
+        w.request_stop()
+        await asyncio.wait_for(task, 30)
+        with contextlib.suppress(Exception):
+            await dead.close()
+        other.cleanup()
+    assert calls[Q] >= 30
+    assert calls["sfdead"] * 3 <= calls[Q], calls
