@@ -1148,7 +1148,7 @@ def wrap(spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
     return endpoint
 
 
-# The dashboard's operations routes (fencepost.api.routes_ops imports this module, so they are added last).
-from fencepost.api.routes_ops import OPS_ROUTES  # noqa: E402
+# The dashboard's operations routes (fencepost.api.routes_ops), made with RouteSpec and the helpers above.
+from fencepost.api import routes_ops  # noqa: E402
 
-ROUTES += OPS_ROUTES
+ROUTES += routes_ops.routes(RouteSpec, run_for=_run_for, row=_row, q_text=_q_text)

@@ -3,8 +3,9 @@ a run's timeline after a cursor, the dead-letter / review / retries / scheduled 
 cursors, bulk actions over those lists (and over the runs list's filter) that act on exactly the
 runs counted, per-queue workers and latency, per-handler charts, and a batches list.
 
-Registered by `fencepost.api.routes` (appended to its ROUTES), so Starlette routing, the OpenAPI
-document and the role x scope matrix test see them as every other route. The same steps apply:
+Registered by `fencepost.api.routes`, which appends `routes(RouteSpec, ...)` to its ROUTES and hands
+over the helpers every route shares (this module cannot import that one: it imports this one), so
+Starlette routing, the OpenAPI document and the role x scope matrix test see them as every other route. The same steps apply:
 token, role, rate limit, body decoded into its Struct; every listing filters by the token's scope
 before it limits; every action writes its audit row before any run changes.
 
@@ -21,22 +22,25 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
 from fencepost.api import schemas as S
 from fencepost.api.problems import ApiError, BulkTooLarge
-from fencepost.api.routes import Ctx, RouteSpec, _q_text, _row, _run_for
 from fencepost.core import audit, fairness, states, validate
 from fencepost.core import workers as fleet
 from fencepost.core.errors import InvalidInput, ResumeRefused
 from fencepost.core.states import TERMINAL, Status
 from fencepost.core.validate import meta
 
-__all__ = ["OPS_ROUTES"]
+if TYPE_CHECKING:
+    from fencepost.api.routes import Ctx
+
+__all__ = ["routes"]
 
 _enc = msgspec.json.Encoder()
 READ = ("operator", "admin")
@@ -233,6 +237,19 @@ class UnknownBulkHandle(ApiError):
     status, slug, title = 404, "unknown-bulk-handle", "No such bulk handle (unknown, expired, used or another token's)"
 
 
+# -- what the routes share with the others (handed over by fencepost.api.routes) -----------------------
+class _Shared:
+    """The helpers of fencepost.api.routes these routes use: the run if the caller may see it, a row as
+    a Struct, a text query parameter checked."""
+
+    run_for: Callable[..., Awaitable[dict[str, Any]]]
+    row: Callable[[Any, type], Any]
+    q_text: Callable[[Any, str], str | None]
+
+
+_h = _Shared()
+
+
 # -- state groups ------------------------------------------------------------------------------
 def _names(group: frozenset[Status]) -> list[str]:
     return sorted(s.value for s in group)
@@ -263,7 +280,7 @@ async def run_timeline(ctx: Ctx) -> Any:
     TIMELINE_LOOKBACK_S (a recorder batch that began earlier can commit later), so an answer may repeat
     rows the page has: it keeps one per id."""
     run_id = ctx.run_id()
-    await _run_for(ctx, run_id)
+    await _h.run_for(ctx, run_id)
     after = _micros(ctx, "after")
     from_id = ctx.q_int("from_id", 0, -_BIGINT, _BIGINT) if ctx.q("from_id") is not None else None
     if from_id is not None and after is None:
@@ -272,7 +289,7 @@ async def run_timeline(ctx: Ctx) -> Any:
     rows = await ctx.client.stores.db.fetch("ops_run_events_after", run_id, after, TIMELINE_LOOKBACK_S, from_id,
                                             limit + 1)
     page = rows[:limit]
-    events = [_row({**r, "run_id": run_id}, S.Event) for r in page]
+    events = [_h.row({**r, "run_id": run_id}, S.Event) for r in page]
     seen = max((r["recorded_at"] for r in page), default=after)
     more = len(rows) > limit
     return Timeline(run_id=run_id, events=events, cursor=None if seen is None else str(_to_micros(seen)),
@@ -324,12 +341,15 @@ async def list_page(ctx: Ctx) -> Any:
     name = ctx.path("list")
     if name not in _LISTS:
         raise InvalidInput(f"list must be one of {', '.join(_LISTS)}, not {name[:40]!r}", field="list")
-    queue, handler = ctx.q_queue(), _q_text(ctx, "handler")
+    queue, handler = ctx.q_queue(), _h.q_text(ctx, "handler")
     limit = ctx.q_int("limit", 50, 1, 1000)
     at, rid = _cursor(ctx)
-    query = "ops_list_finished" if name in ("dead", "review") else "ops_list_waiting"
-    rows = await ctx.client.stores.db.fetch(query, name, queue, handler, ctx.p.scope, at, rid, limit + 1)
-    runs = [_row(r, S.RunSummary) for r in rows[:limit]]
+    db = ctx.client.stores.db
+    if name in ("dead", "review"):
+        rows = await db.fetch("ops_list_finished", name, queue, handler, ctx.p.scope, at, rid, limit + 1)
+    else:
+        rows = await db.fetch("ops_list_waiting", name, queue, handler, ctx.p.scope, at, rid, limit + 1)
+    runs = [_h.row(r, S.RunSummary) for r in rows[:limit]]
     nxt = None
     if len(rows) > limit:
         last = rows[limit - 1]
@@ -384,8 +404,9 @@ async def _select(ctx: Ctx, body: OpsBulkRequest, cap: int) -> list[Any]:
     for extra in ("status", "tenant", "concurrency_key", "idempotency_key", "arg", "since", "until", "id"):
         if getattr(f, extra) is not None:
             raise InvalidInput(f"the {body.source} list filters by queue and handler, not {extra}", field=extra)
-    query = "ops_list_finished" if body.source in ("dead", "review") else "ops_list_waiting"
-    return list(await db.fetch(query, body.source, f.queue, f.handler, scope, None, None, cap + 1))
+    if body.source in ("dead", "review"):
+        return list(await db.fetch("ops_list_finished", body.source, f.queue, f.handler, scope, None, None, cap + 1))
+    return list(await db.fetch("ops_list_waiting", body.source, f.queue, f.handler, scope, None, None, cap + 1))
 
 
 def _selection(body: OpsBulkRequest) -> dict[str, Any]:
@@ -558,7 +579,7 @@ async def handler_stats(ctx: Ctx) -> Any:
     if window not in _WINDOWS:
         raise InvalidInput(f"window must be one of {', '.join(_WINDOWS)}, not {window[:20]!r}", field="window")
     span, step = _WINDOWS[window]
-    queue, handler = ctx.q_queue(), _q_text(ctx, "handler")
+    queue, handler = ctx.q_queue(), _h.q_text(ctx, "handler")
     now = time.time()
     first = int((now - span) // step + 1) * step
     since = datetime.fromtimestamp(first, UTC)
@@ -588,32 +609,36 @@ async def list_batches(ctx: Ctx) -> Any:
 _Q = ("queue", "string", None, "Only this queue")
 _H = ("handler", "string", None, "Only this handler")
 
-OPS_ROUTES: list[RouteSpec] = [
-    RouteSpec("GET", "/v1/states", get_states, "Run states, their named groups and the states each command takes "
-              "(fencepost.core.states)", response=StateGroups, tag="health", auth=False),
-    RouteSpec("GET", "/v1/runs/{run_id}/timeline", run_timeline,
-              "The run's timeline recorded since the cursor `after` (the last answer's), in the order recorded",
-              response=Timeline, params=[("after", "string", None, "The last answer's cursor"),
-                                         ("from_id", "integer", None, "With `more`: the last answer's last_id"),
-                                         ("limit", "integer", 500, "At most this many (1-1000)")]),
-    RouteSpec("GET", "/v1/ops/lists/{list}", list_page,
-              "dead (dead letter), review, retries (RETRY_WAIT) or scheduled (PENDING, due later): a page, scoped "
-              "before it is limited, with the next page's cursor", roles=READ, response=OpsPage,
-              params=[_Q, _H, ("cursor", "string", None, "The previous page's `next`"),
-                      ("limit", "integer", 50, "At most this many (1-1000)")], tag="queues"),
-    RouteSpec("POST", "/v1/ops/bulk", bulk,
-              "A bulk action on a list (or the runs list's filter, or ticked ids): count (428 with a handle), then "
-              "confirm {handle, confirm}: exactly the runs counted that have not moved", roles=READ,
-              body=OpsBulkRequest, response=OpsBulkResult, tag="queues"),
-    RouteSpec("POST", "/v1/ops/bulk/count", bulk_count, "The same count, answered 200 (for pages)", roles=READ,
-              body=OpsBulkRequest, response=OpsBulkCount, tag="queues"),
-    RouteSpec("GET", "/v1/ops/queues", queues_ops,
-              "Per queue: due, overdue and scheduled runs, latency, concurrency limit, workers with busy slots",
-              roles=READ, response=list[QueueOps], tag="queues"),
-    RouteSpec("GET", "/v1/ops/handlers", handler_stats,
-              "Per handler: started, succeeded, failed, run-time p50 / p95 (with handler: per step)", roles=READ,
-              response=HandlerStats, params=[("window", "string", "1h", "1h, 24h or 7d"), _Q, _H], tag="queues"),
-    RouteSpec("GET", "/v1/batches", list_batches, "Batches, newest first, counted by state", roles=READ,
-              response=BatchPage, params=[("before", "string", None, "Created before (ISO 8601; paging: `next`)"),
-                                          ("limit", "integer", 50, "At most this many (1-1000)")], tag="batches"),
-]
+def routes(spec: Callable[..., Any], *, run_for: Callable[..., Awaitable[dict[str, Any]]],
+           row: Callable[[Any, type], Any], q_text: Callable[[Any, str], str | None]) -> list[Any]:
+    """The routes, each made by `spec` (fencepost.api.routes.RouteSpec), with that module's helpers."""
+    _h.run_for, _h.row, _h.q_text = run_for, row, q_text
+    return [
+        spec("GET", "/v1/states", get_states, "Run states, their named groups and the states each command takes "
+                 "(fencepost.core.states)", response=StateGroups, tag="health", auth=False),
+        spec("GET", "/v1/runs/{run_id}/timeline", run_timeline,
+                 "The run's timeline recorded since the cursor `after` (the last answer's), in the order recorded",
+                 response=Timeline, params=[("after", "string", None, "The last answer's cursor"),
+                                            ("from_id", "integer", None, "With `more`: the last answer's last_id"),
+                                            ("limit", "integer", 500, "At most this many (1-1000)")]),
+        spec("GET", "/v1/ops/lists/{list}", list_page,
+                 "dead (dead letter), review, retries (RETRY_WAIT) or scheduled (PENDING, due later): a page, scoped "
+                 "before it is limited, with the next page's cursor", roles=READ, response=OpsPage,
+                 params=[_Q, _H, ("cursor", "string", None, "The previous page's `next`"),
+                         ("limit", "integer", 50, "At most this many (1-1000)")], tag="queues"),
+        spec("POST", "/v1/ops/bulk", bulk,
+                 "A bulk action on a list (or the runs list's filter, or ticked ids): count (428 with a handle), then "
+                 "confirm {handle, confirm}: exactly the runs counted that have not moved", roles=READ,
+                 body=OpsBulkRequest, response=OpsBulkResult, tag="queues"),
+        spec("POST", "/v1/ops/bulk/count", bulk_count, "The same count, answered 200 (for pages)", roles=READ,
+                 body=OpsBulkRequest, response=OpsBulkCount, tag="queues"),
+        spec("GET", "/v1/ops/queues", queues_ops,
+                 "Per queue: due, overdue and scheduled runs, latency, concurrency limit, workers with busy slots",
+                 roles=READ, response=list[QueueOps], tag="queues"),
+        spec("GET", "/v1/ops/handlers", handler_stats,
+                 "Per handler: started, succeeded, failed, run-time p50 / p95 (with handler: per step)", roles=READ,
+                 response=HandlerStats, params=[("window", "string", "1h", "1h, 24h or 7d"), _Q, _H], tag="queues"),
+        spec("GET", "/v1/batches", list_batches, "Batches, newest first, counted by state", roles=READ,
+                 response=BatchPage, params=[("before", "string", None, "Created before (ISO 8601; paging: `next`)"),
+                                             ("limit", "integer", 50, "At most this many (1-1000)")], tag="batches"),
+    ]
