@@ -34,6 +34,7 @@ from fencepost.core.models import Outcome, Submit
 from fencepost.core.states import DEAD, RESTING, Status
 from fencepost.core.views import (
     Attempt,
+    Batch,
     Checkpoint,
     Event,
     QueueStats,
@@ -41,8 +42,11 @@ from fencepost.core.views import (
     Reply,
     Run,
     RunSummary,
+    Workflow,
+    WorkflowSummary,
     status_filter,
 )
+from fencepost.workflows import WORKFLOW_ID_PREFIX, one_workflow
 
 __all__ = ["ApiClient", "ApiProblem", "AsyncApiClient"]
 
@@ -236,6 +240,29 @@ class AsyncApiClient:
     async def recorder_silence(self) -> RecorderSilence | None:
         """Not exposed by the API yet: its own /readyz and alerts say so; None."""
         return None
+
+    # -- workflows and batches -------------------------------------------------------------------
+    async def workflows(self, *, limit: int = 50) -> list[WorkflowSummary]:
+        return _as(list[WorkflowSummary], await self.request("GET", "/v1/workflows", query={"limit": limit}))
+
+    async def workflow_id(self, prefix: str) -> str:
+        """The full id of the one workflow (among the latest 1,000) whose id starts with PREFIX."""
+        if len(prefix) == 36 or not WORKFLOW_ID_PREFIX.fullmatch(prefix):
+            return prefix
+        found = [str(w.id) for w in await self.workflows(limit=1000) if str(w.id).startswith(prefix.lower())]
+        return one_workflow(prefix, found[:2])
+
+    async def workflow(self, workflow_id: str) -> Workflow:
+        return _as(Workflow, await self.request("GET", f"/v1/workflows/{_quote(workflow_id)}"))
+
+    async def retry_workflow(self, workflow_id: str, *, recompute: Sequence[str] = (),
+                             reason: str = "") -> dict[str, list[str]]:
+        out = await self.request("POST", f"/v1/workflows/{_quote(workflow_id)}/retry",
+                                 {"recompute": list(recompute), "reason": reason})
+        return _as(dict[str, list[str]], out["done"])
+
+    async def batch_view(self, batch_id: str) -> Batch:
+        return _as(Batch, await self.request("GET", f"/v1/batches/{_quote(str(batch_id))}"))
 
     # -- operator ------------------------------------------------------------------------------
     async def command(self, verb: str, run_id: int, *, reason: str = "",

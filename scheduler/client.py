@@ -350,11 +350,16 @@ class Client(ControlMixin, WorkflowMixin):
     def __init__(self, redis_url: str | None = None, database_url: str | None = None, *,
                  settings: Settings | None = None, actor: str = "client") -> None:
         self.stores = Stores(settings or Settings.from_env(redis_url=redis_url, database_url=database_url))
-        self.settings = self.stores.settings  # the URLs as resolved: given, else the embedded pair (core.stores)
         self.actor = actor
         self.registry: Registry | None = None
         self._defs: dict[str, JobSpec] = {}
         self._coalescer = _Coalescer(self)
+
+    @property
+    def settings(self) -> Settings:
+        """The settings with the URLs as resolved (core.stores): given, else the embedded pair's,
+        known once connected when the pair had to be started."""
+        return self.stores.settings
 
     async def connect(self) -> Client:
         await self.stores.connect()

@@ -13,6 +13,7 @@ client layer's home for "what came out of a run".
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
@@ -25,15 +26,28 @@ from fencepost.core import audit, validate
 from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused, UnknownRun
 from fencepost.core.models import Outcome, RunRow, Submit
 from fencepost.core.states import LIVE, UNSUCCESSFUL, Status
-from fencepost.core.views import Reply, RunRecord
+from fencepost.core.views import Batch as BatchView
+from fencepost.core.views import BatchCallback, Reply, RunRecord, Workflow, WorkflowNode, WorkflowSummary, live_nodes, view
 
 if TYPE_CHECKING:
     from fencepost.client import Client
     from fencepost.core.record import Conn
     from fencepost.core.stores import Stores
 
-__all__ = ["PURGED", "Batch", "Node", "RunHandle", "SyncRunHandle", "UnknownBatch", "UnknownDependency", "UnknownWorkflow",
-           "WorkflowCycle", "WorkflowMixin", "layers"]
+__all__ = [
+    "PURGED",
+    "Batch",
+    "Node",
+    "RunHandle",
+    "SyncRunHandle",
+    "UnknownBatch",
+    "UnknownDependency",
+    "UnknownWorkflow",
+    "WorkflowCycle",
+    "WorkflowMixin",
+    "layers",
+    "one_workflow",
+]
 
 _UTC = UTC
 PURGED = "PURGED"
@@ -73,6 +87,20 @@ class Batch(msgspec.Struct, kw_only=True, frozen=True):
     """Runs once when every member is terminal (SUCCEEDED, FAILED, TIMED_OUT or CANCELLED)."""
     on_success: int | None = None
     """Runs once when every member SUCCEEDED; cancelled (reason batch_failed) otherwise."""
+
+
+WORKFLOW_ID_PREFIX = re.compile(r"[0-9a-fA-F-]{4,36}")
+"""A workflow id or the start of one: every command takes any unique prefix."""
+
+
+def one_workflow(prefix: str, found: list[str]) -> str:
+    """The one id FOUND for PREFIX: UnknownWorkflow for none, InvalidInput naming two when ambiguous."""
+    if not found:
+        raise UnknownWorkflow(prefix)
+    if len(found) > 1:
+        raise InvalidInput(f"{prefix!r} is the start of more than one workflow id ({found[0]}, {found[1]}, ...); "
+                           "give more of it", field="workflow_id")
+    return found[0]
 
 
 # -- result handles: `client.handle(run_id)` (submit() keeps returning the int id callers store) --
@@ -329,7 +357,7 @@ class WorkflowMixin:
         out["members"] = [{"run_id": r, "status": st} for r, st in zip(out.pop("run_ids"), out.pop("statuses"))]
         return out
 
-    async def batch_view(self, batch_id: uuid.UUID | str) -> dict[str, Any]:
+    async def batch_view(self, batch_id: uuid.UUID | str) -> BatchView:
         """A batch as `batch show` and the API show it: its members counted by state (total, counts), when
         it settled, and each callback's run id, status and reason (None: not declared)."""
         batch = await self.batch(batch_id)
@@ -337,28 +365,42 @@ class WorkflowMixin:
         for m in batch["members"]:
             state = m["status"] or PURGED
             counts[state] = counts.get(state, 0) + 1
-        callbacks: dict[str, dict[str, Any] | None] = {}
+        callbacks: dict[str, BatchCallback | None] = {}
         for kind in ("on_complete", "on_success"):
-            run: Any  # the callback's record, or a stand-in once it is purged
+            if batch[kind] is None:
+                callbacks[kind] = None
+                continue
             try:
-                run = None if batch[kind] is None else await self.get(batch[kind])
+                run = await self.get(batch[kind])
+                callbacks[kind] = BatchCallback(id=run.id, status=run.status, reason=run.reason)
             except UnknownRun:
-                run = {"id": batch[kind], "status": PURGED}
-            callbacks[kind] = None if run is None else {"id": run["id"], "status": run["status"],
-                                                        "reason": run.get("reason")}
-        return {"id": batch["id"], "name": batch["name"], "created_at": batch["created_at"],
-                "settled_at": batch["settled_at"], "total": len(batch["members"]), "counts": counts, **callbacks}
+                callbacks[kind] = BatchCallback(id=batch[kind], status=PURGED)
+        return BatchView(id=batch["id"], name=batch["name"], created_at=batch["created_at"],
+                         settled_at=batch["settled_at"], total=len(batch["members"]), counts=counts,
+                         on_complete=callbacks["on_complete"], on_success=callbacks["on_success"])
 
-    async def workflow(self, workflow_id: uuid.UUID | str) -> dict[str, Any]:
-        """The workflow and its current nodes (name, run id, status, upstream names)."""
+    async def workflow(self, workflow_id: uuid.UUID | str) -> Workflow:
+        """The workflow and its current nodes (name, run id, live status, upstream names)."""
         wid = _uuid(workflow_id)
         row = await self.stores.db.fetchrow("wf_get", wid)
         if row is None:
             raise UnknownWorkflow(workflow_id)
-        nodes = [dict(r) for r in await self.stores.db.fetch("wf_nodes", wid)]
-        for n in nodes:
-            n["depends_on"] = list(n["depends_on"])
-        return {**dict(row), "nodes": nodes}
+        nodes = [view(WorkflowNode, {**dict(r), "depends_on": list(r["depends_on"])})
+                 for r in await self.stores.db.fetch("wf_nodes", wid)]
+        return Workflow(id=row["id"], name=row["name"], created_at=row["created_at"],
+                        nodes=await live_nodes(self.stores, nodes))
+
+    async def workflows(self, *, limit: int = 50) -> list[WorkflowSummary]:
+        """Recent workflows, newest first, with their number of nodes."""
+        return [view(WorkflowSummary, r) for r in await self.stores.db.fetch("api_list_workflows", limit)]
+
+    async def workflow_id(self, prefix: str) -> str:
+        """The full id of the one workflow whose id starts with PREFIX (4 to 36 hex digits and dashes);
+        anything else is returned as it is (the other calls say what is wrong with it)."""
+        if len(prefix) == 36 or not WORKFLOW_ID_PREFIX.fullmatch(prefix):
+            return prefix
+        rows = await self.stores.db.fetch("workflow_ids_by_prefix", prefix.lower())
+        return one_workflow(prefix, [str(r["id"]) for r in rows])
 
     async def retry_workflow(self, workflow_id: uuid.UUID | str, *, recompute: Sequence[str] = (),
                              reason: str = "") -> dict[str, list[str]]:

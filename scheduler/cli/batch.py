@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from fencepost.cli.common import async_command, fmt, from_context, json_option, print_json
-from fencepost.client import Client
+from fencepost.cli.common import async_command, fmt, json_option, operator, print_json
 from fencepost.core.config import Settings
+from fencepost.core.views import Batch
 
 __all__ = ["batch"]
 
@@ -19,7 +19,7 @@ def batch() -> None:
     """Batches of runs with on_complete / on_success callbacks."""
 
 
-def describe(view: dict[str, Any]) -> list[str]:
+def describe(view: Batch) -> list[str]:
     """The batch as text: one line for the members, one per callback."""
     counts = ", ".join(f"{n} {state}" for state, n in sorted(view["counts"].items()))
     name = f" ({fmt(view['name'])})" if view.get("name") else ""
@@ -45,11 +45,8 @@ def _when(v: Any) -> Any:
 @async_command
 async def show(settings: Settings, batch_id: str, as_json: bool) -> None:
     """Members by state, when the batch settled, and each callback's run and state (BATCH_ID: the full id)."""
-    if (api := from_context()) is not None:
-        view = api.batch(batch_id)
-    else:
-        async with Client(settings=settings) as client:
-            view = await client.batch_view(batch_id)
+    async with operator(settings) as op:
+        view = await op.batch_view(batch_id)
     if as_json:
         print_json(view)
         return

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import re
 import sys
-from typing import Any
 
 import click
 
-from fencepost.apiclient import ApiClient
-from fencepost.cli.common import async_command, from_context, json_option, print_json, table
-from fencepost.client import Client
+from fencepost.cli.common import async_command, json_option, operator, print_json, table, to_json
 from fencepost.core.config import Settings
-from fencepost.core.errors import InvalidInput
 from fencepost.core.states import FAILED_FOR_GOOD, Status
-from fencepost.workflows import UnknownWorkflow, layers
+from fencepost.core.views import Workflow
+from fencepost.workflows import layers
 
 __all__ = ["draw", "workflow"]
 
@@ -25,7 +21,7 @@ _COLOUR = {"SUCCEEDED": "green", "FAILED": "red", "TIMED_OUT": "red", "CANCELLED
            "STOPPING": "cyan", "RETRY_WAIT": "magenta"}
 
 
-def draw(wf: dict[str, Any], *, colour: bool = False) -> list[str]:
+def draw(wf: Workflow, *, colour: bool = False) -> list[str]:
     """The graph as text: one band per depth, each node with its state and upstreams."""
     nodes = wf["nodes"]
     counts: dict[str, int] = {}
@@ -60,31 +56,6 @@ def workflow() -> None:
 
 SHORT = 8
 """`workflow ls` prints ids cut to this many characters; every command accepts any unique prefix."""
-_PREFIX = re.compile(r"[0-9a-fA-F-]{4,36}")
-
-
-async def _resolve(client: Client, workflow_id: str) -> str:
-    """A full workflow id, or the one workflow whose id starts with WORKFLOW_ID (at least 4 hex digits)."""
-    if len(workflow_id) == 36 or not _PREFIX.fullmatch(workflow_id):
-        return workflow_id  # a full id (or not an id at all: the client says so)
-    rows = await client.stores.db.fetch("workflow_ids_by_prefix", workflow_id.lower())
-    return _one(workflow_id, [str(r["id"]) for r in rows])
-
-
-def _resolve_api(api: ApiClient, workflow_id: str) -> str:
-    if len(workflow_id) == 36 or not _PREFIX.fullmatch(workflow_id):
-        return workflow_id
-    found = [str(w["id"]) for w in api.workflows(limit=1000) if str(w["id"]).startswith(workflow_id.lower())]
-    return _one(workflow_id, found[:2])
-
-
-def _one(prefix: str, found: list[str]) -> str:
-    if not found:
-        raise UnknownWorkflow(prefix)
-    if len(found) > 1:
-        raise InvalidInput(f"{prefix!r} is the start of more than one workflow id ({found[0]}, {found[1]}, ...); "
-                           "give more of it", field="workflow_id")
-    return found[0]
 
 
 @workflow.command("ls")
@@ -93,15 +64,13 @@ def _one(prefix: str, found: list[str]) -> str:
 @async_command
 async def ls(settings: Settings, limit: int, as_json: bool) -> None:
     """Recent workflows, newest first (ids shortened; `workflow show` takes any unique prefix)."""
-    if (api := from_context()) is not None:
-        rows = api.workflows(limit=limit)
-    else:
-        async with Client(settings=settings) as client:
-            rows = [dict(r) for r in await client.stores.db.fetch("api_list_workflows", limit)]
+    async with operator(settings) as op:
+        rows = await op.workflows(limit=limit)
     if as_json:
         print_json(rows)
         return
-    table([{**r, "id": str(r["id"])[:SHORT]} for r in rows], ["id", "name", "nodes", "created_at"])
+    table([{**to_json(r), "id": str(r.id)[:SHORT], "created_at": r.created_at} for r in rows],
+          ["id", "name", "nodes", "created_at"])
 
 
 @workflow.command("show")
@@ -110,11 +79,8 @@ async def ls(settings: Settings, limit: int, as_json: bool) -> None:
 @async_command
 async def show(settings: Settings, workflow_id: str, as_json: bool) -> None:
     """Draw the graph with the state of every node (WORKFLOW_ID: the id or a unique prefix of it)."""
-    if (api := from_context()) is not None:
-        wf = api.workflow(_resolve_api(api, workflow_id))
-    else:
-        async with Client(settings=settings) as client:
-            wf = await client.workflow(await _resolve(client, workflow_id))
+    async with operator(settings) as op:
+        wf = await op.workflow(await op.workflow_id(workflow_id))
     if as_json:
         print_json(wf)
         return
@@ -129,12 +95,8 @@ async def show(settings: Settings, workflow_id: str, as_json: bool) -> None:
 @async_command
 async def retry(settings: Settings, workflow_id: str, recompute: tuple[str, ...], reason: str) -> None:
     """Re-run failed/stopped/cancelled nodes and their descendants; succeeded nodes are kept."""
-    if (api := from_context()) is not None:
-        done = api.retry_workflow(_resolve_api(api, workflow_id), recompute=recompute, reason=reason)
-    else:
-        async with Client(settings=settings, actor="cli") as client:
-            done = await client.retry_workflow(await _resolve(client, workflow_id), recompute=recompute,
-                                               reason=reason)
+    async with operator(settings) as op:
+        done = await op.retry_workflow(await op.workflow_id(workflow_id), recompute=recompute, reason=reason)
     if not any(done.values()):
         click.echo("nothing to retry")
     for k, v in done.items():

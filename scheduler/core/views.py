@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Attempt",
+    "Batch",
+    "BatchCallback",
     "Checkpoint",
     "Event",
     "Operator",
@@ -50,6 +52,10 @@ __all__ = [
     "RunRecord",
     "RunSummary",
     "View",
+    "Workflow",
+    "WorkflowNode",
+    "WorkflowSummary",
+    "live_nodes",
     "live_runs",
     "live_summaries",
     "overlay",
@@ -239,6 +245,55 @@ class QueueStats(View, kw_only=True):
     window_s: int
 
 
+class WorkflowNode(View, kw_only=True):
+    name: str
+    id: int
+    status: str
+    handler: str
+    queue: str
+    attempt: int
+    depends_on: list[str]
+    reason: str | None = None
+    version: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_error_class: str | None = None
+
+
+class Workflow(View, kw_only=True):
+    id: uuid.UUID
+    name: str | None
+    created_at: datetime
+    nodes: list[WorkflowNode]
+
+
+class WorkflowSummary(View, kw_only=True):
+    id: uuid.UUID
+    name: str | None
+    created_at: datetime
+    nodes: int
+
+
+class BatchCallback(View, kw_only=True):
+    id: int
+    status: str
+    """BLOCKED until the batch settles; CANCELLED (reason batch_failed) for an on_success whose batch failed."""
+    reason: str | None = None
+
+
+class Batch(View, kw_only=True):
+    id: uuid.UUID
+    name: str | None
+    created_at: datetime
+    settled_at: datetime | None
+    """When the last member became terminal (null: members still running)."""
+    total: int
+    counts: dict[str, int]
+    """Members by state (PostgreSQL's record; PURGED: the run left the record, e.g. a dropped archive partition)."""
+    on_complete: BatchCallback | None = None
+    on_success: BatchCallback | None = None
+
+
 class Reply(enum.StrEnum):
     """What an operator command answers: the state the run is in now, or REQUESTED (a pause of a
     RUNNING run, taken at its next safe boundary). Equal to its text (`reply == "PAUSED"`)."""
@@ -334,6 +389,14 @@ async def live_summaries(stores: Stores, rows: Sequence[RunSummary]) -> list[Run
     runs = await live_runs(stores, [Run(**msgspec.structs.asdict(r)) for r in rows])
     keep = RunSummary.__struct_fields__
     return [RunSummary(**{f: getattr(r, f) for f in keep}) for r in runs]
+
+
+async def live_nodes(stores: Stores, nodes: Sequence[WorkflowNode]) -> list[WorkflowNode]:
+    """Workflow nodes with their runs' live state (status, version, attempt) by the same overlay rule."""
+    runs = await live_runs(stores, [Run(id=n.id, handler=n.handler, queue=n.queue, status=n.status,
+                                        attempt=n.attempt, version=n.version, reason=n.reason) for n in nodes])
+    return [msgspec.structs.replace(n, status=r.status, version=r.version, attempt=r.attempt)
+            for n, r in zip(nodes, runs, strict=True)]
 
 
 # -- the recorder's silence ------------------------------------------------------------------------
@@ -445,6 +508,18 @@ class Operator(Protocol):
     async def resume_queue(self, queue: str, *, reason: str = "") -> None: ...
 
     async def recorder_silence(self) -> RecorderSilence | None: ...
+
+    async def workflows(self, *, limit: int = 50) -> list[WorkflowSummary]: ...
+
+    async def workflow_id(self, prefix: str) -> str:
+        """The full id of the one workflow whose id starts with PREFIX (at least 4 hex digits)."""
+
+    async def workflow(self, workflow_id: str) -> Workflow: ...
+
+    async def retry_workflow(self, workflow_id: str, *, recompute: Sequence[str] = (),
+                             reason: str = "") -> dict[str, list[str]]: ...
+
+    async def batch_view(self, batch_id: str) -> Batch: ...
 
 
 def status_filter(status: str | None) -> str | None:
