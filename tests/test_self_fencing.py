@@ -451,3 +451,109 @@ async def test_a_queue_whose_redis_is_dead_does_not_slow_the_others(client: Clie
         other.cleanup()
     assert calls[Q] >= 30
     assert calls["sfdead"] * 3 <= calls[Q], calls
+
+
+# -- liveness that starvation cannot fake ------------------------------------------------------------------------
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+
+
+@registry.job("sf.spin", queue=Q, model="thread", max_retries=5)
+def spin(ctx: SyncContext, ledger: str, seconds: float) -> int:
+    """CPU-bound and holding the GIL: sum() over a range runs in C without letting other threads in."""
+    _effect(ledger, ctx, 0)
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += sum(range(5_000_000)) > 0
+    _effect(ledger, ctx, 1)
+    return n
+
+
+def _descendants(pid: int) -> list[int]:
+    out = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for k in kids:
+            out += _descendants(int(k))
+    return sorted(set(out))
+
+
+class _Starved:
+    """A cgroup v1 cpu group capped at `percent` of one core, holding a process tree while in use."""
+
+    def __init__(self, percent: float) -> None:
+        self.path = CPU_CGROUP / f"fp_starve_{os.getpid()}_{int(time.monotonic() * 1000)}"
+        self.path.mkdir()
+        (self.path / "cpu.cfs_period_us").write_text("100000")
+        (self.path / "cpu.cfs_quota_us").write_text(str(int(1000 * percent)))
+
+    def hold(self, pid: int) -> list[int]:
+        pids = _descendants(pid)
+        for p in pids:
+            with contextlib.suppress(OSError):
+                (self.path / "cgroup.procs").write_text(str(p))
+        return pids
+
+    def release(self) -> None:
+        for p in (self.path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (CPU_CGROUP / "cgroup.procs").write_text(p)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def _cgroup_usable() -> bool:
+    try:
+        probe = _Starved(50)
+    except OSError:
+        return False
+    probe.release()
+    return True
+
+
+@pytest.mark.skipif(not _cgroup_usable(), reason="needs a writable cgroup v1 cpu controller (/sys/fs/cgroup/cpu)")
+async def test_a_starved_worker_with_a_gil_holding_handler_is_not_reclaimed_or_run_twice(
+        client: Client, settings: Settings, stores: Stores, tmp_path: Path) -> None:
+    """Issue 22 item 3: a CPU-bound thread handler with its worker in a cgroup at 1 % of a core: the
+    liveness pulse (a thread of the worker) lost the GIL, reapers took the run back whatever its lease,
+    the same worker claimed it again, executions overlapped, and the run ended FAILED retries_exhausted.
+    The pulse now comes from a small process of its own (which needs no GIL of the worker's and little
+    CPU): the worker stays alive for the reapers, and the run executes once."""
+    ledger = tmp_path / "ledger"
+    log1 = tmp_path / "w1.log"
+    keys = stores.keys(Q)
+    run_id = await client.submit("sf.spin", str(ledger), 8.0)
+    w1 = spawn(settings, "worker", "--app", APP, "--queue", Q, "--processes", "1", log=log1,
+               FENCEPOST_LEASE_MS="20000")
+    starved = _Starved(1)
+    reaped = 0
+    try:
+        async def spinning() -> bool:
+            return len(_ledger(ledger)) >= 1
+
+        await wait_until(spinning, timeout=30, what=f"the handler to start\n{log_tail(log1)}")
+        held = starved.hold(w1.pid)
+        assert len(held) >= 2, "the worker and its pulser"
+        end = time.monotonic() + 9.0
+        while time.monotonic() < end:  # a healthy reaper beside the starved worker
+            reaped += await stores.scripts.reap_expired(keys, ReapArgs(100))
+            await asyncio.sleep(0.25)
+    finally:
+        starved.release()
+    try:
+        async def finished() -> bool:
+            raw = await stores.redis.hget(keys.run(run_id), "state")
+            return raw in (b"SUCCEEDED", b"FAILED")
+
+        await wait_until(finished, timeout=30, what=f"the run to finish\n{log_tail(log1)}")
+    finally:
+        stop([w1])
+    assert reaped == 0, "the starved worker looked dead"
+    rows = _ledger(ledger)
+    assert {r[0] for r in rows} == {1}, f"executions: {rows}"
+    await record_all(stores)
+    assert [(a["attempt"], a["outcome"]) for a in await client.attempts(run_id)] == [(1, "succeeded")]
