@@ -14,7 +14,20 @@ from fencepost.core.keys import QUEUE_NAME_PATTERN
 from fencepost.core.rates import PATTERN as RATE_PATTERN
 from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.validate import meta
-from fencepost.core.views import Attempt, Checkpoint, Event, QueueStats, Run, RunProgress, RunSummary
+from fencepost.core.views import (
+    Attempt,
+    Checkpoint,
+    Event,
+    QueueStats,
+    Run,
+    RunProgress,
+    RunSummary,
+    Workflow,
+    WorkflowNode,
+    WorkflowSummary,
+)
+from fencepost.core.views import Batch as Batch  # named in the OpenAPI document, as before
+from fencepost.core.views import BatchCallback as BatchCallback
 from fencepost.core.workers import HeldRun, StopRequest, WorkerInfo
 from fencepost.schedules import ScheduleUpdate
 from fencepost.workflows import Node
@@ -322,33 +335,7 @@ class WorkflowSubmitted(msgspec.Struct, kw_only=True):
     id: uuid.UUID
 
 
-class WorkflowNode(msgspec.Struct, kw_only=True):
-    name: str
-    id: int
-    status: str
-    handler: str
-    queue: str
-    attempt: int
-    depends_on: list[str]
-    reason: str | None = None
-    version: int | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    last_error_class: str | None = None
-
-
-class Workflow(msgspec.Struct, kw_only=True):
-    id: uuid.UUID
-    name: str | None
-    created_at: datetime
-    nodes: list[WorkflowNode]
-
-
-class WorkflowSummary(msgspec.Struct, kw_only=True):
-    id: uuid.UUID
-    name: str | None
-    created_at: datetime
-    nodes: int
+# WorkflowNode, Workflow, WorkflowSummary: fencepost.core.views
 
 
 class WorkflowRetry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -381,24 +368,7 @@ class BatchCreated(msgspec.Struct, kw_only=True):
     on_success: int | None = None
 
 
-class BatchCallback(msgspec.Struct, kw_only=True):
-    id: int
-    status: str
-    """BLOCKED until the batch settles; CANCELLED (reason batch_failed) for an on_success whose batch failed."""
-    reason: str | None = None
-
-
-class Batch(msgspec.Struct, kw_only=True):
-    id: uuid.UUID
-    name: str | None
-    created_at: datetime
-    settled_at: datetime | None
-    """When the last member became terminal (null: members still running)."""
-    total: int
-    counts: dict[str, int]
-    """Members by state (PostgreSQL's record; PURGED: the run left the record, e.g. a dropped archive partition)."""
-    on_complete: BatchCallback | None = None
-    on_success: BatchCallback | None = None
+# BatchCallback, Batch: fencepost.core.views
 
 
 class TokenCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
