@@ -653,7 +653,7 @@ async def list_workflows(ctx: Ctx) -> Any:
     return [_row(r, S.WorkflowSummary) for r in rows]
 
 
-async def _visible_workflow(ctx: Ctx) -> dict[str, Any]:
+async def _visible_workflow(ctx: Ctx) -> Any:  # a fencepost.core.views.Workflow
     """The workflow, if every node is in the caller's scope (else 404, as for a missing one)."""
     wid = ctx.path("workflow_id")
     wf = await ctx.client.workflow(wid)
