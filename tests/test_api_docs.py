@@ -15,6 +15,7 @@ import re
 from starlette.routing import Route
 
 from fencepost.api import create_app
+from fencepost.core.config import Settings
 from tests.conftest import ROOT
 
 DOC = ROOT / "docs" / "api.md"
@@ -28,9 +29,13 @@ def _shape(path: str) -> str:
     return re.sub(r"{[^}]*}", "{}", path.split("?", 1)[0])
 
 
+NO_STORES = Settings(redis_url="redis://127.0.0.1:1/0", database_url="postgresql://x@127.0.0.1:1/x")
+"""Never connected: the routes are read without stores (no URLs set would start the embedded pair)."""
+
+
 def served() -> set[tuple[str, str]]:
     out = set()
-    for route in create_app().routes:
+    for route in create_app(NO_STORES).routes:
         if isinstance(route, Route) and route.path != "/":  # "/" redirects to the dashboard (/ui/, a mount)
             out |= {(m, _shape(route.path)) for m in route.methods or () if m != "HEAD"}
     return out
