@@ -166,7 +166,8 @@ async def test_back_and_forward_keep_the_filter_box_the_url_and_the_list_togethe
 async def test_dead_letter_pages_and_retries_everything_shown_in_one_request(
         settings: Settings, client: Client, stores: Stores) -> None:
     """Issue 24 item 10: checkboxes with no action bar, no paging past 1,000 rows, and "retry all" a loop
-    of per-run POSTs from the browser."""
+    of per-run POSTs from the browser; item 3: newer failures in another queue hid a scoped operator's own
+    dead letter (the limit came before the scope)."""
     chromium = need_tool(CHROMIUM)
     from playwright.async_api import expect
 
@@ -175,11 +176,15 @@ async def test_dead_letter_pages_and_retries_everything_shown_in_one_request(
     async with _worker(settings, concurrency=8):
         for rid in dead:
             await wait_state(stores, rid, {"FAILED"})
+    elsewhere = await client.submit_many([Submit(handler="t.err.invalid", queue="other") for _ in range(70)])
+    async with _worker(settings, queues=["other"], concurrency=8):  # newer failures, outside the token's scope
+        for rid in elsewhere:
+            await client.wait(rid, timeout=30)
     _, secret = await create_token(client.stores.db, "operator", ["tq"], "dlq-op", "test")
     async with _recording(stores):
         async def recorded() -> bool:
             return await client.stores.db.pool.fetchval(  # type: ignore[union-attr]
-                "SELECT count(*) FROM runs WHERE status = 'FAILED'") == len(dead)
+                "SELECT count(*) FROM runs WHERE status = 'FAILED'") == len(dead) + len(elsewhere)
 
         await wait_until(recorded, timeout=30, what="the failures recorded")
         with serve_in_thread(_app(settings)) as base:
