@@ -33,7 +33,7 @@ T0 = 1_700_000_000_000
 def _row(rid: int, tenant: str, ckey: str) -> list[object]:
     # enqueue_runs, 18 per run (see its header)
     return [rid, "PENDING", T0, 0, "bench.noop", b"\x90", 3, 60000, 0, 1, "", "", 0, tenant,
-            ckey, 1000 if ckey else "", "", ""]
+            ckey, 1000 if ckey else "", "", "", ""]
 
 
 async def one(stores: Stores, runs: int, tenants: int, batch: int, keys: int) -> dict[str, float]:
@@ -42,7 +42,7 @@ async def one(stores: Stores, runs: int, tenants: int, batch: int, keys: int) ->
     names = [f"t{i}" for i in range(tenants)] if tenants > 1 else [""]
     t = time.perf_counter()
     for start in range(0, runs, 2000):
-        args: list[object] = [T0]
+        args: list[object] = []
         for rid in range(start, min(runs, start + 2000)):
             args += _row(rid + 1, names[rid % len(names)], f"key{rid % keys}" if keys else "")
         await stores.scripts.run("enqueue_runs", k, args)
@@ -50,7 +50,7 @@ async def one(stores: Stores, runs: int, tenants: int, batch: int, keys: int) ->
     got: list[str] = []
     t = time.perf_counter()
     while True:
-        out = await stores.scripts.run("claim_due", k, [T0 + 1, batch, "w", 600000, 100])
+        out = await stores.scripts.run("claim_due", k, [batch, "w", 600000, 100])
         if not out:
             break
         got += [out[i].decode() if isinstance(out[i], bytes) else str(out[i]) for i in range(0, len(out), 10)]

@@ -13,6 +13,7 @@ reconciler processes started with FENCEPOST_REDIS_CLUSTER=1:
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -131,16 +132,16 @@ async def test_submit_claim_fencing_and_retries(cluster: RedisClusterServers, cc
     # claim in this process, then a second claim after the lease expired: the old token is stale
     rid = await cclient.submit("t.noop", queue="held")
     keys = stores.keys("held")
-    now = int(time.time() * 1000)
-    first = await stores.scripts.run("claim_due", keys, [now, 1, "w-old", 50, 0])
+    first = await stores.scripts.run("claim_due", keys, [1, "w-old", 50, 0])
     assert int(first[0]) == rid
-    assert await stores.scripts.run("reap_expired", keys, [now + 1000, 100]) == 1
-    second = await stores.scripts.run("claim_due", keys, [now + 1000, 1, "w-new", 30_000, 0])
+    await asyncio.sleep(0.2)  # the 50 ms lease is past on the server's clock
+    assert await stores.scripts.run("reap_expired", keys, [100, 10]) == 1
+    second = await stores.scripts.run("claim_due", keys, [1, "w-new", 30_000, 0])
     old_tok, new_tok = int(first[1]), int(second[1])
     assert new_tok > old_tok
-    stale = await stores.scripts.run("finish_runs", keys, [now + 1001, 3, rid, old_tok, "ok", b"\x90", "", 0])
+    stale = await stores.scripts.run("finish_runs", keys, [3, rid, old_tok, "ok", b"\x90", "", 0])
     assert stale == [b"STALE"]
-    ok = await stores.scripts.run("finish_runs", keys, [now + 1002, 3, rid, new_tok, "ok", b"\x90", "", 0])
+    ok = await stores.scripts.run("finish_runs", keys, [3, rid, new_tok, "ok", b"\x90", "", 0])
     assert ok != [b"STALE"]
 
     # real processes: one worker serving queues on three primaries (one BLPOP per queue)
@@ -224,7 +225,7 @@ async def test_failover_of_one_primary_under_load(cluster: RedisClusterServers, 
         # a lease held by "a worker" across the failover
         rid = await cclient.submit("t.noop", queue=held_q)
         raw = await stores.scripts.run("claim_due", stores.keys(held_q),
-                                       [int(time.time() * 1000), 1, "w-held", 120_000, 0])
+                                       [1, "w-held", 120_000, 0])
         held = [(int(raw[0]), int(raw[1]))]
         assert held[0][0] == rid
         conn = await asyncpg.connect(cs.database_url)
@@ -258,8 +259,8 @@ async def test_failover_of_one_primary_under_load(cluster: RedisClusterServers, 
     # the pre-failover token is refused on the promoted replica
     keys = stores.keys(held_q)
     for hid, tok in held:
-        out = await stores.scripts.run("finish_runs", keys, [int(time.time() * 1000), 3, hid, tok, "ok",
+        out = await stores.scripts.run("finish_runs", keys, [3, hid, tok, "ok",
                                                              b"\x90", "", 0])
         assert out == [b"STALE"], (hid, out)
-        assert await stores.scripts.run("renew_leases", keys, [int(time.time() * 1000), 1000, hid, tok]) == [0]
+        assert await stores.scripts.run("renew_leases", keys, [1000, hid, tok]) == [0]
     await assert_guarantees(cs.database_url, load, failed_at, pre_max)

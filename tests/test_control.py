@@ -152,9 +152,15 @@ async def items_table(stores: Stores) -> Stores:
     return stores
 
 
+async def _at(stores: Stores, now: int) -> None:
+    """Hold the scripts' one clock at `now` (ms) for queue tq: the test clock (tests/conftest.py)."""
+    await stores.redis.set(stores.keys("tq").script_keys()[0] + ":testclock", now)
+
+
 async def _claim(stores: Stores, n: int = 1, now: int | None = None, worker: str = "test-worker") -> list[Any]:
-    return await stores.scripts.run("claim_due", stores.keys("tq"),
-                                    [now or int(time.time() * 1000), n, worker, 30_000, 100])
+    if now is not None:
+        await _at(stores, now)
+    return await stores.scripts.run("claim_due", stores.keys("tq"), [n, worker, 30_000, 100])
 
 
 # -- 1. pause, then resume on another worker process: exactly once ------------------------------
@@ -439,7 +445,7 @@ async def test_pause_racing_completion_the_completion_stands(client: Client, set
 
         async def finish(rid: int = rid, token: str = token) -> Any:
             await asyncio.sleep(random.random() * 0.004)  # land on either side of the pause
-            return await stores.scripts.run("finish_runs", keys, [int(time.time() * 1000), 3, rid, token, "ok",
+            return await stores.scripts.run("finish_runs", keys, [3, rid, token, "ok",
                                                                   encode_result(None), "", 0])
 
         res = await asyncio.gather(client.pause(rid), finish(), return_exceptions=True)
@@ -485,7 +491,7 @@ async def test_cancel_racing_a_claim_never_both_claims_and_cancels(client: Clien
             assert cancel_res == "STOPPING", "a claimed run was reported CANCELLED at once"
             assert state == "STOPPING" and (await stores.redis.hget(keys.run(rid), "ctl")) == b"cancel"
             # the worker lets go at its next boundary: the run ends CANCELLED
-            fin = await stores.scripts.run("finish_runs", keys, [int(time.time() * 1000), 3, rid, raw[1].decode(),
+            fin = await stores.scripts.run("finish_runs", keys, [3, rid, raw[1].decode(),
                                                                  "interrupted", "", "", 0])
             assert fin == [b"CANCELLED"]
             outcomes["claim first"] = outcomes.get("claim first", 0) + 1
@@ -582,7 +588,8 @@ async def test_stale_attempts_late_checkpoint_is_rejected_and_not_read(client: C
 
     # the old worker stalls; its lease expires and a new attempt takes over
     later = int(time.time() * 1000) + 3_600_000
-    assert await stores.scripts.run("reap_expired", keys, [later, 10]) == 1
+    await _at(stores, later)
+    assert await stores.scripts.run("reap_expired", keys, [10, 10]) == 1
     raw = await _claim(stores, now=later, worker="new-worker")
     assert int(raw[0]) == rid and int(raw[2]) == 2
     token2 = int(raw[1])
@@ -613,7 +620,8 @@ async def test_stale_attempts_late_checkpoint_is_rejected_and_not_read(client: C
 
     # what the next attempt reads is the new attempt's state
     later += 3_600_000
-    assert await stores.scripts.run("reap_expired", keys, [later, 10]) == 1
+    await _at(stores, later)
+    assert await stores.scripts.run("reap_expired", keys, [10, 10]) == 1
     raw = await _claim(stores, now=later, worker="third-worker")
     third = Context(rid, int(raw[2]), int(raw[1]), "tq", "t.items", gen=0)
     await cps.load(third)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from typing import Any
 
 import asyncpg
@@ -42,13 +41,13 @@ def reported(out: str) -> dict[tuple[str, int], str]:
 
 
 async def claim(stores: Stores, n: int = 1) -> list[tuple[int, int]]:
-    raw = await stores.scripts.run("claim_due", stores.keys(Q), [int(time.time() * 1000), n, "w-test", 60_000, 0])
+    raw = await stores.scripts.run("claim_due", stores.keys(Q), [n, "w-test", 60_000, 0])
     n = len(CLAIM_FIELDS)  # claim_due's fields per run
     return [(int(raw[i]), int(raw[i + 1])) for i in range(0, len(raw), n)]
 
 
 async def finish(stores: Stores, run_id: int, token: int) -> str:
-    out = await stores.scripts.run("finish_runs", stores.keys(Q), [int(time.time() * 1000), 3,
+    out = await stores.scripts.run("finish_runs", stores.keys(Q), [3,
                                                                  run_id, token, "ok", b"\x90", "", 0])
     return out[0].decode()
 

@@ -8,7 +8,6 @@ keeps its counts. Real Redis and PostgreSQL; rows an older version could write a
 from __future__ import annotations
 
 import json
-import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -227,7 +226,7 @@ async def test_unrecorded_repair_keeps_the_review_reason(client: Client, stores:
     assert run_id == rid
     await record_all(stores)
     k = stores.keys(Q)
-    out = await stores.scripts.run("finish_runs", k, [int(time.time() * 1000), 3, rid, token, "review",
+    out = await stores.scripts.run("finish_runs", k, [3, rid, token, "review",
                                                       b"charged twice?", "SideEffectFailed", 0])
     assert out[0] == b"FAILED"
     await stores.redis.xtrim(k.events, maxlen=0)  # the stream entry is lost before the recorder saw it
@@ -254,13 +253,13 @@ async def test_a_blocked_workflow_step_is_not_drift(client: Client, stores: Stor
     # recompute after that: nothing of the workflow gets cancelled by the sweeper
     [(a_id, token)] = await claim(stores)
     assert a_id == nodes["a"]["id"]
-    await stores.scripts.run("finish_runs", stores.keys(Q), [int(time.time() * 1000), 3, a_id, token, "ok",
+    await stores.scripts.run("finish_runs", stores.keys(Q), [3, a_id, token, "ok",
                                                              b"\x90", "", 0])
     await record_all(stores)  # a SUCCEEDED releases b (PENDING, through the outbox: here drift moves it)
     await DriftRepair(stores, grace_s=0.0).tick(Q)
     [(b_id, token)] = await claim(stores)
     assert b_id == blocked
-    await stores.scripts.run("finish_runs", stores.keys(Q), [int(time.time() * 1000), 3, b_id, token, "ok",
+    await stores.scripts.run("finish_runs", stores.keys(Q), [3, b_id, token, "ok",
                                                              b"\x90", "", 0])
     await record_all(stores)
     await client.retry_workflow(wf, recompute=["a"])
