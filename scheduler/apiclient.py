@@ -280,7 +280,8 @@ class AsyncApiClient:
 
 
 class ApiClient:
-    """The blocking client (httpx): what the commands not yet written against the protocol use."""
+    """The blocking client (httpx) of the commands not yet written against the operator protocol
+    (schedules, review, tokens, audit, a bulk command's count-and-confirm): `request` and a few helpers."""
 
     def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None) -> None:
@@ -306,55 +307,9 @@ class ApiClient:
             raise StoreUnavailable(f"the API at {self.url} is unreachable: {exc}") from None
         return _answer(resp)
 
-    # -- producer ------------------------------------------------------------------------------
-    def submit(self, handler: str, args: list[Any], kwargs: dict[str, Any], *, idempotency_key: str | None = None,
-               **options: Any) -> int:
-        body = {"handler": handler, "args": args, "kwargs": kwargs, **{k: v for k, v in options.items() if v is not None}}
-        hdrs = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return int(self.request("POST", "/v1/runs", body, headers=hdrs)["id"])
-
     # -- read ----------------------------------------------------------------------------------
-    def get(self, run_id: int) -> dict[str, Any]:
-        return self.request("GET", f"/v1/runs/{run_id}")
-
-    def attempts(self, run_id: int) -> list[dict[str, Any]]:
-        return self.request("GET", f"/v1/runs/{run_id}/attempts")
-
-    def checkpoint(self, run_id: int) -> dict[str, Any] | None:
-        return self.request("GET", f"/v1/runs/{run_id}/checkpoint")
-
-    def events(self, run_id: int) -> list[dict[str, Any]]:
-        return self.request("GET", f"/v1/runs/{run_id}/events")
-
-    def fleet_events(self, since: datetime, type_: str | None, queue: str | None, limit: int) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/events", query={"since": since.isoformat(), "type": type_, "queue": queue,
-                                                       "limit": limit})
-
-    def list_runs(self, *, queue: str | None = None, status: str | None = None, handler: str | None = None,
-                  limit: int = 50) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/runs", query={"queue": queue, "status": status, "handler": handler,
-                                                     "limit": limit})
-
-    def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/dead-letter", query={"queue": queue, "limit": limit})
-
     def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
         return _as(list[RunSummary], self.request("GET", "/v1/review", query={"queue": queue, "limit": limit}))
-
-    def wait(self, run_id: int, timeout: float | None = None) -> dict[str, Any]:
-        """Poll the run until it rests (terminal, PAUSED or STOPPED), as Client.wait does; the API's
-        run carries the outcome from Redis before PostgreSQL records it. WaitTimeout past `timeout`."""
-        resting = _RESTING
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.05
-        while True:
-            run = self.get(run_id)
-            if run["status"] in resting:
-                return run
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(run_id, run["status"])
-            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.5)
 
     # -- schedules -----------------------------------------------------------------------------
     @staticmethod
@@ -384,39 +339,9 @@ class ApiClient:
         out = self.request("GET", f"/v1/schedules/{self._name(name)}/next", query={"n": n})
         return [datetime.fromisoformat(t) for t in out["fires"]], out.get("timezone") or "UTC"
 
-    def queues(self) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/queues")
-
-    # -- workflows -----------------------------------------------------------------------------
-    def workflows(self, *, limit: int = 50) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/workflows", query={"limit": limit})
-
-    def workflow(self, workflow_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/workflows/{self._name(workflow_id)}")
-
-    def retry_workflow(self, workflow_id: str, *, recompute: list[str] | tuple[str, ...] = (),
-                       reason: str = "") -> dict[str, list[str]]:
-        return self.request("POST", f"/v1/workflows/{self._name(workflow_id)}/retry",
-                            {"recompute": list(recompute), "reason": reason})["done"]
-
-    def batch(self, batch_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/batches/{self._name(batch_id)}")
-
     # -- operator ------------------------------------------------------------------------------
-    def command(self, verb: str, run_id: int, *, reason: str = "", expected_version: int | None = None) -> str:
-        body: dict[str, Any] = {"reason": reason}
-        if expected_version is not None:
-            body["expected_version"] = expected_version
-        return self.request("POST", f"/v1/runs/{run_id}/{verb}", body)["state"]
-
     def resolve(self, run_id: int, *, as_: str, reason: str = "") -> str:
         return self.request("POST", f"/v1/runs/{run_id}/resolve", {"as": as_, "reason": reason})["state"]
-
-    def pause_queue(self, queue: str, *, reason: str = "") -> None:
-        self.request("POST", f"/v1/queues/{_quote(queue)}/pause", {"reason": reason})
-
-    def resume_queue(self, queue: str, *, reason: str = "") -> None:
-        self.request("POST", f"/v1/queues/{_quote(queue)}/resume", {"reason": reason})
 
     def bulk(self, verb: str, *, queue: str, status: str | None, handler: str | None, confirm: int,
              reason: str = "", limit: int | None = None, until_id: int | None = None,
