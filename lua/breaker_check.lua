@@ -2,13 +2,14 @@
 -- Not a queue script: it touches one circuit breaker, shared by every worker.
 -- KEYS[1] the breaker hash {mode, opened_until} (fencepost.core.keys.breaker_keys)
 -- KEYS[2] the half-open probe lock (same hash tag)
--- ARGV[1] now (ms), ARGV[2] probe timeout (ms)
+-- ARGV[1] probe timeout (ms); times are the Redis server's (includes/clock.lua)
 -- Returns: {'closed', 0} run it | {'open', until_ms} defer it until then |
 --   {'probe', 0} run it as the half-open probe (its outcome closes or re-opens the breaker)
 -- @keys state probe
--- @argv now probe_ms
+-- @argv probe_ms
 -- @returns {mode until}
-local now, probe_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- @include clock
+local now, probe_ms = server_now_ms(), tonumber(ARGV[1])
 local f = redis.call('HMGET', KEYS[1], 'mode', 'opened_until')
 local state, opened_until = f[1] or 'closed', tonumber(f[2] or '0')
 if state == 'closed' then return {'closed', 0} end

@@ -3,14 +3,16 @@
 -- least min_calls calls); half-open -> closed on a successful probe, -> open on a failed one.
 -- Not a queue script: it touches one circuit breaker, shared by every worker.
 -- KEYS[1] the breaker hash, KEYS[2] the probe lock, KEYS[3] the bucket key prefix
--- ARGV[1] now (ms), ARGV[2] successes, ARGV[3] failures, ARGV[4] probe result ('' | 'ok' | 'fail'),
--- ARGV[5] failure-rate threshold (0..1), ARGV[6] min calls, ARGV[7] window (ms), ARGV[8] cooldown (ms)
+-- ARGV[1] successes, ARGV[2] failures, ARGV[3] probe result ('' | 'ok' | 'fail'),
+-- ARGV[4] failure-rate threshold (0..1), ARGV[5] min calls, ARGV[6] window (ms), ARGV[7] cooldown (ms)
+-- Windows and cooldowns are on the Redis server's clock (includes/clock.lua).
 -- Returns: {mode, until}: the mode after this call and its opened_until (ms, 0 if never opened)
 -- @keys state probe buckets
--- @argv now successes failures probe threshold min_calls window_ms cooldown_ms
+-- @argv successes failures probe threshold min_calls window_ms cooldown_ms
 -- @returns {mode until}
-local now, ok, bad, probe = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local threshold, min_calls, window, cooldown = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+-- @include clock
+local now, ok, bad, probe = server_now_ms(), tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local threshold, min_calls, window, cooldown = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local width = math.max(math.floor(window / 10), 1)
 local bucket = math.floor(now / width)
 if ok > 0 then

@@ -48,22 +48,27 @@ class Breakers:
     def _keys(self, service: str) -> list[str]:
         return breaker_keys(self.stores.settings.prefix, service)
 
+    def _server_s(self) -> float:
+        """The Redis server's clock (s) as this process estimates it (a breaker's `until` is on it);
+        this host's clock only before the first estimate."""
+        ms = self.stores.scripts.clock.now_ms()
+        return time.time() if ms is None else ms / 1000
+
     async def check(self, service: str) -> tuple[bool, float | None, bool]:
         """(may start, seconds to wait if not, is the half-open probe)."""
-        now = time.time()
         seen = self._seen.get(service)
-        if seen is not None and now - seen[2] < self.cache_s:
+        if seen is not None and time.monotonic() - seen[2] < self.cache_s:
             mode, until, _ = seen
             if mode == "closed":
                 return True, None, False
+            now = self._server_s()
             if mode == "open" and now * 1000 < until:
                 return False, until / 1000 - now, False
-        state = await self.stores.scripts.breaker_check(self._keys(service),
-                                                        BreakerCheckArgs(int(now * 1000), self.policy.probe_ms))
+        state = await self.stores.scripts.breaker_check(self._keys(service), BreakerCheckArgs(self.policy.probe_ms))
         mode, until = state.mode, float(state.until)
         self._remember(service, mode, until)
         if mode == "open":
-            return False, max(until / 1000 - now, 0.05), False
+            return False, max(until / 1000 - self._server_s(), 0.05), False
         return True, None, mode == "probe"
 
     def record(self, service: str, ok: bool, probe: bool) -> None:
@@ -90,7 +95,7 @@ class Breakers:
             for service in sorted(set(counts) | set(probes)):
                 ok, bad = counts.get(service, [0, 0])
                 state = await self.stores.scripts.breaker_record(
-                    self._keys(service), BreakerRecordArgs(int(time.time() * 1000), ok, bad, probes.get(service, ""),
+                    self._keys(service), BreakerRecordArgs(ok, bad, probes.get(service, ""),
                                                            p.threshold, p.min_calls, p.window_ms, p.cooldown_ms))
                 counts.pop(service, None)
                 probes.pop(service, None)
@@ -110,5 +115,5 @@ class Breakers:
             log.warning("breaker %s: %s -> %s", service, previous, mode, extra={"event": "breaker_" + mode})
 
     def _remember(self, service: str, mode: str, until: float) -> None:
-        self._seen[service] = (mode, until, time.time())
+        self._seen[service] = (mode, until, time.monotonic())
         metrics.BREAKER.labels(service).set(_CODE.get(mode, 0))

@@ -355,12 +355,10 @@ class Page(msgspec.Struct, frozen=True):
 
 
 class BreakerCheckArgs(msgspec.Struct, frozen=True):
-    now: int
     probe_ms: int
 
 
 class BreakerRecordArgs(msgspec.Struct, frozen=True):
-    now: int
     successes: int
     failures: int
     probe: str
@@ -374,7 +372,7 @@ class BreakerRecordArgs(msgspec.Struct, frozen=True):
 class BreakerState(msgspec.Struct, frozen=True):
     mode: str
     until: int
-    """Open until (ms); 0 when not open."""
+    """Open until (ms, the Redis server's clock: compare with Scripts.clock); 0 when not open."""
 
 
 def _opt_int(v: Any) -> int | None:
