@@ -478,3 +478,28 @@ async def test_a_transition_still_in_the_stream_is_recorded_once_when_a_rebuild_
     attempts = await _sql(settings, "SELECT outcome FROM attempts WHERE run_id = $1", rid)
     assert [a["outcome"] for a in attempts] == ["succeeded"]
     assert done[0]["n"] <= 1
+
+
+async def test_a_lost_lease_of_a_run_stored_outside_the_bounds_is_interrupted(
+        client: Client, stores: Stores, settings: Settings) -> None:
+    """A RUNNING run with max_retries = 2147483647 (stored before 010) whose Redis copy is lost:
+    drift's interrupt (an UPDATE of its row) was refused, so the queue's lost leases were never
+    repaired. Now its values are put back inside the bounds first and it is re-queued."""
+    ids = await client.submit_many([Submit(handler="t.noop") for _ in range(2)])
+    claimed = dict(await claim(stores, 2))
+    assert sorted(claimed) == sorted(ids)
+    await record_all(stores)
+    await _stored_before_the_bounds(settings, ("UPDATE runs SET max_retries = 2147483647, updated_at = now() - "
+                                               "interval '1 hour' WHERE id = $1", ids[0]))
+    k = stores.keys(Q)
+    for rid in ids:
+        await stores.redis.delete(k.run(rid))
+        await stores.redis.zrem(k.active, rid)
+    done = await DriftRepair(stores, grace_s=0.0).tick(Q)
+    assert sorted(d.run_id for d in done if d.kind == "lost_lease") == sorted(ids)
+    for rid in ids:
+        assert (await client.get(rid))["status"] == "PENDING"
+        assert await stores.redis.hget(k.run(rid), "state") == b"PENDING"
+    [ev] = await _events(settings, ids[0], "quarantined")
+    assert ev["data"]["stored"]["max_retries"] == 2147483647 and ev["data"]["loop"] == "drift"
+    assert (await client.get(ids[0]))["max_retries"] == 10000
