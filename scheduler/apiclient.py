@@ -46,6 +46,7 @@ from fencepost.core.views import (
     WorkflowSummary,
     status_filter,
 )
+from fencepost.core.workers import WorkerInfo
 from fencepost.workflows import WORKFLOW_ID_PREFIX, one_workflow
 
 __all__ = ["ApiClient", "ApiProblem", "AsyncApiClient"]
@@ -263,6 +264,13 @@ class AsyncApiClient:
 
     async def batch_view(self, batch_id: str) -> Batch:
         return _as(Batch, await self.request("GET", f"/v1/batches/{_quote(str(batch_id))}"))
+
+    # -- workers -------------------------------------------------------------------------------
+    async def workers(self, *, queue: str | None = None) -> list[WorkerInfo]:
+        return _as(list[WorkerInfo], await self.request("GET", "/v1/workers", query={"queue": queue}))
+
+    async def stop_worker(self, worker_id: str, *, reason: str = "") -> None:
+        await self.request("POST", f"/v1/workers/{_quote(worker_id)}/stop", {"reason": reason})
 
     # -- operator ------------------------------------------------------------------------------
     async def command(self, verb: str, run_id: int, *, reason: str = "",

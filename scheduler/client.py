@@ -17,6 +17,7 @@ import msgspec
 
 from fencepost.control import COMMANDS, ControlMixin
 from fencepost.core import rates, validate
+from fencepost.core import workers as fleet
 from fencepost.core.config import Settings
 from fencepost.core.errors import (
     DatabaseUnavailable,
@@ -57,6 +58,7 @@ from fencepost.core.views import (
     status_filter,
     view,
 )
+from fencepost.core.workers import WorkerInfo
 from fencepost.workflows import RunHandle, SyncRunHandle, WorkflowMixin
 
 __all__ = ["Client", "SyncClient", "idempotency_scope", "request_fingerprint"]
@@ -778,6 +780,14 @@ class Client(ControlMixin, WorkflowMixin):
             raise InvalidInput(f"unknown command {verb!r}; one of {', '.join(COMMANDS)}", field="command")
         reply: Reply = await getattr(self, verb)(run_id, reason=reason, expected_version=expected_version)
         return reply
+
+    async def workers(self, *, queue: str | None = None) -> list[WorkerInfo]:
+        """Live workers (of QUEUE when given): identity, queues, concurrency, the runs each holds."""
+        return [w for w in await fleet.list_workers(self.stores) if queue is None or queue in w.queues]
+
+    async def stop_worker(self, worker_id: str, *, reason: str = "") -> None:
+        """Ask WORKER_ID to stop claiming, drain within its grace period and exit (audited as this client's actor)."""
+        await fleet.request_stop(self.stores, worker_id, actor=self.actor, reason=reason)
 
     async def recorder_silence(self) -> RecorderSilence | None:
         """The queue whose transitions have waited longest for a recorder, when longer than

@@ -217,3 +217,19 @@ async def test_loadtest_reports_real_figures_and_cleans_up(settings: Settings, c
     assert [r for r in await client.list_runs(limit=1000) if r["queue"] == rep["queue"]] == []
     text = await fp(settings, "loadtest", "burst", "--jobs", "20", "--workers", "1", "--concurrency", "20", "--keep")
     assert text.code == 0 and "None" not in text.stdout and "kept (--keep)" in text.stdout, text
+
+
+async def test_workers_lists_a_live_worker_and_stop_asks_it_to_drain(settings: Settings, client: Client) -> None:
+    """`fencepost workers` and `workers stop` are written once against the operator protocol (issue 25)."""
+    async with worker(settings):
+        rows: list[dict[str, object]] = []
+        for _ in range(100):
+            out = await fp(settings, "workers", "--queue", "tq", "--json")
+            assert out.code == 0, out
+            rows = json.loads(out.stdout)
+            if rows:
+                break
+            await asyncio.sleep(0.1)
+        assert len(rows) == 1 and rows[0]["queues"] == ["tq"], rows
+        stopped = await fp(settings, "workers", "stop", str(rows[0]["id"]), "--reason", "typed")
+        assert stopped.code == 0 and "asked worker" in stopped.stdout, stopped

@@ -5,15 +5,11 @@ stop claiming, drain and exit (audited). Directly on the stores, or through the 
 from __future__ import annotations
 
 import time
-import urllib.parse
-from typing import Any
 
 import click
 import msgspec
 
-from fencepost.cli.common import actor, async_command, from_context, json_option, print_json, table
-from fencepost.client import Client
-from fencepost.core import workers as fleet
+from fencepost.cli.common import actor, async_command, json_option, operator, print_json, table
 from fencepost.core.config import Settings
 
 __all__ = ["workers"]
@@ -38,14 +34,8 @@ def workers(ctx: click.Context, queue: str | None, as_json: bool) -> None:
 
 @async_command
 async def _list(settings: Settings, queue: str | None, as_json: bool) -> None:
-    api = from_context()
-    rows: list[dict[str, Any]]
-    if api is not None:
-        rows = api.request("GET", "/v1/workers", query={"queue": queue})
-    else:
-        async with Client(settings=settings) as client:
-            rows = [msgspec.to_builtins(w) for w in await fleet.list_workers(client.stores)
-                    if queue is None or queue in w.queues]
+    async with operator(settings) as op:
+        rows = [msgspec.to_builtins(w) for w in await op.workers(queue=queue)]
     if as_json:
         print_json(rows)
         return
@@ -64,10 +54,6 @@ async def _list(settings: Settings, queue: str | None, as_json: bool) -> None:
 @async_command
 async def stop(settings: Settings, worker_id: str, reason: str) -> None:
     """Ask WORKER_ID to stop claiming, finish or release what it holds (its grace period), and exit."""
-    api = from_context()
-    if api is not None:
-        api.request("POST", f"/v1/workers/{urllib.parse.quote(worker_id, safe='')}/stop", {"reason": reason})
-    else:
-        async with Client(settings=settings) as client:
-            await fleet.request_stop(client.stores, worker_id, actor=actor(), reason=reason)
+    async with operator(settings, actor=actor()) as op:
+        await op.stop_worker(worker_id, reason=reason)
     click.echo(f"asked worker {worker_id} to stop: it drains at its next heartbeat")

@@ -33,6 +33,7 @@ from fencepost.core.fairness import due_summary
 from fencepost.core.hot import RunPeek
 from fencepost.core.models import Outcome, Submit, decode_payload, decode_result
 from fencepost.core.states import RESTING, Status
+from fencepost.core.workers import WorkerInfo
 
 if TYPE_CHECKING:
     from fencepost.core.stores import Stores
@@ -520,6 +521,12 @@ class Operator(Protocol):
                              reason: str = "") -> dict[str, list[str]]: ...
 
     async def batch_view(self, batch_id: str) -> Batch: ...
+
+    async def workers(self, *, queue: str | None = None) -> list[WorkerInfo]:
+        """Live workers (of QUEUE when given): identity, queues, concurrency, the runs each holds."""
+
+    async def stop_worker(self, worker_id: str, *, reason: str = "") -> None:
+        """Ask WORKER_ID to stop claiming, drain within its grace period and exit (audited)."""
 
 
 def status_filter(status: str | None) -> str | None:
