@@ -304,7 +304,7 @@ class Worker:
         return delay
 
     async def _claim(self, queue: str, n: int) -> int:
-        now = int(time.time() * 1000)
+        now = self._server_ms()
         sent = time.monotonic()  # the lease on Redis runs at least lease_ms from here
         keys = self.stores.keys(queue)
         try:
@@ -413,12 +413,18 @@ class Worker:
                     best = (int(head[0][1]), q)
         return best
 
+    def _server_ms(self) -> int:
+        """The Redis server's clock (ms) as this worker estimates it (Scripts.clock): due times and
+        rate windows are on it. This host's clock only before the first estimate (docs/clock.md)."""
+        ms = self.stores.scripts.clock.now_ms()
+        return int(time.time() * 1000) if ms is None else int(ms)
+
     def _ring(self, run_at: int, queue: str) -> None:
         """A delayed run is due: push the queue's wake list so an idle worker (this one, blocked
         on it) claims now. Redis times a BLPOP out only at its own tick (up to 100 ms late)."""
         # everything due by now counts as offered: a queue we cannot claim from (paused, unstamped)
         # is rung once, not once per waiting run
-        self._due_seen[queue] = max(self._due_seen.get(queue, 0), run_at, int(time.time() * 1000))
+        self._due_seen[queue] = max(self._due_seen.get(queue, 0), run_at, self._server_ms())
         task = asyncio.ensure_future(self.stores.redis.rpush(self.stores.keys(queue).wake, 1))
         self._rings.add(task)  # referenced until done, like the escalations
         task.add_done_callback(self._rings.discard)
@@ -443,7 +449,7 @@ class Worker:
                 log.debug("next due read failed: %s", exc)
                 nxt = None
             if nxt is not None:
-                delay = nxt[0] / 1000 - time.time()
+                delay = (nxt[0] - self._server_ms()) / 1000  # due times are on the server's clock
                 if delay < self.opts.idle_wait_s:
                     timer = asyncio.get_running_loop().call_later(max(delay, 0.0), self._ring, *nxt)
             waiters: dict[asyncio.Future[Any], list[str]]
