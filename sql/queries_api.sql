@@ -48,7 +48,7 @@ UPDATE api_tokens SET last_used_at = now()
 WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute');
 
 -- name: api_submitted_by
-SELECT actor FROM events WHERE run_id = $1 AND type = 'submitted' ORDER BY id LIMIT 1;
+SELECT actor FROM history WHERE run_id = $1 AND type = 'submitted' ORDER BY id LIMIT 1;  -- row or event (021)
 
 -- name: api_queue_figures
 -- Per queue over the last $1 seconds (whole minutes): finished runs (throughput) and the mean delay between

@@ -28,16 +28,17 @@ WITH input AS MATERIALIZED (
 ), ins AS (
     INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
                       idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-                      tenant, concurrency_key, concurrency_limit, rate_key, rate_limit)
+                      tenant, concurrency_key, concurrency_limit, rate_key, rate_limit, submitted_by)
     SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
            idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-           COALESCE(tenant, ''), concurrency_key, concurrency_limit, rate_key, rate_limit
+           COALESCE(tenant, ''), concurrency_key, concurrency_limit, rate_key, rate_limit,
+           CASE WHEN status = 'PENDING' THEN $20::text END
     FROM input WHERE idempotency_key IS NULL OR id IN (SELECT run_id FROM claimed)
     ORDER BY ord
     RETURNING id, status, trace_id
-), ev AS (
+), ev AS (  -- a run submitted PENDING is its own submitted record (021); others keep the event row
     INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
-    SELECT id, 'submitted', status, 0, $20, trace_id, now() FROM ins
+    SELECT id, 'submitted', status, 0, $20, trace_id, now() FROM ins WHERE status <> 'PENDING' OR $20 IS NULL
 ), notify AS (
     SELECT pg_notify('fencepost_outbox', q.queue)
     FROM (SELECT DISTINCT queue FROM input WHERE outbox AND id IN (SELECT id FROM ins)) q

@@ -14,8 +14,9 @@ WHERE ($1::text IS NULL OR r.queue = $1) AND ($2::text IS NULL OR r.status = $2)
   AND ($3::text IS NULL OR r.handler = $3)
   AND ($4::timestamptz IS NULL OR r.created_at >= $4) AND ($5::timestamptz IS NULL OR r.created_at < $5)
   AND ($7::text[] IS NULL OR r.queue = ANY($7))
-  AND ($8::text IS NULL OR EXISTS (SELECT 1 FROM events e WHERE e.type = 'submitted' AND e.run_id = r.id
-                                   AND (e.actor = $8 OR e.actor LIKE $8 || '@%')))
+  AND ($8::text IS NULL OR r.submitted_by = $8 OR r.submitted_by LIKE $8 || '@%'  -- the run row (021) or
+       OR EXISTS (SELECT 1 FROM events e WHERE e.type = 'submitted' AND e.run_id = r.id  -- its event row
+                  AND (e.actor = $8 OR e.actor LIKE $8 || '@%')))
   AND ($9::bigint IS NULL OR r.id < $9)
   AND ($10::bigint IS NULL OR r.id = $10)
   AND ($11::text IS NULL OR r.tenant = $11)
@@ -47,8 +48,9 @@ SELECT count(*) AS n FROM (
     AND ($3::text IS NULL OR r.handler = $3)
     AND ($4::timestamptz IS NULL OR r.created_at >= $4) AND ($5::timestamptz IS NULL OR r.created_at < $5)
     AND ($6::text[] IS NULL OR r.queue = ANY($6))
-    AND ($7::text IS NULL OR EXISTS (SELECT 1 FROM events e WHERE e.type = 'submitted' AND e.run_id = r.id
-                                     AND (e.actor = $7 OR e.actor LIKE $7 || '@%')))
+    AND ($7::text IS NULL OR r.submitted_by = $7 OR r.submitted_by LIKE $7 || '@%'  -- the run row (021) or
+         OR EXISTS (SELECT 1 FROM events e WHERE e.type = 'submitted' AND e.run_id = r.id  -- its event row
+                    AND (e.actor = $7 OR e.actor LIKE $7 || '@%')))
     AND ($8::bigint IS NULL OR r.id < $8)
     AND ($9::bigint IS NULL OR r.id = $9)
     AND ($10::text IS NULL OR r.tenant = $10)

@@ -116,7 +116,7 @@ async def _assert_history_equals(stores: Stores, expected: set[tuple[int, int, s
                                    "WHERE stream_id IS NOT NULL GROUP BY run_id")
     gaps = [(r["run_id"], list(r["vs"])) for r in per_run if list(r["vs"]) != list(range(1, len(r["vs"]) + 1))]
     assert not gaps, f"versions are not 1..n per run: {gaps[:5]}"
-    sub = await _fetch(stores, "SELECT run_id, count(*) AS n, min(version) AS v FROM events WHERE type = 'submitted' "
+    sub = await _fetch(stores, "SELECT run_id, count(*) AS n, min(version) AS v FROM history WHERE type = 'submitted' "
                                "GROUP BY run_id")
     assert {r["run_id"] for r in sub} == set(run_ids) and {(r["n"], r["v"]) for r in sub} == {(1, 0)}
 

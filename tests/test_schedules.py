@@ -130,7 +130,7 @@ async def test_racing_leaders_create_each_fire_once(client: Client) -> None:
     stale = await Trigger(client.stores, clock=clock, use_lease=False).tick()
     assert stale.created == 0 and stale.duplicates == 40
     assert await pool.fetchval("SELECT count(*) FROM runs") == 40 * 5
-    assert await pool.fetchval("SELECT count(*) FROM events WHERE type = 'submitted'") == 40 * 5
+    assert await pool.fetchval("SELECT count(*) FROM history WHERE type = 'submitted'") == 40 * 5
 
 
 async def test_one_leader_and_a_new_leader_resumes_from_next_fire_time(client: Client) -> None:

@@ -69,7 +69,7 @@ async def test_same_idempotency_key_concurrently_yields_one_run(client: Client, 
             await c.close()
     assert len(set(ids)) == 1
     assert await _count_runs(client) == 1
-    n_events = await client.stores.db.pool.fetchval("SELECT count(*) FROM events")  # type: ignore[union-attr]
+    n_events = await client.stores.db.pool.fetchval("SELECT count(*) FROM history")  # type: ignore[union-attr]
     assert n_events == 1
 
 
