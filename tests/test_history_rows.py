@@ -1,7 +1,8 @@
 """History as one row per attempt (issue 23 item 1, DESIGN.md invariant 5): a claim and the worker's
 finish are columns of the attempt's row, written once when they fall in one recorder batch and updated
-once otherwise; everything else stays an event row; `run_events` (CLI, API, dashboard) shows one
-timeline from both; history an older version stored as event rows reads the same after 020."""
+once otherwise; a submit is its run row (021); everything else stays an event row; `run_events` (CLI,
+API, dashboard) shows one timeline from all three; history an older version stored as event rows reads
+the same after 020."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from fencepost.client import Client
 from fencepost.core.hot import ClaimArgs, Finish, FinishArgs
+from fencepost.core.models import Submit
 from fencepost.core.record import migrations, query, upgrade
 from fencepost.core.stores import Stores
 from fencepost.reconciler.recorder import Recorder
@@ -48,8 +50,8 @@ async def test_a_claim_and_its_finish_are_one_attempt_row_and_no_event_rows(clie
     await rec.record(await _entries(stores), fresh=True)
     pool = stores.db.pool
     assert pool is not None
-    kinds = await pool.fetch("SELECT type, count(*) AS n FROM events GROUP BY type")
-    assert {r["type"]: r["n"] for r in kinds} == {"submitted": 3}, "no claimed / succeeded event rows"
+    assert await pool.fetchval("SELECT count(*) FROM events") == 0, \
+        "no event rows: the submits are their run rows (021), the claims and finishes attempt columns"
     att = await pool.fetch("SELECT run_id, attempt, token, worker_id, outcome, claim_version, finish_type, "
                            "finish_version, finish_to FROM attempts ORDER BY run_id")
     tokens = {j.id: j.token for j in jobs}
@@ -82,7 +84,7 @@ async def test_a_finish_in_a_later_batch_updates_its_attempt_row_once(client: Cl
     assert _timeline(await client.events(rid)) == [
         ("submitted", None, "PENDING", 0, None), ("claimed", "PENDING", "RUNNING", 1, 1),
         ("failed", "RUNNING", "FAILED", 2, 1)]
-    assert await pool.fetchval("SELECT count(*) FROM events WHERE run_id = $1", rid) == 1
+    assert await pool.fetchval("SELECT count(*) FROM events WHERE run_id = $1", rid) == 0
 
 
 async def test_a_retry_scheduled_stays_an_event_row_beside_its_attempt(client: Client, stores: Stores) -> None:
@@ -94,11 +96,26 @@ async def test_a_retry_scheduled_stays_an_event_row_beside_its_attempt(client: C
     pool = stores.db.pool
     assert pool is not None
     assert [r["type"] for r in await pool.fetch("SELECT type FROM events WHERE run_id = $1 ORDER BY id", rid)] == [
-        "submitted", "retry_scheduled"]
+        "retry_scheduled"]
     att = await pool.fetchrow("SELECT outcome, finish_type FROM attempts WHERE run_id = $1", rid)
     assert att is not None and (att["outcome"], att["finish_type"]) == ("error", None), \
         "the attempt is closed; its closing transition is the event row, shown once"
     assert [t[0] for t in _timeline(await client.events(rid))] == ["submitted", "claimed", "retry_scheduled"]
+
+
+async def test_a_submit_is_one_run_row_that_the_timeline_shows_as_submitted(client: Client, stores: Stores) -> None:
+    rid = await client.submit("t.noop")
+    [bulk] = await client.submit_many([Submit(handler="t.noop")])
+    pool = stores.db.pool
+    assert pool is not None
+    assert await pool.fetchval("SELECT count(*) FROM events") == 0, "no 'submitted' event row beside the run row"
+    for run in (rid, bulk):
+        row = await pool.fetchrow("SELECT submitted_by, created_at FROM runs WHERE id = $1", run)
+        assert row is not None and row["submitted_by"] == "client"
+        [sub] = await client.events(run)
+        assert (sub["type"], sub["to_status"], sub["version"], sub["actor"], sub["at"]) == (
+            "submitted", "PENDING", 0, "client", row["created_at"])
+    assert await stores.db.fetchval("api_submitted_by", rid) == "client", "the API's scope check reads the row"
 
 
 @pytest.fixture
@@ -131,12 +148,14 @@ async def test_history_stored_as_event_rows_before_020_reads_the_same_after_it(e
         await conn.execute(
             "INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, worker_id, at, "
             "stream, stream_id) VALUES ($1, 'submitted', NULL, 'PENDING', 0, NULL, NULL, NULL, $2, NULL, NULL), "
-            "($1, 'claimed', 'PENDING', 'RUNNING', 1, 1, 77, 'w-old', $2::timestamptz + interval '1 ms', 'fp:{tq}:events', 10), "
-            "($1, 'succeeded', 'RUNNING', 'SUCCEEDED', 2, 1, 77, 'w-old', $2::timestamptz + interval '5 ms', 'fp:{tq}:events', 11)",
+            "($1, 'claimed', 'PENDING', 'RUNNING', 1, 1, 77, 'w-old', $2::timestamptz + interval '1 ms', "
+            "'fp:{tq}:events', 10), "
+            "($1, 'succeeded', 'RUNNING', 'SUCCEEDED', 2, 1, 77, 'w-old', $2::timestamptz + interval '5 ms', "
+            "'fp:{tq}:events', 11)",
             rid, t0)
         await conn.execute("INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome) "
-                           "VALUES ($1, 1, 77, 'w-old', $2::timestamptz + interval '1 ms', $2::timestamptz + interval '5 ms', 'succeeded')",
-                           rid, t0)
+                           "VALUES ($1, 1, 77, 'w-old', $2::timestamptz + interval '1 ms', "
+                           "$2::timestamptz + interval '5 ms', 'succeeded')", rid, t0)
         before = [tuple(r) for r in await conn.fetch(
             "SELECT type, from_status, to_status, version, attempt, token, worker_id, at FROM events "
             "WHERE run_id = $1 ORDER BY at, id", rid)]
