@@ -8,7 +8,8 @@ SELECT 1;
 
 -- name: insert_runs
 -- One round trip per batch: creates queues on first use, inserts the runs (skipping
--- idempotency keys and schedule fires that exist), and writes their submitted events.
+-- idempotency keys and schedule fires that exist): a run submitted PENDING is its own submitted
+-- record (submitted_by, created_at: 021); any other gets its submitted event row.
 -- Returns one row per input (ord, id, created) and one per queue created.
 -- $15-$19 (tenant, concurrency key, limit, rate key, rate) may be empty arrays when no run of
 -- the batch has them: multi-argument unnest pads a shorter array with NULLs.
@@ -27,16 +28,17 @@ WITH input AS MATERIALIZED (
 ), ins AS (
     INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
                       idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-                      tenant, concurrency_key, concurrency_limit, rate_key, rate_limit)
+                      tenant, concurrency_key, concurrency_limit, rate_key, rate_limit, submitted_by)
     SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s,
            idempotency_key, trace_id, status, workflow_id, schedule_id, fire_time, outbox,
-           COALESCE(tenant, ''), concurrency_key, concurrency_limit, rate_key, rate_limit
+           COALESCE(tenant, ''), concurrency_key, concurrency_limit, rate_key, rate_limit,
+           CASE WHEN status = 'PENDING' THEN $20::text END
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
     RETURNING id, status, trace_id
-), ev AS (
+), ev AS (  -- a run submitted PENDING is its own submitted record (021); others keep the event row
     INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
-    SELECT id, 'submitted', status, 0, $20, trace_id, now() FROM ins
+    SELECT id, 'submitted', status, 0, $20, trace_id, now() FROM ins WHERE status <> 'PENDING' OR $20 IS NULL
 ), notify AS (
     SELECT pg_notify('fencepost_outbox', q.queue)
     FROM (SELECT DISTINCT queue FROM input WHERE outbox) q
@@ -51,7 +53,8 @@ SELECT NULL, NULL, NULL, name, epoch, NULL FROM new_queues;
 -- insert_runs for a batch the client submits with no idempotency key, schedule fire or outbox
 -- row: nothing can conflict (ids come from the sequence), so no ON CONFLICT (its speculative
 -- insertion into every unique index), no sort, no join with what was inserted and no notify.
--- The same rows as insert_runs: the runs, their queues on first use, one 'submitted' event each.
+-- The same rows as insert_runs: the runs and their queues on first use (a PENDING run is its own
+-- submitted record, 021; any other gets its 'submitted' event row).
 -- $1 payloads and $2 traceparents, one per run. Every other column comes as an array ($3-$15)
 -- or, when the whole batch shares one value, as an empty array and that value ($16-$28): a bulk
 -- submit of one handler sends two arrays, not fourteen. $29 the actor.
@@ -76,13 +79,15 @@ WITH input AS MATERIALIZED (
     ON CONFLICT (name) DO NOTHING RETURNING name, epoch
 ), ins AS (
     INSERT INTO runs (id, handler, queue, priority, payload, run_at, max_retries, timeout_s, trace_id, status,
-                      workflow_id, outbox, tenant, concurrency_key, concurrency_limit, rate_key, rate_limit)
+                      workflow_id, outbox, tenant, concurrency_key, concurrency_limit, rate_key, rate_limit,
+                      submitted_by)
     SELECT id, handler, queue, priority, payload, run_at, max_retries, timeout_s, trace_id, status,
-           workflow_id, false, tenant, concurrency_key, concurrency_limit, rate_key, rate_limit
+           workflow_id, false, tenant, concurrency_key, concurrency_limit, rate_key, rate_limit,
+           CASE WHEN status = 'PENDING' THEN $29::text END
     FROM input
-), ev AS (
+), ev AS (  -- a run submitted PENDING is its own submitted record (021); others keep the event row
     INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
-    SELECT id, 'submitted', status, 0, $29, trace_id, now() FROM input
+    SELECT id, 'submitted', status, 0, $29, trace_id, now() FROM input WHERE status <> 'PENDING' OR $29 IS NULL
 )
 SELECT ord, id, NULL::text AS queue, NULL::bigint AS epoch FROM input
 UNION ALL
