@@ -380,7 +380,7 @@ async def fp_open_loop(a: argparse.Namespace, rate: float) -> dict[str, Any]:
 
         intended, took = await produce(rate, a.duration, submit)
         got = await fp.wait_done(len(intended), timeout=60)
-        await fp.wait_history(timeout=120)
+        await fp.wait_history(timeout=600)
         cpu = meter.stop()
         starts = await fp.starts()
         source = "history" if await fp.poll.fetchval("SELECT to_regclass('history') IS NOT NULL") else "events"
@@ -1071,6 +1071,7 @@ def main() -> None:
                     help="stop the private PostgreSQL for S seconds mid-drain (with --private-pg)")
     ap.add_argument("--outage-after", type=int, default=5_000)
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the private servers on the way out
     server = None
     pg = None
     if a.private_pg and not a.case:
