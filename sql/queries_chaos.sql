@@ -95,7 +95,9 @@ SELECT id, status, (extract(epoch FROM run_at) * 1000)::bigint AS run_at_ms, sch
 FROM runs WHERE queue = $1;
 
 -- name: chaos_history_attempts
-SELECT a.run_id, a.attempt, a.token, a.outcome, a.error_class, left(a.error_message, 300) AS error_message, a.worker_id
+SELECT a.run_id, a.attempt, a.token, a.outcome, a.error_class, left(a.error_message, 300) AS error_message, a.worker_id,
+       (extract(epoch FROM a.started_at) * 1000)::bigint AS started_ms,
+       (extract(epoch FROM a.finished_at) * 1000)::bigint AS finished_ms
 FROM attempts a WHERE a.run_id IN (SELECT id FROM runs WHERE queue = $1);
 
 -- name: chaos_history_events

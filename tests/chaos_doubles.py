@@ -26,7 +26,8 @@ def clean(seed: int = 5, runs: int = 40) -> tuple[cc.Ledger, cc.History]:
                                               started_ms=start, last_ms=end, ended=True,
                                               checkpoints=(cc.CheckpointWrite(version=1, at_ms=end - 1),)))
         history.runs.append(cc.RunRow(id=i, status="SUCCEEDED", run_at_ms=start - 5))
-        history.attempts.append(cc.AttemptRow(run_id=i, attempt=1, token=token, outcome="succeeded", worker_id="w1"))
+        history.attempts.append(cc.AttemptRow(run_id=i, attempt=1, token=token, outcome="succeeded", worker_id="w1",
+                                              started_ms=start, finished_ms=end + 5))
         history.events += [
             cc.EventRow(id=3 * i, run_id=i, type="submitted", version=1, to_status="PENDING"),
             cc.EventRow(id=3 * i + 1, run_id=i, type="claimed", version=2, attempt=1, token=token, to_status="RUNNING"),
@@ -50,7 +51,8 @@ def second_execution(ledger: cc.Ledger, history: cc.History, e: cc.Execution, *,
     ledger.executions.append(b)
     history.attempts[:] = [msgspec.structs.replace(a, outcome="interrupted") if a.run_id == e.run_id else a
                            for a in history.attempts]
-    history.attempts.append(cc.AttemptRow(run_id=e.run_id, attempt=2, token=b.token, outcome="succeeded"))
+    history.attempts.append(cc.AttemptRow(run_id=e.run_id, attempt=2, token=b.token, outcome="succeeded",
+                                          started_ms=b.started_ms, finished_ms=b.last_ms + 5))
     history.events[:] = [ev for ev in history.events if not (ev.run_id == e.run_id and ev.type == "succeeded")]
     history.events += [
         cc.EventRow(id=10_000, run_id=e.run_id, type="lease_expired", version=3, attempt=1, to_status="PENDING"),

@@ -61,6 +61,26 @@ def test_a_stale_finish_fencepost_accepted_is_reported() -> None:
     assert got == {"stale_finishes_accepted": 3}  # the late event, two successes, a success before a later claim
 
 
+def test_a_stale_finish_is_seen_in_attempt_columns_alone() -> None:
+    """History without claim and finish events (they are attempt columns): attempt 1 closed
+    succeeded after attempt 2 was claimed, by the attempts' own times."""
+    ledger, history = clean()
+    for ev in list(history.events):
+        if ev.type in ("claimed", "succeeded"):
+            history.events.remove(ev)
+    e = pick(ledger, 14)
+    history.attempts[:] = [a for a in history.attempts if a.run_id != e.run_id]
+    assert e.started_ms is not None
+    history.attempts += [
+        cc.AttemptRow(run_id=e.run_id, attempt=1, token=e.token, outcome="error", started_ms=e.started_ms,
+                      finished_ms=e.started_ms + 9_000),
+        cc.AttemptRow(run_id=e.run_id, attempt=2, token=e.token + 9, outcome="succeeded",
+                      started_ms=e.started_ms + 5_000, finished_ms=e.started_ms + 6_000),
+    ]
+    v = {x.check: x for x in cc.check(ledger, history)}["stale_finishes_accepted"]
+    assert v.violations == 1 and "attempt 1 closed error 4000 ms after attempt 2 was claimed" in v.examples[0]
+
+
 def test_a_stale_checkpoint_fencepost_accepted_is_reported() -> None:
     ledger, history = clean()
     e = pick(ledger, 6)

@@ -19,6 +19,8 @@ __all__ = ["CHECKS", "AttemptRow", "CheckpointWrite", "EventRow", "Execution", "
 FINISH_EVENTS = frozenset({"succeeded", "failed", "timed_out", "retry_scheduled"})
 """Event types that record an execution's own finish (its outcome accepted by Fencepost)."""
 HANDLER_OUTCOMES = frozenset({"error", "fatal", "timeout"})
+ACCEPTED_OUTCOMES = frozenset({"succeeded", "error", "fatal", "timeout"})
+"""Attempt outcomes that are the execution's own finish, reported by its worker and applied by Fencepost."""
 EXAMPLES = 5
 
 
@@ -101,6 +103,9 @@ class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
     error_class: str | None = None
     error_message: str | None = None
     worker_id: str = ""
+    started_ms: int | None = None
+    """When Fencepost recorded the claim (the Redis server's clock), ms."""
+    finished_ms: int | None = None
 
 
 class EventRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -216,6 +221,12 @@ def check(ledger: Ledger, history: History, *, overlap_window_ms: int = 0, due_s
                 stale.append(f"run {rid}: {ev.type} of attempt {ev.attempt} applied at version {ev.version}, "
                              f"after attempt {claimed} was claimed")
     for rid, rows in sorted(attempts.items()):
+        for a in rows:  # an outcome applied after a newer attempt of the run was claimed (attempt columns)
+            if a.outcome in ACCEPTED_OUTCOMES and a.finished_ms is not None:
+                stale += [f"run {rid}: attempt {a.attempt} closed {a.outcome} {a.finished_ms - b.started_ms} ms after "
+                          f"attempt {b.attempt} was claimed" for b in rows
+                          if b.attempt > a.attempt and b.token > a.token and b.outcome != "unknown"
+                          and b.started_ms is not None and b.started_ms < a.finished_ms]
         wins = [a for a in rows if a.outcome == "succeeded"]
         if len(wins) > 1:
             stale.append(f"run {rid}: {len(wins)} attempts succeeded ({', '.join(str(a.attempt) for a in wins)})")
