@@ -11,8 +11,11 @@ control characters, no escapes, no bidirectional overrides).
 
 from __future__ import annotations
 
+import inspect
 import math
+import typing
 import unicodedata
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -25,6 +28,8 @@ __all__ = [
     "PRINTABLE_PATTERN",
     "Limit",
     "check",
+    "check_call",
+    "describe_params",
     "describe_text",
     "integer",
     "label",
@@ -203,3 +208,83 @@ def meta(field: str, **extra: Any) -> msgspec.Meta:
         kw["pattern"] = LABEL_PATTERN if lim.kind == "label" else PRINTABLE_PATTERN
     kw.update(extra)
     return msgspec.Meta(**kw)
+
+
+# -- handler signatures, for producers that do not import the handler (the API, `fencepost submit`) ---
+_VAR = ("VAR_POSITIONAL", "VAR_KEYWORD")
+
+
+def describe_params(fn: Callable[..., Any]) -> list[dict[str, Any]] | None:
+    """A handler's parameters after ctx as JSON (stored with its declaration in job_definitions): name,
+    kind (inspect's), whether required, and the JSON Schema of its annotation (None: unchecked). None
+    when the signature cannot be read."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        hints = {}
+    out = []
+    for p in params:
+        schema = None
+        tp = hints.get(p.name)
+        if tp is not None and tp is not Any:
+            try:
+                schema = msgspec.json.schema(tp)
+            except Exception:
+                schema = None
+        out.append({"name": p.name, "kind": p.kind.name,
+                    "required": p.default is inspect.Parameter.empty and p.kind.name not in _VAR, "schema": schema})
+    return out
+
+
+def _fits(value: Any, schema: dict[str, Any] | None) -> bool:
+    """Whether a JSON value fits the simple part of a JSON Schema: `type` and `anyOf` (anything else,
+    e.g. a `$ref` to a Struct, is left to the worker's conversion)."""
+    if not schema:
+        return True
+    if "anyOf" in schema:
+        return any(_fits(value, s) for s in schema["anyOf"])
+    t = schema.get("type")
+    if t is None or "$ref" in schema:
+        return True
+    ok = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+          "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
+          "array": lambda v: isinstance(v, (list, tuple)), "object": lambda v: isinstance(v, dict),
+          "null": lambda v: v is None}.get(t)
+    return True if ok is None else bool(ok(value))
+
+
+def check_call(handler: str, params: list[dict[str, Any]], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """Check (args, kwargs) against a stored signature (describe_params) as binding them would: too many
+    or missing arguments, an unknown keyword, a value of the wrong JSON type. InvalidInput names the
+    parameter (or `args`), before anything is written."""
+    positional = [p for p in params if p["kind"] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+    var_pos = any(p["kind"] == "VAR_POSITIONAL" for p in params)
+    var_kw = any(p["kind"] == "VAR_KEYWORD" for p in params)
+    by_name = {p["name"]: p for p in params if p["kind"] not in _VAR}
+    if len(args) > len(positional) and not var_pos:
+        raise InvalidInput(f"{handler}: takes {len(positional)} positional argument"
+                           f"{'' if len(positional) == 1 else 's'} but {len(args)} were given", field="args")
+    bound: dict[str, Any] = {p["name"]: v for p, v in zip(positional, args, strict=False)}
+    for name, value in kwargs.items():
+        p = by_name.get(name)
+        if p is None or p["kind"] == "POSITIONAL_ONLY":
+            if var_kw:
+                continue
+            raise InvalidInput(f"{handler}: got an unexpected keyword argument {name!r}", field=name)
+        if name in bound:
+            raise InvalidInput(f"{handler}: got multiple values for argument {name!r}", field=name)
+        bound[name] = value
+    for p in params:
+        if p["required"] and p["name"] not in bound:
+            raise InvalidInput(f"{handler}: missing a required argument: {p['name']!r}", field=p["name"])
+    for name, value in bound.items():
+        schema = by_name[name].get("schema")
+        if schema is not None and not _fits(value, schema):
+            want = schema.get("type") or " or ".join(s.get("type", "?") for s in schema.get("anyOf", []))
+            raise InvalidInput(f"{handler}: argument {name!r} must be {want}, not {type(value).__name__}",
+                               field=name)
