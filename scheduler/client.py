@@ -456,7 +456,10 @@ class Client(ControlMixin, WorkflowMixin):
         """A handler this client has registered (Client.register(registry)) checks the arguments
         against its signature here, for string-name submits too: InvalidInput naming the parameter."""
         handler = self.registry.handlers.get(req.handler) if self.registry is not None else None
-        if handler is None:
+        if handler is None:  # the declared signature, for producers without the handler (the API, the CLI)
+            spec = self._defs.get(req.handler)
+            if spec is not None and spec.params is not None:
+                validate.check_call(req.handler, spec.params, req.args, req.kwargs)
             return req
         args, kwargs = handler.bind(req.args, req.kwargs)
         return msgspec.structs.replace(req, args=args, kwargs=kwargs)

@@ -162,7 +162,11 @@ async def test_sync_client_submits_a_handle(fp: Harness, settings: Settings) -> 
 async def test_arguments_that_no_longer_bind_fail_fast_at_execution(fp: Harness, settings: Settings) -> None:
     """A producer that does not know the handler (an older version, another service) submits by name;
     the worker finds the arguments do not bind: one attempt, FAILED as invalid input, no retries."""
-    async with Client(settings=settings) as blind:  # never registered the registry: cannot check
+    async with Client(settings=settings) as blind:  # never registered the registry
+        with pytest.raises(InvalidInput, match="template"):  # the stored signature refuses it at submit (issue 24)
+            await blind.submit("emails.send", "only-one-arg")
+        await blind._load_definitions({"emails.send"})  # a producer that does not know the signature (older)
+        blind._defs["emails.send"] = msgspec.structs.replace(blind._defs["emails.send"], params=None)
         run_id = await blind.submit("emails.send", "only-one-arg")
         typed = await blind.submit("emails.send", "a@example.com", "t", kwargs={"customer": {"vip": "yes"}})
     await fp.drain()  # no skip_delays: a retried run would still be waiting

@@ -92,13 +92,16 @@ class JobSpec(msgspec.Struct, kw_only=True, frozen=True):
     """Its position among the positional arguments (after ctx)."""
     rate_limit: str | None = None
     """At most N starts per interval per key value, canonical 'N/ms' (fencepost.core.rates)."""
+    params: list[dict[str, Any]] | None = None
+    """The handler's parameters after ctx (fencepost.core.validate.describe_params), so a producer that
+    does not import the handler (the API, `fencepost submit`) checks a call as binding it would."""
 
     def options(self) -> dict[str, object]:
         return {"stop_grace_s": self.stop_grace_s, "side_effects": self.side_effects,
                 "compensate": self.compensate, "migrates": self.migrates, "service": self.service,
                 "concurrency_key": self.concurrency_key, "concurrency_arg": self.concurrency_arg,
                 "concurrency_limit": self.concurrency_limit, "rate_key": self.rate_key,
-                "rate_arg": self.rate_arg, "rate_limit": self.rate_limit}
+                "rate_arg": self.rate_arg, "rate_limit": self.rate_limit, "params": self.params}
 
 
 class RunRow(msgspec.Struct, kw_only=True, frozen=True):

@@ -12,7 +12,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 import msgspec
 
-from fencepost.core import rates
+from fencepost.core import rates, validate
 from fencepost.core.classify import validate_mapping
 from fencepost.core.errors import InvalidInput
 from fencepost.core.models import JobSpec, Model, Submit
@@ -278,7 +278,7 @@ class Registry:
                            side_effects=side_effects, compensate=compensate, migrates=migrate is not None,
                            service=depends_on_service, concurrency_key=concurrency_key,
                            concurrency_arg=arg, concurrency_limit=concurrency_limit, rate_key=rkey,
-                           rate_arg=rarg, rate_limit=rate)
+                           rate_arg=rarg, rate_limit=rate, params=validate.describe_params(fn))
             handler = Handler(spec, fn, migrate, resume_check, mapping)
             self.handlers[spec.name] = handler
             return handler
