@@ -172,7 +172,7 @@ async def test_role_boundaries_are_403_with_the_reason(api: Api, client: Client)
     _problem(await api.req("GET", f"/v1/runs/{rid}/events", "producer2"), 404)
     assert [r["id"] for r in (await api.req("GET", "/v1/runs", "producer2")).json()] == []
     # operators: read everything in scope, command scoped queues only, no bulk/schedules/tokens/submit
-    _problem(await api.req("POST", "/v1/runs", "op_tq", json={"handler": "t.echo"}), 403, role="operator")
+    _problem(await api.req("POST", "/v1/runs", "op_tq", json={"handler": "t.echo", "args": [1]}), 403, role="operator")
     _problem(await api.req("POST", "/v1/queues/tq/bulk", "op_tq", json={"command": "pause", "confirm": 1}), 403)
     _problem(await api.req("POST", "/v1/schedules", "op_tq", json={"name": "x", "handler": "t.noop", "cron": "* * * * *"}),
              403)
@@ -185,8 +185,8 @@ async def test_role_boundaries_are_403_with_the_reason(api: Api, client: Client)
     assert [r["id"] for r in (await api.req("GET", "/v1/runs", "op_tq")).json()] == [rid]
     # a producer scoped to another queue cannot submit into tq
     await api.token("producer", "elsewhere", name="p_else")
-    _problem(await api.req("POST", "/v1/runs", "p_else", json={"handler": "t.echo"}), 403, queue="tq")
-    assert (await api.req("POST", "/v1/runs", "p_else", json={"handler": "t.echo", "queue": "elsewhere"})).status_code == 201
+    _problem(await api.req("POST", "/v1/runs", "p_else", json={"handler": "t.echo", "args": [1]}), 403, queue="tq")
+    assert (await api.req("POST", "/v1/runs", "p_else", json={"handler": "t.echo", "args": [1], "queue": "elsewhere"})).status_code == 201
     me = (await api.req("GET", "/v1/me", "op_tq")).json()
     assert me == {"id": api.id("op_tq"), "role": "operator", "queues": ["tq"], "name": "op_tq",
                   "actor": f"token:{api.id('op_tq')}@203.0.113.7"}
@@ -232,10 +232,10 @@ async def test_bad_and_oversize_bodies_are_rejected_with_nothing_stored(api: Api
         (b"{not json", 400, {}),
         (b"", 400, {}),
         (json.dumps({"handler": "t.nope"}).encode(), 422, {"field": "handler", "error": "UnknownHandler"}),
-        (json.dumps({"handler": "t.echo", "priority": 999}).encode(), 422, {"field": "priority"}),
-        (json.dumps({"handler": "t.echo", "surprise": 1}).encode(), 422, {"field": "surprise"}),
-        (json.dumps({"handler": "t.echo", "queue": "bad queue!"}).encode(), 422, {"field": "queue"}),
-        (json.dumps({"handler": "t.echo", "run_at": "2030-01-01T00:00:00"}).encode(), 422, {"field": "run_at"}),
+        (json.dumps({"handler": "t.echo", "args": [1], "priority": 999}).encode(), 422, {"field": "priority"}),
+        (json.dumps({"handler": "t.echo", "args": [1], "surprise": 1}).encode(), 422, {"field": "surprise"}),
+        (json.dumps({"handler": "t.echo", "args": [1], "queue": "bad queue!"}).encode(), 422, {"field": "queue"}),
+        (json.dumps({"handler": "t.echo", "args": [1], "run_at": "2030-01-01T00:00:00"}).encode(), 422, {"field": "run_at"}),
         (json.dumps({"handler": "t.echo", "args": ["x" * 70_000]}).encode(), 413, {}),  # body limit (64 KiB)
         (json.dumps({"handler": "t.echo", "args": ["\u0000"], "idempotency_key": "a\u0000b"}).encode(), 422, {}),
     ]
@@ -250,13 +250,13 @@ async def test_bad_and_oversize_bodies_are_rejected_with_nothing_stored(api: Api
     finally:
         client.settings.max_payload_bytes = 512 * 1024
     # batch limit: 51 > 50, nothing stored even though each item is fine
-    r = await api.req("POST", "/v1/runs/batch", "producer", json={"runs": [{"handler": "t.echo"}] * 51})
+    r = await api.req("POST", "/v1/runs/batch", "producer", json={"runs": [{"handler": "t.echo", "args": [1]}] * 51})
     _problem(r, 413, limit=50, size=51)
     # one bad item in a batch: nothing of the batch is stored
     r = await api.req("POST", "/v1/runs/batch", "producer",
-                      json={"runs": [{"handler": "t.echo"}, {"handler": "t.echo", "priority": -1}]})
+                      json={"runs": [{"handler": "t.echo", "args": [1]}, {"handler": "t.echo", "args": [1], "priority": -1}]})
     _problem(r, 422)
-    r = await api.req("POST", "/v1/runs/batch", "producer", json={"runs": [{"handler": "t.echo"}, {"handler": "t.nope"}]})
+    r = await api.req("POST", "/v1/runs/batch", "producer", json={"runs": [{"handler": "t.echo", "args": [1]}, {"handler": "t.nope"}]})
     _problem(r, 422, handler="t.nope")
     # a declared Content-Length over the limit is refused before reading
     r = await api.req("POST", "/v1/runs", "producer", content=b"x" * 10, headers={"Content-Length": "999999999"})
@@ -268,7 +268,7 @@ async def test_rate_limit_per_token(settings: Settings, client: Client) -> None:
     async for api in _make_api(settings, client, ApiConfig(rate_limit=5, rate_window_s=60, token_cache_s=0)):
         for _ in range(5):
             assert (await api.req("GET", "/v1/me", "op_tq")).status_code == 200
-        r = await api.req("POST", "/v1/runs", "op_tq", json={"handler": "t.echo"})
+        r = await api.req("POST", "/v1/runs", "op_tq", json={"handler": "t.echo", "args": [1]})
         body = _problem(r, 429, limit=5, window_s=60)
         assert int(r.headers["retry-after"]) >= 1 and body["retry_after"] >= 1
         # another token has its own budget; nothing was stored by the refused request
@@ -403,7 +403,7 @@ async def test_workflows_submit_status_retry(api: Api, stores: Stores) -> None:
     assert wf["name"] == "etl" and {n["name"]: (n["status"], n["depends_on"]) for n in wf["nodes"]} == {
         "a": ("PENDING", []), "b": ("BLOCKED", ["a"])}
     assert [w["id"] for w in (await api.req("GET", "/v1/workflows", "op_tq")).json()] == [wid]
-    cyc = [{"name": "a", "handler": "t.echo", "depends_on": ["b"]}, {"name": "b", "handler": "t.echo", "depends_on": ["a"]}]
+    cyc = [{"name": "a", "handler": "t.echo", "args": [1], "depends_on": ["b"]}, {"name": "b", "handler": "t.echo", "args": [1], "depends_on": ["a"]}]
     _problem(await api.req("POST", "/v1/workflows", "producer", json={"nodes": cyc}), 422, field="depends_on",
              error="WorkflowCycle")
     _problem(await api.req("GET", f"/v1/workflows/{uuid.uuid4()}", "admin"), 404, error="UnknownWorkflow")

@@ -79,7 +79,7 @@ async def test_scope_decides_who_creates_and_reads_a_batch(api: Api, client: Cli
     runs = "SELECT count(*) FROM runs"
     before = (await _count(client, batches), await _count(client, runs))
     # a callback outside the producer's queue: refused, nothing written
-    body = _body(on_complete={"handler": "t.echo", "queue": "other"})
+    body = _body(on_complete={"handler": "t.echo", "args": [1], "queue": "other"})
     r = await api.req("POST", "/v1/batches", "producer-in", json=body)
     assert r.status_code == 403, r.text
     assert (await _count(client, batches), await _count(client, runs)) == before
@@ -100,8 +100,8 @@ async def test_scope_decides_who_creates_and_reads_a_batch(api: Api, client: Cli
     ({"runs": []}, 422, "runs"),
     ({"on_complete": None, "on_success": None}, 422, "on_complete"),
     ({"name": "n\u001b[31m"}, 422, "name"),
-    ({"runs": [{"handler": "t.echo", "idempotency_key": "k"}]}, 422, "idempotency_key"),
-    ({"on_success": {"handler": "t.echo", "delay": 5}}, 422, "on_success"),
+    ({"runs": [{"handler": "t.echo", "args": [1], "idempotency_key": "k"}]}, 422, "idempotency_key"),
+    ({"on_success": {"handler": "t.echo", "args": [1], "delay": 5}}, 422, "on_success"),
     ({"runs": [{"handler": "t.echo", "args": [i]} for i in range(6)]}, 413, "runs"),
     ({"runs": [{"handler": "t.nope"}]}, 422, None),
     ({"surprise": 1}, 422, "surprise"),

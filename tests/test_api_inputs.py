@@ -57,7 +57,7 @@ async def test_refusals_name_the_field_the_caller_sent(api: Api, client: Client)
 
 async def test_a_text_field_refusal_names_the_character_and_its_position_not_a_regex(api: Api) -> None:
     r = await api.req("POST", "/v1/workflows", "admin", json={"name": "ab\u202ec", "nodes": [
-        {"name": "a", "handler": "t.echo", "queue": "tq"}]})
+        {"name": "a", "handler": "t.echo", "args": [1], "queue": "tq"}]})
     assert r.status_code == 422 and r.json()["field"] == "name", r.text
     detail = r.json()["detail"]
     assert "U+202E at position 3" in detail and "regex" not in detail and "\\u" not in detail, detail
@@ -91,3 +91,42 @@ async def test_metrics_need_a_token_unless_made_public(settings: Settings, clien
     async for api in _make_api(settings, client, ApiConfig.from_env(token_cache_s=0, rate_limit=0)):
         r = await api.req("GET", "/metrics")
         assert r.status_code == 200 and "fencepost_api_requests_total" in r.text
+
+
+@pytest.mark.parametrize("body,fld", [
+    ({"handler": "t.spin", "kwargs": {"bogus": 1}}, "bogus"),
+    ({"handler": "t.spin", "kwargs": {"n": "five"}}, "n"),
+    ({"handler": "t.spin", "args": [1, 2]}, "args"),
+    ({"handler": "t.spin"}, "n"),
+    ({"handler": "t.spin", "args": [1], "kwargs": {"n": 2}}, "n"),
+])
+async def test_a_submit_is_checked_against_the_handlers_signature(api: Api, client: Client, body: dict[str, object],
+                                                                  fld: str) -> None:
+    """The issue's reproduction: {"kwargs": {"bogus": 1}} or a wrong type was a 201, then the run FAILED on
+    the worker with InvalidInput. The API has no handler code: it checks the signature the worker declared."""
+    r = await api.req("POST", "/v1/runs", "producer", json=body)
+    assert r.status_code == 422 and r.json()["field"] == fld, r.text
+    assert await client.stores.db.pool.fetchval("SELECT count(*) FROM runs") == 0  # type: ignore[union-attr]
+    r = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.spin", "kwargs": {"n": 3}})
+    assert r.status_code == 201, r.text
+
+
+async def test_cli_submit_by_name_is_checked_against_the_handlers_signature(settings: Settings, client: Client) -> None:
+    import asyncio
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {"PATH": "/usr/bin:/bin", "FENCEPOST_REDIS_URL": settings.redis_url,
+           "FENCEPOST_DATABASE_URL": settings.database_url, "FENCEPOST_PREFIX": settings.prefix}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fencepost.cli", "submit", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    out = await asyncio.to_thread(cli, "t.spin", "--kwargs", '{"bogus": 1}')
+    assert out.returncode != 0 and "bogus" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert await client.stores.db.pool.fetchval("SELECT count(*) FROM runs") == 0  # type: ignore[union-attr]
+    out = await asyncio.to_thread(cli, "t.spin", "--kwargs", '{"n": 2}')
+    assert out.returncode == 0, out.stderr

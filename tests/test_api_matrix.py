@@ -70,13 +70,13 @@ class World:
 
     async def workflow(self) -> str:
         r = await self.api.req("POST", "/v1/workflows", "admin-all",
-                               json={"nodes": [{"name": "a", "handler": "t.echo", "queue": Q}]})
+                               json={"nodes": [{"name": "a", "handler": "t.echo", "args": [1], "queue": Q}]})
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
 
     async def batch(self) -> str:
         r = await self.api.req("POST", "/v1/batches", "admin-all", json={
-            "runs": [{"handler": "t.echo", "queue": Q}], "on_complete": {"handler": "t.noop", "queue": Q}})
+            "runs": [{"handler": "t.echo", "args": [1], "queue": Q}], "on_complete": {"handler": "t.noop", "queue": Q}})
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
 
@@ -149,8 +149,8 @@ MATRIX: dict[tuple[str, str], Decision] = {
     ("GET", "/metrics"): Decision(ANY, 200, 200, _get("/metrics")),
     ("GET", "/openapi.json"): _open("/openapi.json"),
     ("GET", "/v1/me"): Decision(ANY, 200, 200, _get("/v1/me")),
-    ("POST", "/v1/runs"): Decision(SUBMIT, 201, 403, _get("/v1/runs", json={"handler": "t.echo", "queue": Q})),
-    ("POST", "/v1/runs/batch"): Decision(SUBMIT, 201, 403, _get("/v1/runs/batch", json={"runs": [{"handler": "t.echo"}]})),
+    ("POST", "/v1/runs"): Decision(SUBMIT, 201, 403, _get("/v1/runs", json={"handler": "t.echo", "args": [1], "queue": Q})),
+    ("POST", "/v1/runs/batch"): Decision(SUBMIT, 201, 403, _get("/v1/runs/batch", json={"runs": [{"handler": "t.echo", "args": [1]}]})),
     ("GET", "/v1/runs"): Decision(ANY, 200, 200, _get("/v1/runs")),
     ("GET", RUN): Decision(ANY, 200, 404, _on_run()),
     ("GET", RUN + "/attempts"): Decision(ANY, 200, 404, _on_run("/attempts")),
@@ -186,12 +186,12 @@ MATRIX: dict[tuple[str, str], Decision] = {
     ("GET", "/v1/schedules/{name}/next"): Decision(READ, 200, 404, _on_schedule("/next")),
     ("GET", "/v1/schedules/{name}/runs"): Decision(READ, 200, 404, _on_schedule("/runs")),
     ("POST", "/v1/workflows"): Decision(SUBMIT, 201, 403, _get("/v1/workflows", json={
-        "nodes": [{"name": "a", "handler": "t.echo", "queue": Q}]})),
+        "nodes": [{"name": "a", "handler": "t.echo", "args": [1], "queue": Q}]})),
     ("GET", "/v1/workflows"): Decision(READ, 200, 200, _get("/v1/workflows")),
     ("GET", "/v1/workflows/{workflow_id}"): Decision(READ, 200, 404, _on_workflow()),
     ("POST", "/v1/workflows/{workflow_id}/retry"): Decision(READ, 200, 404, _on_workflow("/retry", {})),
     ("POST", "/v1/batches"): Decision(SUBMIT, 201, 403, _get("/v1/batches", json={
-        "runs": [{"handler": "t.echo", "queue": Q}], "on_success": {"handler": "t.noop"}})),
+        "runs": [{"handler": "t.echo", "args": [1], "queue": Q}], "on_success": {"handler": "t.noop"}})),
     ("GET", "/v1/batches/{batch_id}"): Decision(READ, 200, 404, _on_batch),
     ("GET", "/v1/tokens"): Decision(ADMIN, 200, 200, _get("/v1/tokens")),
     ("POST", "/v1/tokens"): Decision(ADMIN, 201, 403, _get("/v1/tokens", json={"role": "producer", "queues": [Q]})),
@@ -263,7 +263,7 @@ async def test_scoped_listings_hold_only_the_scope(world: World, client: Client)
     r = await api.req("GET", "/v1/schedules/theirs", "operator-in")
     assert r.status_code == 404 and "s3cr3t" not in r.text
     await world.workflow()
-    r = await api.req("POST", "/v1/workflows", "admin-all", json={"nodes": [{"name": "b", "handler": "t.echo",
+    r = await api.req("POST", "/v1/workflows", "admin-all", json={"nodes": [{"name": "b", "handler": "t.echo", "args": [1],
                                                                             "queue": "other"}]})
     assert {w["id"] for w in (await api.req("GET", "/v1/workflows", "operator-in")).json()}.isdisjoint({r.json()["id"]})
     assert r.json()["id"] in {w["id"] for w in (await api.req("GET", "/v1/workflows", "operator-out")).json()}
@@ -400,7 +400,7 @@ async def test_control_characters_in_dispatch_labels_and_workflow_names_change_n
     assert r.status_code == 200, "'' is still the tenant of runs without one"
     before = await pool.fetchval("SELECT count(*) FROM workflows")
     r = await api.req("POST", "/v1/workflows", "admin", json={"name": "wf\u001b[31m", "nodes": [
-        {"name": "a", "handler": "t.echo", "queue": Q}]})
+        {"name": "a", "handler": "t.echo", "args": [1], "queue": Q}]})
     assert r.status_code == 422 and r.json()["field"] == "name", r.text
     assert await pool.fetchval("SELECT count(*) FROM workflows") == before
 

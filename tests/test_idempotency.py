@@ -158,21 +158,21 @@ async def test_keys_outlive_archiving_for_the_window_then_the_reconciler_prunes_
 # -- through the API (issue 24 item 6) ------------------------------------------------------------
 async def test_the_same_kwargs_in_another_key_order_are_the_same_request(api: Api) -> None:
     """The issue: {"a": 1, "b": 2} then {"b": 2, "a": 1} under one key was a 409 conflict."""
-    first = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "kwargs": {"a": 1, "b": {"x": 1, "y": 2}}},
+    first = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "kwargs": {"value": {"a": 1, "b": {"x": 1, "y": 2}}}},
                           headers={"Idempotency-Key": "order-7"})
-    again = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "kwargs": {"b": {"y": 2, "x": 1}, "a": 1}},
+    again = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "kwargs": {"value": {"b": {"y": 2, "x": 1}, "a": 1}}},
                           headers={"Idempotency-Key": "order-7"})
     assert first.status_code == 201 and again.status_code == 201 and again.json()["id"] == first.json()["id"], again.text
 
 
 async def test_a_body_key_and_a_header_key_that_disagree_are_refused_naming_both(api: Api, client: Client) -> None:
     """The issue: the body's idempotency_key silently overrode the Idempotency-Key header."""
-    r = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "idempotency_key": "a"},
+    r = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "args": [1], "idempotency_key": "a"},
                       headers={"Idempotency-Key": "b"})
     assert r.status_code == 422 and r.json()["field"] == "idempotency_key", r.text
     assert r.json()["fields"] == ["idempotency_key", "Idempotency-Key"] and "Idempotency-Key" in r.json()["detail"]
     assert await _sql(client, "SELECT count(*) FROM runs") == 0
-    r = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "idempotency_key": "a"},
+    r = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "args": [1], "idempotency_key": "a"},
                       headers={"Idempotency-Key": "a"})
     assert r.status_code == 201, "the same key in both is one key"
 

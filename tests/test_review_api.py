@@ -57,11 +57,11 @@ async def test_a_batch_whose_runs_left_the_record_is_shown_without_a_server_erro
     counted PURGED for an admin (it was a 500: a None state among the counts), and not shown to a
     scoped token, which cannot be shown that they were in its queues (it passed the scope check with
     no queue known, then answered "no run with id N", naming the callback)."""
-    runs = {"runs": [{"handler": "t.echo", "queue": "other"}] * 2}
+    runs = {"runs": [{"handler": "t.echo", "args": [1], "queue": "other"}] * 2}
     gone = (await api.req("POST", "/v1/batches", "admin",
-                          json={**runs, "on_complete": {"handler": "t.echo", "queue": "other"}})).json()
+                          json={**runs, "on_complete": {"handler": "t.echo", "args": [1], "queue": "other"}})).json()
     half = (await api.req("POST", "/v1/batches", "admin",
-                          json={**runs, "on_success": {"handler": "t.echo", "queue": "tq"}})).json()
+                          json={**runs, "on_success": {"handler": "t.echo", "args": [1], "queue": "tq"}})).json()
     await client.stores.db.execute("loadtest_cleanup", "other")  # the runs leave the record, the batches stay
     missing = await api.req("GET", "/v1/batches/00000000-0000-4000-8000-000000000000", "operator-in")
     for made in (gone, half):
@@ -98,7 +98,7 @@ async def test_a_rate_with_control_characters_or_other_scripts_digits_is_refused
     r = await api.req("POST", "/v1/queues/tq/dispatch", "admin", json={"setting": "rate", "rate": rate, "reason": "x"})
     assert r.status_code == 422 and r.json()["field"] == "rate", r.text
     assert await _audit(client) == audited
-    r = await api.req("POST", "/v1/runs", "admin", json={"handler": "t.echo", "queue": "tq", "rate_key": "k",
+    r = await api.req("POST", "/v1/runs", "admin", json={"handler": "t.echo", "args": [1], "queue": "tq", "rate_key": "k",
                                                        "rate_limit": rate})
     assert r.status_code == 422 and r.json()["field"] == "rate_limit", r.text
 
