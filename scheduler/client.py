@@ -252,11 +252,15 @@ class _Coalescer:
         self.direct = 0
         """Lone submits in flight from their callers' own tasks (they count against `parallel`)."""
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.behind: list[tuple[list[int], list[int], list[RunRow]]] = []
+        """Committed runs whose Redis enqueue goes out behind their callers (`Client.enqueue_behind`)."""
+        self.behind_task: asyncio.Task[None] | None = None
 
     async def submit(self, req: Submit) -> int:
         loop = asyncio.get_running_loop()
         if loop is not self.loop:  # a new event loop (asyncio.run again): nothing of the old one survives
             self.loop, self.pending, self.inflight, self.scheduled, self.direct = loop, [], set(), False, 0
+            self.behind, self.behind_task = [], None
         row = (await self.client._prepare([req], outbox=False))[0]  # bad input fails this caller only
         if not self.pending and not self.inflight and not self.direct:
             return await self._lone(req, row)
@@ -273,7 +277,10 @@ class _Coalescer:
         try:
             ids, created, new_queues = await client._insert([req], [row], None)
             await client._stamp_new_queues(new_queues)
-            await client._enqueue(created, ids, [row])
+            if client.enqueue_behind:
+                self._enqueue_behind(created, ids, [row])
+            else:
+                await client._enqueue(created, ids, [row])
             return ids[0]
         finally:
             self.direct -= 1
@@ -319,7 +326,10 @@ class _Coalescer:
                 await asyncio.gather(*(self._flush([p]) for p in batch))
                 return
             await client._stamp_new_queues(new_queues)
-            await client._enqueue(created, ids, rows)
+            if client.enqueue_behind:
+                self._enqueue_behind(created, ids, rows)
+            else:
+                await client._enqueue(created, ids, rows)
         except BaseException as exc:
             for p in batch:
                 if not p.fut.done():
@@ -331,9 +341,37 @@ class _Coalescer:
             if not p.fut.done():
                 p.fut.set_result(run_id)
 
+    def _enqueue_behind(self, created: list[int], ids: list[int], rows: Sequence[RunRow]) -> None:
+        """Queue committed runs for Redis; one task sends everything queued by the time it runs, one
+        enqueue_runs call per queue (the enqueues of many submits coalesced)."""
+        if created:
+            self.behind.append((created, ids, list(rows)))
+            if self.behind_task is None or self.behind_task.done():
+                self.behind_task = asyncio.ensure_future(self._send_behind())
+
+    async def _send_behind(self) -> None:
+        while self.behind:
+            batch, self.behind = self.behind, []
+            created: list[int] = []
+            ids: list[int] = []
+            rows: list[RunRow] = []
+            for c, i, r in batch:
+                created += [len(ids) + k for k in c]
+                ids += i
+                rows += r
+            try:
+                await self.client._enqueue(created, ids, rows)
+            except Exception as exc:  # committed: the reconciler's drift repair enqueues them (its grace)
+                log.warning("enqueue of %d committed runs failed (%s); drift repair will enqueue them",
+                            len(created), exc, extra={"event": "enqueue_behind_failed"})
+
     async def drain(self) -> None:
         """Flush what is pending and wait for every flush in flight (close)."""
-        while self.pending or self.inflight or self.direct:
+        while self.pending or self.inflight or self.direct or (self.behind_task and not self.behind_task.done()):
+            if self.behind_task is not None and not self.behind_task.done() and not (
+                    self.pending or self.inflight or self.direct):
+                await self.behind_task
+                continue
             if self.pending and not self.scheduled:
                 self._start()
             if self.inflight:
@@ -476,6 +514,13 @@ class Client(ControlMixin, WorkflowMixin):
     coalesce_window = 0.0
     """Seconds a coalesced flush waits for more submits once one is pending (0: to the end of the
     current event-loop turn; submits arriving while a flush is in flight wait for it anyway)."""
+
+    enqueue_behind = False
+    """`submit()` returns once PostgreSQL committed the run (invariant 1 as ever) and sends its Redis
+    enqueue behind it: one background task per event-loop turn carries every submit's enqueue of that
+    turn (coalesced). The run is claimable a Redis round trip later; if this process dies in between,
+    the reconciler's drift repair (or the outbox relay) enqueues it after its grace period, the
+    window docs/performance.md measures. `close()` waits for the enqueues. Off by default."""
 
     async def _submit_pipelined(self, requests: Sequence[Submit], rows: list[RunRow]) -> list[int]:
         """A call larger than a chunk: every chunk in one PostgreSQL transaction, then Redis.
