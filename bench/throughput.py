@@ -315,12 +315,25 @@ async def fp_drain(a: argparse.Namespace, workers: int) -> dict[str, Any]:
 async def fp_single(a: argparse.Namespace) -> dict[str, Any]:
     """Sequential single submits: each awaited before the next (no workers running)."""
     async with Fencepost(a) as fp:
+        fp.client.enqueue_behind = a.enqueue_behind
         await fp.client.submit("bench.tiny")  # warm the definition cache and the connections
         t0 = time.perf_counter()
         for _ in range(a.single):
             await fp.client.submit("bench.tiny")
         s = time.perf_counter() - t0
-    return {"system": "fencepost", "single_per_s": a.single / s}
+        window: list[float] = []
+        if a.enqueue_behind:  # the window: from a submit's return until Redis holds its run
+            for _ in range(200):
+                run_id = await fp.client.submit("bench.tiny")
+                t = time.perf_counter()
+                while await fp.redis.zscore(fp.keys.due, str(run_id)) is None:
+                    await asyncio.sleep(0)
+                window.append((time.perf_counter() - t) * 1000)
+    out = {"system": "fencepost", "single_per_s": a.single / s}
+    if window:
+        out.update(window_p50_ms=percentile(window, 50), window_p99_ms=percentile(window, 99),
+                   window_max_ms=max(window))
+    return out
 
 
 def lag_summary(intended: dict[int, float], starts: dict[int, float]) -> dict[str, float]:
@@ -521,6 +534,7 @@ def run_ref(a: argparse.Namespace, mode: str, workers: int, rate: float) -> dict
     cmd += ["--open-loop", str(rate)] if mode == "open" else []
     cmd += ["--spike", str(a.spike)] if mode == "spike" else []
     cmd += ["--noop"] if a.noop else []
+    cmd += ["--enqueue-behind"] if a.enqueue_behind and mode == "single" else []
     cmd += ["--call-size", str(a.call_size)] if a.call_size else []
     cmd += ["--concurrency", str(a.concurrency)] if a.concurrency else []
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
@@ -1070,6 +1084,8 @@ def main() -> None:
     ap.add_argument("--pg-outage", type=float, default=None, metavar="S",
                     help="stop the private PostgreSQL for S seconds mid-drain (with --private-pg)")
     ap.add_argument("--outage-after", type=int, default=5_000)
+    ap.add_argument("--enqueue-behind", action="store_true",
+                    help="Fencepost single submits with Client.enqueue_behind (and the window it opens)")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the private servers on the way out
     server = None
