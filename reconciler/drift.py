@@ -81,9 +81,14 @@ POISON = (ValueError, ArithmeticError, TypeError, KeyError, msgspec.ValidationEr
 def holdable(row: RunRow) -> RunRow:
     """The row if Redis can hold it, else a typed InvalidInput. Looser than fencepost.core.validate's
     ranges on purpose: a run an older version accepted within what Redis can hold still runs."""
-    if not (isinstance(row.timeout_s, (int, float)) and math.isfinite(row.timeout_s) and 0 < row.timeout_s < 2**40):
-        raise InvalidInput(f"timeout_s {row.timeout_s!r} cannot be held (not a finite positive number)", field="timeout")
+    holdable_timeout(row.timeout_s)
     return row
+
+
+def holdable_timeout(timeout_s: Any) -> None:
+    """`holdable`'s check of the one value Redis cannot hold whatever PostgreSQL has (InvalidInput)."""
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and 0 < timeout_s < 2**40):
+        raise InvalidInput(f"timeout_s {timeout_s!r} cannot be held (not a finite positive number)", field="timeout")
 
 
 @dataclass(slots=True)
@@ -444,18 +449,19 @@ class DriftRepair:
         """Before a loop updates these runs' rows: quarantine (cancel) the waiting ones Redis cannot
         hold, and put the stored values of the others back inside the bounds (an UPDATE of a row
         outside a NOT VALID constraint is refused, and would fail the whole batch)."""
-        if not ids:
+        rows = await self.stores.db.fetch("unbounded_runs", ids) if ids else []
+        if not rows:  # nearly always: a row outside the bounds is one an older version wrote
             return
         bad: dict[int, str] = {}
-        for r in await self.stores.db.fetch("drift_runs", ids, 0.0):
+        for r in rows:
             if r["status"] in HELD:
                 try:
-                    holdable(run_row(dict(r)))
+                    holdable_timeout(r["timeout_s"])
                 except POISON as exc:
                     bad[r["id"]] = f"{type(exc).__name__}: {exc}"
         if bad:
             await self.quarantine(queue, bad)
-        await self.quarantine_values(queue, [i for i in ids if i not in bad])
+        await self.quarantine_values(queue, [r["id"] for r in rows if r["id"] not in bad])
 
     async def _record(self, queue: str, drifts: list[Drift]) -> list[Drift]:
         keys = self.stores.keys(queue)

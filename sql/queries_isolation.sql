@@ -56,6 +56,12 @@ WITH old AS (
 )
 SELECT id, queue, timeout_s::text AS timeout_s, max_retries FROM r;
 
+-- name: unbounded_runs
+-- Of the runs $1, those whose stored values lie outside 010's bounds (rows written before them):
+-- nearly always none, so a loop screens a page of runs with one index lookup each and no payload.
+SELECT id, status, timeout_s, max_retries FROM runs
+WHERE id = ANY($1::bigint[]) AND NOT fencepost_run_bounded(timeout_s, max_retries);
+
 -- name: cancel_unheld_run
 -- An operator's cancel of a waiting run Redis cannot hold (so no Lua script can apply it): done in
 -- PostgreSQL alone, compare-and-set on the version read ($6), values put back inside 010's bounds
