@@ -4,7 +4,9 @@ filled the page; the review view the same."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -73,3 +75,31 @@ async def test_queue_figures_come_from_the_maintained_rollup_not_a_scan_of_runs(
     (tq,) = [q for q in r.json() if q["queue"] == "tq"]
     assert tq["finished_last_window"] == 30 and tq["throughput_per_min"] == 6.0, tq
     assert tq["schedule_lag_s"] == 0.075, tq
+
+
+async def test_cli_dlq_through_the_api_shows_the_scoped_operators_rows(settings: Settings, client: Client,
+                                                                       tmp_path: Any) -> None:
+    """The issue's reproduction: `fencepost dlq --api` as an operator scoped to one queue printed "(none)"
+    once newer failures of another queue filled the page."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from fencepost.api.auth import create_token
+    from tests.conftest import ROOT, stop
+    from tests.test_api import start_api
+
+    mine = await _fail(client, "tq", 3, start_s=500)
+    await _fail(client, "other", 60)
+    _, secret = await create_token(client.stores.db, "operator", ["tq"], "oncall", "test")
+    proc, url = await start_api(settings, tmp_path / "api.log")
+    try:
+        env = {"PATH": "/usr/bin:/bin", "FENCEPOST_API_URL": url, "FENCEPOST_API_TOKEN": secret,
+               "FENCEPOST_REDIS_URL": "redis://127.0.0.1:1/0", "FENCEPOST_DATABASE_URL": "postgresql://x@127.0.0.1:1/x"}
+        out = await asyncio.to_thread(lambda: subprocess.run(
+            [sys.executable, "-m", "fencepost.cli", "dlq", "--json"], cwd=ROOT, env=env, capture_output=True,
+            text=True, timeout=60))
+        assert out.returncode == 0, out.stderr
+        assert sorted(r["id"] for r in json.loads(out.stdout)) == sorted(mine), out.stdout
+    finally:
+        stop([proc])
