@@ -379,9 +379,9 @@ async def test_durable_claims_without_their_replica_keep_working_and_say_so(sett
     try:
         await client.register(registry)
         replica.kill()  # stopped: the primary has no replica to acknowledge a claim
-        ids = [await client.submit("sf.quick") for _ in range(8)]
+        ids = [await client.submit("sf.quick") for _ in range(4)]
         w1 = spawn(s, "worker", "--app", APP, "--queue", Q, "--processes", "1", log=log1,
-                   FENCEPOST_CLAIM_REPLICAS="1", FENCEPOST_CLAIM_WAIT_MS="200")
+                   FENCEPOST_CLAIM_REPLICAS="1", FENCEPOST_CLAIM_WAIT_MS="100")
 
         async def all_done() -> bool:
             return all([(await client.get(i))["status"] == "SUCCEEDED" for i in ids])
@@ -527,7 +527,7 @@ async def test_a_starved_worker_with_a_gil_holding_handler_is_not_reclaimed_or_r
     ledger = tmp_path / "ledger"
     log1 = tmp_path / "w1.log"
     keys = stores.keys(Q)
-    run_id = await client.submit("sf.spin", str(ledger), 8.0)
+    run_id = await client.submit("sf.spin", str(ledger), 6.0)
     w1 = spawn(settings, "worker", "--app", APP, "--queue", Q, "--processes", "1", log=log1,
                FENCEPOST_LEASE_MS="20000")
     starved = _Starved(1)
@@ -539,7 +539,7 @@ async def test_a_starved_worker_with_a_gil_holding_handler_is_not_reclaimed_or_r
         await wait_until(spinning, timeout=30, what=f"the handler to start\n{log_tail(log1)}")
         held = starved.hold(w1.pid)
         assert len(held) >= 2, "the worker and its pulser"
-        end = time.monotonic() + 9.0
+        end = time.monotonic() + 7.0
         while time.monotonic() < end:  # a healthy reaper beside the starved worker
             reaped += await stores.scripts.reap_expired(keys, ReapArgs(100))
             await asyncio.sleep(0.25)
