@@ -31,6 +31,7 @@ from fencepost.core.errors import (
     WaitTimeout,
 )
 from fencepost.core.models import Outcome, Submit
+from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.states import DEAD, RESTING, Status
 from fencepost.core.views import (
     Attempt,
@@ -264,6 +265,42 @@ class AsyncApiClient:
 
     async def batch_view(self, batch_id: str) -> Batch:
         return _as(Batch, await self.request("GET", f"/v1/batches/{_quote(str(batch_id))}"))
+
+    # -- schedules -----------------------------------------------------------------------------
+    async def add_schedule(self, spec: ScheduleSpec) -> dict[str, Any]:
+        body = {k: v for k, v in msgspec.to_builtins(spec).items() if v is not None}
+        out: dict[str, Any] = await self.request("POST", "/v1/schedules", body)
+        return out
+
+    async def update_schedule(self, name: str, fields: dict[str, Any], *, reason: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = await self.request("PATCH", f"/v1/schedules/{_quote(name)}", {**fields, "reason": reason})
+        return out
+
+    async def run_schedule_now(self, name: str, *, reason: str = "") -> int:
+        return int((await self.request("POST", f"/v1/schedules/{_quote(name)}/run-now", {"reason": reason}))["id"])
+
+    async def schedules(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = await self.request("GET", "/v1/schedules", query={"limit": limit})
+        return out
+
+    async def schedule(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self.request("GET", f"/v1/schedules/{_quote(name)}")
+        return out
+
+    async def schedule_fires(self, name: str, n: int) -> tuple[list[datetime], str]:
+        out = await self.request("GET", f"/v1/schedules/{_quote(name)}/next", query={"n": n})
+        return [datetime.fromisoformat(t) for t in out["fires"]], out.get("timezone") or "UTC"
+
+    async def schedule_runs(self, name: str, limit: int = 10) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = await self.request("GET", f"/v1/schedules/{_quote(name)}/runs",
+                                                       query={"limit": limit})
+        return out
+
+    async def set_schedule_paused(self, name: str, paused: bool) -> None:
+        await self.request("POST", f"/v1/schedules/{_quote(name)}/{'pause' if paused else 'resume'}")
+
+    async def remove_schedule(self, name: str) -> None:
+        await self.request("DELETE", f"/v1/schedules/{_quote(name)}")
 
     # -- workers -------------------------------------------------------------------------------
     async def workers(self, *, queue: str | None = None) -> list[WorkerInfo]:

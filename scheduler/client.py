@@ -36,6 +36,7 @@ from fencepost.core.models import JobSpec, Outcome, RunRow, Submit, decode_resul
 from fencepost.core.queues import check_queue_name, declare_queues, require_queue, stamp_created
 from fencepost.core.record import REFUSED, Conn, store_definitions
 from fencepost.core.registry import Handler, Registry
+from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.states import DEAD, RESTING, Status
 from fencepost.core.stores import Stores
 from fencepost.core.tracing import submit_traceparent, submit_tracer, valid_traceparent
@@ -59,6 +60,7 @@ from fencepost.core.views import (
     view,
 )
 from fencepost.core.workers import WorkerInfo
+from fencepost.schedules import Schedules, ScheduleUpdate
 from fencepost.workflows import RunHandle, SyncRunHandle, WorkflowMixin
 
 __all__ = ["Client", "SyncClient", "idempotency_scope", "request_fingerprint"]
@@ -836,6 +838,42 @@ class Client(ControlMixin, WorkflowMixin):
     async def stop_worker(self, worker_id: str, *, reason: str = "") -> None:
         """Ask WORKER_ID to stop claiming, drain within its grace period and exit (audited as this client's actor)."""
         await fleet.request_stop(self.stores, worker_id, actor=self.actor, reason=reason)
+
+    # -- schedules (fencepost.schedules.Schedules; the operator protocol's side of them) --------------
+    async def add_schedule(self, spec: ScheduleSpec) -> dict[str, Any]:
+        return await Schedules(self).add(spec)
+
+    async def update_schedule(self, name: str, fields: dict[str, Any], *, reason: str = "") -> dict[str, Any]:
+        """Edit a schedule in place from FIELDS (the ScheduleUpdate fields to change)."""
+        try:
+            change = msgspec.convert(fields, ScheduleUpdate)
+        except msgspec.ValidationError as exc:
+            raise InvalidInput(str(exc), field="update") from exc
+        return await Schedules(self).update(name, change, reason=reason)
+
+    async def run_schedule_now(self, name: str, *, reason: str = "") -> int:
+        return await Schedules(self).run_now(name, reason=reason)
+
+    async def schedules(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        return await Schedules(self).list(limit=limit)
+
+    async def schedule(self, name: str) -> dict[str, Any]:
+        return await Schedules(self).get(name)
+
+    async def schedule_fires(self, name: str, n: int) -> tuple[list[datetime], str]:
+        """The schedule's next N fire times and its timezone."""
+        store = Schedules(self)
+        zone_name = str((await store.get(name))["timezone"])
+        return list(await store.upcoming(name, n)), zone_name
+
+    async def schedule_runs(self, name: str, limit: int = 10) -> list[dict[str, Any]]:
+        return await Schedules(self).runs(name, limit)
+
+    async def set_schedule_paused(self, name: str, paused: bool) -> None:
+        await Schedules(self).set_paused(name, paused)
+
+    async def remove_schedule(self, name: str) -> None:
+        await Schedules(self).remove(name)
 
     async def recorder_silence(self) -> RecorderSilence | None:
         """The queue whose transitions have waited longest for a recorder, when longer than

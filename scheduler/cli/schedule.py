@@ -5,19 +5,17 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
 
 import click
-import msgspec
 
 from fencepost.cli.common import (
     Checked,
     async_command,
     exit_on_error,
-    from_context,
     json_arg,
     json_option,
     metrics_port_option,
+    operator,
     print_json,
     require_store,
     run,
@@ -25,11 +23,9 @@ from fencepost.cli.common import (
     serve_metrics,
     table,
 )
-from fencepost.client import Client
 from fencepost.core.config import Settings
-from fencepost.core.errors import FencepostError, InvalidInput
+from fencepost.core.errors import FencepostError
 from fencepost.core.schedules import ScheduleSpec, next_fires, zone
-from fencepost.schedules import Schedules, ScheduleUpdate
 from fencepost.trigger import serve
 
 __all__ = ["schedule", "trigger"]
@@ -105,11 +101,8 @@ async def add(settings: Settings, name: str, cron: str | None, interval_s: float
                         kwargs=json_arg(kwargs_json, "--kwargs", dict), cron=cron, interval_s=interval_s,
                         timezone=tz, queue=queue, priority=priority, spread_s=spread_s, exact=exact,
                         catchup=catchup, catchup_window_s=catchup_window_s, allow_overlap=allow_overlap)
-    if (api := from_context()) is not None:
-        _print_added(api.add_schedule(msgspec.to_builtins(spec)))
-        return
-    async with Client(settings=settings, actor="cli") as client:
-        s = await Schedules(client).add(spec)
+    async with operator(settings) as op:
+        s = await op.add_schedule(spec)
     _print_added(s)
 
 
@@ -143,15 +136,8 @@ async def update(settings: Settings, name: str, cron: str | None, interval_s: fl
     if kwargs_json is not None:
         given["kwargs"] = json_arg(kwargs_json, "--kwargs", dict)
     fields = {k: v for k, v in given.items() if v is not None}
-    if (api := from_context()) is not None:
-        s = api.request("PATCH", f"/v1/schedules/{quote(name, safe='')}", {**fields, "reason": reason})
-    else:
-        try:
-            change = msgspec.convert(fields, ScheduleUpdate)
-        except msgspec.ValidationError as exc:
-            raise InvalidInput(str(exc), field="update") from exc
-        async with Client(settings=settings, actor="cli") as client:
-            s = await Schedules(client).update(name, change, reason=reason)
+    async with operator(settings) as op:
+        s = await op.update_schedule(name, fields, reason=reason)
     click.echo(f"schedule {s['name']} (id {s['id']}): updated; next fire {_fmt_t(_t(s['next_fire_time']), s['timezone'])}")
 
 
@@ -165,11 +151,8 @@ def _t(v: Any) -> datetime:
 @async_command
 async def run_now(settings: Settings, name: str, reason: str) -> None:
     """Fire the schedule once now, as its own run (the next scheduled fire does not move)."""
-    if (api := from_context()) is not None:
-        run_id = api.request("POST", f"/v1/schedules/{quote(name, safe='')}/run-now", {"reason": reason})["id"]
-    else:
-        async with Client(settings=settings, actor="cli") as client:
-            run_id = await Schedules(client).run_now(name, reason=reason)
+    async with operator(settings) as op:
+        run_id = await op.run_schedule_now(name, reason=reason)
     click.echo(f"schedule {name}: fired now as run {run_id}")
 
 
@@ -179,11 +162,8 @@ async def run_now(settings: Settings, name: str, reason: str) -> None:
 @async_command
 async def ls(settings: Settings, limit: int, as_json: bool) -> None:
     """List schedules."""
-    if (api := from_context()) is not None:
-        rows = api.schedules(limit=limit)
-    else:
-        async with Client(settings=settings) as client:
-            rows = await Schedules(client).list(limit=limit)
+    async with operator(settings) as op:
+        rows = await op.schedules(limit=limit)
     print_json(rows) if as_json else _print_list(rows)
 
 
@@ -193,22 +173,13 @@ async def ls(settings: Settings, limit: int, as_json: bool) -> None:
 @async_command
 async def show(settings: Settings, name: str, as_json: bool) -> None:
     """One schedule, its next fires and its latest runs."""
-    if (api := from_context()) is not None:
-        s = api.schedule(name)
+    async with operator(settings) as op:
+        s = await op.schedule(name)
         try:
-            upcoming = api.next_fires(name, 5)[0]
+            upcoming = (await op.schedule_fires(name, 5))[0]
         except FencepostError:  # a schedule an older version stored may have no computable fires
             upcoming = []
-        runs = api.schedule_runs(name, 10)
-    else:
-        async with Client(settings=settings) as client:
-            store = Schedules(client)
-            s = await store.get(name)
-            try:
-                upcoming = list(await store.upcoming(name, 5))
-            except InvalidInput:  # a schedule an older version stored may have no computable fires
-                upcoming = []
-            runs = await store.runs(name, 10)
+        runs = await op.schedule_runs(name, 10)
     if as_json:
         print_json({**s, "next_fires": upcoming, "runs": runs})
         return
@@ -232,11 +203,8 @@ async def resume(settings: Settings, name: str) -> None:
 
 
 async def _set_paused(settings: Settings, name: str, paused: bool) -> None:
-    if (api := from_context()) is not None:
-        api.set_schedule_paused(name, paused)
-    else:
-        async with Client(settings=settings) as client:
-            await Schedules(client).set_paused(name, paused)
+    async with operator(settings) as op:
+        await op.set_schedule_paused(name, paused)
     click.echo(f"schedule {name}: {'paused' if paused else 'resumed'}")
 
 
@@ -245,11 +213,8 @@ async def _set_paused(settings: Settings, name: str, paused: bool) -> None:
 @async_command
 async def rm(settings: Settings, name: str) -> None:
     """Remove a schedule (its runs stay)."""
-    if (api := from_context()) is not None:
-        api.remove_schedule(name)
-    else:
-        async with Client(settings=settings) as client:
-            await Schedules(client).remove(name)
+    async with operator(settings) as op:
+        await op.remove_schedule(name)
     click.echo(f"schedule {name}: removed")
 
 
@@ -266,19 +231,15 @@ def next_(settings: Settings, name_or_cron: str, n: int, tz: str, interval_s: fl
             times = next_fires(datetime.now(_UTC), n, cron=None if interval_s else name_or_cron,
                                interval_s=interval_s, tz=tz)
             zone_name = tz
-        elif (api := from_context()) is not None:
-            times, zone_name = api.next_fires(name_or_cron, n)
         else:
             times, zone_name = run(_upcoming(settings, name_or_cron, n))
     for t in times:
         click.echo(f"{_fmt_t(t, zone_name)}   ({_fmt_t(t.astimezone(_UTC))})")
 
 
-async def _upcoming(settings: Settings, name: str, n: int) -> tuple[Any, str]:
-    async with Client(settings=settings) as client:
-        store = Schedules(client)
-        s = await store.get(name)
-        return await store.upcoming(name, n), s["timezone"]
+async def _upcoming(settings: Settings, name: str, n: int) -> tuple[list[datetime], str]:
+    async with operator(settings) as op:
+        return await op.schedule_fires(name, n)
 
 
 @click.command()

@@ -32,6 +32,7 @@ from fencepost.core.errors import InvalidInput
 from fencepost.core.fairness import due_summary
 from fencepost.core.hot import RunPeek
 from fencepost.core.models import Outcome, Submit, decode_payload, decode_result
+from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.states import RESTING, Status
 from fencepost.core.workers import WorkerInfo
 
@@ -527,6 +528,26 @@ class Operator(Protocol):
 
     async def stop_worker(self, worker_id: str, *, reason: str = "") -> None:
         """Ask WORKER_ID to stop claiming, drain within its grace period and exit (audited)."""
+
+    # schedules: rows as the record keeps them (dicts, times as datetimes; not yet typed views)
+    async def add_schedule(self, spec: ScheduleSpec) -> dict[str, Any]: ...
+
+    async def update_schedule(self, name: str, fields: dict[str, Any], *, reason: str = "") -> dict[str, Any]: ...
+
+    async def run_schedule_now(self, name: str, *, reason: str = "") -> int: ...
+
+    async def schedules(self, *, limit: int = 100) -> list[dict[str, Any]]: ...
+
+    async def schedule(self, name: str) -> dict[str, Any]: ...
+
+    async def schedule_fires(self, name: str, n: int) -> tuple[list[datetime], str]:
+        """The schedule's next N fire times and its timezone."""
+
+    async def schedule_runs(self, name: str, limit: int = 10) -> list[dict[str, Any]]: ...
+
+    async def set_schedule_paused(self, name: str, paused: bool) -> None: ...
+
+    async def remove_schedule(self, name: str) -> None: ...
 
 
 def status_filter(status: str | None) -> str | None:
