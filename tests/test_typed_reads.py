@@ -75,11 +75,13 @@ def test_the_silence_threshold_is_the_lag_alerts() -> None:
     assert lag["expr"] == f"max(fencepost_recorder_lag_seconds) > {Settings().recorder_silence_s}"
 
 
-def test_one_url_without_the_other_is_one_line_naming_what_to_set(monkeypatch: pytest.MonkeyPatch,
+def test_one_url_without_the_other_is_one_line_naming_what_to_set_where_both_are_needed(monkeypatch: pytest.MonkeyPatch,
                                                                   tmp_path: Path) -> None:
+    only_db = Settings(database_url="postgresql://x@127.0.0.1:1/x")
+    assert resolve(only_db).settings is only_db  # `fencepost db upgrade` needs no Redis
     with pytest.raises(InvalidInput) as exc:
-        resolve(Settings(redis_url="redis://127.0.0.1:1/0"))
-    assert "FENCEPOST_DATABASE_URL is not" in str(exc.value) and "\n" not in str(exc.value)
+        Stores(Settings(redis_url="redis://127.0.0.1:1/0"))  # both stores needed: one line naming the other
+    assert "FENCEPOST_DATABASE_URL is not set" in str(exc.value) and "\n" not in str(exc.value)
     monkeypatch.setattr("fencepost.core.embedded.available", lambda: False)
     with pytest.raises(StoreUnavailable) as missing:
         resolve(Settings())

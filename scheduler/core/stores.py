@@ -6,8 +6,9 @@ rule that says where they are (`resolve`), used by every entry point: the CLI's 
        or the same given in code / on the command line; both, or
     2. neither: the embedded pair of the project directory, FENCEPOST_EMBEDDED_DIR (default
        ./.fencepost), found running or started (detached, migrated: `fencepost dev down` stops it);
-    3. else a one-line error saying what to set (one URL without the other; no URLs and the
-       `embedded` extra not installed)."""
+    3. else a one-line error saying what to set: no URLs and the `embedded` extra not installed; or
+       one URL without the other where both stores are needed (a command that needs only
+       PostgreSQL, `fencepost db upgrade` or `token`, runs with FENCEPOST_DATABASE_URL alone)."""
 
 from __future__ import annotations
 
@@ -71,11 +72,8 @@ def resolve(settings: Settings, *, start: bool = True) -> Resolved:
     if has_redis and has_db:
         return Resolved(settings=settings)
     where = embedded_dir()
-    if has_redis or has_db:
-        given, missing = (("FENCEPOST_REDIS_URL", "FENCEPOST_DATABASE_URL") if has_redis
-                          else ("FENCEPOST_DATABASE_URL", "FENCEPOST_REDIS_URL"))
-        raise InvalidInput(f"{given} is set but {missing} is not: set both, or neither to use the embedded "
-                           f"servers in {where}/", field=missing.removeprefix("FENCEPOST_").lower())
+    if has_redis or has_db:  # one store given: a command that needs only it runs (`db upgrade`, tokens)
+        return Resolved(settings=settings)
     if not embedded.available():
         raise StoreUnavailable("no stores configured: set FENCEPOST_REDIS_URL and FENCEPOST_DATABASE_URL, or "
                                f"`pip install 'fencepost[embedded]'` to use embedded servers in {where}/")
@@ -138,6 +136,14 @@ class Stores:
             self._open()
 
     def _open(self) -> None:
+        missing = [name for name, url in (("FENCEPOST_REDIS_URL", self.settings.redis_url or
+                                           self.settings.redis_sentinels),
+                                          ("FENCEPOST_DATABASE_URL", self.settings.database_url)) if not url]
+        if missing:  # rule 3: one store given without the other, and both are needed here
+            given = "FENCEPOST_DATABASE_URL" if missing[0] == "FENCEPOST_REDIS_URL" else "FENCEPOST_REDIS_URL"
+            raise InvalidInput(f"{missing[0]} is not set but {given} is: set both, or neither to use the "
+                               f"embedded servers in {embedded_dir()}/",
+                               field=missing[0].removeprefix("FENCEPOST_").lower())
         self.redis = _redis_client(self.settings)
         self.db = Database(self.settings.database_url, max_size=self._db_pool_size)
         self.scripts = Scripts(self.redis)
