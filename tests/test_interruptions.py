@@ -18,7 +18,8 @@ from tests.conftest import log_tail, record_all, spawn, stop, wait_until
 APP = "tests.apps:registry"
 WORKER = ("worker", "--app", APP, "--queue", "tq")
 LIMIT = 2
-ENV = {"FENCEPOST_MAX_INTERRUPTIONS": str(LIMIT), "FENCEPOST_WORKER_LIVENESS_MS": "1000"}
+ENV = {"FENCEPOST_MAX_INTERRUPTIONS": str(LIMIT), "FENCEPOST_WORKER_LIVENESS_MS": "1000",
+       "FENCEPOST_LEASE_MS": "10000"}
 
 
 async def test_a_run_whose_worker_is_killed_again_and_again_is_rerun_then_failed_interrupted_too_often(
@@ -36,8 +37,14 @@ async def test_a_run_whose_worker_is_killed_again_and_again_is_rerun_then_failed
                 h = await stores.redis.hmget(key, "state", "attempt")
                 return h == [b"RUNNING", str(n).encode()]
 
+            async def pulsing() -> bool:  # a worker that never pulsed is reaped only at its lease's end
+                worker = await stores.redis.hget(key, "worker")
+                return worker is not None and await stores.redis.zscore(stores.keys("tq").base + "workers",
+                                                                        worker) is not None
+
             try:
                 await wait_until(running, timeout=20, what=f"attempt {attempt} to run")
+                await wait_until(pulsing, timeout=10, what=f"attempt {attempt}'s worker to pulse")
             except AssertionError:
                 raise AssertionError(f"{await stores.redis.hgetall(key)}\n{log_tail(log)}") from None
             os.kill(w.pid, signal.SIGKILL)  # the next worker's reaper sees the dead one's pulse lapse
