@@ -225,12 +225,12 @@ async def test_the_proxy_blackholes_without_closing_and_delivers_late_on_resume(
         server.close()
 
 
-OPEN = frozenset({"overlapping_executions", "acknowledged_runs_unfinished", "failed_without_handler_error",
-                  "duplicate_events", "started_before_due", "children_outlived_worker"})
-"""Checks the short soak found failing on this tree (issue 22's open faults: self-fencing, late claims,
-one clock, interruptions counted as failures, a transition recorded twice, children outliving
-their worker), which other changes are fixing: printed, not asserted. Move a check out of OPEN
-when its fix lands; every other check must hold."""
+OPEN = frozenset({"overlapping_executions", "duplicate_events", "children_outlived_worker"})
+"""Checks the soaks still find failing on this tree (see docs/reliability.md, the chaos soak's
+figures: an old execution's effects up to ~1.3 s after a SIGSTOPped worker is resumed, a
+lease_expired event recorded both from the stream and by the rebuild, process children alive 1 s
+after their worker's SIGKILL): printed, not asserted. Move a check out of OPEN when its fix
+lands; every other check must hold."""
 
 
 @pytest.mark.slow

@@ -251,6 +251,8 @@ class ChaosReport(msgspec.Struct, kw_only=True):
     recoveries: list[cc.FaultRecovery]
     verdicts: list[cc.Verdict]
     failed: list[str]
+    notes: list[str] = []
+    """How a fault was injected when not as designed (one line each)."""
     command: str = ""
 
 
@@ -291,6 +293,8 @@ class _Soak:
         """On Redis Cluster: a queue on another shard, whose runs a shard kill must not delay."""
         self.faketime_problem: str | None = None
         self.clock_dir: str | None = None
+        self.notes: list[str] = []
+        self.t0_ms = 0
 
     # -- stores and processes ------------------------------------------------------------------
     async def _start_stores(self) -> None:
@@ -312,6 +316,8 @@ class _Soak:
             self.skipped["pg_restart"] = "no initdb/pg_ctl: the machine's PostgreSQL is never restarted"
         self.faketime_problem = await asyncio.to_thread(faketime_problem)
         """None: skewed workers run under faketime; else why not (the offset is then injected in-process)."""
+        if self.faketime_problem is not None:
+            self.notes.append(f"clock_skew: {self.faketime_problem}; the offset is injected in-process instead")
 
     async def _cluster_owner(self, queue: str) -> tuple[str, int]:
         """(host, port) of the cluster primary owning QUEUE's hash slot (its keys' tag is the queue name)."""
@@ -588,8 +594,8 @@ class _Soak:
                 else:
                     await asyncio.to_thread(starver.stop, pid)
             secs = await self._settled(runs, tokens, t_ms, limit)
-            return self._rec(kind, at, secs, f"{name}'s {len(runs)} runs reclaimed or finished, from the fault's start",
-                             f"{length:.1f}s" + (f", {how}" if how else ""))
+            return self._rec(kind, at, secs, "the worker's runs reclaimed or finished, from the fault's start",
+                             f"{name} for {length:.1f}s, {len(runs)} runs caught" + (f", {how}" if how else ""))
         if kind == "kill_worker_children":
             name = await self._busy_pid(plan, self._workers(), model="process", wait_s=10)
             p = self.procs[name]
@@ -609,8 +615,8 @@ class _Soak:
                         os.kill(k, signal.SIGKILL)
             await self._spawn(name)
             secs = await self._settled(runs, tokens, t_ms, limit)
-            return self._rec(kind, at, secs, f"killed {name}'s {len(runs)} runs reclaimed or finished",
-                             f"{len(kids)} children, {len(alive)} outlived it")
+            return self._rec(kind, at, secs, "the killed worker's runs reclaimed or finished",
+                             f"{name}, {len(runs)} runs caught, {len(kids)} children, {len(alive)} outlived it")
         if kind == "clock_skew":
             skew = plan.choose(["+30s", "-30s", "+30s", "-30s", "+600s", "-600s"])
             length = plan.span(2.5, 4.0) * lease
@@ -627,10 +633,9 @@ class _Soak:
                 self.errors.append("the skewed worker did not stop within 30 s of SIGTERM")
             self.procs.pop("worker_skew", None)
             secs = await self._settled(runs, tokens, t_ms, limit)
-            how = (f"faketime {skew}" if self.faketime_problem is None else
-                   f"wall clock offset {skew} injected in-process ({self.faketime_problem})")
-            return self._rec(kind, at, secs, f"skewed worker's {len(runs)} runs finished or reclaimed after its stop",
-                             f"{how} for {length:.1f}s")
+            how = f"faketime {skew}" if self.faketime_problem is None else f"wall clock offset {skew} injected in-process"
+            return self._rec(kind, at, secs, "the skewed worker's runs finished or reclaimed after its stop",
+                             f"{how} for {length:.1f}s, {len(runs)} runs caught at its stop")
         if kind == "promote_lagging":
             return await self._promote(client, plan.span(0.5, 1.5))
         if kind == "pg_restart":
@@ -666,8 +671,8 @@ class _Soak:
                         secs = round(time.monotonic() - at - length, 3)
                         break
                 await asyncio.sleep(0.2)
-            return self._rec(kind, at, secs, f"the {want} fires due during the fault created, from its end",
-                             f"trigger {how} for {length:.1f}s")
+            return self._rec(kind, at, secs, "the fires due during the fault created, from its end",
+                             f"trigger {how} for {length:.1f}s, {want} fires due")
         if kind == "cluster_shard_kill":
             host, port = await self._cluster_owner(self.queue)
             at = time.monotonic()
@@ -769,6 +774,7 @@ class _Soak:
             for i in range(self.n_workers):
                 await self._spawn(f"worker{i}")
             self.t0 = time.monotonic()
+            self.t0_ms = await self._now_ms()
             if await self._probe(client, 60, time.monotonic()) is None:
                 self.errors.append("the system did not run a job within 60 s of starting")
             stop = asyncio.Event()
@@ -847,7 +853,8 @@ class _Soak:
                 spans.append(cc.ScheduleSpan(schedule_id=sid, interval_ms=1000, first_ms=min(fires), until_ms=until_ms))
             else:
                 self.errors.append(f"schedule {sid} never fired")
-        ledger = cc.Ledger(acked=list(self.acked), due=dict(self.due), executions=cc.executions_from_rows(rows),
+        ledger = cc.Ledger(acked=list(self.acked), due=dict(self.due), t0_ms=self.t0_ms,
+                           executions=cc.executions_from_rows(rows),
                            recoveries=self.recoveries,
                            schedules=spans, harness_errors=list(self.errors), orphans=list(self.orphans))
         return ledger, cc.History(runs=runs, attempts=attempts, events=events)
@@ -872,7 +879,8 @@ class _Soak:
             failed_submits=self.failed_submits, executions=len(ledger.executions),
             runs_executed=len({e.run_id for e in ledger.executions}), faults=dict(sorted(faults.items())),
             skipped=dict(sorted(self.skipped.items())), recovery_s=recovery, recoveries=self.recoveries,
-            verdicts=verdicts, failed=[f"{v.check}: {v.violations}" for v in verdicts if v.violations])
+            verdicts=verdicts, failed=[f"{v.check}: {v.violations}" for v in verdicts if v.violations],
+            notes=list(self.notes))
 
 
 def _alive(pid: int) -> bool:
@@ -907,6 +915,7 @@ def format_chaos(r: ChaosReport) -> list[str]:
         f"{r.executions} executions of {r.runs_executed} runs",
     ]
     lines += [f"  skipped     {k}: {why}" for k, why in r.skipped.items()]
+    lines += [f"  note        {n}" for n in r.notes]
     lines.append("")
     lines.append(f"  {'check':<32}{'violations':>10}  verdict")
     for v in r.verdicts:

@@ -77,6 +77,8 @@ class ScheduleSpan(msgspec.Struct, frozen=True, kw_only=True):
 class Ledger(msgspec.Struct, kw_only=True):
     acked: list[int] = []
     """Run ids whose submit Fencepost acknowledged."""
+    t0_ms: int = 0
+    """The soak's start on the ledger's clock (examples say when, in seconds into the soak)."""
     due: dict[int, int] = {}
     """Delayed runs: the earliest their first execution may start (ms, the host's clock before the submit + delay)."""
     executions: list[Execution] = []
@@ -200,8 +202,9 @@ def check(ledger: Ledger, history: History, *, overlap_window_ms: int = 0, due_s
                 if ov <= 0:
                     continue
                 if ov > overlap_window_ms:
+                    when = f" from +{(max(x.started_ms, y.started_ms) - ledger.t0_ms) / 1000:.1f}s" if ledger.t0_ms else ""
                     over.append(f"run {rid}: attempt {x.attempt} (token {x.token}, {x.worker_id or x.pid}) and attempt "
-                                f"{y.attempt} (token {y.token}, {y.worker_id or y.pid}) overlap {ov} ms")
+                                f"{y.attempt} (token {y.token}, {y.worker_id or y.pid}) overlap {ov} ms{when}")
                 else:
                     inside += 1
     out.append(_verdict("overlapping_executions", over,
