@@ -126,12 +126,7 @@ class ControlMixin:
                 raise UnknownQueue(queue)
             await db.execute("queue_event", queue, action, self.actor, reason or None, conn=tx)
             await audit.write(db, tx, self.actor, action, queue=queue, reason_=reason)
-        keys = self.stores.keys(queue)
-        if paused:
-            await self.stores.redis.set(keys.paused, 1)
-        else:
-            await self.stores.redis.delete(keys.paused)
-            await self.stores.redis.rpush(keys.wake, 1)
+        await self.stores.scripts.set_queue_paused(self.stores.keys(queue), paused)
 
     # -- bulk ----------------------------------------------------------------------------------
     async def bulk(self, command: str, *, queue: str, status: str | None = None, handler: str | None = None,

@@ -195,7 +195,6 @@ a heuristic that misses a client kept under another attribute name, never a fals
 RAW_REDIS_OFFENDERS = {
     "fencepost.api.auth": 7, "fencepost.api.routes": 5, "fencepost.api.routes_ops": 4,  # API helper
     "fencepost.client": 1,  # wait(): the run's ending event, read back from the queue's stream
-    "fencepost.control": 3,  # queue pause / resume: the paused flag and the wake nudge
     "fencepost.workflows": 1, "fencepost.trigger": 1,
     "fencepost.testing": 8, "fencepost.testing_plugin": 2,  # the test clock; a test prefix's cleanup
     "fencepost.dev.loadtest": 8, "fencepost.dev.chaos": 4,  # the load and fault harnesses

@@ -735,6 +735,20 @@ class Scripts:
     async def rescore_due(self, keys: Keys, args: RescoreArgs) -> Page:
         return await self._call("rescore_due", keys, args)  # type: ignore[no-any-return]
 
+    async def set_queue_paused(self, keys: Keys, paused: bool) -> None:
+        """The queue's paused flag (claim_due dispatches nothing while it exists); resuming also nudges
+        idle workers (the wake list). PostgreSQL's `queues.paused` is the record: write it first."""
+        pipe = self._redis.pipeline(transaction=False)
+        if paused:
+            pipe.set(keys.paused, 1)
+        else:
+            pipe.delete(keys.paused)
+            pipe.rpush(keys.wake, 1)
+        try:
+            await pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise RedisUnavailable(f"redis unavailable: {exc}") from exc
+
     # -- typed reads: no Lua, one pipeline of HMGETs ------------------------------------------------
     async def peek(self, keys: Keys, ids: Sequence[int]) -> list[RunPeek | None]:
         """The hot state of these runs of one queue, in order; None where Redis holds no hash for a
