@@ -10,13 +10,6 @@ ON CONFLICT (name) DO NOTHING RETURNING name, epoch;
 -- name: queue_row
 SELECT name, epoch, paused, created_at FROM queues WHERE name = $1;
 
--- name: queue_list
-SELECT name AS queue, paused, epoch, created_at FROM queues ORDER BY name;
-
--- name: queue_status_counts
--- Runs per queue and state in the hot table (archived runs are history); the CLI groups them.
-SELECT queue, status, count(*) AS n FROM runs GROUP BY queue, status;
-
 -- name: workflow_ids_by_prefix
 -- The workflows whose id starts with $1 (a shortened id as `workflow ls` prints it); at most 2,
 -- enough to tell "unique" from "ambiguous".
