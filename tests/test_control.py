@@ -154,7 +154,7 @@ async def items_table(stores: Stores) -> Stores:
 
 async def _at(stores: Stores, now: int) -> None:
     """Hold the scripts' one clock at `now` (ms) for queue tq: the test clock (tests/conftest.py)."""
-    await stores.redis.set(stores.keys("tq").script_keys()[0] + ":testclock", now)
+    await stores.redis.set(stores.keys("tq").testclock, now)
 
 
 async def _claim(stores: Stores, n: int = 1, now: int | None = None, worker: str = "test-worker") -> list[Any]:

@@ -288,7 +288,7 @@ def unclock(name: str, args: list) -> tuple[int | None, list]:
 
 def clock_key(keys: Keys) -> str:
     """Where the scripts read the test clock (hot.TEST_CLOCK_ENV)."""
-    return keys.script_keys()[0] + ":testclock"
+    return keys.testclock
 
 
 def enqueue_args(now: int, *runs: dict) -> list:

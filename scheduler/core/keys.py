@@ -74,6 +74,7 @@ class Keys:
         "seq",
         "stats",
         "tenants",
+        "testclock",
         "throttle",
         "token",
         "wake",
@@ -96,6 +97,9 @@ class Keys:
         self.stats = b + "stats"      # HASH of counters (stale_finish, budget_exhausted, ...)
         self.config = b + "config"    # HASH budget_ratio / budget_floor / budget_window_ms (retry budget)
         self.throttle = b + "throttle"  # max claims per call while a dependency rate-limits (PX = retry_after)
+        # tests only: with FENCEPOST_TEST_CLOCK=1 the scripts read their one clock (ms) here when it
+        # exists (KEYS[1] .. ':testclock', fencepost.core.hot.TEST_CLOCK_ENV); services never write it
+        self.testclock = self.due + ":testclock"
         # dispatch order and limits (lua/includes/common.lua "Dispatch order", docs/scale.md)
         self.tenants = b + "tenants"    # ZSET tenant -> virtual time, tenants with due runs
         self.weights = b + "weights"    # HASH tenant -> weight (absent = 1)
