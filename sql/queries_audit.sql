@@ -116,14 +116,48 @@ WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR 
   AND ($4::bigint IS NULL OR id <= $4);
 
 -- name: api_events_scoped
--- The fleet's history for the API: the run's queue (events of runs carry no queue of their
--- own), filtered by type, queue and the caller's scope before the limit.
-SELECT e.id, e.run_id, COALESCE(r.queue, e.queue) AS queue, e.type, e.from_status, e.to_status, e.attempt,
-       e.worker_id, e.actor, e.reason, e.error_class, e.at, r.handler, r.workflow_id, r.trace_id
-FROM history e LEFT JOIN runs r ON r.id = e.run_id  -- event rows and attempts' claims / finishes (020)
-WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR COALESCE(r.queue, e.queue) = $3)
-  AND ($5::text[] IS NULL OR COALESCE(r.queue, e.queue) = ANY($5))
-ORDER BY e.at DESC, e.id DESC LIMIT $4;
+-- The fleet's history for the API (the rows of the view `history`, 020 and 021: event rows, attempts'
+-- claims and finishes, submits recorded in their run's row), with the run's queue (events of runs carry no queue of their own), filtered by type
+-- ($2), queue ($3) and the caller's scope ($5) before the limit ($4), newest first since $1. Each half is
+-- filtered and limited on its own before they are merged: the events half reads events_at in order
+-- (033) instead of sorting every event of the window (0.6 s at a million submits in the last hour).
+SELECT * FROM (
+    (SELECT e.id, e.run_id, COALESCE(r.queue, e.queue) AS queue, e.type, e.from_status, e.to_status, e.attempt,
+            e.worker_id, e.actor, e.reason, e.error_class, e.at, r.handler, r.workflow_id, r.trace_id
+     FROM events e LEFT JOIN runs r ON r.id = e.run_id
+     WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR COALESCE(r.queue, e.queue) = $3)
+       AND ($5::text[] IS NULL OR COALESCE(r.queue, e.queue) = ANY($5))
+     ORDER BY e.at DESC, e.id DESC LIMIT $4)
+    UNION ALL
+    (SELECT -a.claim_stream_id, a.run_id, r.queue, 'claimed', 'PENDING', 'RUNNING', a.attempt, a.worker_id,
+            NULL::text, NULL::text, NULL::text, a.started_at, r.handler, r.workflow_id, r.trace_id
+     FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
+     WHERE a.claim_version IS NOT NULL AND a.started_at >= $1 AND ($2::text IS NULL OR $2 = 'claimed')
+       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+     ORDER BY a.started_at DESC, a.claim_stream_id ASC LIMIT $4)
+    UNION ALL
+    (SELECT -a.finish_stream_id, a.run_id, r.queue, a.finish_type, a.finish_from, a.finish_to, a.attempt, a.worker_id,
+            NULL::text, a.reason, a.error_class, a.finished_at, r.handler, r.workflow_id, r.trace_id
+     FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
+     WHERE a.finish_type IS NOT NULL AND a.finished_at >= $1 AND ($2::text IS NULL OR a.finish_type = $2)
+       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+     ORDER BY a.finished_at DESC, a.finish_stream_id ASC LIMIT $4)
+    UNION ALL
+    (SELECT -r.id, r.id, r.queue, 'submitted', NULL::text, 'PENDING', NULL::integer, NULL::text, r.submitted_by,
+            NULL::text, NULL::text, r.created_at, r.handler, r.workflow_id, r.trace_id
+     FROM runs r
+     WHERE r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
+       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+     ORDER BY r.created_at DESC, r.id ASC LIMIT $4)
+    UNION ALL
+    (SELECT -r.id, r.id, r.queue, 'submitted', NULL::text, 'PENDING', NULL::integer, NULL::text, r.submitted_by,
+            NULL::text, NULL::text, r.created_at, r.handler, r.workflow_id, r.trace_id
+     FROM runs_archive r
+     WHERE r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
+       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+     ORDER BY r.created_at DESC, r.id ASC LIMIT $4)
+) h
+ORDER BY at DESC, id DESC LIMIT $4;
 
 -- name: api_list_workflows_scoped
 -- Recent workflows; with $2 (a token's queues), only those whose every node is in scope.

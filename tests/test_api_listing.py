@@ -103,3 +103,25 @@ async def test_cli_dlq_through_the_api_shows_the_scoped_operators_rows(settings:
         assert sorted(r["id"] for r in json.loads(out.stdout)) == sorted(mine), out.stdout
     finally:
         stop([proc])
+
+
+async def test_the_fleet_history_lists_events_and_attempts_claims_and_finishes_newest_first(
+        api: Api, client: Client) -> None:
+    """GET /v1/events limits each half of the history (event rows, attempts' claims and finishes) on its own
+    before merging them (issue 24 item 12): what it lists is still the newest of both, in order."""
+    from tests.conftest import record_all
+    from tests.test_drift import claim, finish
+
+    rid = await client.submit("t.echo", 1)
+    (cid, token), = await claim(client.stores, 1)
+    assert cid == rid and await finish(client.stores, rid, token) == "SUCCEEDED"
+    await record_all(client.stores)
+    r = await api.req("GET", "/v1/events", "admin")
+    assert r.status_code == 200, r.text
+    mine = [(e["type"], e["queue"]) for e in r.json() if e["run_id"] == rid]
+    assert [t for t, _ in mine][:3] == ["succeeded", "claimed", "submitted"][:len(mine)] and len(mine) >= 3, mine
+    assert {q for _, q in mine} == {"tq"}
+    ats = [e["at"] for e in r.json()]
+    assert ats == sorted(ats, reverse=True)
+    r = await api.req("GET", "/v1/events", "op_other")
+    assert all(e["run_id"] != rid for e in r.json()), "another scope's history"
