@@ -38,6 +38,7 @@ import asyncpg
 from fencepost.core import fairness, states
 from fencepost.core.errors import FencepostError
 from fencepost.core.hot import Inspected, StampArgs, Versioned
+from fencepost.core.redisconn import read_twice
 from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import Drift, DriftRepair
 from fencepost.reconciler.metrics import EPOCH, REBUILD_SECONDS, REBUILDS, RESTORED
@@ -243,15 +244,20 @@ async def untrusted_queues(stores: Stores) -> list[str]:
         for q in queues:
             node = cluster.get_node_from_key(stores.keys(q["name"]).epoch)
             if node.name not in by_node:
-                by_node[node.name] = (await cluster.info("server", target_nodes=node))["run_id"]
+                info = await read_twice(lambda node=node: cluster.info("server", target_nodes=node))
+                by_node[node.name] = info["run_id"]
             servers[q["name"]] = by_node[node.name]
     else:
-        server = (await stores.redis.info("server"))["run_id"]
+        server = (await read_twice(lambda: stores.redis.info("server")))["run_id"]
         servers = {q["name"]: server for q in queues}
-    pipe = stores.redis.pipeline(transaction=False)
-    for q in queues:
-        pipe.hmget(stores.keys(q["name"]).epoch, "epoch", "server")
-    stamps = await pipe.execute()
+
+    async def read_stamps() -> list[Any]:
+        pipe = stores.redis.pipeline(transaction=False)
+        for q in queues:
+            pipe.hmget(stores.keys(q["name"]).epoch, "epoch", "server")
+        return await pipe.execute()
+
+    stamps = await read_twice(read_stamps)
     out = []
     for q, (epoch, stamped_on) in zip(queues, stamps):
         if (epoch is None or int(epoch) < q["epoch"] or stamped_on is None

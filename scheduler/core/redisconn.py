@@ -5,16 +5,18 @@ No command is sent twice by the client (`NO_RESEND`): redis-py 6+ retries every 
 a few times on a timeout or a broken connection, and a re-sent claim, finish or transition can
 arrive after its caller gave up (docs/clock.md). Callers retry on their own terms: each script
 is safe to run again (claims carry a deadline, finishes and releases a fencing token, operator
-commands a state and version check)."""
+commands a state and version check). An idempotent read (INFO, GET, HMGET, SCAN, a pipeline of
+reads) may go once more on a fresh connection: `read_twice`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError
 
 try:
@@ -22,7 +24,9 @@ try:
 except ImportError:  # pragma: no cover - hiredis is a declared dependency
     hiredis = None  # type: ignore[assignment]  # the module or None; checked before use
 
-__all__ = ["connect", "no_resend", "register_scheme"]
+__all__ = ["connect", "no_resend", "read_twice", "register_scheme"]
+
+T = TypeVar("T")
 
 _SCHEMES: dict[str, Callable[..., aioredis.Redis]] = {}
 
@@ -48,6 +52,16 @@ def no_resend() -> dict[str, Any]:
     """Client options under which redis-py never re-sends a command (no retry on timeout or on a
     connection error): give them to every hot-path client (Stores does, plain and Sentinel)."""
     return {"retry_on_timeout": False, "retry": Retry(NoBackoff(), 0)}
+
+
+async def read_twice(read: Callable[[], Awaitable[T]]) -> T:
+    """Run `read`, an idempotent read and nothing else (never a script or a write), and once more
+    if the connection it went out on was broken: redis-py drops that connection, so the second
+    try takes a fresh one (a pooled connection a failover or a proxy cut after it was last used)."""
+    try:
+        return await read()
+    except RedisConnectionError:
+        return await read()
 
 
 def connect(url: str, **kwargs: Any) -> aioredis.Redis:
