@@ -79,12 +79,6 @@ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
 -- name: chaos_forget
 DELETE FROM fencepost_chaos_ledger WHERE soak = $1;
 
--- name: chaos_terminate_backends
--- Every other client connection to this database (a fault when the harness has no private PostgreSQL).
-SELECT count(*) AS n FROM (
-    SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-    WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend') t;
-
 -- name: chaos_run_status
 SELECT id, status FROM runs WHERE id = ANY($1::bigint[]);
 
