@@ -29,6 +29,7 @@ untrusted non-empty dataset holds for such runs are replaced from PostgreSQL aft
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any, cast
@@ -244,7 +245,7 @@ async def untrusted_queues(stores: Stores) -> list[str]:
         for q in queues:
             node = cluster.get_node_from_key(stores.keys(q["name"]).epoch)
             if node.name not in by_node:
-                info = await read_twice(lambda node=node: cluster.info("server", target_nodes=node))
+                info = await read_twice(functools.partial(cluster.info, "server", target_nodes=node))
                 by_node[node.name] = info["run_id"]
             servers[q["name"]] = by_node[node.name]
     else:
