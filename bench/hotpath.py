@@ -60,8 +60,10 @@ async def _cpu(r: object) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool, rate_keys: int = 0) -> dict[str, float]:
-    st = Stores(Settings(redis_url=url, prefix=prefix))
+async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool, rate_keys: int = 0,
+                       database_url: str = "") -> dict[str, float]:
+    # Stores needs both URLs (core/stores rule 3); these phases never connect to the database
+    st = Stores(Settings(redis_url=url, database_url=database_url, prefix=prefix))
     r, k = st.redis, st.keys("q")
     await st.scripts.stamp_queue(k, StampArgs(1, 1))
     payload = encode_payload((1,), {})
@@ -126,8 +128,8 @@ async def redis_main(a: argparse.Namespace) -> None:
                                "--appendonly", "no"], stdout=subprocess.DEVNULL)
     try:
         await asyncio.sleep(0.3)
-        runs = [await redis_phases(f"redis://127.0.0.1:{port}/0", f"hp{i}", a.jobs, a.batch, a.xdel, a.rate_keys)
-                for i in range(a.rounds)]
+        runs = [await redis_phases(f"redis://127.0.0.1:{port}/0", f"hp{i}", a.jobs, a.batch, a.xdel, a.rate_keys,
+                                   a.admin_url) for i in range(a.rounds)]
     finally:
         server.kill()
         server.wait()
