@@ -186,7 +186,8 @@ async def test_role_boundaries_are_403_with_the_reason(api: Api, client: Client)
     # a producer scoped to another queue cannot submit into tq
     await api.token("producer", "elsewhere", name="p_else")
     _problem(await api.req("POST", "/v1/runs", "p_else", json={"handler": "t.echo", "args": [1]}), 403, queue="tq")
-    assert (await api.req("POST", "/v1/runs", "p_else", json={"handler": "t.echo", "args": [1], "queue": "elsewhere"})).status_code == 201
+    body = {"handler": "t.echo", "args": [1], "queue": "elsewhere"}
+    assert (await api.req("POST", "/v1/runs", "p_else", json=body)).status_code == 201
     me = (await api.req("GET", "/v1/me", "op_tq")).json()
     assert me == {"id": api.id("op_tq"), "role": "operator", "queues": ["tq"], "name": "op_tq",
                   "actor": f"token:{api.id('op_tq')}@203.0.113.7"}
@@ -256,7 +257,8 @@ async def test_bad_and_oversize_bodies_are_rejected_with_nothing_stored(api: Api
     r = await api.req("POST", "/v1/runs/batch", "producer",
                       json={"runs": [{"handler": "t.echo", "args": [1]}, {"handler": "t.echo", "args": [1], "priority": -1}]})
     _problem(r, 422)
-    r = await api.req("POST", "/v1/runs/batch", "producer", json={"runs": [{"handler": "t.echo", "args": [1]}, {"handler": "t.nope"}]})
+    r = await api.req("POST", "/v1/runs/batch", "producer",
+                      json={"runs": [{"handler": "t.echo", "args": [1]}, {"handler": "t.nope"}]})
     _problem(r, 422, handler="t.nope")
     # a declared Content-Length over the limit is refused before reading
     r = await api.req("POST", "/v1/runs", "producer", content=b"x" * 10, headers={"Content-Length": "999999999"})
@@ -403,7 +405,8 @@ async def test_workflows_submit_status_retry(api: Api, stores: Stores) -> None:
     assert wf["name"] == "etl" and {n["name"]: (n["status"], n["depends_on"]) for n in wf["nodes"]} == {
         "a": ("PENDING", []), "b": ("BLOCKED", ["a"])}
     assert [w["id"] for w in (await api.req("GET", "/v1/workflows", "op_tq")).json()] == [wid]
-    cyc = [{"name": "a", "handler": "t.echo", "args": [1], "depends_on": ["b"]}, {"name": "b", "handler": "t.echo", "args": [1], "depends_on": ["a"]}]
+    cyc = [{"name": "a", "handler": "t.echo", "args": [1], "depends_on": ["b"]},
+           {"name": "b", "handler": "t.echo", "args": [1], "depends_on": ["a"]}]
     _problem(await api.req("POST", "/v1/workflows", "producer", json={"nodes": cyc}), 422, field="depends_on",
              error="WorkflowCycle")
     _problem(await api.req("GET", f"/v1/workflows/{uuid.uuid4()}", "admin"), 404, error="UnknownWorkflow")

@@ -150,7 +150,8 @@ MATRIX: dict[tuple[str, str], Decision] = {
     ("GET", "/openapi.json"): _open("/openapi.json"),
     ("GET", "/v1/me"): Decision(ANY, 200, 200, _get("/v1/me")),
     ("POST", "/v1/runs"): Decision(SUBMIT, 201, 403, _get("/v1/runs", json={"handler": "t.echo", "args": [1], "queue": Q})),
-    ("POST", "/v1/runs/batch"): Decision(SUBMIT, 201, 403, _get("/v1/runs/batch", json={"runs": [{"handler": "t.echo", "args": [1]}]})),
+    ("POST", "/v1/runs/batch"): Decision(SUBMIT, 201, 403, _get("/v1/runs/batch", json={
+        "runs": [{"handler": "t.echo", "args": [1]}]})),
     ("GET", "/v1/runs"): Decision(ANY, 200, 200, _get("/v1/runs")),
     ("GET", RUN): Decision(ANY, 200, 404, _on_run()),
     ("GET", RUN + "/attempts"): Decision(ANY, 200, 404, _on_run("/attempts")),

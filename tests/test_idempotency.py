@@ -158,10 +158,11 @@ async def test_keys_outlive_archiving_for_the_window_then_the_reconciler_prunes_
 # -- through the API (issue 24 item 6) ------------------------------------------------------------
 async def test_the_same_kwargs_in_another_key_order_are_the_same_request(api: Api) -> None:
     """The issue: {"a": 1, "b": 2} then {"b": 2, "a": 1} under one key was a 409 conflict."""
-    first = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "kwargs": {"value": {"a": 1, "b": {"x": 1, "y": 2}}}},
-                          headers={"Idempotency-Key": "order-7"})
-    again = await api.req("POST", "/v1/runs", "producer", json={"handler": "t.echo", "kwargs": {"value": {"b": {"y": 2, "x": 1}, "a": 1}}},
-                          headers={"Idempotency-Key": "order-7"})
+    key = {"Idempotency-Key": "order-7"}
+    first = await api.req("POST", "/v1/runs", "producer", headers=key,
+                          json={"handler": "t.echo", "kwargs": {"value": {"a": 1, "b": {"x": 1, "y": 2}}}})
+    again = await api.req("POST", "/v1/runs", "producer", headers=key,
+                          json={"handler": "t.echo", "kwargs": {"value": {"b": {"y": 2, "x": 1}, "a": 1}}})
     assert first.status_code == 201 and again.status_code == 201 and again.json()["id"] == first.json()["id"], again.text
 
 
