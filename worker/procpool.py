@@ -13,6 +13,7 @@ end only the parent holds: the pipe reads EOF the moment the parent is gone, and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -38,6 +39,7 @@ from fencepost.worker.liveness import die_with_parent
 
 log = logging.getLogger("fencepost.worker.procpool")
 _CTX = mp.get_context("spawn")
+_READY_S = 60.0  # the longest a new child may take to import the app before a job's timeout runs anyway
 
 
 class ChildCrashed(Exception):
@@ -143,6 +145,7 @@ def _child_main(app: str, conn: Connection, parent_pid: int | None = None, lifel
         threading.Thread(target=_watch_lifeline, args=(lifeline,), name="fencepost-lifeline", daemon=True).start()
 
     registry = load_registry(app)
+    conn.send(("ready",))  # the parent hands out no job (whose timeout would run) before this
     while True:
         try:
             msg = conn.recv()
@@ -178,7 +181,7 @@ def _child_main(app: str, conn: Connection, parent_pid: int | None = None, lifel
 
 
 class _Child:
-    __slots__ = ("conn", "lifeline", "proc")
+    __slots__ = ("_starting", "conn", "lifeline", "proc", "started")
 
     def __init__(self, app: str) -> None:
         parent, child = _CTX.Pipe()
@@ -190,6 +193,18 @@ class _Child:
         keep.close()
         self.conn = parent
         self.lifeline = give
+        self.started = False
+        self._starting = threading.Lock()  # one waiter reads the child's "ready" (a cancelled run's may go on)
+
+    def wait_started(self) -> None:
+        """Block until the child has imported the app (at most _READY_S): a job's timeout counts from
+        then, as on a loaded machine the import alone can outlast it. A child that died starting up
+        (EOF) is found by the job sent to it, as before."""
+        with self._starting:
+            if not self.started and self.conn.poll(_READY_S):
+                with contextlib.suppress(EOFError, OSError):
+                    self.conn.recv()
+            self.started = True
 
     def kill(self) -> None:
         if self.proc.is_alive() and self.proc.pid is not None:  # alive: started, so it has a pid
@@ -243,6 +258,12 @@ class ProcessPool:
         loop = asyncio.get_running_loop()
         child = await self._idle.get()
         healthy = False
+        if not child.started:
+            try:
+                await loop.run_in_executor(self._io, child.wait_started)
+            except BaseException:  # cancelled while it starts: it is still a fresh child
+                self._idle.put_nowait(child)
+                raise
         deadline = loop.time() + timeout
         checkpoint = encode_result(ctx.checkpoint_data) if ctx.checkpoint_data is not None else None
         try:
