@@ -53,7 +53,8 @@ async def test_a_recorder_batch_reads_only_the_partitions_it_touches(
     for m in months[:-1]:  # a history in every earlier month
         at = datetime(m.year, m.month, 10, tzinfo=UTC)
         await pool.execute("INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, "
-                           "outcome) SELECT g, 1, g, 'old', $1, $1, 'succeeded' FROM generate_series(1000000000, 1000000199) g", at)
+                           "outcome) SELECT g, 1, g, 'old', $1, $1, 'succeeded' "
+                           "FROM generate_series(1000000000, 1000000199) g", at)
         await pool.execute("INSERT INTO events (run_id, type, to_status, version, at) "
                            "SELECT g, 'submitted', 'PENDING', 0, $1 FROM generate_series(1000000000, 1000000199) g", at)
     await pool.execute("ANALYZE attempts; ANALYZE events")
