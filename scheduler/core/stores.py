@@ -149,6 +149,13 @@ class Stores:
         self.scripts = Scripts(self.redis)
         self._opened = True
 
+    def spare_redis(self) -> aioredis.Redis:
+        """A second Redis client with these settings that shares no connection (and on Cluster no
+        slot map or refresh lock) with self.redis: the worker probes a failing cluster shard through
+        it, so that shard's errors and slot-map refreshes never hold the other queues' calls. The
+        caller closes it."""
+        return _redis_client(self.settings)
+
     def __getattr__(self, name: str) -> Any:
         """A store used before connect() when the embedded pair had still to start (an API app built
         before its lifespan opens it): the pair starts now, blocking, as connect() would start it."""

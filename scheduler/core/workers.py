@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import time
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import msgspec
 
@@ -79,10 +80,12 @@ def software_version() -> str:
         return "unknown"
 
 
-async def heartbeat(stores: Stores, info: WorkerInfo, ttl_s: int) -> StopRequest | None:
-    """Publish the identity (one pipeline: identity, index, stop key); answers a pending stop request."""
+async def heartbeat(stores: Stores, info: WorkerInfo, ttl_s: int, redis: Any = None) -> StopRequest | None:
+    """Publish the identity (one pipeline: identity, index, stop key); answers a pending stop request.
+    REDIS: another client than stores.redis (on Redis Cluster the worker's spare one: a pipeline that
+    meets a dead node makes redis-py close every connection of its client, the claims' too)."""
     prefix = stores.settings.prefix
-    pipe = stores.redis.pipeline(transaction=False)
+    pipe = (redis or stores.redis).pipeline(transaction=False)
     pipe.set(worker_key(prefix, info.id), _enc.encode(info), ex=ttl_s)
     pipe.zadd(WORKERS_KEY(prefix), {info.id: int(info.seen_at * 1000)})
     pipe.get(worker_stop_key(prefix, info.id))
