@@ -26,6 +26,7 @@ import pytest_asyncio
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
+from fencepost.core.models import Submit
 from tests.apps import registry
 from tests.conftest import spawn, wait_until
 from tests.servers import RedisClusterServers
@@ -264,3 +265,84 @@ async def test_failover_of_one_primary_under_load(cluster: RedisClusterServers, 
         assert out == [b"STALE"], (hid, out)
         assert await stores.scripts.run("renew_leases", keys, [1000, hid, tok]) == [0]
     await assert_guarantees(cs.database_url, load, failed_at, pre_max)
+
+
+@pytest_asyncio.fixture
+async def slow_failover_cluster() -> AsyncIterator[RedisClusterServers]:
+    """A cluster of its own (the module's lost a primary in the failover test) whose replicas
+    take over only after a 4 s node timeout: a failover window long enough to measure in."""
+    c = await RedisClusterServers(masters=3, replicas=1, node_timeout_ms=4000).start()
+    try:
+        yield c
+    finally:
+        c.cleanup()
+
+
+async def _claim_rate(r: Any, key: str, since: float, until: float, samples: list[tuple[float, int]]) -> float:
+    """Runs claimed per second from the queue's due set between two monotonic instants (sampled)."""
+    inside = [(t, n) for t, n in samples if since <= t <= until]
+    assert len(inside) >= 2, (since, until, samples[-5:])
+    (t0, n0), (t1, n1) = inside[0], inside[-1]
+    return (n0 - n1) / (t1 - t0)
+
+
+async def test_a_dead_cluster_shard_delays_only_its_own_queues(slow_failover_cluster: RedisClusterServers,
+                                                              settings: Settings, tmp_path: Path) -> None:
+    cluster = slow_failover_cluster
+    cs = Settings(redis_url=cluster.url, redis_cluster=True, database_url=settings.database_url,
+                  prefix=settings.prefix, backoff_base_ms=50, backoff_cap_ms=500)
+    client = await Client(settings=cs).connect()
+    await client.register(registry)
+    owners = {q: await cluster.owner(f"{cs.prefix}:{{{q}}}:due") for q in SPREAD}
+    dead_q = Q
+    healthy_q = next(q for q in SPREAD if owners[q] != owners[dead_q])
+    # a backlog on the healthy shard that one worker claims from all along (5 slots, 50 ms runs)
+    for _ in range(6):
+        await client.submit_many([Submit(handler="t.sleep", args=(0.05,), queue=healthy_q) for _ in range(250)])
+    warm = await client.submit("t.noop", queue=dead_q)
+    rec = start(cs, tmp_path, "reconciler", "reconciler")
+    w = start(cs, tmp_path, "worker", "worker", "--app", "tests.apps:registry", "--queue", dead_q,
+              "--queue", healthy_q, "--concurrency", "5", "--processes", "1")
+    healthy = cluster.by_port(owners[healthy_q]).client()  # a plain connection to the healthy primary
+    due = client.stores.keys(healthy_q).due
+    samples: list[tuple[float, int]] = []
+    sampling = True
+
+    async def sample() -> None:
+        while sampling:
+            samples.append((time.monotonic(), int(await healthy.zcard(due))))
+            await asyncio.sleep(0.05)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        assert (await client.wait(warm, timeout=30)).status == "SUCCEEDED"  # both queues served
+
+        async def claiming() -> bool:
+            return len(samples) > 1 and samples[-1][1] < 1500 - 20
+
+        await wait_until(claiming, timeout=20, what="the healthy queue's backlog to be claimed")
+        before_from = time.monotonic()
+        await asyncio.sleep(2.0)
+        killed_at = time.monotonic()
+        await cluster.kill_primary(owners[dead_q])  # SIGKILL; returns once its replica is promoted
+        promoted_at = time.monotonic()
+        assert promoted_at - killed_at > 3.0, "the failover window is too short to measure"
+        normal = await _claim_rate(healthy, due, before_from, killed_at, samples)
+        during = await _claim_rate(healthy, due, killed_at, promoted_at, samples)
+        assert samples[-1][1] > 0, "the backlog ran out inside the window"
+        # claims on the healthy shard go on at (about) their normal rate while the other shard
+        # is dead: a claim or wait on the dead node never holds them (a generous bound)
+        assert during >= 0.5 * normal, (f"healthy queue claimed {during:.1f}/s while a shard was dead, "
+                                        f"{normal:.1f}/s before")
+        # the dead shard's queue recovers once its replica took over (and the reconciler restamped it)
+        after = await client.submit("t.noop", queue=dead_q)
+        assert (await client.wait(after, timeout=40)).status == "SUCCEEDED"
+        assert w.poll() is None and rec.poll() is None
+        print(f"healthy queue: {normal:.1f} claims/s before, {during:.1f}/s during the "
+              f"{promoted_at - killed_at:.1f} s failover window")
+    finally:
+        sampling = False
+        await sampler
+        stop(w, rec)
+        await healthy.aclose()
+        await client.close()

@@ -51,6 +51,8 @@ __all__ = ["UNSTAMPED_RECHECK_S", "Worker", "WorkerOptions"]
 
 UNSTAMPED_RECHECK_S = 0.5
 """How often an unstamped queue is asked again (it is skipped, not waited for, in between)."""
+CLAIM_ROUND_S = 0.2
+"""How long a claim round waits for its claims before going on without the ones still out."""
 
 
 @dataclass
@@ -181,6 +183,18 @@ class Worker:
         """Per queue, the run_at (ms) up to which delayed runs were already offered to a claim: the
         idle wait sets its timer for the first delayed run after it (`_next_due`)."""
         self._rings: set[asyncio.Task[int]] = set()  # RPUSH answers the list's length
+        self._claims: dict[str, asyncio.Task[int]] = {}
+        """Per queue, its claim in flight: each queue's claim is a task of its own, so a claim stuck on a
+        dead or failing-over Redis Cluster node (seconds inside redis-py) never holds another queue's."""
+        self._reserved = 0
+        """Slots the claims in flight may fill (their n): counted as taken, so the concurrency limit holds."""
+        self._claim_landed = asyncio.Event()
+        """Set when a claim task ends: the claim loop's idle wait ends with it (it may have brought work)."""
+        self._claim_errors: list[BaseException] = []
+        self._spare_redis: Any = None
+        """Redis Cluster: a client of its own (Stores.spare_redis) through which queues backing off after a
+        store failure are probed, so a dead shard's retries and slot-map refreshes inside redis-py
+        (seconds, under the client's one refresh lock) never hold the healthy queues' calls."""
         self._unstamped: dict[str, float] = {}
         """Queues whose last claim found no trusted stamp -> when to ask again (monotonic): skipped
         by the round-robin meanwhile, so they never delay the other queues' claims."""
@@ -240,6 +254,9 @@ class Worker:
                 await fleet.forget(self.stores, self.id)
             self.m.flush()
             await self.executors.close()
+            if self._spare_redis is not None:
+                with contextlib.suppress(Exception):
+                    await self._spare_redis.aclose()
             await self.stores.close()
             log.info("worker %s stopped", self.id, extra={"event": "worker_stopped", "worker_id": self.id})
 
@@ -263,38 +280,80 @@ class Worker:
 
     # -- claimer -------------------------------------------------------------------------------
     def _free(self) -> int:
-        return self.opts.concurrency - len(self.running) - self.executors.leaked_threads
+        return self.opts.concurrency - len(self.running) - self.executors.leaked_threads - self._reserved
 
     async def _claim_loop(self) -> None:
+        """Each round starts a claim task for every queue that has none in flight (nor backs off, nor
+        waits for its stamp), each reserving its share of the free slots, and waits up to
+        CLAIM_ROUND_S for them: a claim still out after that (its node dead or failing over) goes on
+        alone while the next rounds serve the other queues. A queue coming back from a store failure
+        is probed with one slot until it answers, so a stuck probe holds at most one slot."""
         queues = self.opts.queues
         turn = 0
         idle_rounds = 0
-        while not self._stopping.is_set():
-            free = self._free()
-            if free <= 0:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
-                continue
-            got = 0
-            for i in range(len(queues)):
-                queue = queues[(turn + i) % len(queues)]
-                free = self._free()
-                if free <= 0:
-                    break
-                if self._unstamped.get(queue, 0.0) > time.monotonic():
+        try:
+            while not self._stopping.is_set():
+                if self._claim_errors:
+                    raise self._claim_errors[0]
+                self._claim_landed.clear()
+                if self._free() <= 0:
+                    self._slot_freed.clear()
+                    await self._slot_freed.wait()
                     continue
-                if self._claim_blocked.get(queue, (0.0, 0.0))[0] > time.monotonic():
-                    continue  # its store failed: it waits out its own backoff, the others go on
-                got += await self._claim(queue, free)
-            turn += 1
-            if got:
-                idle_rounds = 0
-                continue
-            if self.opts.burst and not self.running and await self._queues_empty():
-                idle_rounds += 1
-                if idle_rounds >= 2:
-                    return
-            await self._wait_for_work()
+                mono = time.monotonic()
+                ready = [q for q in (queues[(turn + i) % len(queues)] for i in range(len(queues)))
+                         if q not in self._claims and self._unstamped.get(q, 0.0) <= mono
+                         and self._claim_blocked.get(q, (0.0, 0.0))[0] <= mono]
+                turn += 1
+                # on Redis Cluster a queue whose store failed is probed first, and a probe takes no slot
+                probes = [q for q in ready if self.settings.redis_cluster and q in self._claim_blocked]
+                started = [self._start_claim(q, 0) for q in probes]
+                claimers = [q for q in ready if q not in probes]
+                for i, queue in enumerate(claimers):
+                    free = self._free()
+                    if free <= 0:
+                        break
+                    share = -(-free // (len(claimers) - i))  # what is left, split over the queues still to go
+                    started.append(self._start_claim(queue, share))
+                got = 0
+                if started:
+                    done, _ = await asyncio.wait(started, timeout=CLAIM_ROUND_S)
+                    got = sum(t.result() for t in done)
+                    if self._claim_errors:
+                        raise self._claim_errors[0]
+                if got:
+                    idle_rounds = 0
+                    continue
+                if self._claims and not started and not self._claim_landed.is_set() and self._free() <= 0:
+                    continue  # every free slot is reserved by a claim in flight: the top of the loop waits
+                if self.opts.burst and not self.running and not self._claims and await self._queues_empty():
+                    idle_rounds += 1
+                    if idle_rounds >= 2:
+                        return
+                if not self._claim_landed.is_set():
+                    await self._wait_for_work()
+        finally:
+            if self._claims:  # each is bounded by its claim deadline; what they claim is run, then drained
+                await asyncio.wait(list(self._claims.values()))
+
+    def _start_claim(self, queue: str, n: int) -> asyncio.Task[int]:
+        self._reserved += n
+        task = asyncio.create_task(self._claim_reserved(queue, n))
+        self._claims[queue] = task
+        return task
+
+    async def _claim_reserved(self, queue: str, n: int) -> int:
+        try:
+            return await self._claim(queue, n)
+        except Exception as exc:  # not a store failure (those are handled in _claim): the loop raises it
+            self._claim_errors.append(exc)
+            return 0
+        finally:
+            # the jobs it claimed are in self.running already (added without an await in between)
+            self._reserved -= n
+            self._claims.pop(queue, None)
+            self._claim_landed.set()
+            self._slot_freed.set()
 
     def _store_failed(self, queue: str) -> float:
         """The queue's store failed (a claim or a wait): back off this queue alone (0.25 s doubling to 5 s)."""
@@ -303,18 +362,45 @@ class Worker:
         metrics.CLAIM_BACKOFF.labels(queue).inc()
         return delay
 
+    async def _probe(self, queue: str) -> bool:
+        """Redis Cluster: whether the node owning a failed queue's slot answers again (one EXISTS of its
+        due set through the spare client, bounded like a claim). It claims nothing and holds no slot:
+        once it answers, the queue claims through the main client again."""
+        try:
+            await asyncio.wait_for(self._spare().exists(self.stores.keys(queue).due), claim_wait_s(self.lease_ms))
+        except Exception as exc:  # any failure of the store (refused, timed out, cluster down, moved...)
+            delay = self._store_failed(queue)
+            log.warning("claim failed: redis unreachable: %s (queue %s backs off %.2fs; the other queues go on)",
+                        str(exc) or type(exc).__name__, queue, delay, extra={"event": "claim_failed", "queue": queue})
+            return False
+        self._claim_blocked.pop(queue, None)
+        log.info("queue %s answers claims again", queue, extra={"event": "claim_recovered", "queue": queue})
+        return True
+
+    def _spare(self) -> Any:
+        """Redis Cluster: the worker's second client (Stores.spare_redis) for what must not share a client
+        with the claims and finishes: probes of failing queues and the identity heartbeat, whose one
+        pipeline spans several nodes (one of them dead -> redis-py closes every connection of its client)."""
+        if self._spare_redis is None:
+            self._spare_redis = self.stores.spare_redis()
+        return self._spare_redis
+
     async def _claim(self, queue: str, n: int) -> int:
         now = self._server_ms()
         sent = time.monotonic()  # the lease on Redis runs at least lease_ms from here
         keys = self.stores.keys(queue)
+        scripts = self.stores.scripts
+        if self.settings.redis_cluster and queue in self._claim_blocked:
+            await self._probe(queue)  # the next round claims from it if it answered
+            return 0
         try:
             # the claim carries a deadline on the server's clock: sent late or re-sent, it claims nothing
-            claim_by = await self.stores.scripts.claim_deadline(claim_wait_s(self.lease_ms))
+            claim_by = await scripts.claim_deadline(claim_wait_s(self.lease_ms))
             args = ClaimArgs(n, self.id, self.lease_ms, max(n, 100), claim_by)
             if self.settings.claim_replicas > 0:
                 jobs = await self._claim_durably(queue, args)
             else:
-                jobs = await self.stores.scripts.claim_due(keys, args)
+                jobs = await scripts.claim_due(keys, args)
         except NotStamped:
             if queue not in self._unstamped:  # once per state change, not on every round
                 log.warning("queue %s is not stamped with the current epoch; not claiming from it until the "
@@ -374,8 +460,7 @@ class Worker:
         s = self.settings
         degraded = queue in self._degraded_logged
         wait_ms = min(s.claim_wait_ms, 50) if degraded else s.claim_wait_ms
-        batch = await self.stores.scripts.claim_due_replicated(self.stores.keys(queue), args, s.claim_replicas,
-                                                               wait_ms)
+        batch = await self.stores.scripts.claim_due_replicated(self.stores.keys(queue), args, s.claim_replicas, wait_ms)
         if not batch.claimed:
             return batch.claimed
         if batch.replicas >= s.claim_replicas:
@@ -435,11 +520,14 @@ class Worker:
         Queues backing off after a store failure are left out; on Redis Cluster a queue whose node
         fails its wait backs off alone while the wait goes on for the others."""
         mono = time.monotonic()
-        queues = [q for q in self.opts.queues if self._claim_blocked.get(q, (0.0, 0.0))[0] <= mono]
-        if not queues:  # every queue backs off: sleep until the first may be tried again
-            until = min(t for t, _ in self._claim_blocked.values())
+        # left out: a queue with a claim still out (that claim waits for it) and on Redis Cluster one
+        # whose store failed until a claim answers again (its claims probe it on their own client)
+        queues = [q for q in self.opts.queues if self._claim_blocked.get(q, (0.0, 0.0))[0] <= mono
+                  and q not in self._claims and not (self.settings.redis_cluster and q in self._claim_blocked)]
+        if not queues:  # every queue backs off or has a claim out: until the first may be tried again
+            until = min((t for t, _ in self._claim_blocked.values()), default=mono + self.opts.idle_wait_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), min(max(until - mono, 0.01), self.opts.idle_wait_s))
+                await asyncio.wait_for(self._stop_or_landed(), min(max(until - mono, 0.01), self.opts.idle_wait_s))
             return
         timer: asyncio.TimerHandle | None = None
         try:
@@ -465,14 +553,15 @@ class Worker:
                 waiters = {asyncio.ensure_future(self.stores.redis.blpop([self.stores.keys(q).wake for q in queues],
                                                                          timeout=self.opts.idle_wait_s)): queues}
             stop = asyncio.ensure_future(self._stopping.wait())
-            pending: set[asyncio.Future[Any]] = {*waiters, stop}
+            landed = asyncio.ensure_future(self._claim_landed.wait())  # a claim still out came back
+            pending: set[asyncio.Future[Any]] = {*waiters, stop, landed}
             failed: BaseException | None = None
             woke = False
             try:
-                while not woke and not stop.done() and pending - {stop}:
+                while not woke and not stop.done() and not landed.done() and pending - {stop, landed}:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                     for waiter in done:
-                        if waiter is stop or waiter.cancelled():
+                        if waiter is stop or waiter is landed or waiter.cancelled():
                             continue
                         err = waiter.exception()  # retrieved here, not logged as an unhandled task error
                         if err is None:
@@ -485,7 +574,7 @@ class Worker:
             finally:
                 for fut in pending:
                     fut.cancel()
-            if failed is not None and not woke and not self._stopping.is_set():
+            if failed is not None and not woke and not landed.done() and not self._stopping.is_set():
                 raise failed  # Redis unreachable (a failover): back off below instead of spinning
         except Exception as exc:
             log.debug("idle wait failed: %s", exc)
@@ -494,6 +583,16 @@ class Worker:
         finally:
             if timer is not None:
                 timer.cancel()
+
+    async def _stop_or_landed(self) -> None:
+        """Until a stop is requested or a claim still out comes back."""
+        stop = asyncio.ensure_future(self._stopping.wait())
+        landed = asyncio.ensure_future(self._claim_landed.wait())
+        try:
+            await asyncio.wait({stop, landed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            landed.cancel()
 
     async def _queues_empty(self) -> bool:
         pipe = self.stores.redis.pipeline(transaction=False)
@@ -760,7 +859,8 @@ class Worker:
             seen_at=time.time(), claimed=self.claimed, last_claim_at=self.last_claim_at,
             running=[fleet.HeldRun(e.job.id, e.job.queue, e.job.handler, e.job.attempt) for e in self.running.values()])
         try:
-            stop = await fleet.heartbeat(self.stores, info, ttl_s=max(5, int(period * 5) + 1))
+            stop = await fleet.heartbeat(self.stores, info, ttl_s=max(5, int(period * 5) + 1),
+                                         redis=self._spare() if self.settings.redis_cluster else None)
         except Exception as exc:  # the operator's view only: never a reason to stop working
             log.debug("identity heartbeat failed: %s", exc)
             return
@@ -816,6 +916,8 @@ class Worker:
         while True:
             await asyncio.sleep(self.opts.reap_every_s)
             for q in self.opts.queues:
+                if q in self._claim_blocked:  # its store failed: reaped once its claims answer again
+                    continue
                 try:
                     n = await self.stores.scripts.reap_expired(self.stores.keys(q),
                                                                ReapArgs(500, self.settings.max_interruptions))
