@@ -189,7 +189,10 @@ class Worker:
         self._reserved = 0
         """Slots the claims in flight may fill (their n): counted as taken, so the concurrency limit holds."""
         self._claim_landed = asyncio.Event()
-        """Set when a claim task ends: the claim loop's idle wait ends with it (it may have brought work)."""
+        """Set when a claim that outlived its round ends: the claim loop's idle wait ends with it (it may
+        have brought work)."""
+        self._outlived: set[str] = set()
+        """Queues whose claim in flight outlived the round that started it (CLAIM_ROUND_S)."""
         self._claim_errors: list[BaseException] = []
         self._spare_redis: Any = None
         """Redis Cluster: a client of its own (Stores.spare_redis) through which queues backing off after a
@@ -317,7 +320,9 @@ class Worker:
                     started.append(self._start_claim(queue, share))
                 got = 0
                 if started:
-                    done, _ = await asyncio.wait(started, timeout=CLAIM_ROUND_S)
+                    done, late = await asyncio.wait(started, timeout=CLAIM_ROUND_S)
+                    # marked before any of them can end (no await in between): their end wakes the loop
+                    self._outlived.update(q for q, t in self._claims.items() if t in late)
                     got = sum(t.result() for t in done)
                     if self._claim_errors:
                         raise self._claim_errors[0]
@@ -352,7 +357,9 @@ class Worker:
             # the jobs it claimed are in self.running already (added without an await in between)
             self._reserved -= n
             self._claims.pop(queue, None)
-            self._claim_landed.set()
+            if queue in self._outlived:
+                self._outlived.discard(queue)
+                self._claim_landed.set()
             self._slot_freed.set()
 
     def _store_failed(self, queue: str) -> float:
