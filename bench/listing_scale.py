@@ -82,6 +82,7 @@ async def build(dsn: str, prefix: str, runs: int) -> None:
         for lo in range(1, runs + 1, chunk):
             hi = min(runs, lo + chunk - 1)
             await r.zadd(k.due, {str(i): float(i) for i in range(lo, hi + 1)})
+        await r.zadd(k.tenants, {"": 0})  # the default tenant is registered: its due set is claimed from
         for lo in range(1, runs + 1, chunk):  # the run hashes a submit writes (the fields drift compares)
             pipe = r.pipeline(transaction=False)
             for i in range(lo, min(runs, lo + chunk - 1) + 1):

@@ -20,6 +20,7 @@ import click
 from fencepost.cli.common import EXIT_REFUSED, async_command, require_store
 from fencepost.core.config import Settings
 from fencepost.core.fairness import due_and_held_sets, scan_queue
+from fencepost.core.states import ACTIVE
 from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import DriftRepair
 from fencepost.reconciler.rebuild import ensure_stamped, untrusted_queues
@@ -29,16 +30,21 @@ __all__ = ["reconcile", "suspects"]
 _PAGE = 50_000
 
 
+async def _zrange(stores: Stores, z: str) -> list[bytes]:
+    out: list[bytes] = []
+    start = 0
+    while True:  # in pages: one reply of a million members would be one huge buffer
+        page = cast("list[bytes]", await stores.redis.zrange(z, start, start + _PAGE - 1))
+        out.extend(page)
+        if len(page) < _PAGE:
+            return out
+        start += _PAGE
+
+
 async def _members(stores: Stores, names: list[str]) -> set[int]:
     out: set[int] = set()
     for z in names:
-        start = 0
-        while True:  # in pages: one reply of a million members would be one huge buffer
-            page = cast("list[bytes]", await stores.redis.zrange(z, start, start + _PAGE - 1))
-            out.update(int(m) for m in page if m.isdigit())
-            if len(page) < _PAGE:
-                break
-            start += _PAGE
+        out.update(int(m) for m in await _zrange(stores, z) if m.isdigit())
     return out
 
 
@@ -62,8 +68,15 @@ async def suspects(stores: Stores, queue: str) -> list[int]:
                 sets.add(n)
         if cur == 0:
             break
-    sets.update(await due_and_held_sets(stores, queue))  # the registries' sets too (SCAN may miss a new one)
-    waiting = await _members(stores, sorted(sets))
+    # A run waits only in a set a claim reads: its tenant's due set with the tenant registered, or a held
+    # set of a registered key (due_and_held_sets from the registries, as the Lua `queued` counts it); a
+    # member of any other set (an unregistered tenant's) is no waiter, so its run is examined.
+    tenants = {t.decode() for t in await _zrange(stores, keys.tenants)}
+    live = set(await due_and_held_sets(stores, queue))
+    if keys.due not in {keys.tenant_due(t) for t in tenants}:
+        live.discard(keys.due)
+    waiting = await _members(stores, sorted(live))
+    stray = await _members(stores, sorted(sets - live))
     delayed = await _members(stores, [keys.delayed])
     active = await _members(stores, [keys.active])
     out: set[int] = set()
@@ -85,12 +98,12 @@ async def suspects(stores: Stores, queue: str) -> list[int]:
             elif st == "RETRY_WAIT":
                 if rid not in delayed or rid in waiting or rid in active:
                     out.add(rid)
-            elif st in ("RUNNING", "STOPPING"):
+            elif st in ACTIVE:
                 if rid not in active or rid in waiting or rid in delayed:
                     out.add(rid)
             elif rid in waiting or rid in delayed or rid in active:  # PAUSED, BLOCKED
                 out.add(rid)
-    out.update((waiting | delayed | active) - pg)
+    out.update((waiting | stray | delayed | active) - pg)
     out.update(hashes - pg)  # finished runs' hashes (kept until they expire) are examined: one per finish
     return sorted(out)
 
