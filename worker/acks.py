@@ -21,6 +21,7 @@ from collections import defaultdict
 from fencepost.core import metrics
 from fencepost.core.errors import FencepostError, NotStamped, RedisUnavailable
 from fencepost.core.hot import Finish, FinishArgs
+from fencepost.core.states import DEAD
 from fencepost.core.stores import Stores
 
 log = logging.getLogger("fencepost.worker")
@@ -108,7 +109,7 @@ class Acknowledger:
             elif f.outcome == "interrupted":  # PENDING / PAUSED / STOPPED / CANCELLED: a reaper leads there too
                 applied = False
             else:
-                applied = peek.state == "RETRY_WAIT" or (peek.state in ("FAILED", "TIMED_OUT")
+                applied = peek.state == "RETRY_WAIT" or (peek.state in DEAD
                                                          and (peek.error_class or "") == f.error_class)
             if applied:
                 log.info("finish of run %s was already applied by an earlier try (%s)", f.id, peek.state,
