@@ -59,6 +59,7 @@ from fencepost.core.models import Submit
 from fencepost.core.record import Database
 from fencepost.core.registry import Registry
 from fencepost.core.schedules import ScheduleSpec
+from fencepost.core.states import TERMINAL
 from fencepost.dev import chaos_check as cc
 from fencepost.dev.faults import (
     PrivatePostgres,
@@ -526,7 +527,7 @@ class _Soak:
     async def _finished(self, runs: list[int]) -> set[int]:
         with contextlib.suppress(Exception):
             rows = await self.fp.fetch("chaos_run_status", runs)
-            return {r["id"] for r in rows if r["status"] in ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED")}
+            return {r["id"] for r in rows if r["status"] in TERMINAL}
         return set()
 
     async def _probe(self, client: Client, limit_s: float, t_from: float, queue: str | None = None) -> float | None:
@@ -821,8 +822,7 @@ class _Soak:
     async def _explain_unfinished(self, client: Client, verdicts: list[cc.Verdict], history: cc.History) -> None:
         """Each example of an unfinished run gets the live state Redis holds (the overlay every reader uses)."""
         v = next(v for v in verdicts if v.check == "acknowledged_runs_unfinished")
-        done = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"}
-        ids = [r.id for r in history.runs if r.id in set(self.acked) and r.status not in done][:len(v.examples)]
+        ids = [r.id for r in history.runs if r.id in set(self.acked) and r.status not in TERMINAL][:len(v.examples)]
         for i, rid in enumerate(ids):
             try:
                 run = await client.run(rid)
@@ -837,7 +837,7 @@ class _Soak:
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 rows = await self.fp.fetch("chaos_run_status", ids)
-                if sum(1 for r in rows if r["status"] in ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED")) >= len(ids):
+                if sum(1 for r in rows if r["status"] in TERMINAL) >= len(ids):
                     return
             await asyncio.sleep(0.5)
 

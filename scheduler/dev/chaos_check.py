@@ -13,6 +13,8 @@ from itertools import pairwise
 
 import msgspec
 
+from fencepost.core.states import DEAD, TERMINAL
+
 __all__ = ["CHECKS", "AttemptRow", "CheckpointWrite", "EventRow", "Execution", "FaultRecovery", "History",
            "Ledger", "RunRow", "ScheduleFire", "ScheduleSpan", "Verdict", "check", "executions_from_rows"]
 
@@ -184,7 +186,7 @@ def check(ledger: Ledger, history: History, *, overlap_window_ms: int = 0, due_s
     # acknowledged submits: in PostgreSQL, and finished
     acked = sorted(set(ledger.acked))
     out.append(_verdict("acknowledged_submits_lost", [f"run {i}: acknowledged, no row" for i in acked if i not in runs]))
-    done = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"}
+    done = TERMINAL
     out.append(_verdict("acknowledged_runs_unfinished",
                         [f"run {i}: {runs[i].status} at the end, attempts {_attempts(attempts[i])}" for i in acked
                          if i in runs and runs[i].status not in done]))
@@ -263,7 +265,7 @@ def check(ledger: Ledger, history: History, *, overlap_window_ms: int = 0, due_s
     raised = {(e.run_id, e.attempt) for e in ledger.executions if e.raised}
     nf: list[str] = []
     for r in history.runs:
-        if r.status not in ("FAILED", "TIMED_OUT"):
+        if r.status not in DEAD:
             continue
         handler_failed = any(a.outcome in HANDLER_OUTCOMES and (r.id, a.attempt) in raised for a in attempts[r.id])
         if not handler_failed:
