@@ -271,7 +271,12 @@ def test_the_injected_clock_offset_moves_the_wall_clock_only() -> None:
     import time
 
     wall, mono = time.time(), time.monotonic()
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    finally:
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
     t, m = map(float, out.stdout.split())
     assert -610 < t - wall < -590 and abs(m - mono) < 30
 

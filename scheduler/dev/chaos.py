@@ -436,8 +436,7 @@ class _Soak:
             try:
                 p.wait(20)
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+                _kill_group(p)
 
     # -- load ----------------------------------------------------------------------------------
     def _request(self) -> Submit:
@@ -630,7 +629,7 @@ class _Soak:
             try:
                 await asyncio.to_thread(proc.wait, 30)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _kill_group(proc)  # faketime may run the worker as its child: the whole session goes
                 self.errors.append("the skewed worker did not stop within 30 s of SIGTERM")
             self.procs.pop("worker_skew", None)
             secs = await self._settled(runs, tokens, t_ms, limit)
@@ -881,6 +880,14 @@ class _Soak:
             skipped=dict(sorted(self.skipped.items())), recovery_s=recovery, recoveries=self.recoveries,
             verdicts=verdicts, failed=[f"{v.check}: {v.violations}" for v in verdicts if v.violations],
             notes=list(self.notes))
+
+
+def _kill_group(p: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a service and every process of its session (each is started in a session of its own)."""
+    with contextlib.suppress(OSError):
+        os.killpg(p.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(10)
 
 
 def _alive(pid: int) -> bool:
