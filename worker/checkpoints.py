@@ -51,7 +51,7 @@ class Checkpoints:
         store failures until it is written, refused, or the attempt is fenced off (LeaseLost)."""
         delay = RETRY_FIRST_S
         while True:
-            if ctx._fenced:
+            if ctx.fenced_off():
                 self.refused += 1
                 raise LeaseLost(f"run {ctx.run_id}: token {ctx.token} was fenced off by its worker (lease not "
                                 "renewed in time)")

@@ -66,6 +66,7 @@ class Context:
 
     __slots__ = (
         "_ctl",
+        "_fence_due",
         "_fenced",
         "_log",
         "_progress",
@@ -100,6 +101,10 @@ class Context:
         self.checkpointed_at: float | None = None
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
         self._stop = False
+        self._fence_due: Callable[[], bool] | None = None
+        """Set by the worker: True once the lease or the worker's pulse could have lapsed on Redis, asked at
+        the moment should_stop() is called, so a handler that wakes after a freeze (SIGSTOP, starvation)
+        sees it before its next effect, not only after the watchdog's next tick."""
         self._fenced = False
         """The worker fenced this attempt off (lease not renewed in time, or superseded): should_stop() is
         True and checkpoints are refused without touching the stores (docs/worker.md)."""
@@ -128,7 +133,11 @@ class Context:
     def should_stop(self) -> bool:
         """True once a stop or cancel was asked, the worker is shutting down, or the lease is
         gone: checkpoint and return at the next safe boundary."""
-        return self._stop or self._fenced or self._ctl in ("stop", "cancel")
+        return self._stop or self._ctl in ("stop", "cancel") or self.fenced_off()
+
+    def fenced_off(self) -> bool:
+        """The worker fenced this attempt off, or its lease could have lapsed by now (checked on the spot)."""
+        return self._fenced or (self._fence_due is not None and self._fence_due())
 
     def should_pause(self) -> bool:
         return self._ctl == "pause"
@@ -198,14 +207,14 @@ class SyncContext(Context):
     def checkpoint(self, state: Any, *, processed: int | None = None) -> int:  # type: ignore[override]
         if self._writer is None or self._loop is None:
             raise RuntimeError("checkpoint() is only available inside a worker")
-        if self._fenced:
+        if self.fenced_off():
             raise LeaseLost(f"run {self.run_id}: token {self.token} was fenced off by its worker")
         fut = asyncio.run_coroutine_threadsafe(self._writer(self, state, processed), self._loop)
         while True:  # a write stuck on an unreachable store must not outlive the fence
             try:
                 return fut.result(timeout=0.05)
             except concurrent.futures.TimeoutError:
-                if self._fenced:
+                if self.fenced_off():
                     fut.cancel()
                     raise LeaseLost(f"run {self.run_id}: token {self.token} was fenced off by its worker") from None
 

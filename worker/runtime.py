@@ -21,6 +21,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from math import inf
 from typing import Any
 
@@ -439,6 +440,7 @@ class Worker:
             ctx._services = self.services
             timeout_at = (time.monotonic() + job.timeout_ms / 1000) if model == "async" else inf
             entry = _Running(job, ctx, timeout_at, sent, model)
+            ctx._fence_due = partial(self._fence_due, entry)
             prior = self._executing.get(job.id)
             self._executing[job.id] = entry
             if prior is not None and not prior.ended.is_set():
@@ -774,6 +776,11 @@ class Worker:
         if pulse is not None and sent is not None and now >= sent + pulse.liveness_ms / 1000 - self._pulse_margin:
             return "pulse"
         return None
+
+    def _fence_due(self, entry: _Running) -> bool:
+        """Asked by the handler's should_stop() and checkpoints: the watchdog's test, on the spot."""
+        return entry.fenced is not None or (not entry.finishing
+                                            and self._fence_reason(entry, time.monotonic()) is not None)
 
     async def _watchdog(self, period: float = 0.05) -> None:
         """Self-fence executions whose lease this worker could not keep, and cancel async jobs past
