@@ -382,6 +382,7 @@ class Worker:
                         str(exc) or type(exc).__name__, queue, delay, extra={"event": "claim_failed", "queue": queue})
             return False
         self._claim_blocked.pop(queue, None)
+        self._claim_landed.set()  # the loop claims from it at once instead of waiting
         log.info("queue %s answers claims again", queue, extra={"event": "claim_recovered", "queue": queue})
         return True
 
