@@ -251,9 +251,13 @@ async def test_changing_the_aging_step_rescores_runs_already_waiting(stores: Sto
 async def test_a_producer_clock_far_ahead_does_not_push_the_queue_clock(stores: Stores) -> None:
     import time
 
-    q = await _queue(stores)
+    # The server's own clock runs (frozen=False: the test clock is not set). A producer whose clock is
+    # 10 h ahead submits a run due at once: its time is not the scripts' (it is dropped), and the run
+    # gets its place on the server's clock, not 10 h in the future.
+    q = await Queue(stores, f"fair{next(_names)}", frozen=False).setup()
     ahead = int(time.time() * 1000) + 10 * 3_600_000
-    await q.enqueue(ahead, dict(id="1"))
+    await q.enqueue(ahead, dict(id="1", run_at=ahead, delay_ms=0))
+    assert await q.r.zscore(q.keys.due, "1") is not None, "due at once, on the server's clock"
     assert int(await q.r.get(q.keys.seq)) <= (time.time() + 2) * 1_000_000
 
 
