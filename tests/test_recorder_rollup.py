@@ -20,11 +20,14 @@ async def test_rollup_counted_by_the_recorder_matches_the_attempts(client: Clien
     ids = [await client.submit("t.noop") for _ in range(6)]
     keys = stores.keys("tq")
     t0 = (int(time.time() * 1000) // 60_000 + 1) * 60_000 + 1_000  # every transition in one minute
+    await stores.redis.set(keys.testclock, t0)  # the scripts' one clock, held by the test (tests/conftest.py)
     jobs = await stores.scripts.claim_due(keys, ClaimArgs(6, "w", 30_000, 100))
     assert sorted(j.id for j in jobs) == sorted(ids)
     early, late = jobs[:3], jobs[3:]
+    await stores.redis.set(keys.testclock, t0 + 30)
     await stores.scripts.finish_runs(keys, FinishArgs(3), [Finish(j.id, j.token, "ok", b"\xc0", "", 0)
                                                                     for j in early])
+    await stores.redis.set(keys.testclock, t0 + 700)
     await stores.scripts.finish_runs(keys, FinishArgs(3), [Finish(j.id, j.token, "ok", b"\xc0", "", 0)
                                                                      for j in late])
     stream = keys.events
