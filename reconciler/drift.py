@@ -206,9 +206,20 @@ class DriftRepair:
         never see), then re-read PostgreSQL: the recorder may have caught up meanwhile."""
         if not cands:
             return []
+        pending = await self.stream_runs(queue)
+        if pending is None:
+            return []
+        cands = [d for d in cands if d.run_id not in pending]
+        if not cands:
+            return []
+        fresh = {r["id"]: r for r in await self.stores.db.fetch("drift_runs_brief", [d.run_id for d in cands], 0.0)}
+        return [d for d in cands if d.run_id in fresh and fresh[d.run_id]["version"] < int(d.seen_version)]
+
+    async def stream_runs(self, queue: str) -> set[int] | None:
+        """The runs with an entry left in the queue's stream (None: too long a stream to read)."""
         stream = self.stores.keys(queue).events
         if await self.stores.redis.xlen(stream) > STREAM_SCAN_LIMIT:
-            return []
+            return None
         pending: set[int] = set()
         start = "-"
         while True:
@@ -221,11 +232,22 @@ class DriftRepair:
             if len(entries) < 10_000:
                 break
             start = "(" + entries[-1][0].decode()
-        cands = [d for d in cands if d.run_id not in pending]
-        if not cands:
+        return pending
+
+    async def interrupt_lost(self, queue: str, ids: list[int]) -> list[Any]:
+        """drift_interrupt_lost: interrupt in PostgreSQL leases Redis no longer holds. A run whose
+        stream still has an entry (the reaper's or repair_interrupt's lease_expired the recorder has
+        not read yet) is closed without an event row here: the recorder writes that one, so the
+        expiry is in the history once, not once from the stream and once written directly."""
+        if not ids:
             return []
-        fresh = {r["id"]: r for r in await self.stores.db.fetch("drift_runs_brief", [d.run_id for d in cands], 0.0)}
-        return [d for d in cands if d.run_id in fresh and fresh[d.run_id]["version"] < int(d.seen_version)]
+        pending = await self.stream_runs(queue) or set()
+        quiet = [i for i in ids if i in pending]
+        loud = [i for i in ids if i not in pending]
+        rows = list(await self.stores.db.fetch("drift_interrupt_lost", loud)) if loud else []
+        if quiet:
+            rows += await self.stores.db.fetch("drift_interrupt_lost_unlogged", quiet)
+        return rows
 
     async def tick(self, queue: str, *, repair: bool = True) -> list[Drift]:
         """One incremental step for one queue: bounded work whatever the queue's size."""
@@ -378,7 +400,7 @@ class DriftRepair:
         leased = [i for i in ids if i in fresh and fresh[i]["status"] in LEASED]
         if leased:
             await self.quarantine_values(queue, leased)  # a row outside the bounds cannot be interrupted
-            for r in await db.fetch("drift_interrupt_lost", leased):
+            for r in await self.interrupt_lost(queue, leased):
                 fresh[r["id"]].update(status=r["status"], version=r["version"])
         rows: list[RunRow] = []
         bad: dict[int, str] = {}

@@ -134,7 +134,7 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
                                    if d.kind in ("missing", "lost_lease", "stale_hash", "corrupt")])
         lost = [d.run_id for d in found if d.kind == "lost_lease"]
         if lost:
-            await db.fetch("drift_interrupt_lost", lost)
+            await drift.interrupt_lost(queue, lost)
         await mark_unknown({d.run_id: (_int((d.redis or {}).get("attempt")), _int(d.seen_version))
                             for d in found if d.kind in ("missing", "lost_lease", "stale_hash", "corrupt")})
         leases = [d for d in found if d.kind == "untrusted_lease"]
@@ -174,7 +174,7 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
         await drift.screen(queue, sorted(waiting))
         was_leased = [d.run_id for d in leases if d.run_id in waiting]
         if was_leased:  # PostgreSQL may still hold the lease repair_interrupt just ended in Redis
-            await db.fetch("drift_interrupt_lost", was_leased)
+            await drift.interrupt_lost(queue, was_leased)
         marked = await mark_unknown({rid: (_int(f.attempt), _int(f.version)) for rid, f in waiting.items()})
         replace = [Drift(queue, "stale_hash", rid, "replaced after an unknown attempt", seen_version=f.version or "")
                    for rid, f in waiting.items() if rid in marked]
