@@ -296,22 +296,10 @@ class Batch(View, kw_only=True):
     on_success: BatchCallback | None = None
 
 
-class Reply(enum.StrEnum):
-    """What an operator command answers: the state the run is in now, or REQUESTED (a pause of a
-    RUNNING run, taken at its next safe boundary). Equal to its text (`reply == "PAUSED"`)."""
-
-    BLOCKED = "BLOCKED"
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    RETRY_WAIT = "RETRY_WAIT"
-    PAUSED = "PAUSED"
-    STOPPING = "STOPPING"
-    STOPPED = "STOPPED"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    TIMED_OUT = "TIMED_OUT"
-    CANCELLED = "CANCELLED"
-    REQUESTED = "REQUESTED"
+Reply = enum.StrEnum("Reply", [*((s.name, s.value) for s in Status), ("REQUESTED", "REQUESTED")])  # type: ignore[misc]
+Reply.__doc__ = """What an operator command answers: the state the run is in now (every Status, taken from
+states.py), or REQUESTED (a pause of a RUNNING run, taken at its next safe boundary). Equal to its text
+(`reply == "PAUSED"`)."""
 
 
 class RecorderSilence(View, kw_only=True):
