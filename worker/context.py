@@ -66,6 +66,7 @@ class Context:
 
     __slots__ = (
         "_ctl",
+        "_fence_at",
         "_fence_due",
         "_fenced",
         "_log",
@@ -102,6 +103,9 @@ class Context:
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
         self._stop = False
         self._fence_due: Callable[[], bool] | None = None
+        self._fence_at: Callable[[], float] | None = None
+        """CLOCK_MONOTONIC instant from which the fence test turns True unless a renewal or pulse lands
+        first (0: fenced): what a process-model child compares its own clock with (worker/procpool.py)."""
         """Set by the worker: True once the lease or the worker's pulse could have lapsed on Redis, asked at
         the moment should_stop() is called, so a handler that wakes after a freeze (SIGSTOP, starvation)
         sees it before its next effect, not only after the watchdog's next tick."""

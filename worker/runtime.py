@@ -442,6 +442,7 @@ class Worker:
             timeout_at = (time.monotonic() + job.timeout_ms / 1000) if model == "async" else inf
             entry = _Running(job, ctx, timeout_at, sent, model)
             ctx._fence_due = partial(self._fence_due, entry)
+            ctx._fence_at = partial(self._fence_deadline, entry)
             prior = self._executing.get(job.id)
             self._executing[job.id] = entry
             if prior is not None and not prior.ended.is_set():
@@ -777,6 +778,18 @@ class Worker:
         if pulse is not None and sent is not None and now >= sent + pulse.liveness_ms / 1000 - self._pulse_margin:
             return "pulse"
         return None
+
+    def _fence_deadline(self, entry: _Running) -> float:
+        """The CLOCK_MONOTONIC instant from which _fence_reason would answer, as things stand (0.0 once
+        fenced or finishing): a process-model child checks its clock against it (worker/procpool.py)."""
+        if entry.fenced is not None or entry.finishing:
+            return 0.0
+        at = entry.renewed_at + self.lease_ms / 1000 - self._lease_margin
+        pulse = self._pulse
+        sent = pulse.sent_at(entry.job.queue) if pulse is not None else None
+        if pulse is not None and sent is not None:
+            at = min(at, sent + pulse.liveness_ms / 1000 - self._pulse_margin)
+        return at
 
     def _fence_due(self, entry: _Running) -> bool:
         """Asked by the handler's should_stop() and checkpoints: the watchdog's test, on the spot."""
