@@ -651,3 +651,60 @@ async def test_a_thawed_worker_writes_no_effect_once_its_lease_could_have_passed
 
 async def _async_true(value: bool) -> bool:
     return value
+
+
+@registry.job("sf.process_steps", queue=Q, model="process", max_retries=3)
+def effects_process_steps(ctx: SyncContext, ledger: str, steps: int) -> int:
+    """Shaped like the chaos soak's chaos.child: should_stop(), a sleep, should_stop(), one effect."""
+    n = steps if ctx.attempt == 1 else 3
+    for i in range(n):
+        if ctx.should_stop():
+            return -i
+        time.sleep(0.2)
+        if ctx.should_stop():
+            return -i
+        _effect(ledger, ctx, i)
+    return n
+
+
+async def test_a_thawed_process_child_writes_no_effect_once_its_lease_could_have_passed(
+        client: Client, settings: Settings, stores: Stores, tmp_path: Path) -> None:
+    """The soak's overlap after a thaw: the worker and its children SIGSTOPped past the lease, a peer takes
+    the run over, SIGCONT. A process-model child's should_stop() could not run the parent's fence test (it
+    only saw a stop that came with a checkpoint's reply), so the thawed child went on with one more effect
+    before the parent's watchdog killed it."""
+    from fencepost.dev.faults import descendants
+
+    ledger = tmp_path / "ledger"
+    log1, log2 = tmp_path / "w1.log", tmp_path / "w2.log"
+    await client.submit("sf.process_steps", str(ledger), 400)
+    w1 = spawn(settings, "worker", "--app", APP, "--queue", Q, "--processes", "1", log=log1,
+               FENCEPOST_LEASE_MS=str(LEASE_MS))
+    w2: subprocess.Popen[bytes] | None = None
+    try:
+        await wait_until(lambda: _async_true(len(_ledger(ledger)) >= 3), timeout=30,
+                         what=f"the first worker's effects\n{log_tail(log1)}")
+        frozen_pids = [w1.pid, *descendants(w1.pid)]
+        for p in frozen_pids:  # as the soak's stop_worker: the worker, then its children
+            os.kill(p, signal.SIGSTOP)
+        frozen = time.monotonic()
+        w2 = spawn(settings, "worker", "--app", APP, "--queue", Q, "--processes", "1", log=log2,
+                   FENCEPOST_LEASE_MS=str(LEASE_MS))
+        await wait_until(lambda: _async_true(any(r[0] >= 2 for r in _ledger(ledger))), timeout=30,
+                         what=f"the second worker to take the run over\n{log_tail(log2)}")
+        for p in frozen_pids:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGCONT)
+        thawed = time.monotonic()
+
+        async def fenced() -> bool:
+            return "self_fenced" in log1.read_text(errors="replace") or "lease_lost" in log1.read_text(errors="replace")
+
+        await wait_until(fenced, timeout=30, what=f"the thawed worker to fence its execution\n{log_tail(log1)}")
+        await asyncio.sleep(0.5)  # room for a late effect of the thawed child
+        first = [r for r in _ledger(ledger) if r[0] == 1]
+        late = [r for r in first if r[2] > frozen + 0.3]
+        assert not late, (f"{len(late)} effects of the frozen execution after the freeze, the first "
+                          f"{late[0][2] - thawed:+.3f}s after the thaw")
+    finally:
+        stop([w1, w2])

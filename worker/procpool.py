@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -23,6 +24,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
@@ -136,7 +138,8 @@ def _watch_lifeline(lifeline: Connection) -> None:
     os._exit(70)
 
 
-def _child_main(app: str, conn: Connection, parent_pid: int | None = None, lifeline: Connection | None = None) -> None:
+def _child_main(app: str, conn: Connection, parent_pid: int | None = None, lifeline: Connection | None = None,
+                fence_at: Any = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if parent_pid is not None:
@@ -155,6 +158,10 @@ def _child_main(app: str, conn: Connection, parent_pid: int | None = None, lifel
         ctx = _ChildContext(*ctx_fields)
         ctx._conn = conn
         ctx._services = _ChildProgress()
+        if fence_at is not None:  # the parent's fence test, on this process's clock (CLOCK_MONOTONIC is
+            # system-wide): frozen with its parent (SIGSTOP), the deadline it last wrote stays behind, so a
+            # thawed child's should_stop() is True before its next effect, not at the parent's next tick
+            ctx._fence_due = partial(_past, fence_at)
         try:
             # Decoded and bound here only (the parent does not decode): annotated parameters are converted as
             # for async and thread handlers; arguments that no longer bind are invalid input, never retried.
@@ -180,14 +187,21 @@ def _child_main(app: str, conn: Connection, parent_pid: int | None = None, lifel
             conn.send(("err", type(exc).__name__, f"{exc}\n{traceback.format_exc(limit=5)}"[:4000], kind, retry_after))
 
 
+def _past(fence_at: Any) -> bool:
+    return time.monotonic() >= float(fence_at.value)
+
+
 class _Child:
-    __slots__ = ("_starting", "conn", "lifeline", "proc", "started")
+    __slots__ = ("_starting", "conn", "fence_at", "lifeline", "proc", "started")
 
     def __init__(self, app: str) -> None:
         parent, child = _CTX.Pipe()
         keep, give = _CTX.Pipe(duplex=False)  # the child reads `keep`; only this process holds `give`
-        self.proc = _CTX.Process(target=_child_main, args=(app, child, os.getpid(), keep), daemon=True,
-                                 name="fencepost-job")
+        self.fence_at: Any = _CTX.RawValue("d", math.inf)
+        """CLOCK_MONOTONIC instant from which the running job's fence test is True (Context._fence_at),
+        kept current by the parent while the job runs; the child's should_stop() compares its clock."""
+        self.proc = _CTX.Process(target=_child_main, args=(app, child, os.getpid(), keep, self.fence_at),
+                                 daemon=True, name="fencepost-job")
         self.proc.start()
         child.close()
         keep.close()
@@ -212,6 +226,16 @@ class _Child:
         self.proc.join(5)
         self.conn.close()
         self.lifeline.close()
+
+
+async def _keep_fence(child: _Child, ctx: Context, period: float = 0.05) -> None:
+    """While a job runs in `child`: publish its fence deadline (the watchdog's period). A parent that is
+    frozen or starved stops moving it forward, which only makes the child stop sooner."""
+    if ctx._fence_at is None:
+        return
+    while True:
+        child.fence_at.value = ctx._fence_at()
+        await asyncio.sleep(period)
 
 
 def _progress(ctx: Context, reply: tuple[Any, ...]) -> None:
@@ -266,6 +290,7 @@ class ProcessPool:
                 raise
         deadline = loop.time() + timeout
         checkpoint = encode_result(ctx.checkpoint_data) if ctx.checkpoint_data is not None else None
+        fence = asyncio.ensure_future(_keep_fence(child, ctx))
         try:
             child.conn.send((handler, payload, ctx._fields(), checkpoint, ctx.checkpoint_version, ctx._ctl))
             while True:
@@ -295,6 +320,8 @@ class ProcessPool:
             child.proc.join(1)
             raise ChildCrashed(child.proc.exitcode) from None
         finally:
+            fence.cancel()
+            child.fence_at.value = math.inf
             if healthy:
                 self._idle.put_nowait(child)
             else:  # timed out, cancelled or crashed: this child cannot be trusted again
