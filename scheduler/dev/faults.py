@@ -104,8 +104,8 @@ class TcpProxy:
                     dst.write(data)
                     await dst.drain()
                     self.forwarded += len(data)
-            except (OSError, asyncio.IncompleteReadError):
-                pass
+            except (OSError, RuntimeError, asyncio.IncompleteReadError):
+                pass  # RuntimeError: uvloop's write to a transport the other side already closed
             finally:
                 with contextlib.suppress(Exception):
                     dst.close()
