@@ -287,9 +287,19 @@ async def test_postgres_connections_terminated_mid_load(drill: Any, settings: Se
                     # the head of insert_runs (pg_stat_activity keeps only the first 1 kB of a query)
                     "AND query LIKE '%pg_get_serial_sequence(''runs''%' LIMIT 1", dbname)
 
-            pid = await wait_until(waiting, timeout=10, what="a submit waiting inside PostgreSQL")
+            await wait_until(waiting, timeout=10, what="a submit waiting inside PostgreSQL")
             failed_at = time.time()
-            await admin.execute("SELECT pg_terminate_backend($1)", pid)
+
+            async def caught() -> bool:
+                # the load's submits wait on the lock too, and ours may be in a later batch than the
+                # first waiter: terminate every waiting submit until ours has failed (terminating only
+                # the first left ours waiting on a lock released after it: a hang)
+                await admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 "
+                    "AND wait_event_type = 'Lock' AND query LIKE '%pg_get_serial_sequence(''runs''%'", dbname)
+                return blocked.done()
+
+            await wait_until(caught, timeout=30, what="the submit caught inside PostgreSQL to fail", interval=0.1)
             with pytest.raises(DatabaseUnavailable):
                 await blocked
             await tx.rollback()
