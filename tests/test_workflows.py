@@ -131,10 +131,14 @@ async def test_recorder_dies_between_upstream_success_and_release_cannot_strand(
 async def test_diamond_runs_in_dependency_order(client: Client, settings, tmp_path) -> None:
     await client.register(examples)
     wid = await client.submit_workflow([_add("a"), _add("b", "a"), _add("c", "a"), _add("d", "b", "c")])
+    async def recorded() -> dict[str, Any] | None:  # the live state is Redis's; the times are the recorder's
+        runs = {n["name"]: await client.get(n["id"]) for n in (await client.workflow(wid))["nodes"]}
+        return runs if all(r["started_at"] and r["finished_at"] for r in runs.values()) else None
+
     with _services(settings, tmp_path):
         st = await wait_until(lambda: _settled(client, wid), timeout=60, what="the diamond to finish")
+        runs = await wait_until(recorded, timeout=30, what="the diamond's start and finish times recorded")
     assert set(st.values()) == {"SUCCEEDED"}
-    runs = {n["name"]: await client.get(n["id"]) for n in (await client.workflow(wid))["nodes"]}
     assert runs["b"]["started_at"] >= runs["a"]["finished_at"] and runs["c"]["started_at"] >= runs["a"]["finished_at"]
     assert runs["d"]["started_at"] >= max(runs["b"]["finished_at"], runs["c"]["finished_at"])
     out = subprocess.run([sys.executable, "-m", "fencepost.cli", "workflow", "show", str(wid)], cwd=ROOT,

@@ -713,6 +713,10 @@ class Worker:
             metrics.FORCED.labels(job.handler, model).inc()
         if self.running.get(entry.key) is not entry:  # fenced off meanwhile: its lease is not ours to finish
             return
+        reason = self._fence_reason(entry, time.monotonic()) if entry.fenced is None else None
+        if reason is not None:  # it ended (seeing should_stop()) after its lease could lapse: fenced, not finished
+            self._fence(entry, reason)
+            return
         entry.finishing = True
         with entry.trace.finishing() if entry.trace is not None else contextlib.nullcontext():
             state = await self.acks.add(job.queue, job.id, job.token, job.attempt, outcome.kind, outcome.data,
