@@ -242,12 +242,7 @@ class DriftRepair:
         if not ids:
             return []
         pending = await self.stream_runs(queue) or set()
-        quiet = [i for i in ids if i in pending]
-        loud = [i for i in ids if i not in pending]
-        rows = list(await self.stores.db.fetch("drift_interrupt_lost", loud)) if loud else []
-        if quiet:
-            rows += await self.stores.db.fetch("drift_interrupt_lost_unlogged", quiet)
-        return rows
+        return list(await self.stores.db.fetch("drift_interrupt_lost", ids, [i for i in ids if i in pending]))
 
     async def tick(self, queue: str, *, repair: bool = True) -> list[Drift]:
         """One incremental step for one queue: bounded work whatever the queue's size."""

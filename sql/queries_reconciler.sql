@@ -31,6 +31,8 @@ FROM runs WHERE id = ANY($1::bigint[]);
 -- Runs PostgreSQL has as leased whose Redis state is gone: the attempt is closed as
 -- interrupted; RUNNING goes back to PENDING (at least once), STOPPING becomes STOPPED
 -- (the lease_expired edges of fencepost/core/states.py). Conditional on the leased state.
+-- $2: the runs whose queue stream still holds their lease_expired (the reaper's or repair_interrupt's,
+-- not yet recorded): closed the same way, but their event row is left to the recorder (once).
 WITH r AS (
     UPDATE runs SET status = CASE WHEN status = 'RUNNING' THEN 'PENDING' ELSE 'STOPPED' END,
                     lease_owner = NULL, lease_expires_at = NULL, version = version + 1,
@@ -46,6 +48,7 @@ WITH r AS (
     INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, actor, reason, at)
     SELECT id, 'lease_expired', CASE WHEN status = 'PENDING' THEN 'RUNNING' ELSE 'STOPPING' END, status,
            version, attempt, token, 'reconciler', 'redis_lost', now() FROM r
+    WHERE id <> ALL($2::bigint[])
 )
 SELECT id, status, version FROM r;
 
