@@ -79,7 +79,7 @@ SELECT e.id, e.run_id, e.queue, e.type, e.from_status, e.to_status, e.attempt, e
        e.error_class, e.at, r.handler, r.workflow_id, r.trace_id
 FROM history e LEFT JOIN runs r ON r.id = e.run_id  -- event rows and attempts' claims / finishes (020)
 WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR COALESCE(r.queue, e.queue) = $3)
-ORDER BY e.at DESC, e.id DESC LIMIT $4;
+ORDER BY e.at DESC, e.stream_id DESC NULLS LAST, e.id DESC LIMIT $4;  -- run_events' order, reversed
 
 -- name: queue_settings
 SELECT name, weights, limits, max_running, priority_age_ms, rate_limit, rate_limits FROM queues WHERE name = $1;

@@ -153,10 +153,16 @@ async def test_fan_out_1000_and_join(client: Client, settings, tmp_path) -> None
     nodes += [Node(name=f"n{i:04d}", handler="noop", queue="demo", depends_on=("root",)) for i in range(1000)]
     nodes.append(Node(name="join", handler="noop", queue="demo", depends_on=tuple(f"n{i:04d}" for i in range(1000))))
     wid = await client.submit_workflow(nodes)
+    pool = client.stores.db.pool
+
+    async def recorded() -> bool:  # the live state is Redis's; the start and finish times are the recorder's
+        return await pool.fetchval("SELECT count(*) FROM runs r JOIN workflow_nodes n ON n.run_id = r.id "
+                                   "WHERE n.workflow_id = $1 AND r.finished_at IS NOT NULL", wid) == 1002
+
     with _services(settings, tmp_path):
         st = await wait_until(lambda: _settled(client, wid), timeout=90, what="the fan-out to finish")
+        await wait_until(recorded, timeout=60, what="the fan-out's start and finish times recorded")
     assert len(st) == 1002 and set(st.values()) == {"SUCCEEDED"}
-    pool = client.stores.db.pool
     join = await pool.fetchrow("SELECT r.started_at FROM runs r JOIN workflow_nodes n ON n.run_id = r.id "
                                "WHERE n.name = 'join'")
     last = await pool.fetchval("SELECT max(finished_at) FROM runs r JOIN workflow_nodes n ON n.run_id = r.id "
