@@ -3,10 +3,17 @@
 -- (tests/test_gateways.py).
 
 -- name: ping
+-- params: none
+-- returns: ?column? int4
 -- Readiness probe of the HTTP API.
 SELECT 1;
 
 -- name: insert_runs
+-- params: handler text[], queue text[], priority int2[], payload bytea[], run_at timestamptz[],
+-- params: max_retries int4[], timeout_s float8[], idempotency_key text[], trace_id text[], status text[],
+-- params: workflow_id uuid[], schedule_id int8[], fire_time timestamptz[], outbox bool[], tenant text[],
+-- params: concurrency_key text[], concurrency_limit int4[], rate_key text[], rate_limit text[], p20 text
+-- returns: ord int8, id int8, created bool, queue text, epoch int8, notified int8
 -- One round trip per batch: creates queues on first use, inserts the runs (skipping
 -- idempotency keys and schedule fires that exist): a run submitted PENDING is its own submitted
 -- record (submitted_by, created_at: 021); any other gets its submitted event row.
@@ -50,6 +57,12 @@ UNION ALL
 SELECT NULL, NULL, NULL, name, epoch, NULL FROM new_queues;
 
 -- name: insert_runs_fresh
+-- params: payload bytea[], trace_id text[], handler text[], queue text[], priority int2[],
+-- params: run_at timestamptz[], max_retries int4[], timeout_s float8[], status text[], workflow_id uuid[],
+-- params: tenant text[], concurrency_key text[], concurrency_limit int4[], rate_key text[],
+-- params: rate_limit text[], p16 text, p17 text, p18 int2, p19 timestamptz, p20 int4, p21 float8, p22 text,
+-- params: p23 uuid, p24 text, p25 text, p26 int4, p27 text, p28 text, p29 text
+-- returns: ord int8, id int8, queue text, epoch int8
 -- insert_runs for a batch the client submits with no idempotency key, schedule fire or outbox
 -- row: nothing can conflict (ids come from the sequence), so no ON CONFLICT (its speculative
 -- insertion into every unique index), no sort, no join with what was inserted and no notify.
@@ -94,10 +107,15 @@ UNION ALL
 SELECT NULL, NULL, name, epoch FROM new_queues;
 
 -- name: runs_by_fire
+-- params: p1 int8[], p2 timestamptz[]
+-- returns: id int8, schedule_id int8, fire_time timestamptz
 SELECT id, schedule_id, fire_time FROM runs
 WHERE (schedule_id, fire_time) IN (SELECT * FROM unnest($1::bigint[], $2::timestamptz[]));
 
 -- name: upsert_definitions
+-- params: p1 text[], p2 text[], p3 text[], p4 int2[], p5 float8[], p6 int4[], p7 int4[], p8 bool[],
+-- params: p9 text[], p10 jsonb[]
+-- returns: nothing
 INSERT INTO job_definitions (name, model, queue, priority, timeout_s, max_retries, version, resumable, owner, options, updated_at)
 SELECT * , now() FROM unnest($1::text[], $2::text[], $3::text[], $4::smallint[], $5::double precision[],
                              $6::integer[], $7::integer[], $8::boolean[], $9::text[], $10::jsonb[])
@@ -106,30 +124,55 @@ ON CONFLICT (name) DO UPDATE SET model = excluded.model, queue = excluded.queue,
     resumable = excluded.resumable, owner = excluded.owner, options = excluded.options, updated_at = now();
 
 -- name: definitions
+-- params: none
+-- returns: name text, model text, queue text, priority int2, timeout_s float8, max_retries int4,
+-- returns: version int4, resumable bool, owner text, options jsonb
 SELECT name, model, queue, priority, timeout_s, max_retries, version, resumable, owner, options FROM job_definitions;
 
 -- name: get_run
+-- params: id int8
+-- returns: id int8, handler text, queue text, status text, priority int2, payload bytea, run_at timestamptz,
+-- returns: attempt int4, max_retries int4, timeout_s float8, idempotency_key text, lease_owner text,
+-- returns: lease_expires_at timestamptz, token int8, version int8, gen int4, created_at timestamptz,
+-- returns: updated_at timestamptz, started_at timestamptz, finished_at timestamptz, last_error text,
+-- returns: last_error_class text, reason text, result bytea, workflow_id uuid, schedule_id int8,
+-- returns: fire_time timestamptz, trace_id text, pause_requested bool, stop_requested bool,
+-- returns: cancel_requested bool, forced bool, needs_compensation bool, outbox bool, tenant text,
+-- returns: concurrency_key text, concurrency_limit int4, rate_key text, rate_limit text, submitted_by text
 -- The hot row, else the archived one (finished runs leave `runs` after FENCEPOST_ARCHIVE_AFTER).
 -- LIMIT 1 stops the Append after the first branch that has the run: a hot run never
 -- touches the archive. Operator commands read only `runs` (get_hot_run).
 (SELECT * FROM runs WHERE id = $1) UNION ALL (SELECT * FROM runs_archive WHERE id = $1) LIMIT 1;
 
 -- name: run_status
+-- params: id int8[]
+-- returns: id int8, status text, result bytea, last_error text, last_error_class text
 SELECT id, status, result, last_error, last_error_class FROM runs WHERE id = ANY($1::bigint[]);
 
 -- name: list_runs
+-- params: queue text, status text, handler text, limit int8
+-- returns: id int8, handler text, queue text, status text, priority int2, attempt int4, run_at timestamptz,
+-- returns: created_at timestamptz, started_at timestamptz, finished_at timestamptz, last_error_class text,
+-- returns: last_error text, reason text
 SELECT id, handler, queue, status, priority, attempt, run_at, created_at, started_at, finished_at, last_error_class, last_error, reason
 FROM runs
 WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3)
 ORDER BY id DESC LIMIT $4;
 
 -- name: dead_letter
+-- params: queue text, limit int8
+-- returns: id int8, handler text, queue text, status text, attempt int4, finished_at timestamptz,
+-- returns: last_error_class text, last_error text, reason text
 SELECT id, handler, queue, status, attempt, finished_at, last_error_class, last_error, reason
 FROM runs WHERE status IN ('FAILED', 'TIMED_OUT') AND reason IS DISTINCT FROM 'review'
   AND ($1::text IS NULL OR queue = $1)
 ORDER BY finished_at DESC LIMIT $2;
 
 -- name: run_events
+-- params: run_id int8
+-- returns: id int8, type text, from_status text, to_status text, version int8, attempt int4, token int8,
+-- returns: worker_id text, actor text, reason text, error_class text, error_message text, trace_id text,
+-- returns: at timestamptz, recorded_at timestamptz
 -- A run's timeline: its event rows and its attempts' claim and finish columns, as one list of
 -- event-shaped rows (the view `history`, 020_attempt_history.sql). Within one millisecond, the
 -- order of the stream entries (a claim and the finish of a no-op job share their ts).
@@ -138,10 +181,18 @@ SELECT id, type, from_status, to_status, version, attempt, token, worker_id, act
 FROM history WHERE run_id = $1 ORDER BY at, stream_id NULLS FIRST, id;
 
 -- name: run_attempts
+-- params: run_id int8
+-- returns: attempt int4, token int8, worker_id text, started_at timestamptz, finished_at timestamptz,
+-- returns: outcome text, error_class text, error_message text
 SELECT attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message
 FROM attempts WHERE run_id = $1 ORDER BY attempt;
 
 -- name: apply_runs
+-- params: id int8[], status text[], version int8[], attempt int4[], token int8[], worker_id text[],
+-- params: lease timestamptz[], started_at timestamptz[], finished_at timestamptz[], run_at timestamptz[],
+-- params: error_message text[], error_class text[], reason text[], result bytea[], at timestamptz[],
+-- params: ctl text[], forced bool[], gen int4[]
+-- returns: nothing
 -- The run projection: one row per run per batch (the recorder folds events first);
 -- guarded by version so a replayed or reordered batch never moves a run backwards.
 UPDATE runs r SET
@@ -178,6 +229,11 @@ FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::integer[], $5::bigint[],
 WHERE r.id = u.id AND r.version < u.version;
 
 -- name: apply_attempts
+-- params: run_id int8[], attempt int4[], token int8[], worker_id text[], started_at timestamptz[],
+-- params: finished_at timestamptz[], outcome text[], error_class text[], error_message text[],
+-- params: claim_version int8[], claim_stream_id int8[], finish_type text[], finish_from text[],
+-- params: finish_to text[], finish_version int8[], finish_stream_id int8[], reason text[]
+-- returns: nothing
 -- One row per attempt, one statement per batch, each attempt's row found by its whole key
 -- (run_id, attempt, started_at): every closing transition the recorder writes this way carries its
 -- attempt's start (finish_runs.lua's `started`, or the claim in the same batch), so the insert goes
@@ -218,6 +274,11 @@ WHERE (a.claim_stream_id IS NULL AND excluded.claim_stream_id IS NOT NULL)
    OR (a.finished_at IS NULL AND excluded.finished_at IS NOT NULL);
 
 -- name: apply_attempts_by_run
+-- params: run_id int8[], attempt int4[], token int8[], worker_id text[], started_at timestamptz[],
+-- params: finished_at timestamptz[], outcome text[], error_class text[], error_message text[],
+-- params: claim_version int8[], claim_stream_id int8[], finish_type text[], finish_from text[],
+-- params: finish_to text[], finish_version int8[], finish_stream_id int8[], reason text[]
+-- returns: nothing
 -- apply_attempts for the rows whose attempt row cannot be found by its whole key: closes that do not
 -- carry their attempt's start (a lease expiry, a release at shutdown, a run whose Redis hash was
 -- rebuilt without it, an older version's entry; $5 NULL), and every row of a batch that came late
@@ -266,26 +327,41 @@ FROM input i WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.run_id = i.run_id A
 ON CONFLICT (run_id, attempt, started_at) DO NOTHING;
 
 -- name: recorded_attempt_entries
+-- params: run_id int8[]
+-- returns: run_id int8, attempt int4, claim_stream_id int8, finish_stream_id int8
 -- For a replayed batch (entries that may be committed already): the stream ids of the claims and
 -- finishes the attempts of runs $1 hold, so the recorder counts only the entries it writes now.
 SELECT run_id, attempt, claim_stream_id, finish_stream_id FROM attempts WHERE run_id = ANY($1::bigint[]);
 
 -- name: queue_epochs
+-- params: none
+-- returns: name text, epoch int8, paused bool
 SELECT name, epoch, paused FROM queues ORDER BY name;
 
 -- name: outbox_runs
+-- params: queue text, limit int8
+-- returns: id int8, handler text, status text, priority int2, payload bytea, run_at timestamptz,
+-- returns: attempt int4, max_retries int4, timeout_s float8, fire_time timestamptz, trace_id text,
+-- returns: version int8, token int8, lease_owner text, gen int4, tenant text, concurrency_key text,
+-- returns: concurrency_limit int4, rate_key text, rate_limit text
 SELECT id, handler, status, priority, payload, run_at, attempt, max_retries, timeout_s,
        fire_time, trace_id, version, token, lease_owner, gen, tenant, concurrency_key, concurrency_limit,
        rate_key, rate_limit
 FROM runs WHERE outbox AND queue = $1 ORDER BY id LIMIT $2;
 
 -- name: outbox_queues
+-- params: none
+-- returns: queue text
 SELECT DISTINCT queue FROM runs WHERE outbox;
 
 -- name: clear_outbox
+-- params: id int8[]
+-- returns: nothing
 UPDATE runs SET outbox = false WHERE id = ANY($1::bigint[]) AND outbox;
 
 -- name: insert_events_json
+-- params: p1 jsonb
+-- returns: stream text, stream_id int8
 -- The recorder's events, as one jsonb array of arrays (decoded once by PostgreSQL instead
 -- of 15 typed arrays encoded element by element in Python). Positions: run, type, from,
 -- to, version, attempt, token, worker, reason, error class, error, ts (ms), stream,

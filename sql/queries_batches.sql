@@ -1,6 +1,8 @@
 -- Named queries for batches with callbacks, results through workflows, and progress (issue 16).
 
 -- name: batch_insert
+-- params: p1 uuid, p2 text, p3 int8, p4 int8, p5 int8[]
+-- returns: nothing
 -- One batch, its callback runs (inserted BLOCKED in the same transaction) and its members.
 WITH b AS (
     INSERT INTO batches (id, name, on_complete, on_success) VALUES ($1, $2, $3, $4)
@@ -8,6 +10,8 @@ WITH b AS (
 INSERT INTO batch_members (run_id, batch_id) SELECT unnest($5::bigint[]), $1;
 
 -- name: batch_lock_open
+-- params: run_id int8[]
+-- returns: id uuid
 -- The unsettled batches of runs that just reached a terminal state, locked in id order: two
 -- transactions finishing the last two members of one batch are serialized, and the second
 -- sees the first's commit in its next statement (batch_settling), so neither misses the end.
@@ -18,6 +22,8 @@ ORDER BY b.id
 FOR UPDATE OF b;
 
 -- name: batch_settling
+-- params: id uuid[]
+-- returns: id uuid, on_complete int8, on_success int8, all_ok bool
 -- Of the given (locked) batches, those whose every member is terminal: settled now, with
 -- whether every member SUCCEEDED. A member missing from runs was archived, so it finished.
 WITH done AS (
@@ -36,6 +42,8 @@ WITH done AS (
 SELECT done.id, done.on_complete, done.on_success, done.all_ok FROM done JOIN upd ON upd.id = done.id;
 
 -- name: batch_release
+-- params: id int8[], p2 text
+-- returns: id int8, queue text, notified int8
 -- Callback runs of settled batches: BLOCKED -> PENDING (outbox=true: the relay moves them to
 -- Redis after commit). Only a BLOCKED run moves, so a replayed settle is a no-op.
 WITH upd AS (
@@ -52,6 +60,8 @@ WITH upd AS (
 SELECT id, queue, (SELECT count(*) FROM notify) AS notified FROM upd;
 
 -- name: batch_cancel_callbacks
+-- params: id int8[], p2 text
+-- returns: id int8
 -- on_success callbacks of batches where a member did not succeed: BLOCKED -> CANCELLED.
 WITH upd AS (
     UPDATE runs r SET status = 'CANCELLED', version = r.version + 1, reason = 'batch_failed',
@@ -65,6 +75,8 @@ WITH upd AS (
 SELECT id FROM upd;
 
 -- name: batch_unsettled
+-- params: p1 float8, limit int8
+-- returns: id uuid
 -- Sweep: open batches (older than $1 seconds) whose members are all terminal, e.g. a member
 -- whose terminal state was written by drift repair rather than by the recorder.
 SELECT b.id FROM batches b
@@ -76,6 +88,9 @@ LIMIT $2
 FOR UPDATE OF b SKIP LOCKED;
 
 -- name: batch_get
+-- params: id uuid
+-- returns: id uuid, name text, on_complete int8, on_success int8, settled_at timestamptz,
+-- returns: created_at timestamptz, run_ids int8[], statuses text[]
 -- A batch with its callbacks and each member's current status (hot row, else archived).
 SELECT b.id, b.name, b.on_complete, b.on_success, b.settled_at, b.created_at,
        array_agg(m.run_id ORDER BY m.run_id) AS run_ids,
@@ -86,6 +101,8 @@ WHERE b.id = $1
 GROUP BY b.id;
 
 -- name: batch_results_of_callback
+-- params: on_complete int8
+-- returns: run_id int8, status text, result bytea
 -- For a callback run: every member of its batch with status and result (hot, else archived).
 SELECT m.run_id, COALESCE(r.status, a.status) AS status, COALESCE(r.result, a.result) AS result
 FROM batches b JOIN batch_members m ON m.batch_id = b.id
@@ -94,6 +111,8 @@ WHERE b.on_complete = $1 OR b.on_success = $1
 ORDER BY m.run_id;
 
 -- name: wf_upstream_results
+-- params: run_id int8
+-- returns: name text, run_id int8, status text, result bytea
 -- A workflow run's direct upstreams by node name, with status and result.
 SELECT n.name, u.id AS run_id, u.status, u.result
 FROM workflow_edges e JOIN workflow_nodes n ON n.run_id = e.depends_on JOIN runs u ON u.id = e.depends_on
@@ -101,6 +120,8 @@ WHERE e.run_id = $1
 ORDER BY n.name;
 
 -- name: progress_upsert
+-- params: p1 int8[], p2 int4[], p3 float8[], p4 float8[], p5 text[]
+-- returns: nothing
 -- The latest progress of running attempts, coalesced by the worker (one statement per flush).
 -- An older attempt never overwrites a newer one's progress.
 INSERT INTO run_progress AS p (run_id, attempt, done, total, message, updated_at)
@@ -110,15 +131,21 @@ ON CONFLICT (run_id) DO UPDATE SET attempt = EXCLUDED.attempt, done = EXCLUDED.d
 WHERE p.attempt <= EXCLUDED.attempt;
 
 -- name: progress_get
+-- params: run_id int8[]
+-- returns: run_id int8, attempt int4, done float8, total float8, message text, updated_at timestamptz
 SELECT run_id, attempt, done, total, message, updated_at FROM run_progress WHERE run_id = ANY($1::bigint[]);
 
 -- name: progress_prune
+-- params: limit int8
+-- returns: nothing
 -- Progress of runs that left `runs` (archived by retention): dropped, at most $1 per pass.
 DELETE FROM run_progress p
 WHERE p.run_id IN (SELECT q.run_id FROM run_progress q
                    WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = q.run_id) LIMIT $1);
 
 -- name: api_batch_queues
+-- params: batch_id uuid
+-- returns: array_agg text[]
 -- The queues of a batch's members and callbacks (hot row, else archived): the API's scope check.
 SELECT array_agg(DISTINCT x.queue) FROM (
     SELECT COALESCE(r.queue, a.queue) AS queue

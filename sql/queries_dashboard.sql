@@ -1,6 +1,12 @@
 -- Queries of the dashboard's views (issue 17), run through fencepost.core.record.
 
 -- name: dashboard_runs
+-- params: queue text, status text, handler text, min_created_at timestamptz, max_created_at timestamptz,
+-- params: limit int8, queue_2 text[], submitted_by text, max_id int8, id int8, tenant text,
+-- params: concurrency_key text, idempotency_key text, p14 text, p15 text, p16 text, offset int8, min_id int8
+-- returns: id int8, handler text, queue text, status text, priority int2, attempt int4, run_at timestamptz,
+-- returns: created_at timestamptz, started_at timestamptz, finished_at timestamptz, last_error_class text,
+-- returns: last_error text, reason text, version int8, workflow_id uuid, schedule_id int8
 -- The runs list: every filter optional (NULL: any). $1 queue, $2 status, $3 handler, $4 created at or
 -- after, $5 created before, $6 limit, $7 queues in scope (NULL: all), $8 submitted by this actor prefix
 -- (NULL: anyone), $9 before id (keyset, id order only), $10 id, $11 tenant, $12 concurrency key,
@@ -38,6 +44,10 @@ ORDER BY
 LIMIT $6 OFFSET $17;
 
 -- name: dashboard_runs_count
+-- params: queue text, status text, handler text, min_created_at timestamptz, max_created_at timestamptz,
+-- params: queue_2 text[], submitted_by text, max_id int8, id int8, tenant text, concurrency_key text,
+-- params: idempotency_key text, p13 text, limit int8, min_id int8
+-- returns: n int8
 -- How many runs the filters of dashboard_runs match, counted up to a bound (the page says "more than N"
 -- rather than scan a huge table for an exact figure). $1 queue, $2 status, $3 handler, $4 since, $5 until,
 -- $6 queues in scope, $7 submitter prefix, $8 before id, $9 id, $10 tenant, $11 concurrency key,
@@ -61,6 +71,10 @@ SELECT count(*) AS n FROM (
 ) m;
 
 -- name: rollup_minutes
+-- params: queue text[], minute timestamptz[], started int4[], succeeded int4[], failed int4[],
+-- params: retried int4[], p7 int4[], p8 int4[], queue_2 text[], minute_2 timestamptz[], run_id int8[],
+-- params: attempt int4[]
+-- returns: nothing
 -- The recorder's batch into queue_minutes (in the transaction of the events it counts). The recorder
 -- counts the batch per (queue, minute) itself: $1 queue, $2 minute, $3-$6 started / succeeded / failed /
 -- retried, $7 and $8 the 16-bucket start-lag and run-time histograms, flattened (16 per row, buckets of
@@ -97,6 +111,9 @@ ON CONFLICT (minute, queue) DO UPDATE SET
     run_hist = ARRAY(SELECT x + y FROM unnest(q.run_hist, EXCLUDED.run_hist) WITH ORDINALITY AS u(x, y, i) ORDER BY i);
 
 -- name: queue_stats
+-- params: queue text, min_minute timestamptz, p3 interval, queue_2 text[]
+-- returns: t timestamptz, started int4, succeeded int4, failed int4, retried int4, lag_hist int4[],
+-- returns: run_hist int4[]
 -- The rollup for a chart: per step from $2, summed over $1 (NULL: every queue in scope $4); $3 the step.
 WITH m AS (
     SELECT date_bin($3::interval, minute, TIMESTAMPTZ '2000-01-01 00:00:00+00') AS t, *
@@ -114,4 +131,6 @@ FROM (SELECT t, sum(started)::int AS started, sum(succeeded)::int AS succeeded, 
 ORDER BY c.t;
 
 -- name: runs_max_id
+-- params: none
+-- returns: id int8
 SELECT COALESCE(max(id), 0) AS id FROM runs;

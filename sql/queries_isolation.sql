@@ -2,6 +2,8 @@
 -- and the epoch a rebuild spends only when it stamps.
 
 -- name: quarantine_runs
+-- params: id int8[], error text[], p3 text
+-- returns: id int8, queue text
 -- Runs PostgreSQL holds that Redis cannot (values an older version accepted): cancelled with
 -- reason 'quarantined' and the error, so no loop retries them forever. Waiting runs only (the
 -- cancelled edges of fencepost/core/states.py); $3 names the loop that found them. Values outside
@@ -32,6 +34,8 @@ WITH u AS (
 SELECT id, queue FROM r;
 
 -- name: quarantine_run_values
+-- params: id int8[], p2 text
+-- returns: id int8, queue text, timeout_s text, max_retries int4
 -- Runs among $1 whose stored values are outside 010's bounds (rows an older version wrote), in
 -- any state: the values put back inside the bounds so the row can be updated again (its history
 -- recorded, a lost lease interrupted, a command applied), with a 'quarantined' event keeping what
@@ -57,12 +61,16 @@ WITH old AS (
 SELECT id, queue, timeout_s::text AS timeout_s, max_retries FROM r;
 
 -- name: unbounded_runs
+-- params: id int8[]
+-- returns: id int8, status text, timeout_s float8, max_retries int4
 -- Of the runs $1, those whose stored values lie outside 010's bounds (rows written before them):
 -- nearly always none, so a loop screens a page of runs with one index lookup each and no payload.
 SELECT id, status, timeout_s, max_retries FROM runs
 WHERE id = ANY($1::bigint[]) AND NOT fencepost_run_bounded(timeout_s, max_retries);
 
 -- name: cancel_unheld_run
+-- params: id int8, p2 text, p3 text, last_error text, p5 text, version int8
+-- returns: id int8, version int8
 -- An operator's cancel of a waiting run Redis cannot hold (so no Lua script can apply it): done in
 -- PostgreSQL alone, compare-and-set on the version read ($6), values put back inside 010's bounds
 -- as quarantine_runs does, with the operator's event (actor $2, reason $3, the error $4, $5 the
@@ -87,6 +95,8 @@ WITH old AS (
 SELECT id, version FROM r;
 
 -- name: quarantine_schedule
+-- params: id int8, quarantined text, p3 text
+-- returns: name text
 -- A schedule the trigger cannot fire: paused with the reason, and an event (run_id NULL).
 WITH s AS (
     UPDATE schedules SET paused = true, quarantined = $2, updated_at = now()
@@ -98,6 +108,8 @@ SELECT NULL, COALESCE(s.queue, $3), 'schedule_quarantined', 'trigger', 'quaranti
 RETURNING data->>'schedule' AS name;
 
 -- name: rebuild_epoch
+-- params: name text
+-- returns: epoch int8
 -- The epoch a rebuild stamps: a new one when the current one may have been stamped, else the
 -- current one again (an earlier rebuild bumped it and failed before stamping: no token exists
 -- under it). The cap (epoch < 8192, tokens are doubles in Lua) raises check_violation.
@@ -105,5 +117,7 @@ UPDATE queues SET epoch = CASE WHEN epoch_stamped THEN epoch + 1 ELSE epoch END,
 WHERE name = $1 RETURNING epoch;
 
 -- name: epoch_stamping
+-- params: name text, epoch int8
+-- returns: nothing
 -- Written just before the stamp reaches Redis: from here tokens may exist under this epoch.
 UPDATE queues SET epoch_stamped = true WHERE name = $1 AND epoch = $2;

@@ -1,6 +1,13 @@
 -- Named queries for editing a schedule in place and firing it now (issue 16).
 
 -- name: schedule_lock
+-- params: name text
+-- returns: id int8, name text, handler text, payload bytea, args_json jsonb, queue text, priority int2,
+-- returns: cron text, interval_s float8, timezone text, next_fire_time timestamptz, spread_s float8,
+-- returns: offset_ms int4, due_at timestamptz, catchup bool, catchup_window_s float8, allow_overlap bool,
+-- returns: paused bool, last_fire_time timestamptz, last_run_id int8, fires int8, skipped int8,
+-- returns: created_at timestamptz, updated_at timestamptz, quarantined text, fires_into text,
+-- returns: fire_priority int2, def_max_retries int4, def_timeout_s float8, busy bool, last_status text
 -- The stored schedule with its handler's declared defaults, locked for an edit or a manual
 -- fire (the trigger skips it meanwhile: trigger_due uses SKIP LOCKED).
 SELECT s.*, COALESCE(s.queue, d.queue) AS fires_into, COALESCE(s.priority, d.priority) AS fire_priority,
@@ -14,6 +21,10 @@ WHERE s.name = $1
 FOR UPDATE OF s;
 
 -- name: schedule_update
+-- params: id int8, handler text, payload bytea, args_json jsonb, queue text, priority int2, cron text,
+-- params: interval_s float8, timezone text, next_fire_time timestamptz, spread_s float8, offset_ms int4,
+-- params: catchup bool, catchup_window_s float8, allow_overlap bool
+-- returns: id int8
 -- Every editable column at once (the caller merged the change into the stored values and
 -- validated the result). An edit fixes a quarantined schedule: the quarantine (and the pause
 -- it imposed) is lifted.
@@ -27,6 +38,8 @@ WHERE id = $1
 RETURNING id;
 
 -- name: schedule_fired_now
+-- params: id int8, last_run_id int8, last_fire_time timestamptz
+-- returns: nothing
 -- A manual fire: the run counts as the schedule's latest (overlap checks see it); the next
 -- scheduled fire time does not move.
 UPDATE schedules SET last_run_id = $2, last_fire_time = $3, fires = fires + 1, updated_at = now() WHERE id = $1;

@@ -1,6 +1,10 @@
 -- Named queries for recurring schedules and the trigger service.
 
 -- name: schedule_insert
+-- params: name text, handler text, payload bytea, args_json jsonb, queue text, priority int2, cron text,
+-- params: interval_s float8, timezone text, next_fire_time timestamptz, spread_s float8, catchup bool,
+-- params: catchup_window_s float8, allow_overlap bool
+-- returns: id int8
 -- Returns no row when the name is taken (nothing is written).
 INSERT INTO schedules (name, handler, payload, args_json, queue, priority, cron, interval_s, timezone,
                        next_fire_time, due_at, spread_s, catchup, catchup_window_s, allow_overlap)
@@ -9,29 +13,53 @@ ON CONFLICT (name) DO NOTHING
 RETURNING id;
 
 -- name: schedule_set_offset
+-- params: id int8, offset_ms int4
+-- returns: nothing
 UPDATE schedules SET offset_ms = $2::integer, due_at = next_fire_time + make_interval(secs => $2::integer / 1000.0)
 WHERE id = $1;
 
 -- name: schedule_get
+-- params: name text
+-- returns: id int8, name text, handler text, payload bytea, args_json jsonb, queue text, priority int2,
+-- returns: cron text, interval_s float8, timezone text, next_fire_time timestamptz, spread_s float8,
+-- returns: offset_ms int4, due_at timestamptz, catchup bool, catchup_window_s float8, allow_overlap bool,
+-- returns: paused bool, last_fire_time timestamptz, last_run_id int8, fires int8, skipped int8,
+-- returns: created_at timestamptz, updated_at timestamptz, quarantined text, last_status text
 SELECT s.*, (SELECT r.status FROM runs r WHERE r.id = s.last_run_id) AS last_status
 FROM schedules s WHERE name = $1;
 
 -- name: schedule_list
+-- params: limit int8
+-- returns: id int8, name text, handler text, cron text, interval_s float8, timezone text,
+-- returns: next_fire_time timestamptz, spread_s float8, offset_ms int4, catchup bool, allow_overlap bool,
+-- returns: paused bool, last_fire_time timestamptz, fires int8, skipped int8
 SELECT id, name, handler, cron, interval_s, timezone, next_fire_time, spread_s, offset_ms, catchup,
        allow_overlap, paused, last_fire_time, fires, skipped
 FROM schedules ORDER BY name LIMIT $1;
 
 -- name: schedule_pause
+-- params: name text, paused bool
+-- returns: id int8
 UPDATE schedules SET paused = $2, updated_at = now() WHERE name = $1 RETURNING id;
 
 -- name: schedule_delete
+-- params: name text
+-- returns: id int8
 DELETE FROM schedules WHERE name = $1 RETURNING id;
 
 -- name: schedule_runs
+-- params: schedule_id int8, limit int8
+-- returns: id int8, queue text, status text, fire_time timestamptz, run_at timestamptz,
+-- returns: started_at timestamptz, finished_at timestamptz, attempt int4
 SELECT id, queue, status, fire_time, run_at, started_at, finished_at, attempt
 FROM runs WHERE schedule_id = $1 ORDER BY fire_time DESC LIMIT $2;
 
 -- name: trigger_due
+-- params: max_due_at timestamptz, limit int8
+-- returns: id int8, handler text, payload bytea, queue text, priority int2, max_retries int4,
+-- returns: timeout_s float8, cron text, interval_s float8, timezone text, next_fire_time timestamptz,
+-- returns: offset_ms int4, catchup bool, catchup_window_s float8, allow_overlap bool, last_run_id int8,
+-- returns: busy bool
 -- The fires due by $1 (the trigger's clock + lookahead), oldest first, locked so a second
 -- leader skips them instead of waiting. Reads work proportional to $2, never to the number
 -- of schedules (partial index schedules_due). Handler defaults come from its declaration.
@@ -49,6 +77,9 @@ LIMIT $2
 FOR UPDATE OF s SKIP LOCKED;
 
 -- name: trigger_advance
+-- params: id int8[], seen_next timestamptz[], next_fire_time timestamptz[], last_fire_time timestamptz[],
+-- params: last_run_id int8[], fired int4[], skipped int4[]
+-- returns: nothing
 -- After the fires of a batch: next fire, last fire, counters. Guarded by the next_fire_time
 -- the trigger read, so a slow leader never moves a schedule backwards.
 UPDATE schedules s SET
@@ -65,12 +96,16 @@ FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::timestamptz[
 WHERE s.id = u.id AND s.next_fire_time = u.seen_next;
 
 -- name: trigger_skip_events
+-- params: q text[], t text[], r text[], d jsonb[]
+-- returns: nothing
 -- A fire not made because the previous run of its schedule is still active (or coalesced).
 INSERT INTO events (run_id, queue, type, actor, reason, data, at)
 SELECT NULL, q, t, 'trigger', r, d, now()
 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS x(q, t, r, d);
 
 -- name: lease_acquire
+-- params: p1 text, p2 text, max_expires_at timestamptz, p4 float8
+-- returns: token int8
 -- Take or renew the lease: succeeds when free, expired, or already ours. The token grows
 -- on every change of holder.
 INSERT INTO trigger_leases AS l (name, holder, token, expires_at)
@@ -83,12 +118,18 @@ WHERE l.holder = excluded.holder OR l.expires_at < $3::timestamptz
 RETURNING token;
 
 -- name: lease_release
+-- params: name text, holder text
+-- returns: nothing
 DELETE FROM trigger_leases WHERE name = $1 AND holder = $2;
 
 -- name: loadtest_schedule_ids
+-- params: p1 int4
+-- returns: nextval int8
 SELECT nextval(pg_get_serial_sequence('schedules', 'id')) FROM generate_series(1, $1);
 
 -- name: loadtest_insert_schedules
+-- params: i int8[], p2 text, p3 bytea, p4 text, p5 timestamptz, p6 float8, o int4[]
+-- returns: nothing
 -- Bulk schedules for `fencepost loadtest spike` ($1 ids, $7 offsets computed by spread_offset_ms).
 INSERT INTO schedules (id, name, handler, payload, queue, cron, timezone, next_fire_time, spread_s, offset_ms, due_at)
 SELECT i, $2::text || '-' || i, 'loadtest.noop', $3::bytea, $2::text, $4::text, 'UTC', $5::timestamptz,
@@ -96,15 +137,24 @@ SELECT i, $2::text || '-' || i, 'loadtest.noop', $3::bytea, $2::text, $4::text, 
 FROM unnest($1::bigint[], $7::integer[]) AS t(i, o);
 
 -- name: loadtest_delete_schedules
+-- params: queue text
+-- returns: nothing
 DELETE FROM schedules WHERE queue = $1;
 
 -- name: loadtest_status_counts
+-- params: queue text
+-- returns: status text, n int8
 SELECT status, count(*) AS n FROM runs WHERE queue = $1 GROUP BY status;
 
 -- name: loadtest_relation_size
+-- params: p1 text[]
+-- returns: sum int8
 SELECT sum(pg_total_relation_size(t::regclass))::bigint FROM unnest($1::text[]) AS t;
 
 -- name: loadtest_report
+-- params: queue text
+-- returns: runs int8, c0 timestamptz, c1 timestamptz, ok int8, last_done timestamptz, lag float8[],
+-- returns: lag_max numeric, lag_due float8[], lag_due_max numeric
 -- Start lag is measured from the logical fire time (schedules) or the submit time (bursts),
 -- and from run_at (when the run was due: the fire time plus the schedule's spread offset).
 SELECT count(*) AS runs, min(created_at) AS c0, max(created_at) AS c1,

@@ -1,6 +1,10 @@
 -- Named queries of the live fleet event stream (fencepost.api.stream).
 
 -- name: events_recorded_since
+-- params: p1 timestamptz, p2 float8, limit int8
+-- returns: id int8, run_id int8, queue text, type text, from_status text, to_status text, version int8,
+-- returns: attempt int4, worker_id text, actor text, reason text, error_class text, at timestamptz,
+-- returns: recorded_at timestamptz, handler text, trace_id text
 -- The newest $3 events recorded after $1 (NULL: now) minus $2 seconds of look-back (a recorder's
 -- transaction that began before the last look but committed after it), newest first, with the run's
 -- queue and handler as api_events_scoped gives them. From `history` (020): the event rows and the

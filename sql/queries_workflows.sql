@@ -1,6 +1,8 @@
 -- Named queries for DAG workflows (submit, release, cancel, retry, show).
 
 -- name: wf_insert
+-- params: id uuid, p2 text, run_id int8[], name text[], p5 int8[], p6 int8[]
+-- returns: nothing
 -- One workflow row, its node names and edges ($3 names by run, $4/$5 edges).
 WITH w AS (
     INSERT INTO workflows (id, name) VALUES ($1, $2)
@@ -12,6 +14,8 @@ INSERT INTO workflow_edges (run_id, depends_on)
 SELECT * FROM unnest($5::bigint[], $6::bigint[]);
 
 -- name: wf_lock_dependents
+-- params: depends_on int8[]
+-- returns: id int8
 -- The BLOCKED direct dependents of runs that just settled, locked in id order. The lock
 -- serializes two transactions that settle two upstreams of one join: the second sees the
 -- first's commit in its next statement, so a dependent is never left blocked.
@@ -22,6 +26,8 @@ ORDER BY r.id
 FOR UPDATE OF r;
 
 -- name: wf_release
+-- params: id int8[], p2 text
+-- returns: id int8, queue text, notified int8
 -- Of the given BLOCKED runs, those whose every upstream SUCCEEDED become PENDING, with
 -- outbox=true so the relay moves them to Redis after commit. One 'released' event each.
 WITH ready AS (
@@ -42,6 +48,8 @@ WITH ready AS (
 SELECT id, queue, (SELECT count(*) FROM notify) AS notified FROM upd;
 
 -- name: wf_cancel_descendants
+-- params: id int8[], p2 text
+-- returns: id int8
 -- Every BLOCKED descendant of runs that failed for good becomes CANCELLED (upstream_failed).
 -- Only runs that really are FAILED / TIMED_OUT / CANCELLED count (a replayed batch is a no-op).
 WITH RECURSIVE failed AS (
@@ -63,6 +71,8 @@ WITH RECURSIVE failed AS (
 SELECT id FROM upd;
 
 -- name: wf_blocked_settled
+-- params: p1 float8, limit int8
+-- returns: id int8, all_ok bool, failed int8[]
 -- Sweep: BLOCKED workflow runs (unchanged for $1 seconds) whose upstreams have all
 -- settled: all SUCCEEDED (release) or one failed for good (cancel).
 SELECT r.id,
@@ -75,6 +85,10 @@ HAVING bool_and(u.status = 'SUCCEEDED') OR bool_or(u.status IN ('FAILED', 'TIMED
 LIMIT $2;
 
 -- name: wf_nodes
+-- params: workflow_id uuid
+-- returns: name text, id int8, status text, reason text, handler text, queue text, attempt int4,
+-- returns: version int8, started_at timestamptz, finished_at timestamptz, last_error_class text,
+-- returns: depends_on text[]
 -- The current node of every name in a workflow, with its run and upstream names.
 SELECT n.name, r.id, r.status, r.reason, r.handler, r.queue, r.attempt, r.version, r.started_at, r.finished_at,
        r.last_error_class,
@@ -86,9 +100,13 @@ WHERE n.workflow_id = $1 AND n.current
 ORDER BY n.name;
 
 -- name: wf_get
+-- params: id uuid
+-- returns: id uuid, name text, created_at timestamptz
 SELECT id, name, created_at FROM workflows WHERE id = $1;
 
 -- name: wf_reblock
+-- params: id int8[], version int8[], p3 text
+-- returns: id int8
 -- Workflow retry: cancelled dependents go back to BLOCKED (they wait for their upstreams
 -- again). Version-guarded: a run that changed since it was read is left alone.
 WITH upd AS (
@@ -104,6 +122,8 @@ WITH upd AS (
 SELECT id FROM upd;
 
 -- name: wf_supersede
+-- params: run_id int8[], p2 text
+-- returns: count int8
 -- Recompute: the old runs of the recomputed nodes stop standing for their names; old
 -- BLOCKED ones are cancelled (superseded) so nothing releases them later.
 WITH n AS (
@@ -120,6 +140,8 @@ WITH n AS (
 SELECT count(*) FROM n;
 
 -- name: wf_add_nodes
+-- params: p1 uuid, run_id int8[], name text[], p4 int8[], p5 int8[]
+-- returns: nothing
 WITH n AS (
     INSERT INTO workflow_nodes (run_id, workflow_id, name)
     SELECT run_id, $1, name FROM unnest($2::bigint[], $3::text[]) AS t(run_id, name)
@@ -128,8 +150,14 @@ INSERT INTO workflow_edges (run_id, depends_on)
 SELECT * FROM unnest($4::bigint[], $5::bigint[]);
 
 -- name: wf_runs_full
+-- params: id int8[]
+-- returns: id int8, handler text, queue text, priority int2, payload bytea, max_retries int4,
+-- returns: timeout_s float8, trace_id text, tenant text, concurrency_key text, concurrency_limit int4,
+-- returns: rate_key text, rate_limit text
 SELECT id, handler, queue, priority, payload, max_retries, timeout_s, trace_id, tenant, concurrency_key,
        concurrency_limit, rate_key, rate_limit FROM runs WHERE id = ANY($1::bigint[]);
 
 -- name: wf_lock_blocked
+-- params: id int8[]
+-- returns: id int8
 SELECT id FROM runs WHERE id = ANY($1::bigint[]) AND status = 'BLOCKED' ORDER BY id FOR UPDATE;

@@ -18,6 +18,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import asyncpg
+import msgspec
 
 from fencepost.core.errors import DatabaseUnavailable, FencepostError
 from fencepost.core.resources import resource_dir
@@ -27,16 +28,22 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REFUSED",
+    "Column",
     "Conn",
     "Database",
     "DriverConnection",
     "Listener",
     "MigrationError",
+    "Prepared",
+    "QuerySpec",
     "Session",
+    "describe_queries",
     "migrations",
+    "prepare_all",
     "psql_script",
     "pyformat",
     "query_names",
+    "query_specs",
     "store_definitions",
     "upgrade",
 ]
@@ -61,6 +68,68 @@ def _queries() -> dict[str, str]:
 def query(name: str) -> str:
     """The text of a named query (KeyError for an unknown name; a test checks every name used)."""
     return _queries()[name]
+
+
+class Column(msgspec.Struct, frozen=True):
+    """One parameter or result column of a named query: its name and PostgreSQL type (`int8[]`...)."""
+
+    name: str
+    type: str
+
+
+class QuerySpec(msgspec.Struct, frozen=True):
+    """A named query's declared calling convention, read from its header in sql/queries*.sql:
+
+        -- name: run_events
+        -- params: run_id int8
+        -- returns: id int8, run_id int8, type text, ...
+
+    `returns` is empty for a statement that returns no rows (`-- returns: nothing`); `checked` is
+    False for a query PostgreSQL cannot prepare on its own (`-- unchecked: why`, e.g. a psql script
+    or a statement on a session's temporary table). tests/test_sql_contracts.py prepares every
+    checked query on a migrated database and compares what PostgreSQL reports with the header,
+    so a layout lives in the SQL file and cannot drift from it."""
+
+    name: str
+    params: tuple[Column, ...]
+    returns: tuple[Column, ...]
+    checked: bool = True
+    why: str = ""
+
+
+_HEADER = re.compile(r"^-- (params|returns|unchecked):[ ]?(.*)$")
+
+
+def _columns(text: str) -> tuple[Column, ...]:
+    text = text.strip()
+    if text in ("", "none", "nothing"):
+        return ()
+    out = []
+    for part in filter(str.strip, text.split(",")):
+        name, _, type_ = part.strip().partition(" ")
+        out.append(Column(name=name, type=type_.strip()))
+    return tuple(out)
+
+
+@cache
+def query_specs() -> dict[str, QuerySpec | None]:
+    """Each named query's declared header (None for a query without one)."""
+    out: dict[str, QuerySpec | None] = {}
+    for name, text in _queries().items():
+        fields: dict[str, list[str]] = {}
+        for line in text.splitlines():
+            m = _HEADER.match(line)
+            if m is None:
+                break  # the header is the lines right after `-- name:`; continuation lines repeat the key
+            fields.setdefault(m.group(1), []).append(m.group(2))
+        if "params" not in fields and "unchecked" not in fields:
+            out[name] = None
+            continue
+        out[name] = QuerySpec(
+            name=name, params=_columns(", ".join(p for p in fields.get("params", []) if p.strip())),
+            returns=_columns(", ".join(r for r in fields.get("returns", []) if r.strip())),
+            checked="unchecked" not in fields, why=" ".join(fields.get("unchecked", [])))
+    return out
 
 
 def query_names() -> frozenset[str]:
@@ -108,6 +177,58 @@ async def upgrade(conn: asyncpg.Connection) -> list[str]:
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
     return applied
+
+
+class Prepared(msgspec.Struct, frozen=True):
+    """What PostgreSQL reports for one query: parameter types and result columns, or why it could not."""
+
+    name: str
+    param_types: tuple[str, ...] = ()
+    returns: tuple[Column, ...] = ()
+    error: str = ""
+    source: str = ""
+
+
+def _type(t: asyncpg.types.Type) -> str:
+    name = t.name
+    if t.kind == "array" and name.startswith("_"):
+        return name[1:] + "[]"
+    return name
+
+
+SETUP = ("chaos_create_ledger",)
+"""Queries run before the check: the tables they create (the soak's ledger) are read by others."""
+
+
+async def prepare_all(conn: asyncpg.Connection, sources: dict[str, str]) -> dict[str, Prepared]:
+    """Prepare each query (in a transaction rolled back after each, so nothing is left behind)."""
+    for name in SETUP:
+        await conn.execute(sources[name])
+    out: dict[str, Prepared] = {}
+    for name, sql in sources.items():
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            stmt = await conn.prepare(sql)
+            out[name] = Prepared(
+                name=name, param_types=tuple(_type(p) for p in stmt.get_parameters()),
+                returns=tuple(Column(name=a.name, type=_type(a.type)) for a in stmt.get_attributes()), source=sql)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            out[name] = Prepared(name=name, error=f"{type(exc).__name__}: {exc}".splitlines()[0], source=sql)
+        finally:
+            await tr.rollback()
+    return out
+
+
+async def describe_queries(url: str) -> dict[str, Prepared]:
+    """Every named query as PostgreSQL prepares it on the database at URL (migrated first): what the
+    headers are checked against (tests/test_sql_contracts.py, `python -m fencepost.dev.sqlheaders`)."""
+    conn = await asyncpg.connect(url)
+    try:
+        await upgrade(conn)
+        return await prepare_all(conn, dict(_queries()))
+    finally:
+        await conn.close()
 
 
 _UNAVAILABLE = (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
