@@ -12,7 +12,7 @@ SELECT 1;
 -- params: handler text[], queue text[], priority int2[], payload bytea[], run_at timestamptz[],
 -- params: max_retries int4[], timeout_s float8[], idempotency_key text[], trace_id text[], status text[],
 -- params: workflow_id uuid[], schedule_id int8[], fire_time timestamptz[], outbox bool[], tenant text[],
--- params: concurrency_key text[], concurrency_limit int4[], rate_key text[], rate_limit text[], p20 text
+-- params: concurrency_key text[], concurrency_limit int4[], rate_key text[], rate_limit text[], actor text
 -- returns: ord int8, id int8, created bool, queue text, epoch int8, notified int8
 -- One round trip per batch: creates queues on first use, inserts the runs (skipping
 -- idempotency keys and schedule fires that exist): a run submitted PENDING is its own submitted
@@ -60,8 +60,10 @@ SELECT NULL, NULL, NULL, name, epoch, NULL FROM new_queues;
 -- params: payload bytea[], trace_id text[], handler text[], queue text[], priority int2[],
 -- params: run_at timestamptz[], max_retries int4[], timeout_s float8[], status text[], workflow_id uuid[],
 -- params: tenant text[], concurrency_key text[], concurrency_limit int4[], rate_key text[],
--- params: rate_limit text[], p16 text, p17 text, p18 int2, p19 timestamptz, p20 int4, p21 float8, p22 text,
--- params: p23 uuid, p24 text, p25 text, p26 int4, p27 text, p28 text, p29 text
+-- params: rate_limit text[], every_handler text, every_queue text, every_priority int2,
+-- params: every_run_at timestamptz, every_max_retries int4, every_timeout_s float8, every_status text,
+-- params: every_workflow_id uuid, every_tenant text, every_concurrency_key text,
+-- params: every_concurrency_limit int4, every_rate_key text, every_rate_limit text, actor text
 -- returns: ord int8, id int8, queue text, epoch int8
 -- insert_runs for a batch the client submits with no idempotency key, schedule fire or outbox
 -- row: nothing can conflict (ids come from the sequence), so no ON CONFLICT (its speculative
@@ -107,14 +109,14 @@ UNION ALL
 SELECT NULL, NULL, name, epoch FROM new_queues;
 
 -- name: runs_by_fire
--- params: p1 int8[], p2 timestamptz[]
+-- params: schedule_id int8[], fire_time timestamptz[]
 -- returns: id int8, schedule_id int8, fire_time timestamptz
 SELECT id, schedule_id, fire_time FROM runs
 WHERE (schedule_id, fire_time) IN (SELECT * FROM unnest($1::bigint[], $2::timestamptz[]));
 
 -- name: upsert_definitions
--- params: p1 text[], p2 text[], p3 text[], p4 int2[], p5 float8[], p6 int4[], p7 int4[], p8 bool[],
--- params: p9 text[], p10 jsonb[]
+-- params: name text[], model text[], queue text[], priority int2[], timeout_s float8[], max_retries int4[],
+-- params: version int4[], resumable bool[], owner text[], options jsonb[]
 -- returns: nothing
 INSERT INTO job_definitions (name, model, queue, priority, timeout_s, max_retries, version, resumable, owner, options, updated_at)
 SELECT * , now() FROM unnest($1::text[], $2::text[], $3::text[], $4::smallint[], $5::double precision[],

@@ -1,7 +1,7 @@
 -- Named queries for batches with callbacks, results through workflows, and progress (issue 16).
 
 -- name: batch_insert
--- params: p1 uuid, p2 text, p3 int8, p4 int8, p5 int8[]
+-- params: id uuid, name text, on_complete int8, on_success int8, p5 int8[]
 -- returns: nothing
 -- One batch, its callback runs (inserted BLOCKED in the same transaction) and its members.
 WITH b AS (
@@ -42,7 +42,7 @@ WITH done AS (
 SELECT done.id, done.on_complete, done.on_success, done.all_ok FROM done JOIN upd ON upd.id = done.id;
 
 -- name: batch_release
--- params: id int8[], p2 text
+-- params: id int8[], actor text
 -- returns: id int8, queue text, notified int8
 -- Callback runs of settled batches: BLOCKED -> PENDING (outbox=true: the relay moves them to
 -- Redis after commit). Only a BLOCKED run moves, so a replayed settle is a no-op.
@@ -60,7 +60,7 @@ WITH upd AS (
 SELECT id, queue, (SELECT count(*) FROM notify) AS notified FROM upd;
 
 -- name: batch_cancel_callbacks
--- params: id int8[], p2 text
+-- params: id int8[], actor text
 -- returns: id int8
 -- on_success callbacks of batches where a member did not succeed: BLOCKED -> CANCELLED.
 WITH upd AS (
@@ -120,7 +120,7 @@ WHERE e.run_id = $1
 ORDER BY n.name;
 
 -- name: progress_upsert
--- params: p1 int8[], p2 int4[], p3 float8[], p4 float8[], p5 text[]
+-- params: run_id int8[], attempt int4[], done float8[], total float8[], message text[]
 -- returns: nothing
 -- The latest progress of running attempts, coalesced by the worker (one statement per flush).
 -- An older attempt never overwrites a newer one's progress.

@@ -4,7 +4,7 @@
 -- Loaded by fencepost/core/record.py.
 
 -- name: rebuild_mark_unknown
--- params: id int8[], seen_attempt int4[], seen_version int8[], p4 int8, queue text
+-- params: id int8[], seen_attempt int4[], seen_version int8[], token int8, queue text
 -- returns: id int8, attempt int4, version int8
 -- Runs an untrusted or lost Redis dataset may have claimed (PENDING, RETRY_WAIT or PAUSED in
 -- PostgreSQL, after lost leases were interrupted): one attempt with outcome 'unknown' each,

@@ -69,7 +69,7 @@ SELECT id, status, timeout_s, max_retries FROM runs
 WHERE id = ANY($1::bigint[]) AND NOT fencepost_run_bounded(timeout_s, max_retries);
 
 -- name: cancel_unheld_run
--- params: id int8, p2 text, p3 text, last_error text, p5 text, version int8
+-- params: id int8, actor text, p3 text, last_error text, p5 text, version int8
 -- returns: id int8, version int8
 -- An operator's cancel of a waiting run Redis cannot hold (so no Lua script can apply it): done in
 -- PostgreSQL alone, compare-and-set on the version read ($6), values put back inside 010's bounds
@@ -95,7 +95,7 @@ WITH old AS (
 SELECT id, version FROM r;
 
 -- name: quarantine_schedule
--- params: id int8, quarantined text, p3 text
+-- params: id int8, quarantined text, every_queue text
 -- returns: name text
 -- A schedule the trigger cannot fire: paused with the reason, and an event (run_id NULL).
 WITH s AS (

@@ -128,7 +128,8 @@ DELETE FROM trigger_leases WHERE name = $1 AND holder = $2;
 SELECT nextval(pg_get_serial_sequence('schedules', 'id')) FROM generate_series(1, $1);
 
 -- name: loadtest_insert_schedules
--- params: i int8[], p2 text, p3 bytea, p4 text, p5 timestamptz, p6 float8, o int4[]
+-- params: i int8[], name text, payload bytea, cron text, next_fire_time timestamptz, spread_s float8,
+-- params: o int4[]
 -- returns: nothing
 -- Bulk schedules for `fencepost loadtest spike` ($1 ids, $7 offsets computed by spread_offset_ms).
 INSERT INTO schedules (id, name, handler, payload, queue, cron, timezone, next_fire_time, spread_s, offset_ms, due_at)

@@ -1,7 +1,7 @@
 -- Named queries for DAG workflows (submit, release, cancel, retry, show).
 
 -- name: wf_insert
--- params: id uuid, p2 text, run_id int8[], name text[], p5 int8[], p6 int8[]
+-- params: id uuid, name text, run_id int8[], name text[], run_id_2 int8[], depends_on int8[]
 -- returns: nothing
 -- One workflow row, its node names and edges ($3 names by run, $4/$5 edges).
 WITH w AS (
@@ -26,7 +26,7 @@ ORDER BY r.id
 FOR UPDATE OF r;
 
 -- name: wf_release
--- params: id int8[], p2 text
+-- params: id int8[], actor text
 -- returns: id int8, queue text, notified int8
 -- Of the given BLOCKED runs, those whose every upstream SUCCEEDED become PENDING, with
 -- outbox=true so the relay moves them to Redis after commit. One 'released' event each.
@@ -48,7 +48,7 @@ WITH ready AS (
 SELECT id, queue, (SELECT count(*) FROM notify) AS notified FROM upd;
 
 -- name: wf_cancel_descendants
--- params: id int8[], p2 text
+-- params: id int8[], actor text
 -- returns: id int8
 -- Every BLOCKED descendant of runs that failed for good becomes CANCELLED (upstream_failed).
 -- Only runs that really are FAILED / TIMED_OUT / CANCELLED count (a replayed batch is a no-op).
@@ -105,7 +105,7 @@ ORDER BY n.name;
 SELECT id, name, created_at FROM workflows WHERE id = $1;
 
 -- name: wf_reblock
--- params: id int8[], version int8[], p3 text
+-- params: id int8[], version int8[], actor text
 -- returns: id int8
 -- Workflow retry: cancelled dependents go back to BLOCKED (they wait for their upstreams
 -- again). Version-guarded: a run that changed since it was read is left alone.
@@ -122,7 +122,7 @@ WITH upd AS (
 SELECT id FROM upd;
 
 -- name: wf_supersede
--- params: run_id int8[], p2 text
+-- params: run_id int8[], actor text
 -- returns: count int8
 -- Recompute: the old runs of the recomputed nodes stop standing for their names; old
 -- BLOCKED ones are cancelled (superseded) so nothing releases them later.
@@ -140,7 +140,7 @@ WITH n AS (
 SELECT count(*) FROM n;
 
 -- name: wf_add_nodes
--- params: p1 uuid, run_id int8[], name text[], p4 int8[], p5 int8[]
+-- params: workflow_id uuid, run_id int8[], name text[], run_id_2 int8[], depends_on int8[]
 -- returns: nothing
 WITH n AS (
     INSERT INTO workflow_nodes (run_id, workflow_id, name)

@@ -39,8 +39,12 @@ _BOUND = {">": "min_", ">=": "min_", "<": "max_", "<=": "max_"}
 _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">="}
 _UNNEST = re.compile(r"unnest\s*\((?P<args>[^()]*(?:\([^()]*\)[^()]*)*)\)\s*(?:WITH\s+ORDINALITY\s+)?AS\s+\w+\s*"
                      r"\((?P<cols>[^)]*)\)", re.I | re.S)
-_INSERT = re.compile(r"INSERT\s+INTO\s+\w+\s*\((?P<cols>[^)]*)\)\s*VALUES\s*\((?P<vals>[^;]*?)\)\s*(?:ON|RETURNING|;|$)",
+_INSERT = re.compile(r"INSERT\s+INTO\s+\w+\s*\((?P<cols>[^)]*)\)\s*VALUES\s*\((?P<vals>[^;]*?)\)\s*(?:ON|RETURNING|;|\)|,|$)",
                      re.I | re.S)
+_INSERT_SELECT = re.compile(r"INSERT\s+INTO\s+\w+(?:\s+AS\s+\w+)?\s*\((?P<cols>[^)]*)\)\s*SELECT\s+(?P<list>.*?)\s+FROM\s+"
+                            r"(?P<rest>unnest\s*\((?P<args>[^()]*(?:\([^()]*\)[^()]*)*)\))?", re.I | re.S)
+_TUPLE_IN = re.compile(r"\((?P<cols>[\w., ]+)\)\s+IN\s*\(\s*SELECT\s+\*\s+FROM\s+unnest\s*\((?P<args>[^()]*)\)", re.I)
+_COALESCE = re.compile(r"COALESCE\(\s*(?:\w+\.)?(\w+)\s*,\s*\$(\d+)\b", re.I)
 _LIMIT = re.compile(r"\b(LIMIT|OFFSET)\s+\$(\d+)", re.I)
 _KEYWORDS = {"and", "or", "not", "null", "is", "case", "when", "then", "else", "select", "where", "set"}
 
@@ -81,6 +85,19 @@ def infer_names(sql: str, count: int) -> list[str]:
         for c, v in zip(cols, vals, strict=False):
             if (pm := re.fullmatch(r"\$(\d+)(?:::.*)?", v, re.S)):
                 put(int(pm.group(1)), c)
+    for m in _INSERT_SELECT.finditer(body):
+        cols = _split_top(m.group("cols"))
+        items = _split_top(m.group("args")) if m.group("list").strip().startswith("*") and m.group("args") \
+            else _split_top(m.group("list"))
+        for c, v in zip(cols, items, strict=False):
+            if (pm := re.fullmatch(r"\$(\d+)(?:::.*)?", v, re.S)):
+                put(int(pm.group(1)), c)
+    for m in _TUPLE_IN.finditer(body):
+        for c, a in zip(_split_top(m.group("cols")), _split_top(m.group("args")), strict=False):
+            if (pm := re.fullmatch(r"\$(\d+)(?:::.*)?", a, re.S)):
+                put(int(pm.group(1)), c)
+    for m in _COALESCE.finditer(body):  # COALESCE(t.col, $n): the value for every row that has none
+        put(int(m.group(2)), f"every_{m.group(1)}")
     for m in _LIMIT.finditer(body):
         put(int(m.group(2)), m.group(1))
     for m in _CMP.finditer(body):  # col >= $n: the least col wanted, so min_col
@@ -137,7 +154,8 @@ def _header(spec: QuerySpec | None, found: Prepared, sql: str) -> list[str]:
         return [f"-- unchecked: PostgreSQL cannot prepare it alone ({found.error[:80]})"]
     names = infer_names(sql, len(found.param_types))
     if spec is not None and len(spec.params) == len(found.param_types):
-        names = [c.name for c in spec.params]  # a name given by hand stays
+        names = [c.name if not re.fullmatch(r"p\d+", c.name) else n  # a name given by hand stays
+                 for c, n in zip(spec.params, names, strict=True)]
     params = [f"{n} {t}" for n, t in zip(names, found.param_types, strict=True)]
     return _wrap("params", params) + _wrap("returns", [f"{c.name} {c.type}" for c in found.returns])
 
