@@ -72,7 +72,9 @@ RETURNING id, at;
 -- name: audit_list
 -- Who did what: configuration changes and queue commands (audit_log) and commands on runs
 -- (run events with an operator's actor), newest first. $1 actor (exact, or a prefix ending in ':' / '@'),
--- $2 queue, $3 since, $4 until, $5 limit, $6 queues in scope (NULL: all), $7 before (at, keyset).
+-- $2 queue, $3 since, $4 until, $5 limit, $6 queues in scope (NULL: all), $7 the cursor: only rows after
+-- the key [at, id, source] (JSON; NULL: from the newest) in the order at, id, source, all descending (a
+-- row of the log and an event may share at and id: the source tells them apart, 'run' first).
 -- Each side is limited on its own index (audit_log_at_id, events_operator_at) before they are merged,
 -- so the view never reads the events operators did not make.
 SELECT * FROM (
@@ -83,7 +85,9 @@ SELECT * FROM (
        AND ($2::text IS NULL OR a.queue = $2)
        AND ($3::timestamptz IS NULL OR a.at >= $3) AND ($4::timestamptz IS NULL OR a.at < $4)
        AND ($6::text[] IS NULL OR a.queue = ANY($6))
-       AND ($7::timestamptz IS NULL OR a.at < $7)
+       AND ($7::jsonb IS NULL OR (a.at <= ($7->>0)::timestamptz
+            AND ((a.at, a.id) < (($7->>0)::timestamptz, ($7->>1)::bigint)
+                 OR (a.at = ($7->>0)::timestamptz AND a.id = ($7->>1)::bigint AND $7->>2 = 'run'))))
      ORDER BY a.at DESC, a.id DESC LIMIT $5)
     UNION ALL
     (SELECT 'run' AS source, e.id, e.at, e.actor, NULL, e.type, COALESCE(r.queue, ra.queue, e.queue),
@@ -96,10 +100,11 @@ SELECT * FROM (
        AND ($2::text IS NULL OR COALESCE(r.queue, ra.queue, e.queue) = $2)
        AND ($3::timestamptz IS NULL OR e.at >= $3) AND ($4::timestamptz IS NULL OR e.at < $4)
        AND ($6::text[] IS NULL OR COALESCE(r.queue, ra.queue, e.queue) = ANY($6))
-       AND ($7::timestamptz IS NULL OR e.at < $7)
+       AND ($7::jsonb IS NULL OR (e.at <= ($7->>0)::timestamptz
+            AND (e.at, e.id) < (($7->>0)::timestamptz, ($7->>1)::bigint)))
      ORDER BY e.at DESC, e.id DESC LIMIT $5)
 ) x
-ORDER BY at DESC, id DESC LIMIT $5;
+ORDER BY at DESC, id DESC, source DESC LIMIT $5;
 
 -- name: bulk_select
 -- The runs a bulk command would act on: $1 queue, $2 status, $3 handler, $4 only ids <= this
@@ -115,59 +120,17 @@ SELECT count(*) AS matched, max(id) AS until_id FROM runs
 WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3)
   AND ($4::bigint IS NULL OR id <= $4);
 
--- name: api_events_scoped
--- The fleet's history for the API (the rows of the view `history`, 020 and 021: event rows, attempts'
--- claims and finishes, submits recorded in their run's row), with the run's queue (events of runs carry no queue of their own), filtered by type
--- ($2), queue ($3) and the caller's scope ($5) before the limit ($4), newest first since $1. Each half is
--- filtered and limited on its own before they are merged: the events half reads events_at in order
--- (033) instead of sorting every event of the window (0.6 s at a million submits in the last hour).
-SELECT * FROM (
-    (SELECT e.id, e.run_id, COALESCE(r.queue, e.queue) AS queue, e.type, e.from_status, e.to_status, e.attempt,
-            e.worker_id, e.actor, e.reason, e.error_class, e.at, r.handler, r.workflow_id, r.trace_id
-     FROM events e LEFT JOIN runs r ON r.id = e.run_id
-     WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR COALESCE(r.queue, e.queue) = $3)
-       AND ($5::text[] IS NULL OR COALESCE(r.queue, e.queue) = ANY($5))
-     ORDER BY e.at DESC, e.id DESC LIMIT $4)
-    UNION ALL
-    (SELECT -a.claim_stream_id, a.run_id, r.queue, 'claimed', 'PENDING', 'RUNNING', a.attempt, a.worker_id,
-            NULL::text, NULL::text, NULL::text, a.started_at, r.handler, r.workflow_id, r.trace_id
-     FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
-     WHERE a.claim_version IS NOT NULL AND a.started_at >= $1 AND ($2::text IS NULL OR $2 = 'claimed')
-       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
-     ORDER BY a.started_at DESC, a.claim_stream_id ASC LIMIT $4)
-    UNION ALL
-    (SELECT -a.finish_stream_id, a.run_id, r.queue, a.finish_type, a.finish_from, a.finish_to, a.attempt, a.worker_id,
-            NULL::text, a.reason, a.error_class, a.finished_at, r.handler, r.workflow_id, r.trace_id
-     FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
-     WHERE a.finish_type IS NOT NULL AND a.finished_at >= $1 AND ($2::text IS NULL OR a.finish_type = $2)
-       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
-     ORDER BY a.finished_at DESC, a.finish_stream_id ASC LIMIT $4)
-    UNION ALL
-    (SELECT -r.id, r.id, r.queue, 'submitted', NULL::text, 'PENDING', NULL::integer, NULL::text, r.submitted_by,
-            NULL::text, NULL::text, r.created_at, r.handler, r.workflow_id, r.trace_id
-     FROM runs r
-     WHERE r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
-       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
-     ORDER BY r.created_at DESC, r.id ASC LIMIT $4)
-    UNION ALL
-    (SELECT -r.id, r.id, r.queue, 'submitted', NULL::text, 'PENDING', NULL::integer, NULL::text, r.submitted_by,
-            NULL::text, NULL::text, r.created_at, r.handler, r.workflow_id, r.trace_id
-     FROM runs_archive r
-     WHERE r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
-       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
-     ORDER BY r.created_at DESC, r.id ASC LIMIT $4)
-) h
-ORDER BY at DESC, id DESC LIMIT $4;
-
 -- name: api_list_workflows_scoped
--- Recent workflows; with $2 (a token's queues), only those whose every node is in scope.
+-- Recent workflows; with $2 (a token's queues), only those whose every node is in scope; newest first,
+-- after the cursor's ($3 created_at, $4 id; NULL: from the newest).
 SELECT w.id, w.name, w.created_at,
        (SELECT count(*) FROM workflow_nodes n WHERE n.workflow_id = w.id AND n.current) AS nodes
 FROM workflows w
-WHERE $2::text[] IS NULL OR NOT EXISTS (
+WHERE ($2::text[] IS NULL OR NOT EXISTS (
     SELECT 1 FROM workflow_nodes n JOIN runs r ON r.id = n.run_id
-    WHERE n.workflow_id = w.id AND NOT (r.queue = ANY($2)))
-ORDER BY w.created_at DESC LIMIT $1;
+    WHERE n.workflow_id = w.id AND NOT (r.queue = ANY($2))))
+  AND ($3::timestamptz IS NULL OR (w.created_at, w.id) < ($3, $4::uuid))
+ORDER BY w.created_at DESC, w.id DESC LIMIT $1;
 
 -- name: schedule_queues
 -- The queue each schedule fires into (its own, else its handler's declared queue).

@@ -74,12 +74,57 @@ FROM runs WHERE status = 'FAILED' AND reason = 'review' AND ($1::text IS NULL OR
 ORDER BY finished_at DESC LIMIT $2;
 
 -- name: events_since
--- The fleet's history: `fencepost events --since 10m --type lease_expired`.
-SELECT e.id, e.run_id, e.queue, e.type, e.from_status, e.to_status, e.attempt, e.worker_id, e.actor, e.reason,
-       e.error_class, e.at, r.handler, r.workflow_id, r.trace_id
-FROM history e LEFT JOIN runs r ON r.id = e.run_id  -- event rows and attempts' claims / finishes (020)
-WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR COALESCE(r.queue, e.queue) = $3)
-ORDER BY e.at DESC, e.stream_id DESC NULLS LAST, e.id DESC LIMIT $4;  -- run_events' order, reversed
+-- The fleet's history (the rows of the view `history`, 020 and 021: event rows, attempts' claims and
+-- finishes, submits recorded in their run's row) with the run's queue (events of runs carry no queue of
+-- their own): `fencepost events --since 10m --type lease_expired` and GET /v1/events. Newest first; on
+-- equal times the stream entries newest first, then the rest by id (run_events' order, reversed: a claim
+-- and its finish in one millisecond list the finish first). $1 since, $2 type, $3 queue, $4 limit,
+-- $5 queues in scope (NULL: all), $6-$8 the cursor: only rows after (at, COALESCE(stream_id, -1), id)
+-- in this order (NULL: from the newest). Each half is filtered by scope and cursor and limited on its
+-- own before they are merged: the events half reads events_at in order (033) instead of sorting every
+-- event of the window, the submits half runs_created_page (032).
+SELECT * FROM (
+    (SELECT e.id, e.run_id, COALESCE(r.queue, e.queue) AS queue, e.type, e.from_status, e.to_status, e.attempt,
+            e.worker_id, e.actor, e.reason, e.error_class, e.at, r.handler, r.workflow_id, r.trace_id, e.stream_id
+     FROM events e LEFT JOIN runs r ON r.id = e.run_id
+     WHERE e.at >= $1 AND ($2::text IS NULL OR e.type = $2) AND ($3::text IS NULL OR COALESCE(r.queue, e.queue) = $3)
+       AND ($5::text[] IS NULL OR COALESCE(r.queue, e.queue) = ANY($5))
+       AND ($6::timestamptz IS NULL OR (e.at <= $6 AND (e.at, COALESCE(e.stream_id, -1), e.id) < ($6, $7::bigint, $8::bigint)))
+     ORDER BY e.at DESC, COALESCE(e.stream_id, -1) DESC, e.id DESC LIMIT $4)
+    UNION ALL
+    (SELECT -a.claim_stream_id, a.run_id, r.queue, 'claimed', 'PENDING', 'RUNNING', a.attempt, a.worker_id,
+            NULL::text, NULL::text, NULL::text, a.started_at, r.handler, r.workflow_id, r.trace_id, a.claim_stream_id
+     FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
+     WHERE a.claim_version IS NOT NULL AND a.started_at >= $1 AND ($2::text IS NULL OR $2 = 'claimed')
+       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+       AND ($6::timestamptz IS NULL OR (a.started_at <= $6 AND (a.started_at, a.claim_stream_id) < ($6, $7::bigint)))
+     ORDER BY a.started_at DESC, a.claim_stream_id DESC LIMIT $4)
+    UNION ALL
+    (SELECT -a.finish_stream_id, a.run_id, r.queue, a.finish_type, a.finish_from, a.finish_to, a.attempt, a.worker_id,
+            NULL::text, a.reason, a.error_class, a.finished_at, r.handler, r.workflow_id, r.trace_id, a.finish_stream_id
+     FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
+     WHERE a.finish_type IS NOT NULL AND a.finished_at >= $1 AND ($2::text IS NULL OR a.finish_type = $2)
+       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+       AND ($6::timestamptz IS NULL OR (a.finished_at <= $6 AND (a.finished_at, a.finish_stream_id) < ($6, $7::bigint)))
+     ORDER BY a.finished_at DESC, a.finish_stream_id DESC LIMIT $4)
+    UNION ALL
+    (SELECT -r.id, r.id, r.queue, 'submitted', NULL::text, 'PENDING', NULL::integer, NULL::text, r.submitted_by,
+            NULL::text, NULL::text, r.created_at, r.handler, r.workflow_id, r.trace_id, NULL::bigint
+     FROM runs r
+     WHERE r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
+       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+       AND ($6::timestamptz IS NULL OR (r.created_at <= $6 AND (r.created_at, -1::bigint, -r.id) < ($6, $7::bigint, $8::bigint)))
+     ORDER BY r.created_at DESC, r.id ASC LIMIT $4)
+    UNION ALL
+    (SELECT -r.id, r.id, r.queue, 'submitted', NULL::text, 'PENDING', NULL::integer, NULL::text, r.submitted_by,
+            NULL::text, NULL::text, r.created_at, r.handler, r.workflow_id, r.trace_id, NULL::bigint
+     FROM runs_archive r
+     WHERE r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
+       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+       AND ($6::timestamptz IS NULL OR (r.created_at <= $6 AND (r.created_at, -1::bigint, -r.id) < ($6, $7::bigint, $8::bigint)))
+     ORDER BY r.created_at DESC, r.id ASC LIMIT $4)
+) h
+ORDER BY at DESC, COALESCE(stream_id, -1) DESC, id DESC LIMIT $4;
 
 -- name: queue_settings
 SELECT name, weights, limits, max_running, priority_age_ms, rate_limit, rate_limits FROM queues WHERE name = $1;

@@ -15,3 +15,102 @@ WHERE status IN ('FAILED', 'TIMED_OUT')
   AND ($4::timestamptz IS NULL OR (finished_at, id) < ($4, $5::bigint))
 ORDER BY finished_at DESC, id DESC
 LIMIT $3;
+
+-- The runs list by keyset cursor (issue 24): the filters of dashboard_runs (queries_dashboard.sql; same
+-- $1-$17 except $17, which is the argument search's lowest id here, and no offset), then only rows after
+-- the cursor in the page's order. $15 sort, $16 'asc' / 'desc', $18 a cursor is given, then its key. Two statements, so that each prepared plan serves sorts of
+-- one kind: a custom plan folds the CASEs to one row comparison and one ORDER BY, which an index serves
+-- for id and created_at (runs_pkey, runs_created_page, runs_queue_created_page); a plan cached generic
+-- after sorts no index serves would make those slow too if they shared it.
+
+-- name: api_runs_page_indexed
+-- Sorts an index serves: id, created_at (never NULL); $19 the cursor's created_at, $20 its id.
+SELECT r.id, r.handler, r.queue, r.status, r.priority, r.attempt, r.run_at, r.created_at, r.started_at,
+       r.finished_at, r.last_error_class, r.last_error, r.reason, r.version, r.workflow_id, r.schedule_id
+FROM runs r
+WHERE ($1::text IS NULL OR r.queue = $1) AND ($2::text IS NULL OR r.status = $2)
+  AND ($3::text IS NULL OR r.handler = $3)
+  AND ($4::timestamptz IS NULL OR r.created_at >= $4) AND ($5::timestamptz IS NULL OR r.created_at < $5)
+  AND ($7::text[] IS NULL OR r.queue = ANY($7))
+  AND ($8::text IS NULL OR r.submitted_by = $8 OR r.submitted_by LIKE $8 || '@%'
+       OR EXISTS (SELECT 1 FROM events e WHERE e.type = 'submitted' AND e.run_id = r.id
+                  AND (e.actor = $8 OR e.actor LIKE $8 || '@%')))
+  AND ($9::bigint IS NULL OR r.id < $9)
+  AND ($10::bigint IS NULL OR r.id = $10)
+  AND ($11::text IS NULL OR r.tenant = $11)
+  AND ($12::text IS NULL OR r.concurrency_key = $12)
+  AND ($13::text IS NULL OR r.idempotency_key = $13)
+  AND ($14::text IS NULL OR (r.id > $17 AND position(convert_to($14, 'UTF8') IN r.payload) > 0))
+  AND (NOT $18::boolean OR CASE
+        WHEN $15 = 'id' AND $16 = 'asc' THEN r.id > $20::bigint
+        WHEN $15 = 'id' THEN r.id < $20::bigint
+        WHEN $16 = 'asc' THEN (r.created_at, r.id) > ($19::timestamptz, $20::bigint)
+        ELSE (r.created_at, r.id) < ($19::timestamptz, $20::bigint) END)
+ORDER BY
+  CASE WHEN $16 = 'asc' AND $15 = 'created_at' THEN r.created_at END ASC,
+  CASE WHEN $16 = 'desc' AND $15 = 'created_at' THEN r.created_at END DESC,
+  CASE WHEN $16 = 'asc' THEN r.id END ASC,
+  r.id DESC
+LIMIT $6;
+
+-- name: api_runs_page_other
+-- Sorts no index serves (a top-N sort of the matches): finished_at (NULL last in both orders), attempt,
+-- handler, status; ties by id in the same direction. $19 the cursor's time, $20 its integer, $21 its
+-- text, $22 its id.
+SELECT r.id, r.handler, r.queue, r.status, r.priority, r.attempt, r.run_at, r.created_at, r.started_at,
+       r.finished_at, r.last_error_class, r.last_error, r.reason, r.version, r.workflow_id, r.schedule_id
+FROM runs r
+WHERE ($1::text IS NULL OR r.queue = $1) AND ($2::text IS NULL OR r.status = $2)
+  AND ($3::text IS NULL OR r.handler = $3)
+  AND ($4::timestamptz IS NULL OR r.created_at >= $4) AND ($5::timestamptz IS NULL OR r.created_at < $5)
+  AND ($7::text[] IS NULL OR r.queue = ANY($7))
+  AND ($8::text IS NULL OR r.submitted_by = $8 OR r.submitted_by LIKE $8 || '@%'
+       OR EXISTS (SELECT 1 FROM events e WHERE e.type = 'submitted' AND e.run_id = r.id
+                  AND (e.actor = $8 OR e.actor LIKE $8 || '@%')))
+  AND ($9::bigint IS NULL OR r.id < $9)
+  AND ($10::bigint IS NULL OR r.id = $10)
+  AND ($11::text IS NULL OR r.tenant = $11)
+  AND ($12::text IS NULL OR r.concurrency_key = $12)
+  AND ($13::text IS NULL OR r.idempotency_key = $13)
+  AND ($14::text IS NULL OR (r.id > $17 AND position(convert_to($14, 'UTF8') IN r.payload) > 0))
+  AND (NOT $18::boolean OR CASE
+        WHEN $15 = 'finished_at' AND $19::timestamptz IS NULL THEN  -- the cursor is in the NULL tail
+            r.finished_at IS NULL AND CASE WHEN $16 = 'asc' THEN r.id > $22::bigint ELSE r.id < $22::bigint END
+        WHEN $15 = 'finished_at' AND $16 = 'asc' THEN
+            r.finished_at IS NULL OR (r.finished_at, r.id) > ($19, $22::bigint)
+        WHEN $15 = 'finished_at' THEN r.finished_at IS NULL OR (r.finished_at, r.id) < ($19, $22::bigint)
+        WHEN $15 = 'attempt' AND $16 = 'asc' THEN (r.attempt, r.id) > ($20::bigint, $22::bigint)
+        WHEN $15 = 'attempt' THEN (r.attempt, r.id) < ($20::bigint, $22::bigint)
+        WHEN $16 = 'asc' THEN (CASE $15 WHEN 'handler' THEN r.handler ELSE r.status END, r.id) > ($21::text, $22::bigint)
+        ELSE (CASE $15 WHEN 'handler' THEN r.handler ELSE r.status END, r.id) < ($21::text, $22::bigint) END)
+ORDER BY
+  CASE WHEN $16 = 'asc' AND $15 = 'finished_at' THEN r.finished_at END ASC NULLS LAST,
+  CASE WHEN $16 = 'desc' AND $15 = 'finished_at' THEN r.finished_at END DESC NULLS LAST,
+  CASE WHEN $16 = 'asc' THEN CASE $15 WHEN 'handler' THEN r.handler WHEN 'status' THEN r.status END END ASC,
+  CASE WHEN $16 = 'desc' THEN CASE $15 WHEN 'handler' THEN r.handler WHEN 'status' THEN r.status END END DESC,
+  CASE WHEN $16 = 'asc' AND $15 = 'attempt' THEN r.attempt END ASC,
+  CASE WHEN $16 = 'desc' AND $15 = 'attempt' THEN r.attempt END DESC,
+  CASE WHEN $16 = 'asc' THEN r.id END ASC,
+  r.id DESC
+LIMIT $6;
+
+-- name: run_events_page
+-- A run's timeline as run_events (queries.sql) orders it (at, then stream entries in order, then id), a
+-- page at a time: $2 limit, $3-$5 the cursor's (at, COALESCE(stream_id, -1), id), only rows after it
+-- (NULL: from the start). run_events with stream_id, which the cursor needs.
+SELECT id, type, from_status, to_status, version, attempt, token, worker_id, actor, reason,
+       error_class, error_message, trace_id, at, recorded_at, stream_id
+FROM history
+WHERE run_id = $1
+  AND ($3::timestamptz IS NULL OR (at, COALESCE(stream_id, -1), id) > ($3, $4::bigint, $5::bigint))
+ORDER BY at, COALESCE(stream_id, -1), id LIMIT $2;
+
+-- name: schedule_page_scoped
+-- Schedules by name, filtered to the caller's queues ($2; NULL: all) before the limit ($1), after the
+-- cursor's name ($3; NULL: from the first). schedule_list_scoped with a cursor.
+SELECT s.id, s.name, s.handler, s.cron, s.interval_s, s.timezone, s.next_fire_time, s.spread_s, s.offset_ms,
+       s.catchup, s.allow_overlap, s.paused, s.last_fire_time, s.fires, s.skipped, s.queue
+FROM schedules s LEFT JOIN job_definitions d ON d.name = s.handler
+WHERE ($2::text[] IS NULL OR COALESCE(s.queue, d.queue, 'default') = ANY($2))
+  AND ($3::text IS NULL OR s.name > $3)
+ORDER BY s.name LIMIT $1;

@@ -38,7 +38,7 @@ from fencepost.api.problems import (
     problem_response,
 )
 from fencepost.client import Client
-from fencepost.core import fairness, rates, stats, validate
+from fencepost.core import cursors, fairness, rates, stats, validate
 from fencepost.core import workers as fleet
 from fencepost.core.errors import InvalidInput, UnknownRun
 from fencepost.core.fairness import due_summary
@@ -345,8 +345,9 @@ def _q_text(ctx: Ctx, name: str) -> str | None:
 
 
 async def list_runs(ctx: Ctx) -> Any:
-    """Filtered, sorted, paged (keyset `before` in id order, or `offset`); the count of matches, up to
-    COUNT_CAP, in X-Total-Count so a page can say "51-100 of 734"."""
+    """Filtered, sorted, paged by keyset cursor in every sort (`cursor`, the previous page's X-Next-Cursor),
+    by `offset`, or below an id (`before`); the count of matches, up to COUNT_CAP, in X-Total-Count so a
+    page can say "51-100 of 734"."""
     p = ctx.p
     sort, order = ctx.q("sort", "id"), ctx.q("order", "desc")
     if sort not in _SORTS:
@@ -359,14 +360,31 @@ async def list_runs(ctx: Ctx) -> Any:
     who = [p.scope, p.owner if p.role == "producer" else None, before]
     more = [rid, _q_text(ctx, "tenant"), _q_text(ctx, "concurrency_key"), _q_text(ctx, "idempotency_key"),
             _q_text(ctx, "arg")]
+    kind = cursors.run_sort_kind(sort, order)
+    key = cursors.decode(kind, ctx.q("cursor"))
+    limit, offset = ctx.q_int("limit", 50, 1, 1000), ctx.q_int("offset", 0, 0, COUNT_CAP)
+    if key is not None and offset:
+        raise InvalidInput("send either cursor or offset, not both", field="cursor")
     db = ctx.client.stores.db
     floor = 0
     if more[-1] is not None:  # the argument search reads the newest ARG_WINDOW runs' payloads, not the table
         floor = max(0, int(await db.fetchval("runs_max_id")) - ARG_WINDOW)
-    rows = await db.fetch("dashboard_runs", *filters, ctx.q_int("limit", 50, 1, 1000), *who, *more, sort, order,
-                          ctx.q_int("offset", 0, 0, COUNT_CAP), floor)
+    if offset:
+        rows = await db.fetch("dashboard_runs", *filters, limit, *who, *more, sort, order, offset, floor)
+    elif sort in ("id", "created_at"):
+        at = key[0] if key is not None and sort == "created_at" else None
+        rows = await db.fetch("api_runs_page_indexed", *filters, limit, *who, *more, sort, order, floor,
+                              key is not None, at, None if key is None else key[-1])
+    else:
+        v = key[0] if key is not None else None
+        rows = await db.fetch("api_runs_page_other", *filters, limit, *who, *more, sort, order, floor, key is not None,
+                              v if sort == "finished_at" else None, v if sort == "attempt" else None,
+                              v if sort in ("handler", "status") else None, None if key is None else key[-1])
     n = await db.fetchval("dashboard_runs_count", *filters, *who, *more, COUNT_CAP + 1, floor)
     headers = {"X-Total-Count": str(min(n, COUNT_CAP)), "X-Total-Count-Exact": "true" if n <= COUNT_CAP else "false"}
+    nxt = cursors.after(kind, rows, limit)
+    if nxt is not None:
+        headers["X-Next-Cursor"] = nxt
     if more[-1] is not None:
         headers["X-Search-Window"] = str(ARG_WINDOW)
     return Response(_enc.encode([_row(r, S.RunSummary) for r in rows]), media_type="application/json", headers=headers)
@@ -399,9 +417,13 @@ async def run_attempts(ctx: Ctx) -> Any:
 
 
 async def run_events(ctx: Ctx) -> Any:
+    """The run's timeline in the order recorded, a page at a time (`limit`, `cursor`: X-Next-Cursor)."""
     run_id = ctx.run_id()
+    key = cursors.decode("run_events", ctx.q("cursor")) or [None, None, None]
+    limit = ctx.q_int("limit", 1000, 1, 1000)
     await _run_for(ctx, run_id)
-    return [_row({**r, "run_id": run_id}, S.Event) for r in await ctx.client.events(run_id)]
+    rows = await ctx.client.stores.db.fetch("run_events_page", run_id, limit, *key)
+    return _page(rows, limit, "run_events", S.Event, {"run_id": run_id})
 
 
 async def run_checkpoint(ctx: Ctx) -> Any:
@@ -416,10 +438,13 @@ async def run_checkpoint(ctx: Ctx) -> Any:
 
 
 async def fleet_events(ctx: Ctx) -> Any:
+    """The fleet's history in the caller's scope, newest first, a page at a time (`cursor`: X-Next-Cursor)."""
     since = ctx.q_time("since") or datetime.now(_UTC) - timedelta(hours=1)
-    rows = await ctx.client.stores.db.fetch("api_events_scoped", since, _q_text(ctx, "type"), ctx.q_queue(),
-                                            ctx.q_int("limit", 100, 1, 1000), ctx.p.scope)
-    return [_row(r, S.Event) for r in rows]
+    key = cursors.decode("events", ctx.q("cursor")) or [None, None, None]
+    limit = ctx.q_int("limit", 100, 1, 1000)
+    rows = await ctx.client.stores.db.fetch("events_since", since, _q_text(ctx, "type"), ctx.q_queue(), limit,
+                                            ctx.p.scope, *key)
+    return _page(rows, limit, "events", S.Event)
 
 
 async def fleet_events_stream(ctx: Ctx) -> Any:
@@ -507,27 +532,29 @@ async def list_queues(ctx: Ctx) -> Any:
     return out
 
 
-def _cursor(ctx: Ctx) -> tuple[datetime | None, int | None]:
-    """A listing's keyset cursor (`cursor`, as the previous page's X-Next-Cursor gave it): `<time>,<id>`."""
-    raw = ctx.q("cursor")
-    if raw is None:
-        return None, None
+def _legacy_cursor(raw: str | None) -> list[Any] | None:
+    """The dead letter's first cursors were `<time>,<id>` in clear: still taken (None: not one of those)."""
+    if raw is None or "," not in raw:
+        return None
     at, _, rid = raw.rpartition(",")
     try:
         t = datetime.fromisoformat(at)
     except ValueError:
-        t = None
-    if t is None or not _digits(rid) or not 0 < int(rid) <= _BIGINT:
-        raise InvalidInput(f"cursor must be what X-Next-Cursor gave (<time>,<id>), not {raw[:80]!r}", field="cursor")
-    return (t if t.tzinfo else t.replace(tzinfo=_UTC)), int(rid)
+        return None
+    if not _digits(rid) or not 0 < int(rid) <= _BIGINT:
+        return None
+    return [t if t.tzinfo else t.replace(tzinfo=_UTC), int(rid)]
 
 
-def _paged(rows: list[Any], limit: int, typ: type, extra: dict[str, Any] | None = None) -> Response:
-    """A page of runs; when it is full, X-Next-Cursor names where the next one starts."""
-    items = [_row({**dict(r), **(extra or {})}, typ) for r in rows]
+def _page(rows: list[Any], limit: int, kind: str, typ: type, extra: dict[str, Any] | None = None,
+          convert: Callable[[dict[str, Any]], Any] | None = None) -> Response:
+    """A page of a listing; when it is full, X-Next-Cursor is the key of its last row (fencepost.core.cursors):
+    sent back as `cursor`, the next page starts right after it."""
+    items = [convert(dict(r)) if convert else _row({**dict(r), **(extra or {})}, typ) for r in rows]
     headers = {}
-    if len(rows) == limit and rows[-1]["finished_at"] is not None:
-        headers["X-Next-Cursor"] = f"{rows[-1]['finished_at'].isoformat()},{rows[-1]['id']}"
+    nxt = cursors.after(kind, rows, limit)
+    if nxt is not None:
+        headers["X-Next-Cursor"] = nxt
     return Response(_enc.encode(items), media_type="application/json", headers=headers)
 
 
@@ -535,9 +562,11 @@ async def _dead_or_review(ctx: Ctx, review: bool) -> Response:
     """Filtered by the caller's scope before the limit (a scoped token saw [] once newer failures of other
     queues filled the page), newest finished first, paged by cursor."""
     limit = ctx.q_int("limit", 50, 1, 1000)
-    at, rid = _cursor(ctx)
+    kind = "review" if review else "dead"
+    raw = ctx.q("cursor")
+    at, rid = _legacy_cursor(raw) or cursors.decode(kind, raw) or [None, None]
     rows = await ctx.client.stores.db.fetch("api_dead_letter_page", ctx.q_queue(), ctx.p.scope, limit, at, rid, review)
-    return _paged(list(rows), limit, S.RunSummary, {"status": "FAILED", "reason": "review"} if review else None)
+    return _page(rows, limit, kind, S.RunSummary, {"status": "FAILED", "reason": "review"} if review else None)
 
 
 async def dead_letter(ctx: Ctx) -> Any:
@@ -571,8 +600,11 @@ def _reason_q(ctx: Ctx) -> str:
 
 
 async def list_schedules(ctx: Ctx) -> Any:
-    rows = await Schedules(ctx.client).list_scoped(limit=ctx.q_int("limit", 100, 1, 1000), queues=ctx.p.scope)
-    return [_schedule(r) for r in rows]
+    """Schedules by name in the caller's scope, a page at a time (`cursor`: X-Next-Cursor)."""
+    key = cursors.decode("schedules", ctx.q("cursor")) or [None]
+    limit = ctx.q_int("limit", 100, 1, 1000)
+    rows = await ctx.client.stores.db.fetch("schedule_page_scoped", limit, ctx.p.scope, *key)
+    return _page(rows, limit, "schedules", S.Schedule, convert=_schedule)
 
 
 async def add_schedule(ctx: Ctx) -> Any:
@@ -649,8 +681,19 @@ async def submit_workflow(ctx: Ctx) -> Any:
 
 
 async def list_workflows(ctx: Ctx) -> Any:
-    rows = await ctx.client.stores.db.fetch("api_list_workflows_scoped", ctx.q_int("limit", 50, 1, 1000), ctx.p.scope)
-    return [_row(r, S.WorkflowSummary) for r in rows]
+    """Workflows newest first in the caller's scope, a page at a time (`cursor`: X-Next-Cursor)."""
+    key = cursors.decode("workflows", ctx.q("cursor"))
+    limit = ctx.q_int("limit", 50, 1, 1000)
+    at, wid = (None, None) if key is None else (key[0], _cursor_uuid(key[1]))
+    rows = await ctx.client.stores.db.fetch("api_list_workflows_scoped", limit, ctx.p.scope, at, wid)
+    return _page(rows, limit, "workflows", S.WorkflowSummary)
+
+
+def _cursor_uuid(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise InvalidInput("cursor is not a cursor of this listing (not a workflow id)", field="cursor") from None
 
 
 async def _visible_workflow(ctx: Ctx) -> Any:  # a fencepost.core.views.Workflow
@@ -748,17 +791,23 @@ async def revoke_token_route(ctx: Ctx) -> Any:
 
 # -- audit -------------------------------------------------------------------------------------
 async def audit_log(ctx: Ctx) -> Any:
-    """Who did what, newest first; a scoped token sees its queues' entries only."""
+    """Who did what, newest first; a scoped token sees its queues' entries only. Paged by `cursor` (the
+    previous page's X-Next-Cursor: entries sharing a time are neither lost nor repeated), or `before` a time."""
     actor = _q_text(ctx, "actor")
+    key = cursors.decode("audit", ctx.q("cursor"))
     before = ctx.q_time("before")
+    if key is None and before is not None:  # every entry before that time: the key (before, lowest id)
+        key = [before, -_BIGINT - 1, ""]
+    after = None if key is None else _enc.encode([key[0].isoformat(), key[1], key[2]]).decode()
+    limit = ctx.q_int("limit", 100, 1, 1000)
     rows = await ctx.client.stores.db.fetch("audit_list", actor, ctx.q_queue(), ctx.q_time("since"),
-                                            ctx.q_time("until"), ctx.q_int("limit", 100, 1, 1000), ctx.p.scope, before)
-    out = []
-    for r in rows:
-        d = dict(r)
+                                            ctx.q_time("until"), limit, ctx.p.scope, after)
+
+    def entry(d: dict[str, Any]) -> Any:
         d["data"] = msgspec.json.decode(d["data"]) if d["data"] else None
-        out.append(_row(d, S.AuditEntry))
-    return out
+        return _row(d, S.AuditEntry)
+
+    return _page(rows, limit, "audit", S.AuditEntry, convert=entry)
 
 
 # -- charts ----------------------------------------------------------------------------------
@@ -940,10 +989,12 @@ ROUTES: list[RouteSpec] = [
                       ("arg", "string", None, "A string argument containing this text (among the newest 20,000 runs)"),
                       ("sort", "string", "id", "id, created_at, finished_at, attempt, handler or status"),
                       ("order", "string", "desc", "asc or desc"),
-                      ("offset", "integer", 0, "Skip this many (0-10000); X-Total-Count: the matches")]),
+                      ("offset", "integer", 0, "Skip this many (0-10000); X-Total-Count: the matches"),
+                      _CURSOR]),
     RouteSpec("GET", _RUN, get_run, "One run (live state from Redis when newer)", response=S.Run),
     RouteSpec("GET", _RUN + "/attempts", run_attempts, "The run's attempts", response=list[S.Attempt]),
-    RouteSpec("GET", _RUN + "/events", run_events, "The run's event history", response=list[S.Event]),
+    RouteSpec("GET", _RUN + "/events", run_events, "The run's event history, in the order recorded",
+              response=list[S.Event], params=[("limit", "integer", 1000, "At most this many (1-1000)"), _CURSOR]),
     RouteSpec("GET", _RUN + "/checkpoint", run_checkpoint, "The run's latest checkpoint (null: none)",
               response=S.Checkpoint | None),
     *[RouteSpec("POST", f"{_RUN}/{verb}", _command(verb), f"{verb.capitalize()} the run", roles=READ,
@@ -953,7 +1004,7 @@ ROUTES: list[RouteSpec] = [
               body=S.ResolveRequest, response=S.CommandResult, tag="commands"),
     RouteSpec("GET", "/v1/events", fleet_events, "Fleet history", roles=READ, response=list[S.Event],
               params=[("since", "string", None, "ISO 8601 (default: an hour ago)"),
-                      ("type", "string", None, "Only this event type"), _QUEUE, _LIMIT]),
+                      ("type", "string", None, "Only this event type"), _QUEUE, _LIMIT, _CURSOR]),
     RouteSpec("GET", "/v1/events/stream", fleet_events_stream,
               "Fleet history as it is recorded (Server-Sent Events; data: an Event, as /v1/events)", roles=READ,
               response="event-stream", params=[("type", "string", None, "Only this event type"), _QUEUE,
@@ -981,7 +1032,7 @@ ROUTES: list[RouteSpec] = [
     RouteSpec("GET", "/v1/review", review, "Review queue (side effects to reconcile)", roles=READ,
               response=list[S.RunSummary], params=[_QUEUE, _LIMIT, _CURSOR], tag="queues"),
     RouteSpec("GET", "/v1/schedules", list_schedules, "List schedules", roles=READ, response=list[S.Schedule],
-              params=[("limit", "integer", 100, "At most this many")], tag="schedules"),
+              params=[("limit", "integer", 100, "At most this many"), _CURSOR], tag="schedules"),
     RouteSpec("POST", "/v1/schedules", add_schedule, "Add a schedule", roles=("admin",), body=S.ScheduleCreate,
               response=S.Schedule, status=201, tag="schedules"),
     RouteSpec("GET", "/v1/schedules/{name}", get_schedule, "One schedule", roles=READ, response=S.Schedule,
@@ -1006,7 +1057,7 @@ ROUTES: list[RouteSpec] = [
               roles=("producer", "admin"), body=S.WorkflowSubmit, response=S.WorkflowSubmitted, status=201,
               tag="workflows"),
     RouteSpec("GET", "/v1/workflows", list_workflows, "Recent workflows", roles=READ,
-              response=list[S.WorkflowSummary], params=[_LIMIT], tag="workflows"),
+              response=list[S.WorkflowSummary], params=[_LIMIT, _CURSOR], tag="workflows"),
     RouteSpec("GET", "/v1/workflows/{workflow_id}", get_workflow, "A workflow and its nodes", roles=READ,
               response=S.Workflow, tag="workflows"),
     RouteSpec("POST", "/v1/workflows/{workflow_id}/retry", retry_workflow, "Re-run what did not succeed",
@@ -1037,7 +1088,7 @@ ROUTES: list[RouteSpec] = [
               params=[("actor", "string", None, "Only this actor (or a prefix ending in ':' or '@', e.g. token:7@)"),
                       _QUEUE, ("since", "string", None, "At or after (ISO 8601)"),
                       ("until", "string", None, "Before (ISO 8601)"), ("limit", "integer", 100, "At most this many (1-1000)"),
-                      ("before", "string", None, "Only entries before this time (paging: the last entry's at)")],
+                      ("before", "string", None, "Only entries before this time"), _CURSOR],
               tag="audit"),
 ]
 

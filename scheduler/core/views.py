@@ -219,6 +219,8 @@ class Event(View, kw_only=True):
     trace_id: str | None = None
     handler: str | None = None
     recorded_at: datetime | None = None
+    stream_id: int | None = None
+    """The stream entry it was recorded from (null: written by PostgreSQL); orders ties on `at` (cursors)."""
 
 
 class Checkpoint(View, kw_only=True):
