@@ -3,45 +3,41 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
+import copy
 import logging
 import threading
 import time
-from collections import defaultdict
+import uuid
 from collections.abc import Callable, Coroutine, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import msgspec
 
-from fencepost.control import COMMANDS, ControlMixin
-from fencepost.core import rates, validate
+from fencepost.control import BULK_DEFAULT_LIMIT, COMMANDS, Control
 from fencepost.core import workers as fleet
 from fencepost.core.config import Settings
 from fencepost.core.errors import (
     DatabaseUnavailable,
     FencepostError,
-    IdempotencyConflict,
     InvalidInput,
-    PayloadTooLarge,
-    RedisUnavailable,
     StoreUnavailable,
     SubmitInDoubt,
-    UnknownHandler,
     UnknownRun,
     WaitTimeout,
 )
-from fencepost.core.models import JobSpec, Outcome, RunRow, Submit, decode_result, encode_payload, run_columns
-from fencepost.core.queues import check_queue_name, declare_queues, require_queue, stamp_created
+from fencepost.core.models import JobSpec, Outcome, RunRow, Submit, decode_result
+from fencepost.core.queues import declare_queues, require_queue
 from fencepost.core.record import REFUSED, Conn, store_definitions
 from fencepost.core.registry import Handler, Registry
 from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.states import DEAD, RESTING, Status
 from fencepost.core.stores import Stores
-from fencepost.core.tracing import submit_traceparent, submit_tracer, valid_traceparent
+from fencepost.core.submit import Inserted, SubmitPath, idempotency_scope, request_fingerprint
+from fencepost.core.submit import _rate as _rate  # tests/test_rate_limits.py reads it here
 from fencepost.core.views import (
     Attempt,
+    Batch,
     Checkpoint,
     Event,
     QueueStats,
@@ -51,6 +47,8 @@ from fencepost.core.views import (
     RunProgress,
     RunRecord,
     RunSummary,
+    Workflow,
+    WorkflowSummary,
     live_runs,
     live_summaries,
     queue_stats,
@@ -61,136 +59,14 @@ from fencepost.core.views import (
 )
 from fencepost.core.workers import WorkerInfo
 from fencepost.schedules import Schedules, ScheduleUpdate
-from fencepost.workflows import RunHandle, SyncRunHandle, WorkflowMixin
+from fencepost.workflows import Batch as SubmittedBatch
+from fencepost.workflows import Node, RunHandle, SyncRunHandle, Workflows
 
 __all__ = ["Client", "SyncClient", "idempotency_scope", "request_fingerprint"]
 
 log = logging.getLogger("fencepost.client")
 
 T = TypeVar("T")
-_UTC = UTC
-_PENDING = Status.PENDING.value  # an Enum member's .value is a descriptor call: ~0.5 us per run
-
-
-def _argument_key(spec: JobSpec, req: Submit, name: str, pos: int | None, what: str) -> str:
-    """`handler:<value of the declared argument>`, the key a handler's declared limit counts by."""
-    if name in req.kwargs:
-        value = req.kwargs[name]
-    elif pos is not None and pos < len(req.args):
-        value = req.args[pos]
-    else:
-        raise InvalidInput(f"{spec.name} limits {what} by its argument {name!r}, which this submit "
-                           "does not give", field="kwargs")
-    return f"{spec.name}:{value}"
-
-
-def _concurrency(spec: JobSpec, req: Submit) -> tuple[str | None, int | None]:
-    """The run's concurrency key and limit: the submit's own, else `handler:<argument value>`
-    with the handler's declared limit."""
-    key = req.concurrency_key
-    if key is None and spec.concurrency_key is not None:
-        key = _argument_key(spec, req, spec.concurrency_key, spec.concurrency_arg, "concurrency")
-    limit = req.concurrency_limit if req.concurrency_limit is not None else spec.concurrency_limit
-    if limit is not None:
-        validate.integer("concurrency_limit", limit)
-    if key is None:
-        if req.concurrency_limit is not None:
-            raise InvalidInput("concurrency_limit needs a concurrency_key", field="concurrency_limit")
-        return None, None
-    validate.label("concurrency_key", key)
-    if limit is None:
-        raise InvalidInput(f"concurrency key {key!r} needs a concurrency_limit",
-                           field="concurrency_limit")
-    return key, limit
-
-
-def _rate(spec: JobSpec, req: Submit) -> tuple[str | None, str | None]:
-    """The run's rate key and rate ('N/ms'): the submit's own, else `handler:<argument value>` with
-    the handler's declared rate."""
-    key = req.rate_key
-    if key is None and spec.rate_key == "":
-        key = spec.name  # a rate declared without a key argument: the handler's own
-    elif key is None and spec.rate_key is not None:
-        key = _argument_key(spec, req, spec.rate_key, spec.rate_arg, "its rate")
-    if key is None:
-        if req.rate_limit is not None:
-            raise InvalidInput("rate_limit needs a rate_key", field="rate_limit")
-        return None, None
-    validate.label("rate_key", key)
-    if req.rate_limit is not None:  # a submit's is spelt like '100/1s', as on the CLI and the API
-        return key, rates.parse("rate_limit", req.rate_limit).stored
-    if spec.rate_limit is None:
-        raise InvalidInput(f"rate key {key!r} needs a rate_limit", field="rate_limit")
-    # a spec holds the canonical 'N/ms' (a definition row from an older release may still be spelt)
-    return key, (rates.parse_stored(spec.rate_limit) or rates.parse("rate_limit", spec.rate_limit)).stored
-
-
-def _inserted(rows: Sequence[Any], n: int) -> tuple[list[int | None], list[int], dict[str, int]]:
-    """insert_runs' answer: ids in request order (None: not created), created indexes, new queues."""
-    ids: list[int | None] = [None] * n
-    created: list[int] = []
-    new_queues: dict[str, int] = {}
-    for r in rows:
-        if r["ord"] is None:
-            new_queues[r["queue"]] = r["epoch"]
-        elif r["created"]:
-            ids[r["ord"] - 1] = r["id"]
-            created.append(r["ord"] - 1)
-    return ids, created, new_queues
-
-
-_PER_RUN = (RunRow.__struct_fields__.index("payload"), RunRow.__struct_fields__.index("trace_id"))
-_FOLDED = tuple(RunRow.__struct_fields__.index(f) for f in (
-    "handler", "queue", "priority", "run_at", "max_retries", "timeout_s", "status", "workflow_id", "tenant",
-    "concurrency_key", "concurrency_limit", "rate_key", "rate_limit"))
-
-
-def _fresh_columns(rows: Sequence[RunRow]) -> list[Any]:
-    """insert_runs_fresh's $1-$28: payloads and traceparents per run; every other column an array,
-    or (the batch sharing one value) an empty array and the value. Building and encoding an array
-    element costs the client ~0.5 us and PostgreSQL about as much, for each run and column."""
-    cols = list(zip(*map(msgspec.structs.astuple, rows), strict=True))
-    arrays: list[Any] = [list(cols[i]) for i in _PER_RUN]
-    scalars: list[Any] = []
-    for i in _FOLDED:
-        col = cols[i]
-        if col.count(col[0]) == len(col) and (col[0] is None or col[0].__class__ in (str, int, float, datetime)):
-            arrays.append([])
-            scalars.append(col[0])
-        else:
-            arrays.append(list(col))
-            scalars.append(None)
-    return arrays + scalars
-
-
-def _fresh(rows: Sequence[Any], n: int) -> tuple[list[int], list[int], dict[str, int]]:
-    """insert_runs_fresh's answer: every row was created."""
-    ids = [0] * n
-    new_queues: dict[str, int] = {}
-    for ord_, run_id, queue, epoch in rows:
-        if ord_ is None:
-            new_queues[queue] = epoch
-        else:
-            ids[ord_ - 1] = run_id
-    return ids, list(range(n)), new_queues
-
-
-def idempotency_scope(row: RunRow) -> str:
-    """Where an idempotency key is unique: the run's queue, or `queue/tenant` when the submit
-    names a tenant (a queue name has no '/'). A producer can only reach keys of its own scope."""
-    return f"{row.queue}/{row.tenant}" if row.tenant else row.queue
-
-
-def request_fingerprint(req: Submit, row: RunRow) -> str:
-    """sha256 of the request as given (handler, queue, tenant, arguments, options; a delay,
-    not the time it resolves to), so a retry matches and a different request does not."""
-    when: Any = req.run_at.isoformat() if isinstance(req.run_at, datetime) else None
-    data = [row.handler, row.queue, row.tenant, row.payload, row.priority, row.max_retries, row.timeout_s,
-            row.concurrency_key, row.concurrency_limit, when, req.delay]
-    if row.rate_key is not None:  # appended only when set: fingerprints of other requests do not change
-        data += [row.rate_key, row.rate_limit]
-    return hashlib.sha256(msgspec.json.encode(data)).hexdigest()
-
 
 _ENDING_PAGE, _ENDING_SCAN = 500, 10_000
 """wait() looks for the run's ending event this far back in its queue's stream, a page at a time."""
@@ -216,14 +92,6 @@ def _outcome_from_row(run_id: int, status: str, result: Any, row: RunRecord, hot
     failed = status in DEAD or reason == "paused_after_error"
     return Outcome(run_id, status, result, row["last_error"] if failed else None,
                    row["last_error_class"] if failed else None, reason)
-
-
-def _spec(row: Any) -> JobSpec:
-    data = dict(row)
-    options = data.pop("options", None) or {}
-    if isinstance(options, str):
-        options = json.loads(options)
-    return msgspec.convert({**data, **options}, JobSpec)
 
 
 class _Pending(msgspec.Struct):
@@ -382,20 +250,65 @@ class _Coalescer:
                 await asyncio.sleep(0.001 if self.direct else 0)  # a lone submit finishes in its caller's task
 
 
-class Client(ControlMixin, WorkflowMixin):
-    """Async client. A submit returns only after PostgreSQL committed the run."""
+class Client:
+    """Async client. A submit returns only after PostgreSQL committed the run.
 
-    idempotency_namespace: str | None = None
-    """Idempotency keys of this client's submits are unique within this namespace too (the API sets
-    the calling token: a second producer's key never reaches, or reveals, the first one's run)."""
+    Composed of parts sharing one `SubmitPath` (core/submit.py: the stores, the handler
+    declarations, the actor): `control` (operator commands, fencepost.control), `flows` (workflows
+    and batches, fencepost.workflows) and `schedule_book` (fencepost.schedules); the methods below
+    delegate to them, so the public API is one object."""
 
     def __init__(self, redis_url: str | None = None, database_url: str | None = None, *,
                  settings: Settings | None = None, actor: str = "client") -> None:
         self.stores = Stores(settings or Settings.from_env(redis_url=redis_url, database_url=database_url))
-        self.actor = actor
-        self.registry: Registry | None = None
-        self._defs: dict[str, JobSpec] = {}
+        self._parts(SubmitPath(self.stores, actor=actor))
+
+    def _parts(self, path: SubmitPath) -> None:
+        self.submitter = path
+        self.control = Control(path)
+        self.flows = Workflows(path, self.control)
+        self.schedule_book = Schedules(path)
         self._coalescer = _Coalescer(self)
+
+    def __copy__(self) -> Client:
+        """A copy acting as another actor (the API's per-request client): the same stores and
+        declarations, its own actor and idempotency namespace, parts bound to them."""
+        new = object.__new__(Client)
+        new.__dict__.update(self.__dict__)
+        new._parts(copy.copy(self.submitter))
+        return new
+
+    @property
+    def actor(self) -> str:
+        """Who this client's commands and submits are recorded as."""
+        return self.submitter.actor
+
+    @actor.setter
+    def actor(self, value: str) -> None:
+        self.submitter.actor = value
+
+    @property
+    def idempotency_namespace(self) -> str | None:
+        """Idempotency keys of this client's submits are unique within this namespace too (the API sets
+        the calling token: a second producer's key never reaches, or reveals, the first one's run)."""
+        return self.submitter.idempotency_namespace
+
+    @idempotency_namespace.setter
+    def idempotency_namespace(self, value: str | None) -> None:
+        self.submitter.idempotency_namespace = value
+
+    @property
+    def registry(self) -> Registry | None:
+        return self.submitter.registry
+
+    @property
+    def _defs(self) -> dict[str, JobSpec]:
+        """The handler declarations submits are validated against (SubmitPath.defs)."""
+        return self.submitter.defs
+
+    @_defs.setter
+    def _defs(self, value: dict[str, JobSpec]) -> None:
+        self.submitter.defs = value
 
     @property
     def settings(self) -> Settings:
@@ -424,18 +337,14 @@ class Client(ControlMixin, WorkflowMixin):
         declare their queues (created and stamped now, so `queue pause` works before the first job)."""
         specs = registry.specs() if isinstance(registry, Registry) else list(registry)
         if isinstance(registry, Registry):
-            self.registry = registry
+            self.submitter.registry = registry
         await store_definitions(self.stores.db, specs)
         await declare_queues(self.stores, {s.queue for s in specs})
         self._defs.update({s.name: s for s in specs})
 
     async def _load_definitions(self, names: set[str]) -> None:
-        """Refresh the cached declarations once if a handler is not known yet."""
-        if names - self._defs.keys():
-            rows = await self.stores.db.fetch("definitions")
-            self._defs = {r["name"]: _spec(r) for r in rows}
-            for name in sorted(names - self._defs.keys()):
-                raise UnknownHandler(name)
+        """Refresh the cached declarations once if a handler is not known yet (UnknownHandler)."""
+        await self.submitter.load_definitions(names)
 
     # -- submit --------------------------------------------------------------------------------
     async def submit(self, handler: str | Handler[..., Any], *args: Any, kwargs: dict[str, Any] | None = None,
@@ -480,34 +389,11 @@ class Client(ControlMixin, WorkflowMixin):
         return ids
 
     async def _prepare(self, requests: Sequence[Submit], *, outbox: bool) -> list[RunRow]:
-        """Validate everything before writing anything: bad input changes nothing."""
-        names: set[str] = set()
-        for r in requests:
-            if r.handler.__class__ is not str or r.handler not in names:  # each name checked once
-                names.add(validate.text("handler", r.handler))
-        await self._load_definitions(names)
-        now = datetime.now(_UTC)
-        defaults: dict[str, tuple[str, int, float, int]] = {}
-        tracer = submit_tracer()  # looked up once per batch
-        return [self._validated(self._bound(r), now, outbox=outbox, defaults=defaults, tracer=tracer)
-                for r in requests]
-
-    def _bound(self, req: Submit) -> Submit:
-        """A handler this client has registered (Client.register(registry)) checks the arguments
-        against its signature here, for string-name submits too: InvalidInput naming the parameter."""
-        handler = self.registry.handlers.get(req.handler) if self.registry is not None else None
-        if handler is None:  # the declared signature, for producers without the handler (the API, the CLI)
-            spec = self._defs.get(req.handler)
-            if spec is not None and spec.params is not None:
-                validate.check_call(req.handler, spec.params, req.args, req.kwargs)
-            return req
-        args, kwargs = handler.bind(req.args, req.kwargs)
-        return msgspec.structs.replace(req, args=args, kwargs=kwargs)
+        """Validate everything before writing anything: bad input changes nothing (SubmitPath.prepare)."""
+        return await self.submitter.prepare(requests, outbox=outbox)
 
     def _binds(self, handler: Handler[..., Any]) -> bool:
-        """`_bound` will bind this handle's arguments anyway (its function is the registered one)."""
-        registered = self.registry.handlers.get(handler.name) if self.registry is not None else None
-        return registered is not None and registered.fn is handler.fn
+        return self.submitter.binds(handler)
 
     chunk = 2000
     """Large batches are split so chunk k reaches Redis while chunk k+1 is being committed;
@@ -590,128 +476,15 @@ class Client(ControlMixin, WorkflowMixin):
     """Chunks (or coalesced batches of single submits) in flight to PostgreSQL at once."""
 
     async def _insert(self, requests: Sequence[Submit], rows_in: Sequence[RunRow],
-                      connection: Conn | None, *, own: bool = False
-                      ) -> tuple[list[int], list[int], dict[str, int]]:
-        """One round trip to PostgreSQL for a batch of validated rows: (run ids in request order,
-        indexes of the rows this call created, queues it created with their epochs). A batch with
-        idempotency keys claims them in its scope first (`_insert_keyed`). `own`: `connection` is
-        this client's transaction (a large submit_many), not a caller's outbox."""
-        if any(r.idempotency_key is not None for r in rows_in):
-            if connection is not None:
-                return await self._insert_keyed(requests, rows_in, connection)
-            async with self.stores.db.transaction() as tx:  # a conflict rolls back the whole batch
-                return await self._insert_keyed(requests, rows_in, tx)
-        if (connection is None or own) and not any(r.outbox or r.schedule_id is not None for r in rows_in):
-            # nothing in the batch can conflict or needs a notify: the cheaper statement
-            fresh = await self.stores.db.fetch("insert_runs_fresh", *_fresh_columns(rows_in), self.actor,
-                                               conn=connection)
-            return _fresh(fresh, len(requests))
-        rows = await self.stores.db.fetch("insert_runs", *run_columns(rows_in), self.actor, conn=connection)
-        ids, created, new_queues = _inserted(rows, len(requests))
-        return ids, created, new_queues  # type: ignore[return-value]
-
-    async def _insert_keyed(self, requests: Sequence[Submit], rows_in: Sequence[RunRow], conn: Conn
-                            ) -> tuple[list[int], list[int], dict[str, int]]:
-        """Idempotent submit: a key is unique per scope (the queue, or queue/tenant); the same
-        request again returns its run, a different one raises IdempotencyConflict and, as the
-        caller's transaction rolls back, writes nothing."""
-        db = self.stores.db
-        ns = "" if self.idempotency_namespace is None else "@" + self.idempotency_namespace
-        scopes = [idempotency_scope(r) + ns if r.idempotency_key is not None else None for r in rows_in]
-        prints = [request_fingerprint(q, r) if r.idempotency_key is not None else None
-                  for q, r in zip(requests, rows_in, strict=True)]
-        seen: dict[tuple[str, str], str] = {}
-        for scope, row, fp in zip(scopes, rows_in, prints, strict=True):
-            if scope is not None and row.idempotency_key is not None and fp is not None:
-                if seen.setdefault((scope, row.idempotency_key), fp) != fp:
-                    raise IdempotencyConflict(row.idempotency_key, scope, 0)
-        rows = await db.fetch("insert_runs_keyed", *run_columns(rows_in), self.actor, prints, scopes, conn=conn)
-        ids, created, new_queues = _inserted(rows, len(requests))
-        missing = [i for i, v in enumerate(ids) if v is None]
-        if missing:
-            found = {(r["scope"], r["key"]): r for r in await db.fetch(
-                "idempotency_lookup", [scopes[i] for i in missing], [rows_in[i].idempotency_key for i in missing],
-                conn=conn)}
-            for i in missing:
-                key = rows_in[i].idempotency_key
-                hit = found.get((scopes[i], key))
-                if hit is None:  # a concurrent submit with this key has not committed yet
-                    raise InvalidInput(f"idempotency key {key!r} is being submitted concurrently and is not "
-                                       "committed yet; retry", field="idempotency_key")
-                if hit["request_sha256"] and hit["request_sha256"] != prints[i]:
-                    raise IdempotencyConflict(key or "", scopes[i] or "", hit["run_id"])
-                ids[i] = hit["run_id"]
-        return ids, created, new_queues  # type: ignore[return-value]
+                      connection: Conn | None, *, own: bool = False) -> Inserted:
+        """SubmitPath.insert (one method, so a test can watch each chunk of a large submit_many)."""
+        return await self.submitter.insert(requests, rows_in, connection, own=own)
 
     async def _enqueue(self, created: list[int], ids: list[int], rows: Sequence[RunRow]) -> None:
-        """The created rows to Redis, one enqueue_runs call per queue."""
-        by_queue: dict[str, list[RunRow]] = defaultdict(list)
-        for i in created:
-            row = rows[i]
-            by_queue[row.queue].append(msgspec.structs.replace(row, id=ids[i]))
-        for queue, batch in by_queue.items():
-            try:
-                await self.stores.scripts.enqueue_runs(self.stores.keys(queue), batch)
-            except RedisUnavailable as exc:
-                # PostgreSQL committed these runs, so the submit stands (failing it would invite a
-                # duplicate resubmit); the reconciler's drift repair enqueues them when Redis is back.
-                log.warning("submitted %d runs to %s but Redis refused them for now (%s); the reconciler "
-                            "will enqueue them", len(batch), queue, exc, extra={"event": "enqueue_deferred"})
+        await self.submitter.enqueue(created, ids, rows)
 
     async def _stamp_new_queues(self, new_queues: dict[str, int]) -> None:
-        """A queue this submit created has no history to lose, so its creator may stamp it."""
-        await stamp_created(self.stores, new_queues)
-
-    def _validated(self, req: Submit, now: datetime, *, outbox: bool,
-                   defaults: dict[str, tuple[str, int, float, int]] | None = None, tracer: Any = ...) -> RunRow:
-        """`defaults`: the handlers' validated queue, priority, timeout and retries, filled in and
-        reused across one batch (a request that gives none of the four takes them as they are);
-        `tracer`: submit_tracer() looked up for the batch (... : looked up here)."""
-        spec = self._defs[req.handler]
-        if req.queue is None and req.priority is None and req.timeout is None and req.max_retries is None \
-                and defaults is not None and spec.name in defaults:
-            queue, priority, timeout, retries = defaults[spec.name]
-        else:
-            queue = check_queue_name(req.queue or spec.queue)
-            priority = validate.integer("priority", spec.priority if req.priority is None else req.priority)
-            timeout = validate.number("timeout", spec.timeout_s if req.timeout is None else req.timeout)
-            retries = validate.integer("max_retries", spec.max_retries if req.max_retries is None else req.max_retries)
-            if req.queue is None and req.priority is None and req.timeout is None and req.max_retries is None \
-                    and defaults is not None:
-                defaults[spec.name] = (queue, priority, timeout, retries)
-        if req.idempotency_key is not None:
-            validate.text("idempotency_key", req.idempotency_key)
-        if req.run_at is not None and req.delay is not None:
-            raise InvalidInput("give run_at or delay, not both", field="run_at")
-        run_at = now
-        delay_ms: int | None = 0  # Redis makes it due on its own clock (docs/clock.md); run_at is for display
-        if req.run_at is not None:
-            if not isinstance(req.run_at, datetime) or req.run_at.tzinfo is None:
-                raise InvalidInput("run_at must be timezone-aware", field="run_at")
-            run_at, delay_ms = req.run_at, None  # a wall-clock instant: due at it on Redis's clock
-        elif req.delay is not None:
-            delta = timedelta(seconds=validate.number("delay", req.delay))
-            run_at, delay_ms = now + delta, delta // timedelta(milliseconds=1)
-        try:
-            payload = encode_payload(tuple(req.args), dict(req.kwargs))
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-            raise InvalidInput(f"arguments cannot be encoded: {exc}", field="args") from exc
-        if len(payload) > self.settings.max_payload_bytes:
-            raise PayloadTooLarge(len(payload), self.settings.max_payload_bytes)
-        if req.trace is not None and (not isinstance(req.trace, str) or len(req.trace) != 55
-                                      or not valid_traceparent(req.trace)):
-            raise InvalidInput(f"trace must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>), not {req.trace!r}",
-                               field="trace")
-        # as given; else a child of the submitting job (a span id of its own) or a new trace; + the submit span
-        trace = submit_traceparent(req.trace, spec.name, queue) if tracer is ... else \
-            submit_traceparent(req.trace, spec.name, queue, tracer)
-        tenant = validate.label("tenant", req.tenant) if req.tenant is not None and req.tenant != "" else ""
-        ckey, climit = _concurrency(spec, req)
-        rkey, rlimit = _rate(spec, req)
-        return RunRow(handler=spec.name, queue=queue, priority=priority, payload=payload, run_at=run_at,
-                      max_retries=retries, timeout_s=timeout, idempotency_key=req.idempotency_key, trace_id=trace,
-                      status=_PENDING, outbox=outbox, tenant=tenant, concurrency_key=ckey,
-                      concurrency_limit=climit, rate_key=rkey, rate_limit=rlimit, delay_ms=delay_ms)
+        await self.submitter.stamp(new_queues)
 
     # -- read ----------------------------------------------------------------------------------
     async def get(self, run_id: int) -> RunRecord:
@@ -841,7 +614,7 @@ class Client(ControlMixin, WorkflowMixin):
 
     # -- schedules (fencepost.schedules.Schedules; the operator protocol's side of them) --------------
     async def add_schedule(self, spec: ScheduleSpec) -> dict[str, Any]:
-        return await Schedules(self).add(spec)
+        return await self.schedule_book.add(spec)
 
     async def update_schedule(self, name: str, fields: dict[str, Any], *, reason: str = "") -> dict[str, Any]:
         """Edit a schedule in place from FIELDS (the ScheduleUpdate fields to change)."""
@@ -849,36 +622,121 @@ class Client(ControlMixin, WorkflowMixin):
             change = msgspec.convert(fields, ScheduleUpdate)
         except msgspec.ValidationError as exc:
             raise InvalidInput(str(exc), field="update") from exc
-        return await Schedules(self).update(name, change, reason=reason)
+        return await self.schedule_book.update(name, change, reason=reason)
 
     async def run_schedule_now(self, name: str, *, reason: str = "") -> int:
-        return await Schedules(self).run_now(name, reason=reason)
+        return await self.schedule_book.run_now(name, reason=reason)
 
     async def schedules(self, *, limit: int = 100) -> list[dict[str, Any]]:
-        return await Schedules(self).list(limit=limit)
+        return await self.schedule_book.list(limit=limit)
 
     async def schedule(self, name: str) -> dict[str, Any]:
-        return await Schedules(self).get(name)
+        return await self.schedule_book.get(name)
 
     async def schedule_fires(self, name: str, n: int) -> tuple[list[datetime], str]:
         """The schedule's next N fire times and its timezone."""
-        store = Schedules(self)
+        store = self.schedule_book
         zone_name = str((await store.get(name))["timezone"])
         return list(await store.upcoming(name, n)), zone_name
 
     async def schedule_runs(self, name: str, limit: int = 10) -> list[dict[str, Any]]:
-        return await Schedules(self).runs(name, limit)
+        return await self.schedule_book.runs(name, limit)
 
     async def set_schedule_paused(self, name: str, paused: bool) -> None:
-        await Schedules(self).set_paused(name, paused)
+        await self.schedule_book.set_paused(name, paused)
 
     async def remove_schedule(self, name: str) -> None:
-        await Schedules(self).remove(name)
+        await self.schedule_book.remove(name)
 
     async def recorder_silence(self) -> RecorderSilence | None:
         """The queue whose transitions have waited longest for a recorder, when longer than
         Settings.recorder_silence_s (the lag alert's threshold); None when none has."""
         return await recorder_silence(self.stores)
+
+    # -- operator commands (fencepost.control.Control: `self.control`) ---------------------------
+    async def pause(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
+        """PENDING / RETRY_WAIT -> PAUSED now ('PAUSED'); RUNNING -> pause requested ('REQUESTED')."""
+        return await self.control.pause(run_id, reason=reason, expected_version=expected_version)
+
+    async def stop(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
+        """RUNNING -> STOPPING; the run becomes STOPPED when the handler lets go (or is forced)."""
+        return await self.control.stop(run_id, reason=reason, expected_version=expected_version)
+
+    async def cancel(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
+        """Not running: CANCELLED now. Running: stopped first, then CANCELLED ('STOPPING')."""
+        return await self.control.cancel(run_id, reason=reason, expected_version=expected_version)
+
+    async def resume(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
+        """PAUSED / STOPPED -> PENDING: same run, next attempt starts from the latest checkpoint."""
+        return await self.control.resume(run_id, reason=reason, expected_version=expected_version)
+
+    async def restart(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
+        """From the beginning: the checkpoint is discarded (its generation is bumped)."""
+        return await self.control.restart(run_id, reason=reason, expected_version=expected_version)
+
+    async def retry(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
+        """A dead-lettered run (FAILED / TIMED_OUT / CANCELLED) -> PENDING, keeping its checkpoint."""
+        return await self.control.retry(run_id, reason=reason, expected_version=expected_version)
+
+    async def resolve(self, run_id: int, *, as_: str, reason: str = "",
+                      expected_version: int | None = None) -> Reply:
+        """Close a review-queue run: `as_` is 'succeeded' or 'failed' (or 'retry' to run it again)."""
+        return await self.control.resolve(run_id, as_=as_, reason=reason, expected_version=expected_version)
+
+    async def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
+        """FAILED runs with reason `review`, waiting for an operator's `resolve`."""
+        return await self.control.review_queue(queue=queue, limit=limit)
+
+    async def pause_queue(self, queue: str, *, reason: str = "") -> None:
+        """Nothing new is dispatched from the queue; running runs carry on."""
+        await self.control.pause_queue(queue, reason=reason)
+
+    async def resume_queue(self, queue: str, *, reason: str = "") -> None:
+        await self.control.resume_queue(queue, reason=reason)
+
+    async def bulk(self, command: str, *, queue: str, status: str | None = None, handler: str | None = None,
+                   limit: int = BULK_DEFAULT_LIMIT, confirm: bool = False, reason: str = "",
+                   until_id: int | None = None) -> dict[str, Any]:
+        """A command on the runs of a queue that match (Control.bulk: BulkNotConfirmed without `confirm`)."""
+        return await self.control.bulk(command, queue=queue, status=status, handler=handler, limit=limit,
+                                       confirm=confirm, reason=reason, until_id=until_id)
+
+    async def act_on(self, command: str, ids: list[int], *, reason: str = "", queue: str | None = None,
+                     selection: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A command on exactly these runs, one compare-and-set each (Control.act_on)."""
+        return await self.control.act_on(command, ids, reason=reason, queue=queue, selection=selection)
+
+    # -- workflows and batches (fencepost.workflows.Workflows: `self.flows`) ---------------------
+    async def submit_workflow(self, nodes: Sequence[Node], *, name: str | None = None,
+                              trace: str | None = None) -> uuid.UUID:
+        """Insert every node atomically under one workflow id; returns it (Workflows.submit_workflow)."""
+        return await self.flows.submit_workflow(nodes, name=name, trace=trace)
+
+    async def submit_batch(self, requests: Sequence[Submit], *, on_complete: Submit | None = None,
+                           on_success: Submit | None = None, name: str | None = None) -> SubmittedBatch:
+        """Runs as one batch whose callbacks run exactly once when all of them are terminal."""
+        return await self.flows.submit_batch(requests, on_complete=on_complete, on_success=on_success, name=name)
+
+    async def batch(self, batch_id: uuid.UUID | str) -> dict[str, Any]:
+        return await self.flows.batch(batch_id)
+
+    async def batch_view(self, batch_id: uuid.UUID | str) -> Batch:
+        return await self.flows.batch_view(batch_id)
+
+    async def workflow(self, workflow_id: uuid.UUID | str) -> Workflow:
+        return await self.flows.workflow(workflow_id)
+
+    async def workflows(self, *, limit: int = 50) -> list[WorkflowSummary]:
+        return await self.flows.workflows(limit=limit)
+
+    async def workflow_id(self, prefix: str) -> str:
+        """The full id of the one workflow whose id starts with PREFIX (4 to 36 hex digits and dashes)."""
+        return await self.flows.workflow_id(prefix)
+
+    async def retry_workflow(self, workflow_id: uuid.UUID | str, *, recompute: Sequence[str] = (),
+                             reason: str = "") -> dict[str, list[str]]:
+        """Re-run what did not succeed, keeping succeeded nodes (Workflows.retry_workflow)."""
+        return await self.flows.retry_workflow(workflow_id, recompute=recompute, reason=reason)
 
 
 class SyncClient:

@@ -7,23 +7,19 @@ jobs, so it works while workers are saturated) and becomes an event with actor a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from fencepost.core import audit
 from fencepost.core.errors import BulkNotConfirmed, InvalidInput, ResumeRefused, UnknownQueue, UnknownRun
 from fencepost.core.hot import CancelArgs, ControlArgs, ControlVerb, ResolveArgs
-from fencepost.core.models import decode_payload, decode_result, run_row
+from fencepost.core.models import JobSpec, decode_payload, decode_result, run_row
 from fencepost.core.states import WAITING, Status
+from fencepost.core.submit import SubmitPath
 from fencepost.core.views import Reply, RunSummary, view
 
-if TYPE_CHECKING:
-    from fencepost.core.models import JobSpec
-    from fencepost.core.registry import Registry
-    from fencepost.core.stores import Stores
-
-__all__ = ["BULK_DEFAULT_LIMIT", "COMMANDS", "ControlMixin", "explain_reply"]
+__all__ = ["BULK_DEFAULT_LIMIT", "COMMANDS", "Control", "explain_reply"]
 
 COMMANDS = ("pause", "stop", "cancel", "resume", "restart", "retry")
 _UNHELD = (ValueError, ArithmeticError, TypeError, msgspec.ValidationError)
@@ -47,16 +43,17 @@ def explain_reply(verb: str, reply: str) -> str:
     return _IN_PROGRESS.get((verb, reply), reply)
 
 
-class ControlMixin:
-    """Mixed into Client."""
+class Control:
+    """A client's operator commands (`client.control`; Client's methods of the same names delegate
+    here), acting as its submit path's actor."""
 
-    if TYPE_CHECKING:  # provided by Client (mypy checks that its definitions agree)
-        stores: Stores
-        actor: str
-        registry: Registry | None
-        _defs: dict[str, JobSpec]
+    def __init__(self, path: SubmitPath) -> None:
+        self.path = path
+        self.stores = path.stores
 
-        async def _load_definitions(self, names: set[str]) -> None: ...
+    @property
+    def actor(self) -> str:
+        return self.path.actor
 
     async def pause(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
         """PENDING / RETRY_WAIT -> PAUSED now ('PAUSED'); RUNNING -> pause requested ('REQUESTED')."""
@@ -88,6 +85,11 @@ class ControlMixin:
     async def retry(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
         """A dead-lettered run (FAILED / TIMED_OUT / CANCELLED) -> PENDING, keeping its checkpoint."""
         return await self._command("retry", run_id, reason, expected_version)
+
+    async def run_now(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
+        """A scheduled (PENDING, due later) or RETRY_WAIT run due now: one transition, event `run_now`, its
+        due time the server's now (lua/run_now.lua); a run already due is refused."""
+        return await self._command("run_now", run_id, reason, expected_version)
 
     async def resolve(self, run_id: int, *, as_: str, reason: str = "",
                       expected_version: int | None = None) -> Reply:
@@ -189,12 +191,13 @@ class ControlMixin:
             raise UnknownRun(run_id)
         return dict(row)
 
-    async def _specs(self, names: list[str]) -> dict[str, Any]:
+    async def _specs(self, names: list[str]) -> dict[str, JobSpec]:
         try:
-            await self._load_definitions(set(names))
+            await self.path.load_definitions(set(names))
         except InvalidInput:
             pass
-        return {n: self._defs[n] for n in names if n in self._defs}
+        defs = self.path.defs
+        return {n: defs[n] for n in names if n in defs}
 
     async def _check_resumable(self, run: dict[str, Any]) -> None:
         """Refuse, with the reason, what cannot be resumed safely; restart stays available."""
@@ -214,7 +217,8 @@ class ControlMixin:
                 raise ResumeRefused(run_id, f"its checkpoint has schema version {sv}, handler {name!r} is at "
                                             f"version {spec.version} and declares no migration from it")
             state = decode_result(ckpt["state"])
-        handler = self.registry.handlers.get(name) if self.registry is not None else None
+        registry = self.path.registry
+        handler = registry.handlers.get(name) if registry is not None else None
         if handler is not None and handler.resume_check is not None:
             args, kwargs = decode_payload(run["payload"])
             problem = handler.resume_check(args, kwargs, state)
@@ -240,7 +244,7 @@ class ControlMixin:
             # Redis no longer holds the run (a finished run's hash expired, or drift): put
             # PostgreSQL's copy back, then ask again; the Lua still decides (compare-and-set).
             try:
-                await self.stores.scripts.enqueue_runs(keys, [run_row(run)])
+                await self.path.requeue(run_row(run))
             except _UNHELD as exc:  # a row an older version stored, which Redis cannot hold (issue 22 item 8)
                 return Reply(await self._unheld(verb, run, reason, exc))
             return Reply(await self.stores.scripts.control_run(verb, keys, args))

@@ -7,13 +7,13 @@ import builtins
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import msgspec
 
 from fencepost.core import audit, validate
 from fencepost.core.errors import IllegalTransition, InvalidInput
-from fencepost.core.models import RunRow, Submit, decode_payload, encode_payload
+from fencepost.core.models import decode_payload
 from fencepost.core.record import Session
 from fencepost.core.schedules import (
     ScheduleExists,
@@ -24,9 +24,7 @@ from fencepost.core.schedules import (
     spread_offset_ms,
     validated,
 )
-
-if TYPE_CHECKING:
-    from fencepost.client import Client
+from fencepost.core.submit import SubmitPath, encode_arguments, fire_row
 
 __all__ = ["ScheduleUpdate", "Schedules"]
 
@@ -58,12 +56,20 @@ class ScheduleUpdate(msgspec.Struct, kw_only=True, frozen=True):
         return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not _UNSET}
 
 
-class Schedules:
-    """Add, list, pause, resume and remove schedules (validated before anything is written)."""
+class Producer(Protocol):
+    """Anything that submits through a SubmitPath (a Client: `Schedules(client)`)."""
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.db = client.stores.db
+    @property
+    def submitter(self) -> SubmitPath: ...
+
+
+class Schedules:
+    """Add, list, pause, resume and remove schedules (validated before anything is written), and
+    fire one now, through the submit path given (or the producer's, `Schedules(client)`)."""
+
+    def __init__(self, via: SubmitPath | Producer) -> None:
+        self.path = via if isinstance(via, SubmitPath) else via.submitter
+        self.db = self.path.stores.db
 
     async def add(self, spec: ScheduleSpec, *, now: datetime | None = None, reason: str = "") -> dict[str, Any]:
         """Store a schedule; its audit row (actor, reason) commits with it."""
@@ -71,16 +77,8 @@ class Schedules:
         if "/" in spec.name:  # /v1/schedules/{name} could never reach it
             raise InvalidInput(f"schedule name {spec.name!r} must not contain '/'", field="name")
         audit.reason(reason)
-        await self.client._load_definitions({spec.handler})
-        try:
-            payload = encode_payload(tuple(spec.args), dict(spec.kwargs))
-            shown = json.dumps({"args": list(spec.args), "kwargs": spec.kwargs}, default=str, allow_nan=False)
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-            raise InvalidInput(f"arguments cannot be encoded: {exc}", field="args") from exc
-        if "\\u0000" in shown:  # jsonb refuses NUL
-            raise InvalidInput("arguments must not contain NUL characters", field="args")
-        if len(payload) > self.client.settings.max_payload_bytes:
-            raise InvalidInput("payload too large", field="args")
+        await self.path.load_definitions({spec.handler})
+        payload, shown = self._encoded(spec)
         now = now or datetime.now(_UTC)
         start = max(now, spec.start_at) if spec.start_at else now
         if spec.cron is not None:
@@ -97,7 +95,7 @@ class Schedules:
             offset = spread_offset_ms(row["id"], spread)
             if offset:
                 await self.db.execute("schedule_set_offset", row["id"], offset, conn=tx)
-            await audit.write(self.db, tx, self.client.actor, "schedule_added", queue=await self.queue_of(spec),
+            await audit.write(self.db, tx, self.path.actor, "schedule_added", queue=await self.queue_of(spec),
                               target=spec.name, reason_=reason,
                               data={"handler": spec.handler, "cron": spec.cron, "interval_s": spec.interval_s})
         return await self.get(spec.name)
@@ -130,7 +128,7 @@ class Schedules:
                 catchup_window_s=changes.get("catchup_window_s", old["catchup_window_s"]),
                 allow_overlap=changes.get("allow_overlap", old["allow_overlap"]), start_at=changes.get("start_at"))
             validated(spec)
-            await self.client._load_definitions({spec.handler})
+            await self.path.load_definitions({spec.handler})
             payload, shown = self._encoded(spec)
             timing = {"cron", "interval_s", "timezone", "start_at"} & changes.keys()
             nxt = old["next_fire_time"]
@@ -151,7 +149,7 @@ class Schedules:
             diff = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
             if "start_at" in changes:
                 diff["start_at"] = [None, spec.start_at.isoformat() if spec.start_at else None]
-            await audit.write(self.db, tx, self.client.actor, "schedule_updated", queue=await self.queue_of(spec),
+            await audit.write(self.db, tx, self.path.actor, "schedule_updated", queue=await self.queue_of(spec),
                               target=name, reason_=reason, data={"changed": diff, "next_fire_time": nxt.isoformat()})
         return await self.get(name)
 
@@ -172,34 +170,30 @@ class Schedules:
                                         f"run schedule {name!r} now: its previous run is still active and "
                                         "allow_overlap is off")
             if s["def_max_retries"] is None:
-                await self.client._load_definitions({s["handler"]})  # raises UnknownHandler
+                await self.path.load_definitions({s["handler"]})  # raises UnknownHandler
             queue = s["fires_into"] or "default"
-            row = RunRow(handler=s["handler"], queue=queue, priority=validate.integer("priority", s["fire_priority"]),
-                         payload=s["payload"], run_at=now,
-                         max_retries=validate.integer("max_retries", s["def_max_retries"]),
-                         timeout_s=validate.number("timeout", s["def_timeout_s"]), status="PENDING",
-                         schedule_id=s["id"], fire_time=now, outbox=True)
-            ids, created, new_queues = await self.client._insert([Submit(handler=s["handler"])], [row], tx)
+            row = fire_row(schedule_id=s["id"], handler=s["handler"], queue=queue, payload=s["payload"],
+                           priority=s["fire_priority"], max_retries=s["def_max_retries"],
+                           timeout_s=s["def_timeout_s"], fire_time=now, run_at=now)
+            ids, created, new_queues = await self.path.insert(None, [row], tx)
             if not created:
                 raise InvalidInput(f"schedule {name!r} already fired at {now.isoformat()}; retry", field="name")
             await self.db.execute("schedule_fired_now", s["id"], ids[0], now, conn=tx)
-            await audit.write(self.db, tx, self.client.actor, "schedule_run_now", queue=queue, target=name,
+            await audit.write(self.db, tx, self.path.actor, "schedule_run_now", queue=queue, target=name,
                               reason_=reason, data={"run_id": ids[0], "fire_time": now.isoformat()})
-        await self.client._stamp_new_queues(new_queues)
-        await self.client._enqueue(created, ids, [row])
-        await self.db.execute("clear_outbox", ids)
+        await self.path.deliver(ids, created, [row], new_queues)
         return ids[0]
 
     def _encoded(self, spec: ScheduleSpec) -> tuple[bytes, str]:
+        """The payload each fire carries, checked as a submit's is (SubmitPath: InvalidInput, or
+        PayloadTooLarge), and the arguments as JSON for display."""
+        payload = encode_arguments(spec.args, spec.kwargs, self.path.stores.settings)
         try:
-            payload = encode_payload(tuple(spec.args), dict(spec.kwargs))
             shown = json.dumps({"args": list(spec.args), "kwargs": spec.kwargs}, default=str, allow_nan=False)
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidInput(f"arguments cannot be encoded: {exc}", field="args") from exc
         if "\\u0000" in shown:  # jsonb refuses NUL
             raise InvalidInput("arguments must not contain NUL characters", field="args")
-        if len(payload) > self.client.settings.max_payload_bytes:
-            raise InvalidInput("payload too large", field="args")
         return payload, shown
 
     async def _insert(self, tx: Session, spec: ScheduleSpec, payload: bytes, shown: str, first: datetime,
@@ -231,7 +225,7 @@ class Schedules:
         async with self.db.transaction() as tx:
             if await self.db.fetchrow("schedule_pause", name, paused, conn=tx) is None:
                 raise UnknownSchedule(name)
-            await audit.write(self.db, tx, self.client.actor, "schedule_paused" if paused else "schedule_resumed",
+            await audit.write(self.db, tx, self.path.actor, "schedule_paused" if paused else "schedule_resumed",
                               queue=await self.queue_named(name, tx), target=name, reason_=reason)
         return await self.get(name)
 
@@ -241,7 +235,7 @@ class Schedules:
             queue = await self.queue_named(name, tx)
             if await self.db.fetchrow("schedule_delete", name, conn=tx) is None:
                 raise UnknownSchedule(name)
-            await audit.write(self.db, tx, self.client.actor, "schedule_removed", queue=queue, target=name,
+            await audit.write(self.db, tx, self.path.actor, "schedule_removed", queue=queue, target=name,
                               reason_=reason)
 
     async def queue_named(self, name: str, conn: Session | None = None) -> str | None:
@@ -253,8 +247,8 @@ class Schedules:
         """The queue a schedule fires into: its own, else its handler's declared queue."""
         if spec.queue is not None:
             return spec.queue
-        await self.client._load_definitions({spec.handler})
-        return self.client._defs[spec.handler].queue
+        await self.path.load_definitions({spec.handler})
+        return self.path.defs[spec.handler].queue
 
     async def list_scoped(self, *, limit: int = 100, queues: builtins.list[str] | None = None
                           ) -> builtins.list[dict[str, Any]]:

@@ -40,13 +40,12 @@ import asyncpg
 import msgspec
 from prometheus_client import Counter, Gauge
 
-from fencepost.core import metrics, validate
-from fencepost.core.hot import StampArgs
-from fencepost.core.models import RunRow, run_columns
+from fencepost.core import metrics
+from fencepost.core.models import RunRow
 from fencepost.core.release import sweep_blocked
 from fencepost.core.schedules import fires_between, next_fire_after
-from fencepost.core.states import Status
 from fencepost.core.stores import Stores
+from fencepost.core.submit import SubmitPath, fire_row
 
 __all__ = ["LEASE_NAME", "Clock", "ManualClock", "SystemClock", "TickResult", "Trigger"]
 
@@ -153,12 +152,10 @@ is quarantined and the other schedules fire on."""
 
 
 def _fire_row(s: Any, queue: str, f: datetime, offset: timedelta) -> RunRow:
-    """One fire as a run, its values checked against fencepost.core.validate (a handler declaring an
-    impossible timeout, or a schedule an older version accepted, is refused here, not by a store)."""
-    return RunRow(handler=s["handler"], queue=queue, priority=validate.integer("priority", s["priority"]),
-                  payload=s["payload"], run_at=f + offset, max_retries=validate.integer("max_retries", s["max_retries"]),
-                  timeout_s=validate.number("timeout", s["timeout_s"]), status=Status.PENDING.value,
-                  schedule_id=s["id"], fire_time=f, outbox=True)
+    """One fire as a run (core.submit.fire_row: its values checked as run-now's are)."""
+    return fire_row(schedule_id=s["id"], handler=s["handler"], queue=queue, payload=s["payload"],
+                    priority=s["priority"], max_retries=s["max_retries"], timeout_s=s["timeout_s"], fire_time=f,
+                    run_at=f + offset)
 
 
 FIRES = Counter("fencepost_trigger_fires_total", "Schedule fires handled by the trigger, by outcome", ["outcome"])
@@ -171,6 +168,8 @@ class Trigger:
                  use_lease: bool = True, max_catchup: int = 1000, sweep_every_s: float = 10.0,
                  max_batches_per_tick: int = 50) -> None:
         self.stores = stores
+        self.path = SubmitPath(stores, actor="trigger")
+        """Fires are inserted and enqueued by the one submit path (core/submit.py)."""
         self.clock: Clock = clock or SystemClock()
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.lease_s = lease_s
@@ -314,18 +313,10 @@ class Trigger:
             created_rows: list[int] = []
             new_queues: dict[str, int] = {}
             if owner:
-                # schedules name no tenant or key: run_columns sends empty arrays (unnest pads them)
-                out = await tx.fetch("insert_runs", *run_columns(runs), "trigger")
-                missing: list[int] = []
-                ids: list[int | None] = [None] * len(owner)
-                for r in out:
-                    if r["ord"] is None:
-                        new_queues[r["queue"]] = r["epoch"]
-                    elif r["created"]:
-                        ids[r["ord"] - 1] = r["id"]
-                        created_rows.append(r["ord"] - 1)
-                    else:
-                        missing.append(r["ord"] - 1)
+                # a fire another leader made already is not created (UNIQUE (schedule_id, fire_time)): id None
+                got, created_rows, new_queues = await self.path.insert(None, runs, tx)
+                ids: list[int | None] = list(got)
+                missing = [k for k, v in enumerate(ids) if v is None]
                 if missing:  # another leader made these fires: point at its runs
                     found = {(r["schedule_id"], r["fire_time"]): r["id"] for r in await tx.fetch(
                         "runs_by_fire", [runs[k].schedule_id for k in missing], [runs[k].fire_time for k in missing])}
@@ -355,18 +346,13 @@ class Trigger:
 
     async def _enqueue(self, runs: list[RunRow], ids: list[int], created: list[int],
                        new_queues: dict[str, int]) -> None:
-        """Fast path after commit; if this fails or the process dies, the outbox relay does it."""
+        """Fast path after commit (SubmitPath.deliver); if this fails or the process dies, the outbox
+        relay does it."""
         try:
-            for queue, epoch in new_queues.items():
-                await self.stores.scripts.stamp_queue(self.stores.keys(queue), StampArgs(epoch, force=0))
-            if new_queues:
-                await self.stores.redis.sadd(self.stores.queues_key, *new_queues)
-            by_queue: dict[str, list[RunRow]] = defaultdict(list)
-            for rid, k in zip(ids, created):
-                by_queue[runs[k].queue].append(msgspec.structs.replace(runs[k], id=rid))
-            for queue, batch in by_queue.items():
-                await self.stores.scripts.enqueue_runs(self.stores.keys(queue), batch)
-            await self.stores.db.execute("clear_outbox", ids)
+            by_row: list[int | None] = [None] * len(runs)
+            for rid, k in zip(ids, created, strict=True):
+                by_row[k] = rid
+            await self.path.deliver(by_row, created, runs, new_queues)
         except Exception as exc:
             log.warning("enqueue after commit failed; the outbox relay will move the runs: %s", exc,
                         extra={"event": "trigger_enqueue_failed"})

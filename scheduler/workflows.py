@@ -18,21 +18,17 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import msgspec
 
 from fencepost.core import audit, validate
-from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused, UnknownRun
+from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused
 from fencepost.core.models import Outcome, RunRow, Submit
 from fencepost.core.states import LIVE, UNSUCCESSFUL, Status
+from fencepost.core.submit import SubmitPath
 from fencepost.core.views import Batch as BatchView
 from fencepost.core.views import BatchCallback, Reply, RunRecord, Workflow, WorkflowNode, WorkflowSummary, live_nodes, view
-
-if TYPE_CHECKING:
-    from fencepost.client import Client
-    from fencepost.core.record import Conn
-    from fencepost.core.stores import Stores
 
 __all__ = [
     "PURGED",
@@ -44,7 +40,7 @@ __all__ = [
     "UnknownDependency",
     "UnknownWorkflow",
     "WorkflowCycle",
-    "WorkflowMixin",
+    "Workflows",
     "layers",
     "one_workflow",
 ]
@@ -103,18 +99,39 @@ def one_workflow(prefix: str, found: list[str]) -> str:
     return found[0]
 
 
+class Reader(Protocol):
+    """What a result handle reads through (a Client)."""
+
+    async def run(self, run_id: int) -> Any: ...
+
+    async def wait(self, run_id: int, timeout: float | None = None) -> Outcome: ...
+
+    async def get(self, run_id: int) -> RunRecord: ...
+
+
+class Commands(Protocol):
+    """The operator commands a workflow retry uses (fencepost.control.Control)."""
+
+    async def resume(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply: ...
+
+    async def restart(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply: ...
+
+    async def retry(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply: ...
+
+
 # -- result handles: `client.handle(run_id)` (submit() keeps returning the int id callers store) --
 class RunHandle:
     """One submitted run, for async code."""
 
     __slots__ = ("client", "id")
 
-    def __init__(self, client: Client, run_id: int) -> None:
+    def __init__(self, client: Reader, run_id: int) -> None:
         self.client, self.id = client, run_id
 
     async def status(self) -> str:
         """The live state: Redis's hot copy when it is ahead of what PostgreSQL recorded (core.views.overlay)."""
-        return (await self.client.run(self.id)).status
+        status: str = (await self.client.run(self.id)).status
+        return status
 
     async def wait(self, timeout: float | None = None) -> Outcome:
         """Until terminal, PAUSED or STOPPED: the state, decoded result, error and reason."""
@@ -247,23 +264,18 @@ def layers(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return out
 
 
-class WorkflowMixin:
-    """Mixed into Client."""
+class Workflows:
+    """A client's workflows and batches (`client.flows`; Client's methods of the same names delegate
+    here): submitted through its submit path, retried through its operator commands."""
 
-    if TYPE_CHECKING:  # provided by Client and ControlMixin (mypy checks that their definitions agree)
-        stores: Stores
-        actor: str
+    def __init__(self, path: SubmitPath, commands: Commands) -> None:
+        self.path = path
+        self.stores = path.stores
+        self.commands = commands
 
-        async def _load_definitions(self, names: set[str]) -> None: ...
-        def _validated(self, req: Submit, now: datetime, *, outbox: bool) -> RunRow: ...
-        async def _insert(self, requests: Sequence[Submit], rows_in: Sequence[RunRow],
-                          connection: Conn | None) -> tuple[list[int], list[int], dict[str, int]]: ...
-        async def _stamp_new_queues(self, new_queues: dict[str, int]) -> None: ...
-        async def _enqueue(self, created: list[int], ids: list[int], rows: Sequence[RunRow]) -> None: ...
-        async def resume(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply: ...
-        async def restart(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply: ...
-        async def retry(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply: ...
-        async def get(self, run_id: int) -> RunRecord: ...
+    @property
+    def actor(self) -> str:
+        return self.path.actor
 
     async def submit_workflow(self, nodes: Sequence[Node], *, name: str | None = None,
                               trace: str | None = None) -> uuid.UUID:
@@ -272,22 +284,16 @@ class WorkflowMixin:
         if not nodes:
             raise InvalidInput("a workflow needs at least one node", field="nodes")
         _check_graph(nodes)
-        await self._load_definitions({n.handler for n in nodes})
-        now = datetime.now(_UTC)
         wid = uuid.uuid4()
-        rows: list[RunRow] = []
-        for n in nodes:
-            req = Submit(handler=n.handler, args=tuple(n.args), kwargs=dict(n.kwargs), queue=n.queue,
-                         priority=n.priority, timeout=n.timeout, max_retries=n.max_retries, trace=trace,
-                         tenant=n.tenant)
-            blocked = bool(n.depends_on)
-            rows.append(msgspec.structs.replace(
-                self._validated(req, now, outbox=True), workflow_id=wid,
-                status=Status.BLOCKED.value if blocked else Status.PENDING.value,
-                outbox=not blocked))  # BLOCKED runs stay out of Redis until released
+        prepared = await self.path.prepare([
+            Submit(handler=n.handler, args=tuple(n.args), kwargs=dict(n.kwargs), queue=n.queue, priority=n.priority,
+                   timeout=n.timeout, max_retries=n.max_retries, trace=trace, tenant=n.tenant) for n in nodes],
+            outbox=True)
+        rows = [msgspec.structs.replace(row, workflow_id=wid, outbox=not n.depends_on,  # BLOCKED: out of Redis
+                                        status=Status.BLOCKED.value if n.depends_on else Status.PENDING.value)
+                for n, row in zip(nodes, prepared, strict=True)]
         async with self.stores.db.transaction() as tx:
-            ids, created, new_queues = await self._insert(
-                [Submit(handler=n.handler) for n in nodes], rows, tx)
+            ids, created, new_queues = await self.path.insert(None, rows, tx)
             by_name = dict(zip((n.name for n in nodes), ids))
             e_run, e_dep = [], []
             for n in nodes:
@@ -296,10 +302,7 @@ class WorkflowMixin:
                     e_dep.append(by_name[d])
             await tx.execute("wf_insert", wid, name, list(by_name.values()), list(by_name), e_run, e_dep)
         # After commit: roots to Redis now (the outbox relay would do it too).
-        await self._stamp_new_queues(new_queues)
-        roots = [i for i in created if rows[i].status == Status.PENDING.value]
-        await self._enqueue(roots, ids, rows)
-        await self.stores.db.execute("clear_outbox", [ids[i] for i in roots])
+        await self.path.deliver(ids, [i for i in created if rows[i].status == Status.PENDING.value], rows, new_queues)
         return wid
 
     async def submit_batch(self, requests: Sequence[Submit], *, on_complete: Submit | None = None,
@@ -325,14 +328,12 @@ class WorkflowMixin:
                                    "idempotency_key", field=field)
         callbacks = [c for c in (on_complete, on_success) if c is not None]
         everything = [*requests, *callbacks]
-        await self._load_definitions({r.handler for r in everything})
-        now = datetime.now(_UTC)
-        rows = [self._validated(r, now, outbox=True) for r in requests]
-        rows += [msgspec.structs.replace(self._validated(c, now, outbox=False), status=Status.BLOCKED.value)
-                 for c in callbacks]
+        rows = await self.path.prepare(requests, outbox=True)
+        rows += [msgspec.structs.replace(r, status=Status.BLOCKED.value)
+                 for r in await self.path.prepare(callbacks, outbox=False)]
         bid = uuid.uuid4()
         async with self.stores.db.transaction() as tx:
-            ids, created, new_queues = await self._insert(everything, rows, tx)
+            ids, created, new_queues = await self.path.insert(everything, rows, tx)
             cb = iter(ids[len(requests):])
             complete_id = next(cb) if on_complete is not None else None
             success_id = next(cb) if on_success is not None else None
@@ -341,10 +342,7 @@ class WorkflowMixin:
             await audit.write(self.stores.db, tx, self.actor, "batch_submitted", queue=queues[0] if len(queues) == 1
                               else None, target=str(bid), data={"name": name, "runs": len(requests), "queues": queues,
                                                                  "on_complete": complete_id, "on_success": success_id})
-        await self._stamp_new_queues(new_queues)
-        members = [i for i in created if i < len(requests)]
-        await self._enqueue(members, ids, rows)
-        await self.stores.db.execute("clear_outbox", [ids[i] for i in members])
+        await self.path.deliver(ids, [i for i in created if i < len(requests)], rows, new_queues)
         return Batch(id=bid, run_ids=ids[:len(requests)], on_complete=complete_id, on_success=success_id)
 
     async def batch(self, batch_id: uuid.UUID | str) -> dict[str, Any]:
@@ -370,11 +368,9 @@ class WorkflowMixin:
             if batch[kind] is None:
                 callbacks[kind] = None
                 continue
-            try:
-                run = await self.get(batch[kind])
-                callbacks[kind] = BatchCallback(id=run.id, status=run.status, reason=run.reason)
-            except UnknownRun:
-                callbacks[kind] = BatchCallback(id=batch[kind], status=PURGED)
+            run = await self.stores.db.fetchrow("get_run", batch[kind])
+            callbacks[kind] = BatchCallback(id=batch[kind], status=PURGED) if run is None else \
+                BatchCallback(id=run["id"], status=run["status"], reason=run["reason"])
         return BatchView(id=batch["id"], name=batch["name"], created_at=batch["created_at"],
                          settled_at=batch["settled_at"], total=len(batch["members"]), counts=counts,
                          on_complete=callbacks["on_complete"], on_success=callbacks["on_success"])
@@ -449,13 +445,13 @@ class WorkflowMixin:
             try:
                 if n["status"] == "STOPPED":
                     try:
-                        await self.resume(n["id"], reason=reason or "workflow retry")
+                        await self.commands.resume(n["id"], reason=reason or "workflow retry")
                         done["resumed"].append(n["name"])
                     except ResumeRefused:
-                        await self.restart(n["id"], reason=reason or "workflow retry")
+                        await self.commands.restart(n["id"], reason=reason or "workflow retry")
                         done["retried"].append(n["name"])
                 else:
-                    await self.retry(n["id"], reason=reason or "workflow retry")
+                    await self.commands.retry(n["id"], reason=reason or "workflow retry")
                     done["retried"].append(n["name"])
             except IllegalTransition as exc:
                 done["refused"].append(f"{n['name']}: {exc}")
@@ -484,7 +480,6 @@ class WorkflowMixin:
             u for u in nodes[k]["depends_on"] if u in sub)) for k in sub])]
         now = datetime.now(_UTC)
         rows: list[RunRow] = []
-        reqs: list[Submit] = []
         for name in order:
             o = old[nodes[name]["id"]]
             outside_ok = all(nodes[u]["status"] == "SUCCEEDED" for u in nodes[name]["depends_on"] if u not in sub)
@@ -496,10 +491,9 @@ class WorkflowMixin:
                                outbox=pending, tenant=o.get("tenant") or "", concurrency_key=o.get("concurrency_key"),
                                concurrency_limit=o.get("concurrency_limit"), rate_key=o.get("rate_key"),
                                rate_limit=o.get("rate_limit")))
-            reqs.append(Submit(handler=o["handler"]))
         async with self.stores.db.transaction() as tx:
             await tx.execute("wf_supersede", [nodes[n]["id"] for n in sub], self.actor)
-            ids, created, _ = await self._insert(reqs, rows, tx)
+            ids, created, new_queues = await self.path.insert(None, rows, tx)
             new = dict(zip(order, ids))
             e_run, e_dep = [], []
             for name in order:
@@ -510,9 +504,7 @@ class WorkflowMixin:
             # the new runs' submits carry no reason: the operator's is kept with the change
             await audit.write(self.stores.db, tx, self.actor, "workflow_recomputed", target=str(wid),
                               reason_=reason, data={"nodes": sorted(sub), "runs": sorted(new.values())})
-        roots = [i for i in created if rows[i].status == "PENDING"]
-        await self._enqueue(roots, ids, rows)
-        await self.stores.db.execute("clear_outbox", [ids[i] for i in roots])
+        await self.path.deliver(ids, [i for i in created if rows[i].status == "PENDING"], rows, new_queues)
         return {"recomputed": sorted(sub)}
 
 

@@ -195,7 +195,7 @@ a heuristic that misses a client kept under another attribute name, never a fals
 RAW_REDIS_OFFENDERS = {
     "fencepost.api.auth": 7, "fencepost.api.routes": 5, "fencepost.api.routes_ops": 4,  # API helper
     "fencepost.client": 1,  # wait(): the run's ending event, read back from the queue's stream
-    "fencepost.workflows": 1, "fencepost.trigger": 1,
+    "fencepost.workflows": 1,
     "fencepost.testing": 8, "fencepost.testing_plugin": 2,  # the test clock; a test prefix's cleanup
     "fencepost.dev.loadtest": 8, "fencepost.dev.chaos": 4,  # the load and fault harnesses
     "fencepost.reconciler.drift": 11, "fencepost.reconciler.gauges": 12, "fencepost.reconciler.rebuild": 6,
@@ -288,3 +288,52 @@ def test_no_restated_state_groups() -> None:
     assert not new, f"state groups spelt out instead of imported from fencepost.core.states: {new}"
     done = sorted(m for m in RESTATED_GROUP_OFFENDERS if m not in found)
     assert not done, f"no restated groups left in {done}: remove them from RESTATED_GROUP_OFFENDERS"
+
+
+# -- one submit path (issue 25: prepare -> insert -> enqueue was written four times) ---------------------
+
+SUBMIT_PATH = "fencepost.core.submit"
+INSERT_STATEMENTS = frozenset({"insert_runs", "insert_runs_fresh", "insert_runs_keyed"})
+REENQUEUERS = {"fencepost.reconciler.drift": 2}
+"""Callers of Scripts.enqueue_runs besides the submit path, with their count: drift repair puts runs
+PostgreSQL recorded back into a Redis that lost them (one batch, then one run at a time), not a submit."""
+
+
+def submit_path_copies() -> dict[str, list[str]]:
+    """Per module outside core/submit.py: the insert statements it names and its enqueue_runs calls."""
+    out: dict[str, list[str]] = {}
+    for module, path in sorted(_modules().items()):
+        if module in (SUBMIT_PATH, "fencepost.core.hot"):  # the path itself; the gateway that defines the call
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in INSERT_STATEMENTS:
+                out.setdefault(module, []).append(f"{node.lineno}: {node.value}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "enqueue_runs":
+                out.setdefault(module, []).append(f"{node.lineno}: enqueue_runs")
+    return out
+
+
+def test_runs_are_inserted_and_enqueued_by_one_submit_path() -> None:
+    """The client, workflows, batches, schedule run-now and the trigger's fires all insert through
+    core/submit.py's SubmitPath (one set of checks) and reach Redis through its deliver(): a module
+    naming an insert statement or calling enqueue_runs itself is a second copy of the submit path."""
+    found = submit_path_copies()
+    copies = {m: calls for m, calls in found.items()
+              if any(not c.endswith("enqueue_runs") for c in calls)
+              or sum(c.endswith("enqueue_runs") for c in calls) > REENQUEUERS.get(m, 0)}
+    assert not copies, f"a second copy of the submit path (use fencepost.core.submit.SubmitPath): {copies}"
+
+
+def test_the_clients_parts_hold_no_back_reference_to_the_client() -> None:
+    """Client is composed of parts (Control, Workflows, Schedules on a shared SubmitPath), not mixins
+    that declare under TYPE_CHECKING what Client provides: no client-layer module refers to
+    fencepost.client, at run time or for the type checker."""
+    bad = []
+    for module, path in _modules().items():
+        if layer(module) != "client" or module == "fencepost.client":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "fencepost.client":
+                bad.append(f"{module}:{node.lineno}")
+    assert not bad, bad
