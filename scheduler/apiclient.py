@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
+from fencepost.core import cursors
 from fencepost.core.errors import (
     BulkNotConfirmed,
     FencepostError,
@@ -211,18 +212,28 @@ class AsyncApiClient:
         got = await self.request("GET", f"/v1/runs/{run_id}/checkpoint")
         return None if got is None else _as(Checkpoint, got)
 
-    async def events(self, run_id: int) -> list[Event]:
-        return _as(list[Event], await self.request("GET", f"/v1/runs/{run_id}/events"))
+    async def events(self, run_id: int, *, limit: int | None = None, cursor: str | None = None) -> list[Event]:
+        """All of the run's timeline (the API's pages followed), or LIMIT events after CURSOR."""
+        path = f"/v1/runs/{run_id}/events"
+        if limit is not None or cursor is not None:
+            return _as(list[Event], await self.request("GET", path, query={"limit": limit, "cursor": cursor}))
+        out: list[Event] = []
+        while True:
+            page = _as(list[Event], await self.request("GET", path, query={"limit": 1000, "cursor": cursor}))
+            out += page
+            cursor = cursors.after("run_events", page, 1000)
+            if cursor is None:
+                return out
 
     async def fleet_events(self, since: datetime, type_: str | None = None, queue: str | None = None,
-                           limit: int = 100) -> list[Event]:
+                           limit: int = 100, *, cursor: str | None = None) -> list[Event]:
         return _as(list[Event], await self.request("GET", "/v1/events", query={
-            "since": since.isoformat(), "type": type_, "queue": queue, "limit": limit}))
+            "since": since.isoformat(), "type": type_, "queue": queue, "limit": limit, "cursor": cursor}))
 
     async def list_runs(self, *, queue: str | None = None, status: str | None = None, handler: str | None = None,
-                        limit: int = 50) -> list[RunSummary]:
+                        limit: int = 50, cursor: str | None = None) -> list[RunSummary]:
         return _as(list[RunSummary], await self.request("GET", "/v1/runs", query={
-            "queue": queue, "status": status_filter(status), "handler": handler, "limit": limit}))
+            "queue": queue, "status": status_filter(status), "handler": handler, "limit": limit, "cursor": cursor}))
 
     async def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
         return _as(list[RunSummary], await self.request("GET", "/v1/dead-letter", query={"queue": queue,

@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 import msgspec
 
 from fencepost.control import BULK_DEFAULT_LIMIT, COMMANDS, Control
+from fencepost.core import cursors
 from fencepost.core import workers as fleet
 from fencepost.core.config import Settings
 from fencepost.core.errors import (
@@ -558,25 +559,40 @@ class Client:
         return None
 
     async def list_runs(self, *, queue: str | None = None, status: str | None = None,
-                        handler: str | None = None, limit: int = 50) -> list[RunSummary]:
-        """Runs newest first, selected by their recorded state, shown with their live one (overlay)."""
-        rows = await self.stores.db.fetch("list_runs", queue, status_filter(status), handler, limit)
+                        handler: str | None = None, limit: int = 50, cursor: str | None = None) -> list[RunSummary]:
+        """Runs newest first, selected by their recorded state, shown with their live one (overlay); after
+        CURSOR (fencepost.core.cursors, `runs/id/desc`: the key of the previous page's last row) when given."""
+        key = cursors.decode("runs/id/desc", cursor)
+        if key is None:
+            rows = await self.stores.db.fetch("list_runs", queue, status_filter(status), handler, limit)
+        else:
+            rows = await self.stores.db.fetch("api_runs_page_indexed", queue, status_filter(status), handler, None,
+                                              None, limit, *([None] * 8), "id", "desc", 0, True, None, key[0])
         return await live_summaries(self.stores, [view(RunSummary, r) for r in rows])
 
     async def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
         rows = await self.stores.db.fetch("dead_letter", queue, limit)
         return await live_summaries(self.stores, [view(RunSummary, r) for r in rows])
 
-    async def events(self, run_id: int) -> list[Event]:
+    async def events(self, run_id: int, *, limit: int | None = None, cursor: str | None = None) -> list[Event]:
+        """The run's timeline in the order recorded: all of it, or LIMIT events after CURSOR (a `run_events`
+        cursor: the key of the previous page's last event)."""
         await self.get(run_id)
-        return [view(Event, r) for r in await self.stores.db.fetch("run_events", run_id)]
+        if limit is None and cursor is None:
+            return [view(Event, r) for r in await self.stores.db.fetch("run_events", run_id)]
+        key = cursors.decode("run_events", cursor) or [None, None, None]
+        return [view(Event, {**r, "run_id": run_id})
+                for r in await self.stores.db.fetch("run_events_page", run_id, limit or 1000, *key)]
 
     async def fleet_events(self, since: datetime, type_: str | None = None, queue: str | None = None,
-                           limit: int = 100) -> list[Event]:
-        """The fleet's history since SINCE, of one TYPE and QUEUE when given."""
+                           limit: int = 100, *, cursor: str | None = None) -> list[Event]:
+        """The fleet's history since SINCE, of one TYPE and QUEUE when given, newest first; after CURSOR (an
+        `events` cursor: the key of the previous page's last event) when given."""
         if queue is not None:
             await require_queue(self.stores, queue)
-        return [view(Event, r) for r in await self.stores.db.fetch("events_since", since, type_, queue, limit)]
+        key = cursors.decode("events", cursor) or [None, None, None]
+        return [view(Event, r) for r in await self.stores.db.fetch("events_since", since, type_, queue, limit, None,
+                                                                   *key)]
 
     async def attempts(self, run_id: int) -> list[Attempt]:
         return [view(Attempt, r) for r in await self.stores.db.fetch("run_attempts", run_id)]

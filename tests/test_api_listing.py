@@ -349,3 +349,52 @@ async def test_a_bad_cursor_is_a_422_naming_the_cursor(api: Api, client: Client,
         assert r.status_code == 422 and r.json()["field"] == "cursor", "a cursor of another sort"
         r = await api.req("GET", path, "admin", params={"cursor": by_id, "offset": 10})
         assert r.status_code == 422 and r.json()["field"] == "cursor", "cursor and offset"
+
+
+async def test_the_cli_pages_ls_events_and_audit_with_cursor_and_all(settings: Settings, client: Client,
+                                                                     tmp_path: Any) -> None:
+    """`fencepost ls / events / audit` print the next page's cursor (stderr), take it back with --cursor and
+    walk every page with --all: on the stores, and `events` through the API too."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from fencepost.api.auth import create_token
+    from fencepost.core.models import Submit
+    from tests.conftest import ROOT, stop, worker_env
+    from tests.test_api import start_api
+
+    ids = await client.submit_many([Submit(handler="t.echo", args=(i,), queue="tq") for i in range(7)])
+    pg = await _pg(client)
+    for _ in range(5):
+        await pg.execute("INSERT INTO audit_log (actor, action, queue, at) VALUES ('cli:x', 'queue_paused', 'tq', "
+                         "date_trunc('second', now()))")
+
+    async def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        out = await asyncio.to_thread(lambda: subprocess.run(
+            [sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=worker_env(settings, **env),
+            capture_output=True, text=True, timeout=60))
+        assert out.returncode == 0, out.stderr
+        return out
+
+    first = await cli("ls", "--queue", "tq", "--limit", "3", "--json")
+    cursor = first.stderr.split("next page: --cursor ")[1].split()[0]
+    second = await cli("ls", "--queue", "tq", "--limit", "3", "--json", "--cursor", cursor)
+    every = await cli("ls", "--queue", "tq", "--limit", "3", "--json", "--all")
+    ls = [r["id"] for r in json.loads(first.stdout)] + [r["id"] for r in json.loads(second.stdout)]
+    assert ls == sorted(ids, reverse=True)[:6]
+    assert [r["id"] for r in json.loads(every.stdout)] == sorted(ids, reverse=True) and "next page" not in every.stderr
+    audit = json.loads((await cli("audit", "--queue", "tq", "--limit", "2", "--all", "--json")).stdout)
+    assert len(audit) == 5 and len({a["id"] for a in audit}) == 5
+    fleet = json.loads((await cli("events", "--queue", "tq", "--limit", "2", "--all", "--json")).stdout)
+    assert sorted(-e["id"] for e in fleet if e["type"] == "submitted") == sorted(ids)
+    _, secret = await create_token(client.stores.db, "operator", ["tq"], "oncall", "test")
+    proc, url = await start_api(settings, tmp_path / "api.log")
+    try:
+        via = json.loads((await cli("events", "--queue", "tq", "--limit", "2", "--all", "--json", FENCEPOST_API_URL=url,
+                                    FENCEPOST_API_TOKEN=secret)).stdout)
+        assert [e["id"] for e in via] == [e["id"] for e in fleet]
+        page = await cli("events", "--queue", "tq", "--limit", "4", FENCEPOST_API_URL=url, FENCEPOST_API_TOKEN=secret)
+        assert "next page: --cursor " in page.stderr
+    finally:
+        stop([proc])

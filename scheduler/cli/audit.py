@@ -12,7 +12,8 @@ from typing import Any
 import click
 
 from fencepost.cli.common import async_command, from_context, table
-from fencepost.core import validate
+from fencepost.cli.runs import cursor_options, pages
+from fencepost.core import cursors, validate
 from fencepost.core.config import Settings
 from fencepost.core.record import Database
 
@@ -44,24 +45,35 @@ def _when(value: str | None, option: str) -> datetime | None:
 @click.option("--since", help="From this long ago (30m, 2h, 7d) or this ISO 8601 time (default: 7d).")
 @click.option("--until", help="Before this long ago or this time.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+@cursor_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one document) instead of a table.")
 @async_command
 async def audit(settings: Settings, actor: str | None, queue: str | None, since: str | None, until: str | None,
-                limit: int, as_json: bool) -> None:
+                limit: int, cursor: str | None, all_pages: bool, as_json: bool) -> None:
     """Who did what: configuration changes and commands, newest first."""
     start, end = _when(since or "7d", "--since"), _when(until, "--until")
     if actor is not None:
         validate.text("name", actor)
+    cursors.decode("audit", cursor)  # a bad --cursor fails before anything connects
     api = from_context()
     rows: list[dict[str, Any]]
     if api is not None:
-        rows = api.request("GET", "/v1/audit", query={"actor": actor, "queue": queue, "limit": limit,
-                                                      "since": start.isoformat() if start else None,
-                                                      "until": end.isoformat() if end else None})
+        async def page(c: str | None) -> list[dict[str, Any]]:
+            got: list[dict[str, Any]] = api.request("GET", "/v1/audit", query={
+                "actor": actor, "queue": queue, "limit": limit, "since": start.isoformat() if start else None,
+                "until": end.isoformat() if end else None, "cursor": c})
+            return got
+
+        rows = await pages(page, "audit", limit, cursor, all_pages)
     else:
         db = await Database(settings.database_url, max_size=1).connect()
         try:
-            rows = [dict(r) for r in await db.fetch("audit_list", actor, queue, start, end, limit, None, None)]
+            async def page(c: str | None) -> list[dict[str, Any]]:
+                key = cursors.decode("audit", c)
+                after = None if key is None else json.dumps([key[0].isoformat(), key[1], key[2]])
+                return [dict(r) for r in await db.fetch("audit_list", actor, queue, start, end, limit, None, after)]
+
+            rows = await pages(page, "audit", limit, cursor, all_pages)
         finally:
             await db.close()
     if as_json:

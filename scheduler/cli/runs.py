@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +27,7 @@ from fencepost.cli.common import (
     to_json,
     warn_if_recorder_silent,
 )
+from fencepost.core import cursors
 from fencepost.core.config import Settings
 from fencepost.core.models import Submit
 from fencepost.core.states import DEAD, Status
@@ -156,20 +158,44 @@ def _clip(text: str, width: int = 200) -> str:
     return fmt(text if len(text) <= width else text[:width - 1] + "…")
 
 
+def cursor_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--cursor (start after the page that printed it) and --all (every page, --limit rows at a time)."""
+    f = click.option("--all", "all_pages", is_flag=True, help="Every page, not only the first.")(f)
+    return click.option("--cursor", help="Start after the page that printed this cursor (`next page: --cursor ...`).")(f)
+
+
+async def pages(fetch: Callable[[str | None], Awaitable[Sequence[Any]]], kind: str, limit: int, cursor: str | None,
+                all_pages: bool) -> list[Any]:
+    """One page after CURSOR (or every page): its rows; the cursor of the next page, if the last one was full,
+    goes to stderr (a page's cursor is the key of its last row, fencepost.core.cursors)."""
+    out: list[Any] = []
+    while True:
+        page = list(await fetch(cursor))
+        out += page
+        cursor = cursors.after(kind, page, limit)
+        if cursor is None or not all_pages:
+            break
+    if cursor is not None:
+        click.echo(f"next page: --cursor {cursor}", err=True)
+    return out
+
+
 @click.command("ls")
 @click.option("--queue")
 @click.option("--status", "status_")
 @click.option("--handler")
 @click.option("--limit", type=int, default=50, show_default=True)
+@cursor_options
 @json_option
 @async_command
 async def ls(settings: Settings, queue: str | None, status_: str | None, handler: str | None, limit: int,
-             as_json: bool) -> None:
+             cursor: str | None, all_pages: bool, as_json: bool) -> None:
     """List runs, newest first: selected by their recorded state, shown with their live one."""
     async with operator(settings) as op:
         if queue is not None:
             await op.known_queue(queue)
-        rows = await op.list_runs(queue=queue, status=status_, handler=handler, limit=limit)
+        rows = await pages(lambda c: op.list_runs(queue=queue, status=status_, handler=handler, limit=limit, cursor=c),
+                           "runs/id/desc", limit, cursor, all_pages)
         await warn_if_recorder_silent(op)
     print_json(rows) if as_json else table(rows, _RUN_COLS)
 
@@ -187,20 +213,26 @@ def _since(value: str) -> datetime:
 @click.option("--since", help="Fleet history since 30s / 10m / 2h / 1d ago (without RUN_ID).")
 @click.option("--type", "type_", help="Only events of this type (lease_expired, stop_escalated, ...).")
 @click.option("--queue")
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=int, default=100, show_default=True,
+              help="The fleet's events per page (a run's: all of them, unless --cursor).")
+@cursor_options
 @json_option
 @async_command
 async def events(settings: Settings, run_id: int | None, since: str | None, type_: str | None, queue: str | None,
-                 limit: int, as_json: bool) -> None:
+                 limit: int, cursor: str | None, all_pages: bool, as_json: bool) -> None:
     """The append-only history of one run, or of the fleet (--since/--type)."""
     start = _since(since or "1h")  # a malformed --since is a usage error before anything connects
     async with operator(settings) as op:
-        if run_id is not None:
+        if run_id is not None and cursor is None:
             rows = await op.events(run_id)
+        elif run_id is not None:
+            rows = await pages(lambda c: op.events(run_id, limit=limit, cursor=c), "run_events", limit, cursor,
+                               all_pages)
         else:
             if queue is not None:
                 await op.known_queue(queue)
-            rows = await op.fleet_events(start, type_, queue, limit)
+            rows = await pages(lambda c: op.fleet_events(start, type_, queue, limit, cursor=c), "events", limit,
+                               cursor, all_pages)
     if as_json:
         print_json(rows)
     else:

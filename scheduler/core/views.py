@@ -478,12 +478,16 @@ class Operator(Protocol):
 
     async def checkpoint(self, run_id: int) -> Checkpoint | None: ...
 
-    async def events(self, run_id: int) -> list[Event]: ...
+    async def events(self, run_id: int, *, limit: int | None = None, cursor: str | None = None) -> list[Event]:
+        """All of the run's timeline, or LIMIT events after CURSOR (fencepost.core.cursors, `run_events`)."""
 
-    async def fleet_events(self, since: datetime, type_: str | None, queue: str | None, limit: int) -> list[Event]: ...
+    async def fleet_events(self, since: datetime, type_: str | None, queue: str | None, limit: int, *,
+                           cursor: str | None = None) -> list[Event]:
+        """Newest first, after CURSOR (`events`: the key of the previous page's last event) when given."""
 
     async def list_runs(self, *, queue: str | None = None, status: str | None = None, handler: str | None = None,
-                        limit: int = 50) -> list[RunSummary]: ...
+                        limit: int = 50, cursor: str | None = None) -> list[RunSummary]:
+        """Newest first, after CURSOR (`runs/id/desc`) when given."""
 
     async def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]: ...
 
