@@ -1,0 +1,161 @@
+"""Cursor pages of the listing routes at 1,000,000 runs (issue 24): the first page and a page deep in the
+listing (a cursor made from a row in the middle) of every route that pages by cursor, median and max.
+
+    .venv/bin/python bench/listing_cursors.py [--db NAME] [--build] [--repeat 20] [--explain]
+
+--build fills database NAME (created if missing, default fp_bench_cursors) with 1,000,000 runs in 10
+queues (created_at ties: 100 runs per 3 ms, as batch submits share theirs; a quarter PENDING, 5% FAILED),
+750,000 attempts with claims and finishes, 220,000 events, 20,000 audit rows and 1,000 schedules, all by
+generate_series (about a minute on two cores). The API runs in this process (ASGI, no sockets): what is
+timed is the route with PostgreSQL and Redis. --explain prints EXPLAIN (ANALYZE, BUFFERS) of the deep pages'
+statements as the route sends them (a custom plan). Drop the database yourself when done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from typing import Any
+
+import asyncpg
+import httpx
+
+PG = os.environ.get("FENCEPOST_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
+REDIS = os.environ.get("FENCEPOST_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+
+BUILD = """
+INSERT INTO queues (name) SELECT 'q' || i FROM generate_series(0, 9) i ON CONFLICT DO NOTHING;
+INSERT INTO runs (id, handler, queue, status, payload, max_retries, timeout_s, attempt, created_at, run_at, started_at,
+                  finished_at, submitted_by, reason)
+SELECT g, 'h' || (g % 20), 'q' || (g % 10),
+       CASE WHEN g % 20 = 0 THEN 'FAILED' WHEN g % 4 = 1 THEN 'PENDING' ELSE 'SUCCEEDED' END,
+       '\\x92a1'::bytea, 3, 60, CASE WHEN g % 4 = 1 THEN 0 ELSE 1 + g % 3 END, t, t,
+       CASE WHEN g % 4 = 1 THEN NULL ELSE t + interval '1 s' END, CASE WHEN g % 4 = 1 THEN NULL ELSE t + interval '2 s' END,
+       'token:1@10.0.0.1', CASE WHEN g % 20 = 0 THEN 'max_retries' END
+FROM (SELECT g, now() - interval '50 minutes' + (g / 100) * interval '3 ms' AS t FROM generate_series(1, 1000000) g) s;
+SELECT setval(pg_get_serial_sequence('runs', 'id'), 1000000);
+INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome, claim_version, claim_stream_id,
+                      finish_type, finish_from, finish_to, finish_version, finish_stream_id)
+SELECT id, 1, 1, 'w1', started_at, finished_at, CASE WHEN status = 'FAILED' THEN 'error' ELSE 'succeeded' END, 1,
+       (extract(epoch FROM started_at) * 1000)::bigint * 65536 + (id % 1000), lower(status), 'RUNNING', status, 2,
+       (extract(epoch FROM finished_at) * 1000)::bigint * 65536 + (id % 1000) + 1000
+FROM runs WHERE started_at IS NOT NULL;
+INSERT INTO events (run_id, type, actor, at, stream, stream_id)
+SELECT g * 4 + 2, 'checkpointed', 'worker', now() - interval '50 minutes' + (g / 50) * interval '10 ms',
+       CASE WHEN g % 2 = 0 THEN 'fp:q' END, CASE WHEN g % 2 = 0 THEN 1000000000 + g END
+FROM generate_series(1, 200000) g;
+INSERT INTO events (run_id, type, actor, at)
+SELECT g * 10, 'paused', 'token:2@10.0.0.2', now() - interval '40 minutes' + (g / 10) * interval '1 s'
+FROM generate_series(1, 20000) g;
+INSERT INTO audit_log (actor, action, queue, at)
+SELECT 'token:2@x', 'queue_paused', 'q' || (g % 10), now() - interval '45 minutes' + (g / 10) * interval '1 s'
+FROM generate_series(1, 20000) g;
+INSERT INTO schedules (name, handler, payload, cron, timezone, next_fire_time, due_at)
+SELECT 's' || lpad(g::text, 6, '0'), 'h1', '\\x9280'::bytea, '0 3 * * *', 'UTC', now() + interval '1 day',
+       now() + interval '1 day' FROM generate_series(1, 1000) g;
+"""
+
+
+async def build(dsn: str) -> None:
+    from fencepost.core.record import upgrade
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await upgrade(conn)
+        if await conn.fetchval("SELECT count(*) FROM runs") == 0:
+            t0 = time.perf_counter()
+            await conn.execute(BUILD)
+            await conn.execute("VACUUM ANALYZE")
+            print(f"built in {time.perf_counter() - t0:.0f} s", flush=True)
+    finally:
+        await conn.close()
+
+
+async def deep_cursors(conn: asyncpg.Connection) -> dict[str, str]:
+    """A cursor from a row in the middle of each listing (what page 5,000 of 100 would send)."""
+    from fencepost.core import cursors
+
+    mid = await conn.fetchrow("SELECT * FROM runs WHERE id = 500001")
+    dead = await conn.fetchrow("SELECT finished_at, id FROM runs WHERE id = 500000")
+    ev = await conn.fetchrow("SELECT at, stream_id, id FROM events WHERE run_id = 400002 AND type = 'checkpointed'")
+    au = await conn.fetchrow("SELECT at, id FROM audit_log WHERE id = 10000")
+    out = {f"runs/{s}/{o}": cursors.encode(f"runs/{s}/{o}", cursors.key_of(f"runs/{s}/{o}", mid))
+           for s in ("id", "created_at", "finished_at", "attempt", "handler", "status") for o in ("asc", "desc")}
+    out["dead"] = cursors.encode("dead", [dead["finished_at"], dead["id"]])
+    out["events"] = cursors.encode("events", [ev["at"], ev["stream_id"] or -1, ev["id"]])
+    out["audit"] = cursors.encode("audit", [au["at"], au["id"], "config"])
+    out["schedules"] = cursors.encode("schedules", ["s000500"])
+    return out
+
+
+def routes(deep: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
+    since = "2000-01-01T00:00:00+00:00"
+    out: list[tuple[str, dict[str, Any]]] = []
+    for s in ("id", "created_at", "finished_at", "attempt", "handler", "status"):
+        for o in ("desc", "asc"):
+            out += [("/v1/runs", {"sort": s, "order": o}), ("/v1/runs", {"sort": s, "order": o, "cursor": deep[f"runs/{s}/{o}"]})]
+    out += [("/v1/runs", {"sort": "created_at", "queue": "q3", "cursor": deep["runs/created_at/desc"]}),
+            ("/v1/events", {"since": since}), ("/v1/events", {"since": since, "cursor": deep["events"]}),
+            ("/v1/events", {"since": since, "queue": "q3", "cursor": deep["events"]}),
+            ("/v1/runs/400002/events", {}), ("/v1/audit", {}), ("/v1/audit", {"cursor": deep["audit"]}),
+            ("/v1/audit", {"queue": "q3", "cursor": deep["audit"]}),
+            ("/v1/dead-letter", {}), ("/v1/dead-letter", {"cursor": deep["dead"]}),
+            ("/v1/schedules", {}), ("/v1/schedules", {"cursor": deep["schedules"]})]
+    return out
+
+
+async def measure(dsn: str, repeat: int) -> None:
+    from fencepost.api import ApiConfig, create_app
+    from fencepost.api.auth import create_token
+    from fencepost.core.config import Settings
+
+    settings = Settings(redis_url=REDIS, database_url=dsn, prefix=f"fpbc{os.getpid()}")
+    app = create_app(settings, ApiConfig(rate_limit=0, token_cache_s=60))
+    async with app.router.lifespan_context(app):
+        db = app.state.api.client.stores.db
+        _, admin = await create_token(db, "admin", [], "bench", "bench")
+        conn = await asyncpg.connect(dsn)
+        try:
+            deep = await deep_cursors(conn)
+        finally:
+            await conn.close()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api",
+                                     headers={"Authorization": f"Bearer {admin}"}) as http:
+            print(f"{'route':24} {'query':44} {'rows':>4} {'median ms':>9} {'max ms':>7}")
+            for path, params in routes(deep):
+                params = {"limit": 100, **params}
+                times, n, status = [], 0, 0
+                for i in range(repeat + 2):
+                    t0 = time.perf_counter()
+                    r = await http.get(path, params=params)
+                    if i >= 2:  # two warm-up calls: connections, prepared statements, the token cache
+                        times.append((time.perf_counter() - t0) * 1000)
+                    status, n = r.status_code, len(r.json()) if r.status_code == 200 else -1
+                shown = " ".join(f"{k}={'<deep>' if k == 'cursor' else v}" for k, v in params.items() if k != "limit")
+                print(f"{path:24} {shown:44} {n:>4} {statistics.median(times):>9.1f} {max(times):>7.1f}"
+                      + ("" if status == 200 else f"  status {status}"), flush=True)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", default="fp_bench_cursors")
+    ap.add_argument("--build", action="store_true")
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args()
+    dsn = f"{PG}/{args.db}"
+    if args.build:
+        admin = await asyncpg.connect(f"{PG}/postgres")
+        try:
+            if not await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", args.db):
+                await admin.execute(f'CREATE DATABASE "{args.db}"')
+        finally:
+            await admin.close()
+        await build(dsn)
+    await measure(dsn, args.repeat)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
