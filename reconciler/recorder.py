@@ -3,7 +3,9 @@
 Reads with a consumer group, writes a batch in one transaction (events, run
 projection, attempts), and acknowledges only after commit. A recorder killed
 mid-batch re-reads its pending entries on restart; the unique (stream, stream_id)
-index turns a replayed entry into a no-op, so nothing is lost or doubled.
+index turns a replayed entry into a no-op, so nothing is lost or doubled; a transition Redis
+makes twice (a promoted replica that lost the first one's write repeats it at the same version,
+under a new stream id) is recorded once per (run, type, version).
 """
 
 from __future__ import annotations
@@ -326,13 +328,18 @@ class Recorder:
                          (int(ms) << 20) | int(seq), actor.decode() if actor else None))
         folded = [_folded(f) for _, _, f in entries]
         async with self.stores.db.transaction() as tx:
+            repeated = await self._repeated(tx, rows, folded)
             if copy:
-                events = [row for row, fold in zip(rows, folded, strict=True) if not fold]
+                events = [row for i, (row, fold) in enumerate(zip(rows, folded, strict=True))
+                          if not fold and i not in repeated]
                 if events:
                     await tx.copy_in("events", events, _EVENT_COLUMNS)
                 new: set[tuple[str, int]] | None = None
+                if repeated:  # neither written nor counted, nor folded into the run's or attempt's row
+                    new = {(stream, row[13]) for i, (row, (stream, _, _)) in enumerate(zip(rows, entries, strict=True))
+                           if i not in repeated}
             else:
-                new = await self._unrecorded(tx, entries, rows, folded)
+                new = await self._unrecorded(tx, entries, rows, folded, repeated)
             runs, attempts, unstarted, rollup = self._fold(entries, new, at_of, rows, folded)
             late = False
             if runs:
@@ -341,8 +348,8 @@ class Recorder:
             if late:  # another batch recorded a newer version of a run: its claims may come after their close
                 if copy:  # or this batch was recorded before: count only what it adds (rollup, metrics)
                     new = await self._add_folded(tx, entries, rows, folded, {
-                        (stream, row[13]) for row, (stream, _, _), fold in zip(rows, entries, folded, strict=True)
-                        if not fold})
+                        (stream, row[13]) for i, (row, (stream, _, _), fold)
+                        in enumerate(zip(rows, entries, folded, strict=True)) if not fold and i not in repeated})
                     if new is not None:
                         _, attempts, unstarted, rollup = self._fold(entries, new, at_of, rows, folded)
                 attempts, unstarted = [], sorted(attempts + unstarted, key=lambda r: (r[0], r[1]))
@@ -361,14 +368,41 @@ class Recorder:
         self.recorded += len(entries) if new is None else len(new)
         self.last_lag_s = max(0.0, time.time() - int(entries[-1][2][b"ts"]) / 1000)
 
+    async def _repeated(self, tx: Any, rows: Sequence[tuple[Any, ...]], folded: Sequence[bool]) -> set[int]:
+        """Positions of the event rows whose transition (run, type, version) is recorded already: in
+        PostgreSQL (from another stream entry, or written directly) or by an earlier entry of this
+        batch. A Redis that lost a write (a lagging replica promoted) makes the same transition again
+        at the same version (a second reap of a lease whose first reap it forgot) under a new stream
+        id, which the (stream, stream_id, at) key cannot catch. The run's version is the transition's
+        identity (every Redis transition bumps it), so the first record stands: no second event row,
+        and the repeat does not touch the run's or the attempt's row. One statement, and none for a
+        batch of claims and finishes only (they are attempt columns, found by their stream ids)."""
+        first: dict[tuple[int, str, int], int] = {}
+        out: set[int] = set()
+        for i, (row, fold) in enumerate(zip(rows, folded, strict=True)):
+            if not fold:
+                if (row[0], row[1], row[4]) in first:
+                    out.add(i)
+                else:
+                    first[(row[0], row[1], row[4])] = i
+        if first:
+            keys = list(first)
+            for r in await tx.fetch("recorded_transitions", [k[0] for k in keys], [k[1] for k in keys],
+                                    [k[2] for k in keys]):
+                out.add(first[(r["run_id"], r["type"], r["version"])])
+        return out
+
     async def _unrecorded(self, tx: Any, entries: list[tuple[str, bytes, dict[bytes, bytes]]],
-                          rows: Sequence[tuple[Any, ...]], folded: Sequence[bool]) -> set[tuple[str, int]] | None:
+                          rows: Sequence[tuple[Any, ...]], folded: Sequence[bool],
+                          repeated: set[int]) -> set[tuple[str, int]] | None:
         """A replayed batch (its entries may be committed already): write the event rows PostgreSQL does
-        not have, and return the (stream, stream id) of every entry not recorded before (None: all of
-        them). An attempt's claim or finish is recorded when its attempt row holds that entry's stream id."""
+        not have (`repeated`: transitions it holds already), and return the (stream, stream id) of every
+        entry not recorded before (None: all of them). An attempt's claim or finish is recorded when its
+        attempt row holds that entry's stream id."""
         written = await tx.fetch("insert_events_json", _json.encode(
             [(*row[:11], int(f[b"ts"]), *row[12:])
-             for row, (_, _, f), fold in zip(rows, entries, folded, strict=True) if not fold]).decode())
+             for i, (row, (_, _, f), fold) in enumerate(zip(rows, entries, folded, strict=True))
+             if not fold and i not in repeated]).decode())
         return await self._add_folded(tx, entries, rows, folded, {(r["stream"], r["stream_id"]) for r in written})
 
     async def _add_folded(self, tx: Any, entries: list[tuple[str, bytes, dict[bytes, bytes]]],

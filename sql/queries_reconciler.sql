@@ -136,3 +136,18 @@ SELECT
       AND a.outcome = ANY($3::text[]))::float8                                           AS mean_run_s,
   (SELECT count(*) FROM runs
     WHERE queue = $1 AND status = 'PENDING' AND run_at <= now())                         AS backlog;
+
+-- name: recorded_transitions
+-- Of the recorder's event rows $1-$3 (run, type, version), those PostgreSQL holds already, from
+-- any stream entry or written directly: a Redis that lost a write (a lagging replica promoted)
+-- repeats the transition at the same version under a new stream id, which the (stream, stream_id,
+-- at) key does not catch. Only the partitions from the oldest run's creation on are read (pruned at
+-- execution from the initplan's value; a day's margin for the Redis server's clock, which stamps
+-- `at`), so the cost follows the runs in the batch, not the history's length. Runs no longer in
+-- `runs` (archived) bound nothing: the last day only.
+SELECT e.run_id, e.type, e.version
+FROM events e
+JOIN unnest($1::bigint[], $2::text[], $3::bigint[]) AS u(run_id, type, version)
+  ON e.run_id = u.run_id AND e.type = u.type AND e.version = u.version
+WHERE e.at >= (SELECT COALESCE(min(created_at), now()) - interval '1 day'
+               FROM runs WHERE id = ANY($1::bigint[]));
