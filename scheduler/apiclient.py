@@ -1,8 +1,7 @@
-"""HTTP clients of the Fencepost API, on httpx: `AsyncApiClient` implements the operator protocol
-(fencepost.core.views.Operator) as `fencepost.Client` does, returning the same typed views, so a CLI
-command is written once for both; `ApiClient` is the blocking one the remaining commands use
-(`--api URL --token T`, or FENCEPOST_API_URL / FENCEPOST_API_TOKEN: operators need no database or
-Redis credentials).
+"""The HTTP client of the Fencepost API, on httpx: `AsyncApiClient` implements the operator protocol
+(fencepost.core.views.Operator) as `fencepost.Client` does, returning the same typed views, so every
+CLI command with an API mode is written once for both (`--api URL --token T`, or FENCEPOST_API_URL /
+FENCEPOST_API_TOKEN: operators need no database or Redis credentials).
 
 Problem+json answers become typed errors where the CLI acts on the type (BulkNotConfirmed,
 UnknownRun for 404 on a run), and ApiProblem (a FencepostError: one line on stderr) otherwise; an
@@ -36,7 +35,9 @@ from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.states import DEAD, RESTING, Status
 from fencepost.core.views import (
     Attempt,
+    AuditEntry,
     Batch,
+    BulkCount,
     Checkpoint,
     Event,
     QueueStats,
@@ -44,6 +45,7 @@ from fencepost.core.views import (
     Reply,
     Run,
     RunSummary,
+    TokenInfo,
     Workflow,
     WorkflowSummary,
     status_filter,
@@ -51,7 +53,7 @@ from fencepost.core.views import (
 from fencepost.core.workers import WorkerInfo
 from fencepost.workflows import WORKFLOW_ID_PREFIX, one_workflow
 
-__all__ = ["ApiClient", "ApiProblem", "AsyncApiClient"]
+__all__ = ["ApiProblem", "AsyncApiClient"]
 
 T = TypeVar("T")
 
@@ -334,80 +336,44 @@ class AsyncApiClient:
     async def resume_queue(self, queue: str, *, reason: str = "") -> None:
         await self.request("POST", f"/v1/queues/{_quote(queue)}/resume", {"reason": reason})
 
+    async def resolve(self, run_id: int, *, as_: str, reason: str = "") -> Reply:
+        return Reply((await self.request("POST", f"/v1/runs/{run_id}/resolve", {"as": as_, "reason": reason}))["state"])
 
-class ApiClient:
-    """The blocking client (httpx) of the commands not yet written against the operator protocol
-    (schedules, review, tokens, audit, a bulk command's count-and-confirm): `request` and a few helpers."""
-
-    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        self.url = url.rstrip("/")
-        self.token = token
-        self.timeout = timeout
-        self._http = httpx.Client(base_url=self.url, headers=_headers(token), timeout=timeout, transport=transport)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> ApiClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def request(self, method: str, path: str, body: Any = None, *, query: dict[str, Any] | None = None,
-                headers: dict[str, str] | None = None) -> Any:
+    async def bulk_count(self, command: str, *, queue: str, status: str | None = None, handler: str | None = None,
+                         limit: int = 100) -> BulkCount:
+        """The API's count (confirm 0): its 428 answer names the counted set by a handle (and gives the
+        server's cap as its limit: the count's is the lower of the two)."""
+        body = {"command": command, "status": status_filter(status), "handler": handler, "confirm": 0, "limit": limit}
         try:
-            resp = self._http.request(**_request(method, path, body, query, headers))
-        except httpx.TransportError as exc:
-            raise StoreUnavailable(f"the API at {self.url} is unreachable: {exc}") from None
-        return _answer(resp)
+            await self.request("POST", f"/v1/queues/{_quote(queue)}/bulk", {k: v for k, v in body.items() if v is not None})
+        except BulkNotConfirmed as exc:
+            counted: Any = exc
+            return BulkCount(command=command, queue=queue, status=status_filter(status), handler=handler,
+                             matched=exc.matched, limit=min(limit, exc.limit or limit), acting=int(counted.acting),
+                             until_id=counted.until_id, handle=counted.handle)
+        raise ApiProblem(200, {"detail": "the API acted on a bulk count (confirm 0)"})
 
-    # -- read ----------------------------------------------------------------------------------
-    def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
-        return _as(list[RunSummary], self.request("GET", "/v1/review", query={"queue": queue, "limit": limit}))
+    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> dict[str, Any]:
+        """The confirm of a count: acts on the counted runs that have not moved (the filters are the count's)."""
+        body = {"command": count.command, "handle": count.handle, "confirm": count.acting, "reason": reason}
+        out: dict[str, Any] = await self.request("POST", f"/v1/queues/{_quote(count.queue)}/bulk", body)
+        return out
 
-    # -- schedules -----------------------------------------------------------------------------
-    @staticmethod
-    def _name(name: str) -> str:
-        return urllib.parse.quote(name, safe="")
+    # -- audit and tokens ----------------------------------------------------------------------
+    async def audit(self, *, actor: str | None = None, queue: str | None = None, since: datetime | None = None,
+                    until: datetime | None = None, limit: int = 100, cursor: str | None = None) -> list[AuditEntry]:
+        return _as(list[AuditEntry], await self.request("GET", "/v1/audit", query={
+            "actor": actor, "queue": queue, "limit": limit, "since": since.isoformat() if since else None,
+            "until": until.isoformat() if until else None, "cursor": cursor}))
 
-    def add_schedule(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.request("POST", "/v1/schedules", {k: v for k, v in spec.items() if v is not None})
+    async def tokens(self) -> list[TokenInfo]:
+        return _as(list[TokenInfo], await self.request("GET", "/v1/tokens"))
 
-    def schedules(self, *, limit: int = 100) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/schedules", query={"limit": limit})
+    async def create_token(self, role: str, queues: Sequence[str] = (), *, name: str | None = None,
+                           expires_in: float | None = None) -> tuple[TokenInfo, str]:
+        row = await self.request("POST", "/v1/tokens", {"role": role, "queues": list(queues), "name": name,
+                                                        "expires_in": expires_in})
+        return _as(TokenInfo, {k: v for k, v in row.items() if k != "secret"}), str(row["secret"])
 
-    def schedule(self, name: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/schedules/{self._name(name)}")
-
-    def schedule_runs(self, name: str, limit: int = 10) -> list[dict[str, Any]]:
-        return self.request("GET", f"/v1/schedules/{self._name(name)}/runs", query={"limit": limit})
-
-    def set_schedule_paused(self, name: str, paused: bool) -> dict[str, Any]:
-        return self.request("POST", f"/v1/schedules/{self._name(name)}/{'pause' if paused else 'resume'}")
-
-    def remove_schedule(self, name: str) -> None:
-        self.request("DELETE", f"/v1/schedules/{self._name(name)}")
-
-    def next_fires(self, name: str, n: int) -> tuple[list[datetime], str]:
-        """The schedule's next n fire times and its timezone."""
-        out = self.request("GET", f"/v1/schedules/{self._name(name)}/next", query={"n": n})
-        return [datetime.fromisoformat(t) for t in out["fires"]], out.get("timezone") or "UTC"
-
-    # -- operator ------------------------------------------------------------------------------
-    def resolve(self, run_id: int, *, as_: str, reason: str = "") -> str:
-        return self.request("POST", f"/v1/runs/{run_id}/resolve", {"as": as_, "reason": reason})["state"]
-
-    def bulk(self, verb: str, *, queue: str, status: str | None, handler: str | None, confirm: int,
-             reason: str = "", limit: int | None = None, until_id: int | None = None,
-             handle: str | None = None) -> dict[str, Any]:
-        """Without `handle`: a count (BulkNotConfirmed carries its handle); with it: the confirm, which
-        acts on the counted runs that have not moved (the filters belong to the count)."""
-        if handle is not None:
-            body: dict[str, Any] = {"command": verb, "handle": handle, "confirm": confirm, "reason": reason}
-        else:
-            body = {"command": verb, "status": status, "handler": handler, "confirm": confirm, "reason": reason,
-                    "limit": limit, "until_id": until_id}
-        return self.request("POST", f"/v1/queues/{_quote(queue)}/bulk",
-                            {k: v for k, v in body.items() if v is not None})
+    async def revoke_token(self, token_id: int, *, reason: str = "") -> None:
+        await self.request("DELETE", f"/v1/tokens/{token_id}", query={"reason": reason or None})

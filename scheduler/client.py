@@ -16,6 +16,7 @@ import msgspec
 
 from fencepost.control import BULK_DEFAULT_LIMIT, COMMANDS, Control
 from fencepost.core import cursors
+from fencepost.core import tokens as token_store
 from fencepost.core import workers as fleet
 from fencepost.core.config import Settings
 from fencepost.core.errors import (
@@ -38,7 +39,9 @@ from fencepost.core.submit import Inserted, SubmitPath, idempotency_scope, reque
 from fencepost.core.submit import _rate as _rate  # tests/test_rate_limits.py reads it here
 from fencepost.core.views import (
     Attempt,
+    AuditEntry,
     Batch,
+    BulkCount,
     Checkpoint,
     Event,
     QueueStats,
@@ -48,6 +51,7 @@ from fencepost.core.views import (
     RunProgress,
     RunRecord,
     RunSummary,
+    TokenInfo,
     Workflow,
     WorkflowSummary,
     live_runs,
@@ -317,8 +321,9 @@ class Client:
         known once connected when the pair had to be started."""
         return self.stores.settings
 
-    async def connect(self) -> Client:
-        await self.stores.connect()
+    async def connect(self, *, redis: bool = True) -> Client:
+        """Open the stores; REDIS false: PostgreSQL only, for what needs no Redis (tokens, the audit log)."""
+        await self.stores.connect(redis=redis)
         return self
 
     async def close(self) -> None:
@@ -753,6 +758,43 @@ class Client:
                              reason: str = "") -> dict[str, list[str]]:
         """Re-run what did not succeed, keeping succeeded nodes (Workflows.retry_workflow)."""
         return await self.flows.retry_workflow(workflow_id, recompute=recompute, reason=reason)
+
+    # -- bulk counts, the audit log and tokens (the operator protocol's; the API has the same) ------
+    async def bulk_count(self, command: str, *, queue: str, status: str | None = None, handler: str | None = None,
+                         limit: int = BULK_DEFAULT_LIMIT) -> BulkCount:
+        """What a bulk command would act on (Control.bulk_count): nothing changes; UnknownQueue first."""
+        await require_queue(self.stores, queue)
+        return await self.control.bulk_count(command, queue=queue, status=status, handler=handler, limit=limit)
+
+    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> dict[str, Any]:
+        """Act on exactly the runs COUNT counted (Control.bulk_confirm)."""
+        return await self.control.bulk_confirm(count, reason=reason)
+
+    async def audit(self, *, actor: str | None = None, queue: str | None = None, since: datetime | None = None,
+                    until: datetime | None = None, limit: int = 100, cursor: str | None = None) -> list[AuditEntry]:
+        """Who did what, newest first: configuration changes (the audit log) and operators' commands on runs;
+        after CURSOR (an `audit` cursor: the key of the previous page's last entry) when given."""
+        key = cursors.decode("audit", cursor)
+        after = None if key is None else msgspec.json.encode([key[0].isoformat(), key[1], key[2]]).decode()
+        rows = await self.stores.db.fetch("audit_list", actor, queue, since, until, limit, None, after)
+        return [view(AuditEntry, {**dict(r), "data": msgspec.json.decode(r["data"]) if r["data"] else None})
+                for r in rows]
+
+    async def tokens(self) -> list[TokenInfo]:
+        """Every API token (never its secret)."""
+        return [view(TokenInfo, r) for r in await token_store.list_all(self.stores.db)]
+
+    async def create_token(self, role: str, queues: Sequence[str] = (), *, name: str | None = None,
+                           expires_in: float | None = None) -> tuple[TokenInfo, str]:
+        """A new API token made by this client's actor, and its secret (shown only now: its sha256 is stored)."""
+        row, secret = await token_store.insert(self.stores.db, role, list(queues), name, self.actor,
+                                               expires_in=expires_in)
+        return view(TokenInfo, row), secret
+
+    async def revoke_token(self, token_id: int, *, reason: str = "") -> None:
+        """Revoke a token (audited as this client's actor); InvalidInput when there is none."""
+        if await token_store.revoke(self.stores.db, token_id, self.actor, reason=reason) is None:
+            raise InvalidInput(f"no token with id {token_id}", field="token_id")
 
 
 class SyncClient:

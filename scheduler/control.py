@@ -17,7 +17,7 @@ from fencepost.core.hot import CancelArgs, ControlArgs, ControlVerb, ResolveArgs
 from fencepost.core.models import JobSpec, decode_payload, decode_result, run_row
 from fencepost.core.states import WAITING, Status
 from fencepost.core.submit import SubmitPath
-from fencepost.core.views import Reply, RunSummary, view
+from fencepost.core.views import BulkCount, Reply, RunSummary, view
 
 __all__ = ["BULK_DEFAULT_LIMIT", "COMMANDS", "Control", "explain_reply"]
 
@@ -139,23 +139,37 @@ class Control:
         ids that match, read once, so the runs acted on are exactly those selected (a run that
         changed state since is refused by its own compare-and-set and listed in `refused`).
         `until_id` bounds the selection to the ids a count saw (`bulk_count` gives it)."""
+        audit.reason(reason)
+        counted = await self.bulk_count(command, queue=queue, status=status, handler=handler, limit=limit,
+                                        until_id=until_id)
+        matched = counted.matched
+        if not confirm:
+            raise BulkNotConfirmed(matched, limit)
+        bound = until_id if until_id is not None else counted.until_id
+        ids = [r["id"] for r in await self.stores.db.fetch("bulk_select", queue, status, handler, bound, limit)]
+        selection = {"status": status, "handler": handler, "until_id": bound, "matched": matched}
+        return {"matched": matched, **await self.act_on(command, ids, reason=reason, queue=queue,
+                                                          selection=selection)}
+
+    async def bulk_count(self, command: str, *, queue: str, status: str | None = None, handler: str | None = None,
+                         limit: int = BULK_DEFAULT_LIMIT, until_id: int | None = None) -> BulkCount:
+        """What `bulk` would act on, counted (nothing changes): the runs matching now, bounded by the
+        highest id seen (`until_id`), so a confirm acts on no run submitted after the count."""
         if command not in COMMANDS:
             raise InvalidInput(f"unknown command {command!r}; one of {', '.join(COMMANDS)}", field="command")
         if status is not None and status not in Status.__members__:
             raise InvalidInput(f"unknown status {status!r}", field="status")
         if limit < 1:
             raise InvalidInput("limit must be at least 1", field="limit")
-        audit.reason(reason)
         counted = await self.stores.db.fetchrow("bulk_count", queue, status, handler, until_id)
         assert counted is not None
-        matched = counted["matched"]
-        if not confirm:
-            raise BulkNotConfirmed(matched, limit)
-        bound = until_id if until_id is not None else counted["until_id"]
-        ids = [r["id"] for r in await self.stores.db.fetch("bulk_select", queue, status, handler, bound, limit)]
-        selection = {"status": status, "handler": handler, "until_id": bound, "matched": matched}
-        return {"matched": matched, **await self.act_on(command, ids, reason=reason, queue=queue,
-                                                          selection=selection)}
+        return BulkCount(command=command, queue=queue, status=status, handler=handler, matched=counted["matched"],
+                         limit=limit, acting=min(counted["matched"], limit), until_id=counted["until_id"])
+
+    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> dict[str, Any]:
+        """Act on the runs COUNT counted (those still matching, at most its limit, none newer)."""
+        return await self.bulk(count.command, queue=count.queue, status=count.status, handler=count.handler,
+                               limit=count.limit, confirm=True, reason=reason, until_id=count.until_id)
 
     async def act_on(self, command: str, ids: list[int], *, reason: str = "", queue: str | None = None,
                      selection: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -175,3 +175,44 @@ def test_store_only_commands_refuse_the_api() -> None:
     flag = _run({k: v for k, v in env.items() if not k.startswith("FENCEPOST_API_")}, "--api", "http://127.0.0.1:1",
                 "db", "upgrade")
     assert flag.returncode == 1 and STORE_ONLY in flag.stderr and "db upgrade" in flag.stderr
+
+
+async def test_audit_token_and_bulk_commands_print_the_same_over_the_api(cli: Cli, client: Client,
+                                                                          stores: Stores) -> None:
+    """audit, token and bulk commands are written once against the operator protocol (issue 25: each
+    had an API branch and a direct branch): through the API they print what they print on the stores."""
+    ids = [await client.submit("t.noop") for _ in range(3)]
+    await client.pause_queue("tq", reason="incident 7")
+    await record_all(stores)  # bulk selections read PostgreSQL
+    shown = cli.same("audit", "--queue", "tq", "--since", "1h", token=cli.operator)
+    assert "queue_paused" in shown and "incident 7" in shown
+    entries = json.loads(cli.same("audit", "--json", "--queue", "tq", token=cli.operator))
+    assert [(e["action"], e["reason"]) for e in entries] == [("queue_paused", "incident 7")]
+
+    dry = cli.same("cancel", "--queue", "tq", "--status", "PENDING", "--limit", "2")  # bulk: admin tokens only
+    assert dry == ("3 runs in queue 'tq' match; nothing changed.\n"
+                   "Re-run with --yes to cancel up to 2 of them (--limit 2).\n")
+    assert cli.ok("cancel", "--queue", "tq", "--status", "PENDING", "--limit", "2", "--yes", "--reason", "cleanup") == \
+        "3 matched, 2 acted on: 2 CANCELLED\n"
+    await record_all(stores)
+    assert cli.direct("cancel", "--queue", "tq", "--status", "PENDING", "--yes") == \
+        "1 matched, 1 acted on: 1 CANCELLED\n"
+    assert {(await client.run(i)).status for i in ids} == {"CANCELLED"}
+
+    made = cli.api("token", "create", "--role", "producer", "--queue", "tq", "--name", "ci")
+    assert made.returncode == 0 and made.stdout.startswith("fp_"), made.stderr
+    tid = int(made.stderr.split()[1])
+    assert made.stderr.startswith(f"token {tid} (producer, tq) 'ci'\n")
+
+    def listed(rows: str) -> dict[int, tuple[str, str, str]]:  # last_used_at moves with each API call
+        return {r["id"]: (r["name"], r["role"], ",".join(r["queues"])) for r in json.loads(rows)}
+
+    assert listed(cli.ok("token", "ls", "--json")) == listed(cli.direct("token", "ls", "--json"))
+    assert cli.direct("token", "revoke", str(tid), "--reason", "rotated") == f"token {tid}: revoked\n"
+    row = next(r for r in cli.ok("token", "ls").splitlines() if r.split()[0] == str(tid))
+    assert " revoked " in row, row
+    only_pg = {k: v for k, v in worker_env(cli.settings).items()  # tokens and the audit log need PostgreSQL only
+               if not k.startswith("FENCEPOST_API_") and k != "FENCEPOST_REDIS_URL"}
+    for args in (("token", "ls"), ("audit", "--queue", "tq")):
+        out = _run(only_pg, *args)
+        assert out.returncode == 0 and out.stdout, (args, out.stderr)

@@ -3,34 +3,21 @@ by hash with a short cache, revoked; roles and queue scopes; a per-token rate li
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from fencepost.api.problems import Forbidden, RateLimited, Unauthorized
-from fencepost.core import audit, validate
+from fencepost.core import tokens
 from fencepost.core.errors import InvalidInput
-from fencepost.core.keys import valid_queue_name
 from fencepost.core.record import Database
+from fencepost.core.tokens import MAX_EXPIRES_S, ROLES, hash_secret, new_secret
 
 __all__ = ["MAX_EXPIRES_S", "ROLES", "Principal", "RateLimiter", "Tokens", "create_token", "hash_secret", "new_secret",
            "revoke_token"]
 
-ROLES = ("producer", "operator", "admin")
 _RANK = {"producer": 0, "operator": 1, "admin": 2}
-TOKEN_PREFIX = "fp_"
-MAX_EXPIRES_S = 10 * 365 * 86400
-
-
-def new_secret() -> str:
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
-
-
-def hash_secret(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -74,23 +61,14 @@ class Principal:
 async def create_token(db: Database, role: str, queues: list[str], name: str | None,
                        created_by: str | None, *, expires_in: float | None = None,
                        parent: Principal | None = None) -> tuple[dict[str, Any], str]:
-    """Store a new token; returns (its row, the secret), the secret being shown only now. The
-    token's creation is audited in the same transaction (actor: `created_by`).
+    """Store a new token (fencepost.core.tokens.insert); returns (its row, the secret), the secret being
+    shown only now. The token's creation is audited in the same transaction (actor: `created_by`).
 
     With `parent` (the token making it, through the API) the new token never exceeds it: its role
     ranks at most the parent's, its queues are within the parent's scope, and it expires no later
     than the parent (with no `expires_in`, at the parent's expiry). Revoking or expiring the parent
     ends it too (checked at every authentication)."""
-    if role not in ROLES:
-        raise InvalidInput(f"role must be one of {', '.join(ROLES)}, not {role!r}", field="role")
-    for q in queues:
-        if not valid_queue_name(q):
-            raise InvalidInput(f"queue name {q!r} is not valid", field="queues")
-    if name is not None:
-        validate.text("name", name)
-    if expires_in is not None and not (isinstance(expires_in, (int, float)) and 60 <= expires_in <= MAX_EXPIRES_S):
-        raise InvalidInput(f"expires_in must be between 60 s and {MAX_EXPIRES_S} s (10 years), not {expires_in!r}",
-                           field="expires_in")
+    tokens.check_new(role, queues, name, expires_in)
     if parent is not None:
         if _RANK[role] > _RANK[parent.role]:
             raise Forbidden(f"a {parent.role} token cannot make a {role} token", role=parent.role, field="role")
@@ -102,31 +80,13 @@ async def create_token(db: Database, role: str, queues: list[str], name: str | N
             if expires_in is not None and expires_in > left + 1:
                 raise InvalidInput(f"expires_in {expires_in:g} s outlives this token, which expires in {left:.0f} s",
                                    field="expires_in")
-    secret = new_secret()
-    async with db.transaction() as tx:
-        row = await db.fetchrow("api_token_insert", name, role, sorted(set(queues)), hash_secret(secret), created_by,
-                                None if expires_in is None else float(expires_in),
-                                None if parent is None else parent.id,
-                                None if parent is None else parent.expires_at, conn=tx)
-        assert row is not None
-        await audit.write(db, tx, created_by or "unknown", "token_created", target=str(row["id"]),
-                          data={"role": role, "queues": sorted(set(queues)), "name": name,
-                                "parent": None if parent is None else parent.id,
-                                "expires_at": None if row["expires_at"] is None else row["expires_at"].isoformat()})
-    return dict(row), secret
+    return await tokens.insert(db, role, queues, name, created_by, expires_in=expires_in,
+                               parent_id=None if parent is None else parent.id,
+                               parent_expires_at=None if parent is None else parent.expires_at)
 
 
-async def revoke_token(db: Database, token_id: int, actor: str, *, reason: str = "") -> dict[str, Any] | None:
-    """Revoke a token (idempotent), audited in the same transaction; None if there is no such token."""
-    audit.reason(reason)
-    async with db.transaction() as tx:
-        row = await db.fetchrow("api_token_revoke", token_id, conn=tx)
-        if row is None:
-            return None
-        await audit.write(db, tx, actor, "token_revoked", target=str(token_id), reason_=reason,
-                          data={"role": row["role"], "queues": list(row["queues"] or ()),
-                                "descendants_revoked": row["descendants"]})
-    return dict(row)
+revoke_token = tokens.revoke
+"""Revoke a token (idempotent), audited in the same transaction; None if there is no such token."""
 
 
 class Tokens:

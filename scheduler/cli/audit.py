@@ -1,21 +1,20 @@
 """`fencepost audit`: who did what. Configuration changes (dispatch, schedules, tokens, queue
 pause) from the audit log and operators' commands on runs from the history, newest first,
-filtered by actor, queue and time; directly from PostgreSQL, or through the API with --api."""
+filtered by actor, queue and time; from the stores, or through the API with --api (one body,
+written against fencepost.core.views.Operator)."""
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import click
 
-from fencepost.cli.common import async_command, from_context, table
+from fencepost.cli.common import async_command, operator, print_json, table
 from fencepost.cli.runs import cursor_options, pages
 from fencepost.core import cursors, validate
 from fencepost.core.config import Settings
-from fencepost.core.record import Database
+from fencepost.core.views import AuditEntry
 
 __all__ = ["audit"]
 
@@ -55,33 +54,14 @@ async def audit(settings: Settings, actor: str | None, queue: str | None, since:
     if actor is not None:
         validate.text("name", actor)
     cursors.decode("audit", cursor)  # a bad --cursor fails before anything connects
-    api = from_context()
-    rows: list[dict[str, Any]]
-    if api is not None:
-        async def page(c: str | None) -> list[dict[str, Any]]:
-            got: list[dict[str, Any]] = api.request("GET", "/v1/audit", query={
-                "actor": actor, "queue": queue, "limit": limit, "since": start.isoformat() if start else None,
-                "until": end.isoformat() if end else None, "cursor": c})
-            return got
+    async with operator(settings, redis=False) as op:  # the stores, or the API with --api (core.views.Operator)
+        async def page(c: str | None) -> list[AuditEntry]:
+            return await op.audit(actor=actor, queue=queue, since=start, until=end, limit=limit, cursor=c)
 
         rows = await pages(page, "audit", limit, cursor, all_pages)
-    else:
-        db = await Database(settings.database_url, max_size=1).connect()
-        try:
-            async def page(c: str | None) -> list[dict[str, Any]]:
-                key = cursors.decode("audit", c)
-                after = None if key is None else json.dumps([key[0].isoformat(), key[1], key[2]])
-                return [dict(r) for r in await db.fetch("audit_list", actor, queue, start, end, limit, None, after)]
-
-            rows = await pages(page, "audit", limit, cursor, all_pages)
-        finally:
-            await db.close()
     if as_json:
-        click.echo(json.dumps(rows, default=str))
+        print_json(rows)
         return
-    for r in rows:
-        data = r.get("data")
-        if isinstance(data, str):
-            data = json.loads(data)
-        r["detail"] = ", ".join(f"{k}={v}" for k, v in (data or {}).items() if v is not None)
-    table(rows, ["at", "actor", "action", "queue", "target", "reason", "detail"])
+    shown = [{**{f: r[f] for f in r}, "detail": ", ".join(f"{k}={v}" for k, v in (r.data or {}).items()
+                                                          if v is not None)} for r in rows]
+    table(shown, ["at", "actor", "action", "queue", "target", "reason", "detail"])

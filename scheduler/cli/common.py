@@ -37,7 +37,7 @@ import msgspec
 from prometheus_client import start_http_server
 from redis.exceptions import RedisError
 
-from fencepost.apiclient import ApiClient, AsyncApiClient
+from fencepost.apiclient import AsyncApiClient
 from fencepost.client import Client
 from fencepost.core import validate
 from fencepost.core.config import Settings
@@ -65,7 +65,6 @@ __all__ = [
     "async_command",
     "exit_on_error",
     "fmt",
-    "from_context",
     "json_arg",
     "json_option",
     "metrics_port_option",
@@ -337,7 +336,7 @@ def print_json(v: Any) -> None:
 def require_store(command: str) -> None:
     """Store-side admin tools have no API mode: with --api (or FENCEPOST_API_URL) they stop with
     one line on stderr and exit code 1 instead of silently using the store settings."""
-    if from_context() is not None:
+    if _api_target() is not None:
         click.echo(f"error: `fencepost {command}` needs direct Redis/PostgreSQL access and has no --api mode; "
                    "run it without --api / FENCEPOST_API_URL where the stores are reachable", err=True)
         sys.exit(EXIT_REFUSED)
@@ -356,17 +355,20 @@ def _api_target() -> tuple[str, str | None] | None:
 
 
 @contextlib.asynccontextmanager
-async def operator(settings: Settings, *, actor: str = "cli") -> AsyncIterator[Operator]:
+async def operator(settings: Settings, *, actor: str = "cli", redis: bool = True) -> AsyncIterator[Operator]:
     """What a command acts through, written once for both: the HTTP API with --api (an
-    AsyncApiClient), else the stores (a Client acting as ACTOR). Both implement
-    fencepost.core.views.Operator."""
+    AsyncApiClient), else the stores (a Client acting as ACTOR; REDIS false: PostgreSQL only, so
+    FENCEPOST_DATABASE_URL alone is enough). Both implement fencepost.core.views.Operator."""
     target = _api_target()
     if target is not None:
         async with AsyncApiClient(*target) as api:
             yield api
         return
-    async with Client(settings=settings, actor=actor) as client:
+    client = await Client(settings=settings, actor=actor).connect(redis=redis)
+    try:
         yield client
+    finally:
+        await client.close()
 
 
 async def warn_if_recorder_silent(op: Operator) -> None:
@@ -375,15 +377,3 @@ async def warn_if_recorder_silent(op: Operator) -> None:
     silence = await op.recorder_silence()
     if silence is not None:
         click.echo(silence.message, err=True)
-
-
-def from_context() -> ApiClient | None:
-    """The API client when the CLI was given --api (or FENCEPOST_API_URL), else None."""
-    ctx = click.get_current_context(silent=True)
-    while ctx is not None:
-        found = ctx.meta.get("fencepost.api")
-        if found is not None:
-            url, token = found
-            return ApiClient(url, token) if url else None
-        ctx = ctx.parent
-    return None

@@ -9,12 +9,9 @@ from typing import Any
 
 import click
 
-from fencepost.cli.common import actor, async_command, from_context, operator
-from fencepost.client import Client
+from fencepost.cli.common import actor, async_command, operator
 from fencepost.control import BULK_DEFAULT_LIMIT, explain_reply
 from fencepost.core.config import Settings
-from fencepost.core.errors import BulkNotConfirmed
-from fencepost.core.queues import require_queue
 
 __all__ = ["RUN_COMMANDS", "cancel", "pause", "restart", "resume", "retry", "stop"]
 
@@ -92,46 +89,21 @@ async def _act(verb: str, settings: Settings, *, run_id: int | None, reason: str
                status_: str | None, handler: str | None, limit: int, yes: bool, expected_version: int | None) -> None:
     if (run_id is None) == (queue is None):
         raise click.UsageError(f"give a RUN_ID, or --queue (with --status/--handler) for a bulk {verb}")
-    if run_id is not None:  # one run: written once, through the stores or the API (core.views.Operator)
-        async with operator(settings, actor=actor()) as op:
+    async with operator(settings, actor=actor()) as op:  # the stores, or the API (core.views.Operator)
+        if run_id is not None:  # one run
             state = await op.command(verb, run_id, reason=reason, expected_version=expected_version)
-        click.echo(f"run {run_id}: {explain_reply(verb, state)}")
-        return
-    if _via_api(verb, run_id, reason, queue, status_, handler, yes, expected_version, limit):
-        return
-    async with Client(settings=settings, actor=actor()) as client:
-        assert queue is not None  # exactly one of RUN_ID and --queue (checked above)
-        await require_queue(client.stores, queue)
-        try:
-            out = await client.bulk(verb, queue=queue, status=status_.upper() if status_ else None,
-                                    handler=handler, limit=limit, confirm=yes, reason=reason)
-        except BulkNotConfirmed as exc:  # a dry run: it counted, as asked (exit 0)
-            click.echo(f"{exc.matched} runs in queue {queue!r} match; nothing changed.")
-            click.echo(f"Re-run with --yes to {verb} up to {min(exc.matched, exc.limit)} of them (--limit {limit}).")
+            click.echo(f"run {run_id}: {explain_reply(verb, state)}")
             return
-        _print_bulk(out)
-
-
-def _via_api(verb: str, run_id: int | None, reason: str, queue: str | None, status_: str | None,
-             handler: str | None, yes: bool, expected_version: int | None, limit: int | None = None) -> bool:
-    """A bulk command with --api: through the HTTP API, whose bulk protocol is its own (a count
-    names the counted set by a handle, the confirm acts on it)."""
-    api = from_context()
-    if api is None:
-        return False
-    assert queue is not None
-    status = status_.upper() if status_ else None
-    try:
-        out = api.bulk(verb, queue=queue, status=status, handler=handler, confirm=0, reason=reason, limit=limit)
-    except BulkNotConfirmed as exc:
+        assert queue is not None  # exactly one of RUN_ID and --queue (checked above)
+        # bulk: count first (nothing changes), then act on exactly the runs counted
+        count = await op.bulk_count(verb, queue=queue, status=status_.upper() if status_ else None, handler=handler,
+                                    limit=limit)
         if not yes:  # a dry run: it counted, as asked (exit 0)
-            click.echo(f"{exc.matched} runs in queue {queue!r} match; nothing changed.")
-            click.echo(f"Re-run with --yes to {verb} them (the API acts on at most {exc.limit}).")
-            return True
-        out = api.bulk(verb, queue=queue, status=status, handler=handler, confirm=exc.acting,  # type: ignore[attr-defined]
-                       reason=reason, handle=exc.handle)  # type: ignore[attr-defined]  # exactly the runs counted
+            click.echo(f"{count.matched} runs in queue {queue!r} match; nothing changed.")
+            click.echo(f"Re-run with --yes to {verb} up to {count.acting} of them (--limit {count.limit}).")
+            return
+        out = await op.bulk_confirm(count, reason=reason)
     _print_bulk(out)
-    return True
 
 
 def _print_bulk(out: dict[str, Any]) -> None:

@@ -57,7 +57,7 @@ def cli(ctx: click.Context, redis_url: str | None, database_url: str | None, pre
     ctx.obj = Settings.from_env(redis_url=redis_url, database_url=database_url, prefix=prefix)
     ctx.obj = store_settings(ctx, ctx.obj, api=bool(api_url))  # the one rule of fencepost.core.stores
     api_token = api_token_from(ctx, api_token, api_token_file)
-    ctx.meta["fencepost.api"] = (api_url, api_token)  # read by fencepost.cli.common.from_context
+    ctx.meta["fencepost.api"] = (api_url, api_token)  # read by fencepost.cli.common.operator
 
 
 COMMANDS: list[click.Command] = [

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import click
 
-from fencepost.cli.common import actor, async_command, from_context, json_option, print_json, table
-from fencepost.client import Client
+from fencepost.cli.common import actor, async_command, json_option, operator, print_json, table
 from fencepost.core.config import Settings
-from fencepost.core.queues import require_queue
 
 __all__ = ["review"]
 
@@ -26,13 +24,10 @@ def review() -> None:
 @async_command
 async def review_ls(settings: Settings, queue: str | None, limit: int, as_json: bool) -> None:
     """Runs waiting for an operator, newest first."""
-    if (api := from_context()) is not None:
-        rows = api.review_queue(queue=queue, limit=limit)
-    else:
-        async with Client(settings=settings) as client:
-            if queue is not None:
-                await require_queue(client.stores, queue)
-            rows = await client.review_queue(queue=queue, limit=limit)
+    async with operator(settings) as op:  # the stores, or the API with --api (core.views.Operator)
+        if queue is not None:
+            await op.known_queue(queue)
+        rows = await op.review_queue(queue=queue, limit=limit)
     if as_json:
         print_json(rows)
     else:
@@ -47,9 +42,6 @@ async def review_ls(settings: Settings, queue: str | None, limit: int, as_json: 
 @async_command
 async def review_resolve(settings: Settings, run_id: int, as_: str, reason: str) -> None:
     """Close a review-queue run as what really happened, or run it again."""
-    if (api := from_context()) is not None:
-        state = api.resolve(run_id, as_=as_, reason=reason)
-    else:
-        async with Client(settings=settings, actor=actor()) as client:
-            state = await client.resolve(run_id, as_=as_, reason=reason)
+    async with operator(settings, actor=actor()) as op:
+        state = await op.resolve(run_id, as_=as_, reason=reason)
     click.echo(f"run {run_id}: {state}")

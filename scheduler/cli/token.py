@@ -1,21 +1,17 @@
 """`fencepost token create / revoke / ls`: API tokens (stored as sha256; the secret is shown once).
 
-Talks to PostgreSQL directly (bootstrapping the first admin token needs no API), or to the
-API with --api and an admin token."""
+Through the stores (bootstrapping the first admin token needs no API), or the API with --api and an
+admin token: each command is written once against fencepost.core.views.Operator."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 import click
 from click.core import ParameterSource
 
-from fencepost.api.auth import create_token, revoke_token
-from fencepost.cli.common import actor, async_command, from_context, json_option, print_json, table
+from fencepost.cli.common import actor, async_command, json_option, operator, print_json, table
 from fencepost.core.config import Settings
-from fencepost.core.errors import InvalidInput
-from fencepost.core.record import Database
 from fencepost.reconciler.retention import parse_duration
 
 __all__ = ["api_token_from", "token"]
@@ -54,20 +50,11 @@ async def create(settings: Settings, role: str, queues: tuple[str, ...], name: s
                  expires_in: str | None) -> None:
     """Create a token and print its secret (shown only now: only its sha256 is stored)."""
     ttl = None if expires_in is None else parse_duration(expires_in, what="--expires-in").total_seconds()
-    api = from_context()
-    if api is not None:
-        row = api.request("POST", "/v1/tokens", {"role": role, "queues": list(queues), "name": name,
-                                                 "expires_in": ttl})
-        secret = row["secret"]
-    else:
-        db = await Database(settings.database_url, max_size=1).connect()
-        try:
-            row, secret = await create_token(db, role, list(queues), name, actor(), expires_in=ttl)
-        finally:
-            await db.close()
-    scope = ", ".join(row["queues"]) or "all queues"
-    until = f", expires {row['expires_at']}" if row.get("expires_at") else ""
-    click.echo(f"token {row['id']} ({role}, {scope}{until}){' ' + repr(name) if name else ''}", err=True)
+    async with operator(settings, actor=actor(), redis=False) as op:
+        made, secret = await op.create_token(role, queues, name=name, expires_in=ttl)
+    scope = ", ".join(made.queues) or "all queues"
+    until = f", expires {made.expires_at}" if made.expires_at else ""
+    click.echo(f"token {made.id} ({role}, {scope}{until}){' ' + repr(name) if name else ''}", err=True)
     click.echo("store this secret now; it cannot be shown again:", err=True)
     click.echo(secret)
 
@@ -78,17 +65,8 @@ async def create(settings: Settings, role: str, queues: tuple[str, ...], name: s
 @async_command
 async def revoke(settings: Settings, token_id: int, reason: str) -> None:
     """Revoke a token (API replicas stop accepting it within their token cache time, 5 s)."""
-    api = from_context()
-    if api is not None:
-        api.request("DELETE", f"/v1/tokens/{token_id}", query={"reason": reason or None})
-    else:
-        db = await Database(settings.database_url, max_size=1).connect()
-        try:
-            row = await revoke_token(db, token_id, actor(), reason=reason)
-        finally:
-            await db.close()
-        if row is None:
-            raise InvalidInput(f"no token with id {token_id}", field="token_id")
+    async with operator(settings, actor=actor(), redis=False) as op:
+        await op.revoke_token(token_id, reason=reason)
     click.echo(f"token {token_id}: revoked")
 
 
@@ -97,22 +75,13 @@ async def revoke(settings: Settings, token_id: int, reason: str) -> None:
 @async_command
 async def ls(settings: Settings, as_json: bool) -> None:
     """List tokens (never their secrets)."""
-    api = from_context()
-    rows: list[dict[str, Any]]
-    if api is not None:
-        rows = api.request("GET", "/v1/tokens")
-    else:
-        db = await Database(settings.database_url, max_size=1).connect()
-        try:
-            rows = [dict(r) for r in await db.fetch("api_token_list")]
-        finally:
-            await db.close()
+    async with operator(settings, redis=False) as op:
+        rows = await op.tokens()
     if as_json:
         print_json(rows)
         return
-    for r in rows:
-        r["queues"] = ",".join(r["queues"]) or "*"
-        ends = r.get("expires_at")
-        expired = isinstance(ends, datetime) and ends <= datetime.now(UTC)
-        r["state"] = "revoked" if r.get("revoked_at") else "expired" if expired else "active"
-    table(rows, ["id", "name", "role", "queues", "state", "created_at", "expires_at", "last_used_at", "created_by"])
+    now = datetime.now(UTC)
+    shown = [{**{f: r[f] for f in r}, "queues": ",".join(r.queues) or "*",
+              "state": "revoked" if r.revoked_at else "expired" if r.expires_at and r.expires_at <= now else "active"}
+             for r in rows]
+    table(shown, ["id", "name", "role", "queues", "state", "created_at", "expires_at", "last_used_at", "created_by"])

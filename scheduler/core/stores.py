@@ -119,6 +119,16 @@ def _redis_client(settings: Settings) -> aioredis.Redis:
     return connect(settings.redis_url, health_check_interval=30, **opts)
 
 
+class _Unset:
+    """Redis when only PostgreSQL is configured: any use raises the one-line error saying what to set."""
+
+    def __init__(self, error: InvalidInput) -> None:
+        self._error = error
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._error
+
+
 class Stores:
     redis: aioredis.Redis
     db: Database
@@ -141,12 +151,17 @@ class Stores:
                                           ("FENCEPOST_DATABASE_URL", self.settings.database_url)) if not url]
         if missing:  # rule 3: one store given without the other, and both are needed here
             given = "FENCEPOST_DATABASE_URL" if missing[0] == "FENCEPOST_REDIS_URL" else "FENCEPOST_REDIS_URL"
-            raise InvalidInput(f"{missing[0]} is not set but {given} is: set both, or neither to use the "
-                               f"embedded servers in {embedded_dir()}/",
-                               field=missing[0].removeprefix("FENCEPOST_").lower())
-        self.redis = _redis_client(self.settings)
+            error = InvalidInput(f"{missing[0]} is not set but {given} is: set both, or neither to use the "
+                                 f"embedded servers in {embedded_dir()}/",
+                                 field=missing[0].removeprefix("FENCEPOST_").lower())
+            if missing != ["FENCEPOST_REDIS_URL"]:
+                raise error
+            # PostgreSQL alone: enough for connect(redis=False) (`fencepost token`, `audit`); Redis says why on use
+            self.redis = self.scripts = _Unset(error)  # type: ignore[assignment]
+        else:
+            self.redis = _redis_client(self.settings)
+            self.scripts = Scripts(self.redis)
         self.db = Database(self.settings.database_url, max_size=self._db_pool_size)
-        self.scripts = Scripts(self.redis)
         self._opened = True
 
     def spare_redis(self) -> aioredis.Redis:
@@ -175,14 +190,17 @@ class Stores:
     def queues_key(self) -> str:
         return QUEUES_KEY(self.settings.prefix)
 
-    async def connect(self, *, database: bool = True) -> Stores:
+    async def connect(self, *, database: bool = True, redis: bool = True) -> Stores:
+        """Open the stores; REDIS false: PostgreSQL only (a command that needs no Redis, which then may
+        be unset: FENCEPOST_DATABASE_URL alone)."""
         if not self._opened:  # rule 2 with the pair not running: start it now (off the event loop)
             self.settings = (await asyncio.to_thread(resolve_settings, self.settings)).settings
             self._open()
-        try:
-            await self.redis.ping()
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"redis unreachable at {self.settings.redis_url}: {exc}") from exc
+        if redis:
+            try:
+                await self.redis.ping()
+            except (RedisError, OSError) as exc:
+                raise RedisUnavailable(f"redis unreachable at {self.settings.redis_url}: {exc}") from exc
         if database:
             await self.db.connect()
         return self
@@ -206,5 +224,6 @@ class Stores:
     async def close(self) -> None:
         if not self._opened:
             return
-        await self.redis.aclose()
+        if not isinstance(self.redis, _Unset):
+            await self.redis.aclose()
         await self.db.close()

@@ -304,6 +304,55 @@ states.py), or REQUESTED (a pause of a RUNNING run, taken at its next safe bound
 (`reply == "PAUSED"`)."""
 
 
+class AuditEntry(View, kw_only=True):
+    """Who did what: a configuration change (source 'config') or a command on a run (source 'run',
+    action = the event type, target = the run id)."""
+
+    source: str
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    address: str | None = None
+    queue: str | None = None
+    target: str | None = None
+    reason: str | None = None
+    data: Any = None
+    """The change's details (decoded JSON)."""
+
+
+class TokenInfo(View, kw_only=True):
+    """An API token as `token ls` shows it (never its secret: only its sha256 is stored)."""
+
+    id: int
+    role: str
+    queues: list[str]
+    name: str | None = None
+    created_by: str | None = None
+    created_at: datetime | None = None
+    revoked_at: datetime | None = None
+    last_used_at: datetime | None = None
+    expires_at: datetime | None = None
+    parent_id: int | None = None
+    """The token that made this one through the API (revoking or expiring it ends this one too)."""
+
+
+class BulkCount(View, kw_only=True):
+    """What a bulk command would act on, counted and nothing changed: `Operator.bulk_confirm` acts on
+    exactly this set (the runs at most `until_id` through the stores, the counted `handle` over HTTP)."""
+
+    command: str
+    queue: str
+    status: str | None = None
+    handler: str | None = None
+    matched: int
+    limit: int
+    acting: int
+    """How many the confirm acts on (at most `limit` of those matched)."""
+    until_id: int | None = None
+    handle: str | None = None
+
+
 class RecorderSilence(View, kw_only=True):
     """A transition has waited in Redis for a recorder longer than the lag alert allows."""
 
@@ -542,6 +591,31 @@ class Operator(Protocol):
     async def set_schedule_paused(self, name: str, paused: bool) -> None: ...
 
     async def remove_schedule(self, name: str) -> None: ...
+
+    # the review queue, bulk commands, the audit log and tokens
+    async def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]: ...
+
+    async def resolve(self, run_id: int, *, as_: str, reason: str = "") -> Reply:
+        """Close a review-queue run as 'succeeded' or 'failed', or 'retry' it."""
+
+    async def bulk_count(self, command: str, *, queue: str, status: str | None = None, handler: str | None = None,
+                         limit: int = 100) -> BulkCount:
+        """Count what a bulk command would act on; nothing changes."""
+
+    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> dict[str, Any]:
+        """Act on exactly the runs COUNT counted: {matched, acted, results (by state), refused (by run id)}."""
+
+    async def audit(self, *, actor: str | None = None, queue: str | None = None, since: datetime | None = None,
+                    until: datetime | None = None, limit: int = 100, cursor: str | None = None) -> list[AuditEntry]:
+        """Who did what, newest first; after CURSOR (fencepost.core.cursors, `audit`) when given."""
+
+    async def tokens(self) -> list[TokenInfo]: ...
+
+    async def create_token(self, role: str, queues: Sequence[str] = (), *, name: str | None = None,
+                           expires_in: float | None = None) -> tuple[TokenInfo, str]:
+        """A new token and its secret (shown only now)."""
+
+    async def revoke_token(self, token_id: int, *, reason: str = "") -> None: ...
 
 
 def status_filter(status: str | None) -> str | None:
