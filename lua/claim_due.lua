@@ -42,7 +42,7 @@ if redis.call('EXISTS', K_PAUSED) == 1 then return {} end
 local want, worker, lease_ms = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local _, _, budget_window = budget_config()
 -- a rate-limited dependency throttles the queue: at most this many claims per call while it lasts
-local throttle = redis.call('GET', BASE .. 'throttle')
+local throttle = redis.call('GET', BASE .. KEY.throttle)
 if throttle then want = math.min(want, tonumber(throttle)) end
 local ready = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 for _, id in ipairs(ready) do

@@ -12,8 +12,8 @@
 -- @returns {cursor count}
 -- @include common
 local suffix = ARGV[1]
-if suffix ~= 'due' and string.sub(suffix, 1, 6) ~= 'due:t:' and string.sub(suffix, 1, 5) ~= 'held:'
-   and string.sub(suffix, 1, 6) ~= 'rheld:' then
+if suffix ~= KEY.due and string.sub(suffix, 1, #KEY.tenant_due) ~= KEY.tenant_due
+   and string.sub(suffix, 1, #KEY.held) ~= KEY.held and string.sub(suffix, 1, #KEY.rheld) ~= KEY.rheld then
   return redis.error_reply('BAD_SET ' .. suffix)
 end
 local z = BASE .. suffix

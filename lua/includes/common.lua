@@ -17,12 +17,13 @@
 -- Run hashes are BASE .. 'run:' .. id, in the same hash slot as the keys above.
 local K_DUE, K_DELAYED, K_ACTIVE, K_EVENTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_SEQ, K_TOKEN, K_EPOCH, K_PAUSED, K_WAKE, K_STATS = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local BASE = string.sub(K_DUE, 1, -4)
+-- @queue_keys
+local BASE = string.sub(K_DUE, 1, -1 - #KEY.due)  -- KEY: fencepost.core.keys.QUEUE_SUFFIXES
 -- @include clock
 local TOKEN_SPAN = 1099511627776 -- 2^40: tokens are epoch * 2^40 + counter
 
 local function run_key(id)
-  return BASE .. 'run:' .. id
+  return BASE .. KEY.run .. id
 end
 
 -- LEGAL['FROM>TO>event'] = true and one set per state group (ACTIVE[st], TERMINAL[st], ...),
@@ -103,7 +104,7 @@ end
 local config_cache = nil
 local function queue_config()
   if not config_cache then
-    local c = redis.call('HMGET', BASE .. 'config', 'budget_ratio', 'budget_floor', 'budget_window_ms',
+    local c = redis.call('HMGET', BASE .. KEY.config, 'budget_ratio', 'budget_floor', 'budget_window_ms',
                          'max_running', 'priority_age_ms', 'rate')
     config_cache = {tonumber(c[1] or '0') or 0, tonumber(c[2] or '0') or 0, tonumber(c[3] or '0') or 0,
                     tonumber(c[4] or ''), tonumber(c[5] or ''), c[6] or nil}
@@ -117,7 +118,7 @@ local function budget_config()
 end
 local function budget_key(kind, now, window)
   local width = math.floor(window / 12)
-  return BASE .. 'budget:' .. kind .. ':' .. math.floor(now / width), width
+  return BASE .. KEY.budget .. kind .. ':' .. math.floor(now / width), width
 end
 
 local function budget_count(kind, now, window, n)
@@ -133,8 +134,8 @@ local function budget_allows(now, ratio, floor_, window)
   local b = math.floor(now / width)
   local ak, rk = {}, {}
   for i = 0, 11 do
-    ak[#ak + 1] = BASE .. 'budget:a:' .. (b - i)
-    rk[#rk + 1] = BASE .. 'budget:r:' .. (b - i)
+    ak[#ak + 1] = BASE .. KEY.budget_a .. (b - i)
+    rk[#rk + 1] = BASE .. KEY.budget_r .. (b - i)
   end
   local firsts, retries = 0, 0
   for _, v in ipairs(redis.call('MGET', unpack(ak))) do firsts = firsts + (tonumber(v) or 0) end
@@ -156,14 +157,14 @@ end
 -- priority level is a head start of one step, so a run is overtaken only by runs that
 -- became due less than (255 - priority) steps after it, and no run waits forever behind a
 -- stream of higher-priority ones. rescore_due.lua re-scores from `qpos` when the step changes.
-local K_TENANTS, K_WEIGHTS, K_FAIR = BASE .. 'tenants', BASE .. 'weights', BASE .. 'fair'
-local K_HELDKEYS = BASE .. 'heldkeys'
-local K_WORKERS = BASE .. 'workers'  -- ZSET worker id -> alive until (ms, server clock): pulse_worker.lua
+local K_TENANTS, K_WEIGHTS, K_FAIR = BASE .. KEY.tenants, BASE .. KEY.weights, BASE .. KEY.fair
+local K_HELDKEYS = BASE .. KEY.heldkeys
+local K_WORKERS = BASE .. KEY.workers  -- ZSET worker id -> alive until (ms, server clock): pulse_worker.lua
 local DEFAULT_AGE_MS = 60000
 
 local function tenant_due(tenant)
   if not tenant or tenant == '' then return K_DUE end
-  return BASE .. 'due:t:' .. tenant
+  return BASE .. KEY.tenant_due .. tenant
 end
 
 local clock, age_units, vnow = nil, nil, nil
@@ -225,20 +226,20 @@ end
 -- declared (BASE..'climits'). BASE..'ck:'..ckey is the SET of its leased runs; a due run
 -- whose key is full waits in BASE..'held:'..ckey (same score) until a slot frees up, and
 -- K_HELDKEYS lists the keys with held runs.
-local function held_key(ckey) return BASE .. 'held:' .. ckey end
-local function ck_key(ckey) return BASE .. 'ck:' .. ckey end
+local function held_key(ckey) return BASE .. KEY.held .. ckey end
+local function ck_key(ckey) return BASE .. KEY.ck .. ckey end
 
 local function key_limit(ckey)
-  local v = redis.call('HMGET', BASE .. 'limits', ckey)[1]
-  if not v then v = redis.call('HGET', BASE .. 'climits', ckey) end
+  local v = redis.call('HMGET', BASE .. KEY.limits, ckey)[1]
+  if not v then v = redis.call('HGET', BASE .. KEY.climits, ckey) end
   return tonumber(v or '') or 0
 end
 
 local function declare_limit(ckey, climit)
   local n = tonumber(climit)
   if not n or n < 1 then return end
-  local cur = tonumber(redis.call('HGET', BASE .. 'climits', ckey) or '')
-  if not cur or n < cur then redis.call('HSET', BASE .. 'climits', ckey, n) end
+  local cur = tonumber(redis.call('HGET', BASE .. KEY.climits, ckey) or '')
+  if not cur or n < cur then redis.call('HSET', BASE .. KEY.climits, ckey, n) end
 end
 
 local function hold(id, ckey, score)
@@ -286,12 +287,12 @@ end
 -- place in the fair order), and K_RWAIT scores the key with when its window frees: claim_due
 -- releases it then (no rescan before), and idle workers set their wake-up timer by it. The
 -- member '' of K_RWAIT is the queue-wide window (nothing is held for it: claims just stop).
-local K_RWAIT = BASE .. 'rwait'
+local K_RWAIT = BASE .. KEY.rwait
 local RELEASE_PAGE = 1000  -- held runs released per key per call (the rest at the next call)
-local function rheld_key(rkey) return BASE .. 'rheld:' .. rkey end
+local function rheld_key(rkey) return BASE .. KEY.rheld .. rkey end
 local function rw_key(rkey)
-  if rkey == '' then return BASE .. 'rw' end
-  return BASE .. 'rw:' .. rkey
+  if rkey == '' then return BASE .. KEY.rw end
+  return BASE .. KEY.rw_key .. rkey
 end
 
 local function parse_rate(v)
@@ -317,8 +318,8 @@ local function rate_state(rkey, declared, now)
     if rkey == '' then
       n, ms = parse_rate(declared)
     else
-      if rate_overrides == nil then rate_overrides = redis.call('EXISTS', BASE .. 'rates') == 1 end
-      n, ms = parse_rate(rate_overrides and redis.call('HGET', BASE .. 'rates', rkey) or declared)
+      if rate_overrides == nil then rate_overrides = redis.call('EXISTS', BASE .. KEY.rates) == 1 end
+      n, ms = parse_rate(rate_overrides and redis.call('HGET', BASE .. KEY.rates, rkey) or declared)
     end
     if not n then return false end
     local w = rw_key(rkey)

@@ -33,7 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fencepost.core.errors import NotStamped, RedisUnavailable, decode_lua_error
-from fencepost.core.keys import Keys
+from fencepost.core.keys import Keys, lua_keys
 from fencepost.core.models import Claimed, RunRow
 from fencepost.core.resources import resource_dir
 from fencepost.core.states import lua_source
@@ -109,7 +109,7 @@ def render(name: str) -> str:
     src = (root / f"{name}.lua").read_text()
 
     def include(m: re.Match[str]) -> str:
-        text = (root / "includes" / f"{m.group(1)}.lua").read_text().replace("-- @states", _states_lua())
+        text = (root / "includes" / f"{m.group(1)}.lua").read_text().replace("-- @states", _states_lua()).replace("-- @queue_keys", lua_keys())
         return _INCLUDE.sub(include, text)
 
     out = _INCLUDE.sub(include, src)

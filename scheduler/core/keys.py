@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "QUEUES_KEY", "QUEUE_NAME_PATTERN", "WORKERS_KEY", "Keys", "breaker_keys", "valid_queue_name",
-    "worker_key", "worker_stop_key",
+    "QUEUES_KEY", "QUEUE_NAME_PATTERN", "QUEUE_SUFFIXES", "WORKERS_KEY", "Keys", "breaker_keys", "lua_keys",
+    "valid_queue_name", "worker_key", "worker_stop_key",
 ]
 
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
@@ -54,8 +54,33 @@ def breaker_keys(prefix: str, service: str) -> list[str]:
     return [tag + "state", tag + "probe", tag]
 
 
+QUEUE_SUFFIXES: dict[str, str] = {
+    # the KEYS every queue script receives (Keys.script_keys), then the keys scripts build themselves
+    "due": "due", "delayed": "delayed", "active": "active", "events": "events", "seq": "seq",
+    "token": "token", "epoch": "epoch", "paused": "paused", "wake": "wake", "stats": "stats",
+    "config": "config", "throttle": "throttle", "tenants": "tenants", "weights": "weights",
+    "limits": "limits", "heldkeys": "heldkeys", "rates": "rates", "rwait": "rwait",
+    "fair": "fair", "climits": "climits", "workers": "workers", "rw": "rw",
+    # prefixes: the name follows (a run id, a tenant, a concurrency or rate key, a budget bucket)
+    "run": "run:", "tenant_due": "due:t:", "held": "held:", "ck": "ck:", "rw_key": "rw:", "rheld": "rheld:",
+    "budget": "budget:", "budget_a": "budget:a:", "budget_r": "budget:r:",
+}
+"""Every per-queue key after the queue's base (`{prefix:queue}:`), Lua's included: the scripts get
+this table rendered into them (`-- @queue_keys`, `KEY.run` ...), so no script spells a key of its own
+(tests/test_one_place.py)."""
+
+
+_S = QUEUE_SUFFIXES
+
+
+def lua_keys() -> str:
+    """QUEUE_SUFFIXES as a Lua table, rendered into lua/includes/common.lua."""
+    body = ", ".join(f"{name} = '{suffix}'" for name, suffix in QUEUE_SUFFIXES.items())
+    return f"local KEY = {{{body}}}"
+
+
 class Keys:
-    """The keys of one queue."""
+    """The keys of one queue (names and suffixes: QUEUE_SUFFIXES)."""
 
     __slots__ = (
         "active",
@@ -85,55 +110,55 @@ class Keys:
         self.queue = queue
         self.base = f"{prefix}:{{{queue}}}:"
         b = self.base
-        self.due = b + "due"          # ZSET run id -> clock + priority head start (default tenant)
-        self.delayed = b + "delayed"  # ZSET run id -> run_at (ms): delayed and RETRY_WAIT runs
-        self.active = b + "active"    # ZSET run id -> lease expiry (ms): RUNNING and STOPPING runs
-        self.events = b + "events"    # STREAM of transitions, read by the recorder group
-        self.seq = b + "seq"          # the queue clock: FIFO order and priority aging
-        self.token = b + "token"      # counter, low 40 bits of fencing tokens in this epoch
-        self.epoch = b + "epoch"      # epoch stamp written by the reconciler (or queue creator)
-        self.paused = b + "paused"    # exists while the whole queue is paused
-        self.wake = b + "wake"        # LIST nudged on enqueue so idle workers wake without polling
-        self.stats = b + "stats"      # HASH of counters (stale_finish, budget_exhausted, ...)
-        self.config = b + "config"    # HASH budget_ratio / budget_floor / budget_window_ms (retry budget)
-        self.throttle = b + "throttle"  # max claims per call while a dependency rate-limits (PX = retry_after)
+        self.due = b + _S["due"]          # ZSET run id -> clock + priority head start (default tenant)
+        self.delayed = b + _S["delayed"]  # ZSET run id -> run_at (ms): delayed and RETRY_WAIT runs
+        self.active = b + _S["active"]    # ZSET run id -> lease expiry (ms): RUNNING and STOPPING runs
+        self.events = b + _S["events"]    # STREAM of transitions, read by the recorder group
+        self.seq = b + _S["seq"]          # the queue clock: FIFO order and priority aging
+        self.token = b + _S["token"]      # counter, low 40 bits of fencing tokens in this epoch
+        self.epoch = b + _S["epoch"]      # epoch stamp written by the reconciler (or queue creator)
+        self.paused = b + _S["paused"]    # exists while the whole queue is paused
+        self.wake = b + _S["wake"]        # LIST nudged on enqueue so idle workers wake without polling
+        self.stats = b + _S["stats"]      # HASH of counters (stale_finish, budget_exhausted, ...)
+        self.config = b + _S["config"]    # HASH budget_ratio / budget_floor / budget_window_ms (retry budget)
+        self.throttle = b + _S["throttle"]  # max claims per call while a dependency rate-limits (PX = retry_after)
         # tests only: with FENCEPOST_TEST_CLOCK=1 the scripts read their one clock (ms) here when it
         # exists (KEYS[1] .. ':testclock', fencepost.core.hot.TEST_CLOCK_ENV); services never write it
         self.testclock = self.due + ":testclock"
         # dispatch order and limits (lua/includes/common.lua "Dispatch order", docs/scale.md)
-        self.tenants = b + "tenants"    # ZSET tenant -> virtual time, tenants with due runs
-        self.weights = b + "weights"    # HASH tenant -> weight (absent = 1)
-        self.limits = b + "limits"      # HASH concurrency key -> operator's limit
-        self.heldkeys = b + "heldkeys"  # SET concurrency keys with held runs
+        self.tenants = b + _S["tenants"]    # ZSET tenant -> virtual time, tenants with due runs
+        self.weights = b + _S["weights"]    # HASH tenant -> weight (absent = 1)
+        self.limits = b + _S["limits"]      # HASH concurrency key -> operator's limit
+        self.heldkeys = b + _S["heldkeys"]  # SET concurrency keys with held runs
         # rate limits (lua/includes/common.lua "Rate limits"); the queue-wide rate is config 'rate'
-        self.rates = b + "rates"        # HASH rate key -> operator's rate ('N/ms')
-        self.rwait = b + "rwait"        # ZSET rate key ('' = the queue) -> when its window frees (server ms)
+        self.rates = b + _S["rates"]        # HASH rate key -> operator's rate ('N/ms')
+        self.rwait = b + _S["rwait"]        # ZSET rate key ('' = the queue) -> when its window frees (server ms)
         # also, built by Lua from `base`: budget:a:<bucket> / budget:r:<bucket> counters,
         # fair, climits, workers (ZSET worker id -> alive-until ms: the liveness pulse,
         # lua/includes/common.lua K_WORKERS), and the per-tenant / per-key sets below
 
     def run(self, run_id: int | str) -> str:
-        return f"{self.base}run:{run_id}"
+        return f"{self.base}{_S['run']}{run_id}"
 
     def tenant_due(self, tenant: str) -> str:
         """ZSET of one tenant's due runs (the default tenant '' uses `due`)."""
-        return self.due if tenant == "" else f"{self.base}due:t:{tenant}"
+        return self.due if tenant == "" else f"{self.base}{_S['tenant_due']}{tenant}"
 
     def held(self, ckey: str) -> str:
         """ZSET of due runs waiting for a slot of a concurrency key."""
-        return f"{self.base}held:{ckey}"
+        return f"{self.base}{_S['held']}{ckey}"
 
     def leased(self, ckey: str) -> str:
         """SET of a concurrency key's runs holding a lease."""
-        return f"{self.base}ck:{ckey}"
+        return f"{self.base}{_S['ck']}{ckey}"
 
     def rate_window(self, rkey: str) -> str:
         """ZSET of a rate window's starts ('<id>:<attempt>' -> server ms); '' is the queue-wide one."""
-        return f"{self.base}rw" if rkey == "" else f"{self.base}rw:{rkey}"
+        return f"{self.base}{_S['rw']}" if rkey == "" else f"{self.base}{_S['rw_key']}{rkey}"
 
     def rate_held(self, rkey: str) -> str:
         """ZSET of due runs waiting for their rate key's window to free (same score as in due)."""
-        return f"{self.base}rheld:{rkey}"
+        return f"{self.base}{_S['rheld']}{rkey}"
 
     def script_keys(self) -> list[str]:
         """The KEYS every queue script receives, in this order (see each script's header)."""
