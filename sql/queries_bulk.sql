@@ -1,5 +1,6 @@
--- Named queries of bulk actions through the API (scheduler/api/bulk.py, issue 24 item 1):
--- a count stores the runs it selected under a handle; the confirm takes the handle once.
+-- Named queries of bulk actions (scheduler/api/bulk.py, issue 24 item 1), the queue bulk of the API and
+-- the dashboard's list bulk alike: a count stores the runs it selected under a handle; the confirm
+-- takes the handle once.
 
 -- name: bulk_candidates
 -- The runs a bulk count selects: $1 queue, $2 status, $3 handler, $4 only ids <= this (NULL: none),
@@ -10,19 +11,22 @@ WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR 
 ORDER BY id LIMIT $5;
 
 -- name: bulk_handle_insert
--- Store a counted set: $1 handle, $2 token, $3 queue, $4 command, $5 selection (json text),
--- $6 matched, $7 ids, $8 states, $9 versions, $10 seconds it lives. Expired handles go first.
+-- Store a counted set (every bulk action: the API's queue bulk and the dashboard's lists, 036):
+-- $1 handle, $2 token, $3 queue ('queue' list: its queue; else NULL), $4 action, $5 list, $6 selection
+-- (json text), $7 matched, $8 ids, $9 their queues, $10 states, $11 versions, $12 seconds it lives.
+-- Expired handles go first.
 WITH gone AS (
     DELETE FROM bulk_handles WHERE expires_at < now()
 )
-INSERT INTO bulk_handles (handle, token_id, queue, command, selection, matched, ids, states, versions, expires_at)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7::bigint[], $8::text[], $9::bigint[],
-        now() + make_interval(secs => $10::double precision))
+INSERT INTO bulk_handles (handle, token_id, queue, action, list, selection, matched, ids, queues, states, versions,
+                          expires_at)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8::bigint[], $9::text[], $10::text[], $11::bigint[],
+        now() + make_interval(secs => $12::double precision))
 RETURNING expires_at;
 
 -- name: bulk_handle_get
 -- A live handle of this token ($1 handle, $2 token id); no row: unknown, expired, used or another's.
-SELECT handle, queue, command, selection::text AS selection, matched, ids, states, versions, expires_at
+SELECT handle, queue, action, list, selection::text AS selection, matched, ids, queues, states, versions, expires_at
 FROM bulk_handles WHERE handle = $1 AND token_id = $2 AND expires_at > now();
 
 -- name: bulk_handle_take

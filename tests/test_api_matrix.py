@@ -164,6 +164,7 @@ MATRIX: dict[tuple[str, str], Decision] = {
     ("POST", RUN + "/restart"): Decision(READ, 409, 404, _on_run("/restart", {"reason": "m"})),  # already PENDING
     ("POST", RUN + "/retry"): Decision(READ, 409, 404, _on_run("/retry", {"reason": "m"})),
     ("POST", RUN + "/resolve"): Decision(READ, 422, 404, _on_run("/resolve", {"as": "failed"})),  # not under review
+    ("POST", RUN + "/run_now"): Decision(READ, 409, 404, _on_run("/run_now", {"reason": "m"})),  # due already
     ("GET", "/v1/events"): Decision(READ, 200, 200, _get("/v1/events")),
     ("GET", "/v1/events/stream"): Decision(READ, 200, 200, _get("/v1/events/stream?duration=0")),  # ends at once
     ("GET", "/v1/queues"): Decision(READ, 200, 200, _get("/v1/queues")),

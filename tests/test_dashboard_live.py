@@ -32,7 +32,7 @@ from fencepost.core.models import Submit
 from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.stores import Stores
 from fencepost.schedules import Schedules
-from tests.conftest import need_tool, run_state, wait_state, wait_until
+from tests.conftest import need_tool, record_all, run_state, wait_state, wait_until
 from tests.test_api import serve_in_thread
 from tests.test_control import _worker
 from tests.test_dashboard import ARTIFACTS, CHROMIUM, _recording, dashboard_page, log_in
@@ -389,3 +389,107 @@ async def test_operators_get_what_sidekiq_and_oban_web_offer(settings: Settings,
     assert "bulk_delete" in actions and actions["bulk_delete"]["reason"] == "known bad input"
     assert any(a["reason"] == "the database is small" for a in audit), [a["action"] for a in audit]
     assert "bulk_run_now" in actions
+    await record_all(stores)
+    for rid in (later, flaky):  # run now is one transition: one run_now event, no pause and resume
+        types = [e.type for e in await client.events(rid)]
+        assert types.count("run_now") == 1 and "paused" not in types and "resumed" not in types, types
+
+
+async def test_review_page_resolves_in_bulk_on_the_server(settings: Settings, client: Client, stores: Stores) -> None:
+    """The review page's action bar: the rows ticked resolved as failed, then everything that matches
+    resolved as succeeded, each one count and one confirm (no POST per run from the browser), audited;
+    the rows leave the review queue."""
+    chromium = need_tool(CHROMIUM)
+    from playwright.async_api import expect
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    review = await client.submit_many([Submit(handler="t.err.side_effect") for _ in range(4)])
+    async with _worker(settings):
+        for rid in review:
+            await wait_state(stores, rid, {"FAILED"})
+    _, secret = await create_token(client.stores.db, "operator", ["tq"], "review-op", "test")
+    async with _recording(stores):
+        async def recorded() -> bool:
+            return await client.stores.db.pool.fetchval(  # type: ignore[union-attr]
+                "SELECT count(*) FROM runs WHERE reason = 'review'") == len(review)
+
+        await wait_until(recorded, timeout=30, what="the review runs recorded")
+        with serve_in_thread(_app(settings)) as base:
+            async with dashboard_page(chromium, viewport={"width": 1280, "height": 900}) as page, _watched(page) as seen:
+                await log_in(page, base, secret, "review-op")
+                await page.click("a[href='#/review']")
+                rows = page.locator("#review-table tbody tr[data-id]")
+                await expect(rows).to_have_count(4)
+                await page.check(f"#review-table input[data-select='{review[0]}']")
+                await expect(page.locator("#selection")).to_contain_text("1 selected")
+                await page.screenshot(path=str(ARTIFACTS / "dashboard-review-bulk.png"), full_page=True)
+                mark = len(seen["requests"])
+                await page.click("#selection button[data-bulk-selected=resolve_failed]")
+                await expect(page.locator("#confirm-title")).to_have_text("Resolve 1 runs as failed?")
+                await page.fill("#confirm-reason", "not charged")
+                await page.click("#confirm-ok")
+                await expect(page.locator("#bulk-result")).to_have_text("resolve_failed: 1 of 1 done")
+                await expect(rows).to_have_count(3)
+                await page.click("#list-bulk button[data-list-bulk=resolve_succeeded]")
+                await expect(page.locator("#confirm-title")).to_have_text("Resolve 3 runs as succeeded?")
+                await page.fill("#confirm-reason", "charged, checked with the bank")
+                await page.click("#confirm-ok")
+                await expect(page.locator("#bulk-result")).to_have_text("resolve_succeeded: 3 of 3 done")
+                await expect(rows).to_have_count(0)
+                posts = [u.rsplit("/v1/", 1)[1] for u in seen["requests"][mark:]
+                         if "/v1/ops/bulk" in u or re.search(r"/v1/runs/\d+/resolve", u)]
+                assert posts == ["ops/bulk/count", "ops/bulk"] * 2, posts
+    assert not seen["errors"], seen["errors"]
+    assert [await run_state(stores, r) for r in review] == ["FAILED", "SUCCEEDED", "SUCCEEDED", "SUCCEEDED"]
+    audit = await client.stores.db.fetch("audit_list", None, None, None, None, 1000, None, None)
+    actions = {a["action"]: a for a in audit}
+    assert actions["bulk_resolve_failed"]["reason"] == "not charged"
+    assert sorted(json.loads(actions["bulk_resolve_succeeded"]["data"])["ids"]) == sorted(review[1:])
+
+
+async def test_runs_are_searched_sorted_and_paged_from_the_page(settings: Settings, client: Client) -> None:
+    """The comparison table's "search runs by id, argument text, tenant, keys, time; sort; page with counts",
+    typed into the runs view's labelled fields: each narrows the list (and the count) as the API does,
+    a column header sorts, the pager walks every match."""
+    chromium = need_tool(CHROMIUM)
+    from playwright.async_api import expect
+
+    ids = await client.submit_many([Submit(handler="t.echo", args=(f"order-{i:03d}",), tenant="acme" if i % 2 else None,
+                                           idempotency_key=f"k-{i}",
+                                           concurrency_key="cust-7" if i == 9 else None,
+                                           concurrency_limit=5 if i == 9 else None) for i in range(60)])
+    _, secret = await create_token(client.stores.db, "operator", ["tq"], "search-op", "test")
+    with serve_in_thread(_app(settings)) as base:
+        async with dashboard_page(chromium, viewport={"width": 1400, "height": 900}) as page, _watched(page) as seen:
+            await log_in(page, base, secret, "search-op")
+            await page.goto(f"{base}/ui/#/runs?queue=tq")
+            rows = page.locator("#runs-table tbody tr[data-id]")
+            count = page.locator("#runs-count")
+            await expect(count).to_have_text("1–50 of 60")
+            await page.click("#next-page")
+            await expect(count).to_have_text("51–60 of 60")
+            await expect(rows).to_have_count(10)
+            await page.click("#prev-page")
+            await expect(count).to_have_text("1–50 of 60")
+
+            async def search(field: str, value: str, expect_ids: list[int]) -> None:
+                await page.fill(f"#runs-filter-{field}", value)
+                await expect(count).to_have_text(f"1–{len(expect_ids)} of {len(expect_ids)}" if expect_ids else "0 of 0")
+                got = [int(i) for i in await rows.evaluate_all("rs => rs.map(r => r.dataset.id)")]
+                assert got == sorted(expect_ids, reverse=True), (field, value, got)
+                assert f"{field}=" in page.url
+                await page.fill(f"#runs-filter-{field}", "")
+                await expect(count).to_have_text("1–50 of 60")
+
+            await search("arg", "order-042", [ids[42]])
+            await search("id", str(ids[7]), [ids[7]])
+            await search("tenant", "acme", ids[1::2])
+            await search("idempotency_key", "k-3", [ids[3]])
+            await search("concurrency_key", "cust-7", [ids[9]])
+            await search("since", "2099-01-01T00:00", [])
+            await page.click("button[data-sort=id]")  # id, newest first -> oldest first
+            await expect(rows.first).to_have_attribute("data-id", str(ids[0]))
+            assert "sort=id" in page.url and "order=asc" in page.url
+            await page.click("button[data-sort=created_at]")
+            await expect(rows.first).to_have_attribute("data-id", str(ids[-1]))
+    assert not seen["errors"], seen["errors"]

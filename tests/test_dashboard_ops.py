@@ -6,6 +6,7 @@ timeline after a cursor, state groups from fencepost.core.states."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -13,6 +14,7 @@ from fencepost.api import ApiConfig
 from fencepost.client import Client
 from fencepost.core import states
 from fencepost.core.config import Settings
+from fencepost.core.errors import IllegalTransition
 from fencepost.core.stores import Stores
 from tests.conftest import record_all, run_state, wait_state
 from tests.test_api import Api, _make_api
@@ -143,3 +145,106 @@ async def test_a_runs_timeline_after_a_cursor(settings: Settings, client: Client
         assert len(new["events"]) <= 4, "a look reaches back a few seconds, not to the start"
         r = await api.req("GET", f"/v1/runs/{rid}/timeline", "admin", params={"after": "x"})
         assert r.status_code == 422 and r.json()["field"] == "after"
+
+
+def _types(events: list[Any]) -> list[str]:
+    return [e.type if hasattr(e, "type") else e["type"] for e in events]
+
+
+async def test_run_now_is_one_transition_with_one_event_and_the_run_starts(
+        settings: Settings, client: Client, stores: Stores) -> None:
+    """Run now was a pause and a resume (two events, a PAUSED run in between that a concurrent resume or
+    claim could act on): now one transition, `run_now`, with the token and the reason (the audit view
+    lists it); a scheduled run and a retry-waiting run both start at once and run once."""
+    later = await client.submit("t.noop", delay=3600)
+    waiting = await client.submit("t.err.rate_limited", 3600)  # attempt 1: RETRY_WAIT for an hour
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        async with _worker(settings):
+            await wait_state(stores, waiting, {"RETRY_WAIT"})
+            for rid in (later, waiting):
+                r = await api.req("POST", f"/v1/runs/{rid}/run_now", "op_tq", json={"reason": "customer waiting"})
+                assert r.status_code == 200 and r.json()["state"] in ("PENDING", "RUNNING", "SUCCEEDED"), r.text
+            for rid in (later, waiting):
+                await wait_state(stores, rid, {"SUCCEEDED"}, timeout=20)
+        await record_all(stores)
+        for rid, attempts in ((later, 1), (waiting, 2)):
+            events = await client.events(rid)
+            types = _types(events)
+            assert types.count("run_now") == 1 and "paused" not in types and "resumed" not in types, types
+            assert types.count("claimed") == attempts and types[-1] == "succeeded", types
+            ev = next(e for e in events if e.type == "run_now")
+            assert ev.reason == "customer waiting" and ev.actor and ev.actor.startswith("token:"), ev
+            row = await client.get(rid)
+            assert row["attempt"] == attempts
+        audit = (await api.req("GET", "/v1/audit", "admin")).json()
+        assert sorted(int(a["target"]) for a in audit if a["action"] == "run_now") == sorted([later, waiting])
+        r = await api.req("POST", f"/v1/runs/{later}/run_now", "op_tq", json={"reason": "again"})
+        assert r.status_code == 409, "a finished run is not run again by run_now"
+
+
+async def test_concurrent_run_now_claim_and_resume_take_effect_once(
+        settings: Settings, client: Client, stores: Stores) -> None:
+    """Eight run-nows and a resume sent at once (no expected version), then a worker claiming: exactly
+    one run_now takes effect (the run is due then, so the others are refused, as the resume of a run
+    that is not paused is), and the run is claimed and runs once. A counted bulk run_now whose run moved
+    meanwhile is skipped, not applied."""
+    rid = await client.submit("t.noop", delay=3600)
+    ctl = client.control
+    calls = [ctl.run_now(rid, reason=f"n{i}") for i in range(8)] + [ctl.resume(rid, reason="r")]
+    out = await asyncio.gather(*calls, return_exceptions=True)
+    won = [o for o in out[:8] if not isinstance(o, BaseException)]
+    assert len(won) == 1 and won[0] == "PENDING", out
+    assert all(isinstance(o, IllegalTransition) for o in out if isinstance(o, BaseException)), out
+    async with _worker(settings):
+        await wait_state(stores, rid, {"SUCCEEDED"}, timeout=20)
+        # a counted set whose run moved (ran) since the count: the confirm skips it
+        again = await client.submit("t.noop", delay=3600)
+        async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+            body = {"action": "run_now", "list": "ids", "ids": [again], "reason": "bulk"}
+            counted = (await api.req("POST", "/v1/ops/bulk/count", "op_tq", json=body)).json()
+            assert counted["acting"] == 1, counted
+            assert await ctl.run_now(again, reason="single") == "PENDING"
+            await wait_state(stores, again, {"SUCCEEDED"}, timeout=20)
+            r = await api.req("POST", "/v1/ops/bulk", "op_tq",
+                              json={**body, "handle": counted["handle"], "confirm": 1})
+            assert r.status_code == 200 and r.json()["changed"] == [] and r.json()["skipped"][0]["id"] == again, r.text
+    await record_all(stores)
+    for run in (rid, again):
+        types = _types(await client.events(run))
+        assert types.count("run_now") == 1 and types.count("claimed") == 1 and "paused" not in types, types
+
+
+async def test_review_runs_are_resolved_in_bulk_by_the_server_acting_only_on_what_was_counted(
+        settings: Settings, client: Client, stores: Stores) -> None:
+    """The review page resolved one run at a time (a POST per run from the browser); now one count and
+    one confirm close the counted review runs as succeeded or failed. A run resolved by someone else
+    after the count is skipped; a FAILED run outside the review queue is never counted."""
+    review = [await client.submit("t.err.side_effect") for _ in range(3)]
+    plain = await client.submit("t.err.invalid")
+    async with _worker(settings):
+        for rid in [*review, plain]:
+            await wait_state(stores, rid, {"FAILED"})
+    await record_all(stores)
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        body = {"action": "resolve_succeeded", "list": "review", "filter": {"queue": "tq"}, "reason": "charged"}
+        counted = (await api.req("POST", "/v1/ops/bulk/count", "op_tq", json=body)).json()
+        assert counted["acting"] == 3 and sorted(counted["sample"]) == sorted(review), counted
+        ids = {"action": "resolve_failed", "list": "ids", "ids": [plain, review[0]], "reason": "not charged"}
+        ticked = (await api.req("POST", "/v1/ops/bulk/count", "op_tq", json=ids)).json()
+        assert ticked["acting"] == 1 and ticked["sample"] == [review[0]], "a FAILED run not under review is not counted"
+        r = await api.req("POST", "/v1/ops/bulk", "op_tq", json={**ids, "handle": ticked["handle"], "confirm": 1})
+        assert r.status_code == 200 and r.json()["changed"] == [review[0]], r.text
+        r = await api.req("POST", "/v1/ops/bulk", "op_tq", json={**body, "handle": counted["handle"], "confirm": 3})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert sorted(out["changed"]) == sorted(review[1:]) and [s["id"] for s in out["skipped"]] == [review[0]], out
+        assert out["results"] == {"SUCCEEDED": 2}, out
+        r = await api.req("POST", "/v1/ops/bulk/count", "op_tq", json={**body, "list": "dead"})
+        assert r.status_code == 422 and r.json()["field"] == "list", r.text
+    await record_all(stores)
+    assert [await run_state(stores, rid) for rid in review] == ["FAILED", "SUCCEEDED", "SUCCEEDED"]
+    assert await run_state(stores, plain) == "FAILED"
+    audit = await client.stores.db.fetch("audit_list", None, None, None, None, 50, None, None)
+    row = next(a for a in audit if a["action"] == "bulk_resolve_succeeded")
+    assert row["reason"] == "charged" and sorted(json.loads(row["data"])["ids"]) == sorted(review[1:])
+    assert all(e.type != "resolved" or e.reason == "not charged" for e in await client.events(review[0]))

@@ -270,7 +270,7 @@ MAX_INTERRUPTIONS = 2
 """reap_expired's limit in the random walk (small, so runs reach interrupted_too_often)."""
 CLOCKED = frozenset({"claim_due", "finish_runs", "renew_leases", "release_runs", "reap_expired", "escalate_stop",
                      "enqueue_runs", "repair_requeue", "repair_interrupt", "pause_run", "stop_run", "cancel_run",
-                     "resume_run", "restart_run", "retry_run", "resolve_run"})
+                     "resume_run", "restart_run", "retry_run", "resolve_run", "run_now"})
 """Scripts that read the one clock (includes/clock.lua). The tests here call them as `name, now, ARGV...`:
 `unclock` takes `now` off and the harness sets the scripts' test clock to it (FENCEPOST_TEST_CLOCK,
 tests/conftest.py), so a test still holds time in its hands while the scripts take none from a caller."""

@@ -1,5 +1,9 @@
 """Bulk actions that act on exactly the runs that were counted (issue 24 item 1).
 
+One code path for every bulk action: the API's queue bulk (`bulk`, below) and the dashboard's lists
+(fencepost.api.routes_ops) count with `live` and `store` and confirm with `load` and `confirm`, into one
+table (`bulk_handles`, migration 036).
+
 A count (a BulkRequest without `handle`) selects the matching runs, reads each one's live state
 and version (Redis, or PostgreSQL for a run Redis no longer holds) and stores them under a random
 handle bound to the counting token, the queue and the command (`bulk_handles`, short-lived); the
@@ -13,6 +17,7 @@ before any run changes, lists exactly the runs acted on.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +30,8 @@ from fencepost.client import Client
 from fencepost.core import audit, validate
 from fencepost.core.errors import BulkNotConfirmed, InvalidInput, UnknownQueue
 
-__all__ = ["SAMPLE", "UnknownBulkHandle", "bulk"]
+__all__ = ["SAMPLE", "Counted", "Live", "Outcome", "UnknownBulkHandle", "bulk", "confirm", "live", "load", "seconds_left",
+           "store"]
 
 SAMPLE = 20
 """How many of the counted ids a 428 shows."""
@@ -36,25 +42,135 @@ class UnknownBulkHandle(ApiError):
     status, slug, title = 404, "unknown-bulk-handle", "No such bulk handle (unknown, expired, used or another token's)"
 
 
-class _Live(msgspec.Struct, frozen=True):
+class Live(msgspec.Struct, frozen=True):
     state: str
     version: int
 
 
-async def _live(client: Client, queue: str, ids: list[int]) -> dict[int, _Live]:
-    """Each run's state and version as they are now: Redis's when it holds the run, else PostgreSQL's."""
-    out: dict[int, _Live] = {}
-    keys = client.stores.keys(queue)
-    for i in range(0, len(ids), _INSPECT_CHUNK):
-        chunk = ids[i:i + _INSPECT_CHUNK]
-        for rid, got in zip(chunk, await client.stores.scripts.repair_inspect(keys, chunk), strict=True):
-            if got.exists and got.state and got.version and got.version.isdigit():
-                out[rid] = _Live(state=got.state, version=int(got.version))
-    missing = [rid for rid in ids if rid not in out]
+async def live(client: Client, runs: Iterable[tuple[int, str]]) -> dict[int, Live]:
+    """Each run's (id, queue) state and version as they are now: Redis's when it holds the run (it is
+    ahead of the record), else PostgreSQL's; a run in neither is absent (gone from the hot table)."""
+    out: dict[int, Live] = {}
+    by_queue: dict[str, list[int]] = {}
+    for rid, queue in runs:
+        by_queue.setdefault(queue, []).append(rid)
+    for queue, ids in by_queue.items():
+        keys = client.stores.keys(queue)
+        for i in range(0, len(ids), _INSPECT_CHUNK):
+            chunk = ids[i:i + _INSPECT_CHUNK]
+            for rid, got in zip(chunk, await client.stores.scripts.repair_inspect(keys, chunk), strict=True):
+                if got.exists and got.state and got.version and got.version.isdigit():
+                    out[rid] = Live(state=got.state, version=int(got.version))
+    missing = [rid for ids in by_queue.values() for rid in ids if rid not in out]
     if missing:
         for r in await client.stores.db.fetch("bulk_live_rows", missing):
-            out[r["id"]] = _Live(state=r["status"], version=int(r["version"]))
+            out[r["id"]] = Live(state=r["status"], version=int(r["version"]))
     return out
+
+
+class Counted(msgspec.Struct, kw_only=True):
+    """A counted set as stored under its handle (bulk_handles, 036): one shape for every bulk action."""
+
+    handle: str
+    action: str
+    source: str
+    """'queue' (the API's queue bulk) or the dashboard list it was counted from."""
+    queue: str | None
+    selection: dict[str, Any]
+    matched: int
+    ids: list[int]
+    queues: list[str]
+    states: list[str]
+    versions: list[int]
+    expires_at: datetime
+
+
+async def store(client: Client, p: Principal, *, action: str, source: str, queue: str | None,
+                selection: dict[str, Any], matched: int, chosen: list[tuple[int, str, Live]], ttl: float) -> str:
+    """Store the runs a count chose ((id, queue, live state) each) under a new handle of this token."""
+    handle = secrets.token_hex(16)
+    await client.stores.db.fetchrow(
+        "bulk_handle_insert", handle, p.id, queue, action, source, msgspec.json.encode(selection).decode(), matched,
+        [i for i, _, _ in chosen], [q for _, q, _ in chosen], [v.state for _, _, v in chosen],
+        [v.version for _, _, v in chosen], ttl)
+    return handle
+
+
+async def load(client: Client, p: Principal, handle: str, ttl: float) -> Counted:
+    """The live counted set `handle` of this token; UnknownBulkHandle when it is not (any more)."""
+    row = await client.stores.db.fetchrow("bulk_handle_get", handle, p.id)
+    if row is None:
+        raise UnknownBulkHandle(f"no live bulk handle {handle} of this token (unknown, expired after "
+                                f"{ttl:g} s, already used, or another token's); count again", field="handle",
+                                handle=handle)
+    return Counted(handle=handle, action=row["action"], source=row["list"], queue=row["queue"],
+                   selection=msgspec.json.decode(row["selection"]), matched=int(row["matched"]), ids=list(row["ids"]),
+                   queues=list(row["queues"]), states=list(row["states"]), versions=list(row["versions"]),
+                   expires_at=row["expires_at"])
+
+
+def seconds_left(counted: Counted) -> float:
+    return round(max(0.0, (counted.expires_at - datetime.now(UTC)).total_seconds()), 3)  # display only
+
+
+class Outcome(msgspec.Struct, kw_only=True):
+    changed: list[int]
+    skipped: list[S.BulkSkip]
+    results: dict[str, int]
+
+
+Act = Callable[[int, int], Awaitable[str]]
+"""One run's action, (run id, counted version) -> the state it left the run in; raises to refuse."""
+
+
+async def confirm(client: Client, p: Principal, counted: Counted, *, reason: str, act: Act) -> Outcome:
+    """Act on exactly the counted runs that have not moved: each run is checked against the state and
+    version it was counted at (Redis's, else PostgreSQL's), the handle is used once in the transaction
+    of the audit row listing what is acted on and what was skipped, then each run is acted on with its
+    counted version (the command's own compare-and-set backs the check). A run refused in the last
+    moment is skipped, and a second audit row names it."""
+    for q in set(counted.queues):  # the scope may have been checked at count time only by the filter
+        p.require_queue(q)
+    db = client.stores.db
+    now = await live(client, zip(counted.ids, counted.queues, strict=True))
+    acting: list[tuple[int, int]] = []
+    skipped: list[S.BulkSkip] = []
+    for rid, st, ver in zip(counted.ids, counted.states, counted.versions, strict=True):
+        got = now.get(rid)
+        if got is None:
+            skipped.append(S.BulkSkip(id=rid, reason=f"gone: counted {st} v{ver}, no longer a hot run"))
+        elif got.state != st or got.version != ver:
+            skipped.append(S.BulkSkip(id=rid, reason=f"moved: counted {st} v{ver}, now {got.state} v{got.version}"))
+        else:
+            acting.append((rid, ver))
+    queues = sorted(set(counted.queues))
+    one = counted.queue or (queues[0] if len(queues) == 1 else None)
+    async with db.transaction() as tx:  # the handle is used once, with the audit row of what is acted on
+        if await db.fetchrow("bulk_handle_take", counted.handle, p.id, conn=tx) is None:
+            raise UnknownBulkHandle(f"bulk handle {counted.handle} was used or expired meanwhile; count again",
+                                    field="handle", handle=counted.handle)
+        await audit.write(db, tx, client.actor, f"bulk_{counted.action}", queue=one, reason_=reason,
+                          data={**counted.selection, "matched": counted.matched, "handle": counted.handle,
+                                "runs": len(acting), "ids": [rid for rid, _ in acting],
+                                "skipped": [s.id for s in skipped], "queues": queues})
+    changed: list[int] = []
+    results: dict[str, int] = {}
+    late: list[int] = []
+    for rid, ver in acting:
+        try:
+            state = await act(rid, ver)
+        except Exception as exc:  # one run's refusal (it moved in the last moment) never stops the others
+            skipped.append(S.BulkSkip(id=rid, reason=f"refused: {exc}"))
+            late.append(rid)
+            continue
+        changed.append(rid)
+        results[state] = results.get(state, 0) + 1
+    if late:  # moved between the check and its own compare-and-set: the record says so too
+        async with db.transaction() as tx:
+            await audit.write(db, tx, client.actor, f"bulk_{counted.action}_refused", queue=one, reason_=reason,
+                              data={"handle": counted.handle, "ids": late})
+    skipped.sort(key=lambda s: s.id)
+    return Outcome(changed=changed, skipped=skipped, results=results)
 
 
 def _not_confirmed(matched: int, acting: int, handle: str, cap: int, confirm: int, sample: list[int],
@@ -80,19 +196,17 @@ async def _count(client: Client, p: Principal, queue: str, body: S.BulkRequest, 
                             limit=cap, field="limit")
     rows = await db.fetch("bulk_candidates", queue, body.status, body.handler, body.until_id,
                           min(matched, body.limit or cap))
-    live = await _live(client, queue, [r["id"] for r in rows])
-    chosen: list[tuple[int, _Live]] = []
+    now = await live(client, [(r["id"], queue) for r in rows])
+    chosen: list[tuple[int, str, Live]] = []
     for r in rows:
-        now = live.get(r["id"]) or _Live(state=r["status"], version=int(r["version"]))
-        if body.status is None or now.state == body.status:  # Redis is ahead of the record: it decides
-            chosen.append((r["id"], now))
-    handle = secrets.token_hex(16)
+        got = now.get(r["id"]) or Live(state=r["status"], version=int(r["version"]))
+        if body.status is None or got.state == body.status:  # Redis is ahead of the record: it decides
+            chosen.append((r["id"], queue, got))
     selection = {"status": body.status, "handler": body.handler, "limit": body.limit, "until_id": body.until_id}
-    await db.fetchrow("bulk_handle_insert", handle, p.id, queue, body.command, msgspec.json.encode(selection).decode(),
-                      matched, [i for i, _ in chosen], [v.state for _, v in chosen], [v.version for _, v in chosen],
-                      ttl)
+    handle = await store(client, p, action=body.command, source="queue", queue=queue, selection=selection,
+                         matched=matched, chosen=chosen, ttl=ttl)
     bound = chosen[-1][0] if chosen else None
-    return _not_confirmed(matched, len(chosen), handle, cap, body.confirm, [i for i, _ in chosen[:SAMPLE]], ttl,
+    return _not_confirmed(matched, len(chosen), handle, cap, body.confirm, [i for i, _, _ in chosen[:SAMPLE]], ttl,
                           bound)
 
 
@@ -117,64 +231,30 @@ async def bulk(client: Client, p: Principal, queue: str, body: S.BulkRequest, *,
     if await db.fetchrow("queue_row", queue) is None:
         raise UnknownQueue(queue)
     if body.handle is None:
-        counted = await _count(client, p, queue, body, cap, ttl)
-        if body.count and isinstance(counted, BulkNotConfirmed):
-            f = vars(counted)
+        refusal = await _count(client, p, queue, body, cap, ttl)
+        if body.count and isinstance(refusal, BulkNotConfirmed):
+            f = vars(refusal)
             return S.BulkCount(matched=f["matched"], acting=f["acting"], handle=f["handle"], sample=f["sample"],
                                expires_in_s=f["expires_in_s"], limit=f["limit"], until_id=f["until_id"])
-        raise counted
-    row = await db.fetchrow("bulk_handle_get", body.handle, p.id)
-    if row is None:
-        raise UnknownBulkHandle(f"no live bulk handle {body.handle} of this token (unknown, expired after "
-                                f"{ttl:g} s, already used, or another token's); count again", field="handle",
-                                handle=body.handle)
-    if row["queue"] != queue:
-        raise InvalidInput(f"handle {body.handle} counts runs of queue {row['queue']!r}, not {queue!r}", field="queue")
-    if row["command"] != body.command:
-        raise InvalidInput(f"handle {body.handle} was counted for {row['command']}, not {body.command}",
+        raise refusal
+    counted = await load(client, p, body.handle, ttl)
+    if counted.queue != queue:
+        raise InvalidInput(f"handle {body.handle} counts runs of {counted.queue or 'a dashboard list'!r}, not "
+                           f"queue {queue!r}", field="queue")
+    if counted.action != body.command:
+        raise InvalidInput(f"handle {body.handle} was counted for {counted.action}, not {body.command}",
                            field="command")
-    stored = msgspec.json.decode(row["selection"])
-    _same_selection(stored, body)
-    ids, states, versions = list(row["ids"]), list(row["states"]), list(row["versions"])
+    _same_selection(counted.selection, body)
+    ids = counted.ids
     if body.confirm != len(ids):
-        left = max(0.0, (row["expires_at"] - datetime.now(UTC)).total_seconds())  # display only
-        raise _not_confirmed(int(row["matched"]), len(ids), body.handle, cap, body.confirm, ids[:SAMPLE],
-                             round(left, 3), ids[-1] if ids else None)
-    live = await _live(client, queue, ids)
-    acting: list[tuple[int, int]] = []
-    skipped: list[S.BulkSkip] = []
-    for rid, st, ver in zip(ids, states, versions, strict=True):
-        now = live.get(rid)
-        if now is None:
-            skipped.append(S.BulkSkip(id=rid, reason=f"gone: counted {st} v{ver}, no longer a hot run"))
-        elif now.state != st or now.version != ver:
-            skipped.append(S.BulkSkip(id=rid, reason=f"moved: counted {st} v{ver}, now {now.state} v{now.version}"))
-        else:
-            acting.append((rid, ver))
-    async with db.transaction() as tx:  # the handle is used once, with the audit row of what is acted on
-        if await db.fetchrow("bulk_handle_take", body.handle, p.id, conn=tx) is None:
-            raise UnknownBulkHandle(f"bulk handle {body.handle} was used or expired meanwhile; count again",
-                                    field="handle", handle=body.handle)
-        await audit.write(db, tx, client.actor, f"bulk_{body.command}", queue=queue, reason_=body.reason,
-                          data={**stored, "matched": int(row["matched"]), "handle": body.handle,
-                                "runs": len(acting), "ids": [rid for rid, _ in acting],
-                                "skipped": [s.id for s in skipped]})
-    changed: list[int] = []
-    results: dict[str, int] = {}
-    for rid, ver in acting:
-        try:
-            state = await getattr(client, body.command)(rid, reason=body.reason, expected_version=ver)
-        except Exception as exc:  # one run's refusal (it moved in the last moment) never stops the others
-            skipped.append(S.BulkSkip(id=rid, reason=f"refused: {exc}"))
-            continue
-        changed.append(rid)
-        results[state] = results.get(state, 0) + 1
-    late = [s.id for s in skipped if s.reason.startswith("refused: ")]
-    if late:  # moved between the check and its own compare-and-set: the record says so too
-        async with db.transaction() as tx:
-            await audit.write(db, tx, client.actor, f"bulk_{body.command}_refused", queue=queue, reason_=body.reason,
-                              data={"handle": body.handle, "ids": late})
-    skipped.sort(key=lambda s: s.id)
-    return S.BulkResult(matched=int(row["matched"]), acted=len(changed), changed=changed, skipped=skipped,
-                        results=results, refused={str(s.id): s.reason for s in skipped}, handle=body.handle,
-                        until_id=stored.get("until_id"))
+        raise _not_confirmed(counted.matched, len(ids), body.handle, cap, body.confirm, ids[:SAMPLE],
+                             seconds_left(counted), ids[-1] if ids else None)
+
+    async def act(rid: int, ver: int) -> str:
+        state: str = await getattr(client, body.command)(rid, reason=body.reason, expected_version=ver)
+        return state
+
+    out = await confirm(client, p, counted, reason=body.reason, act=act)
+    return S.BulkResult(matched=counted.matched, acted=len(out.changed), changed=out.changed, skipped=out.skipped,
+                        results=out.results, refused={str(s.id): s.reason for s in out.skipped}, handle=body.handle,
+                        until_id=counted.selection.get("until_id"))

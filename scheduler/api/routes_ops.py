@@ -20,7 +20,6 @@ console error, and a count is an ordinary answer there.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -29,11 +28,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from fencepost.api import bulk as bulk_
 from fencepost.api import schemas as S
 from fencepost.api.problems import ApiError, BulkTooLarge
-from fencepost.core import audit, fairness, states, validate
+from fencepost.core import fairness, states, validate
 from fencepost.core import workers as fleet
-from fencepost.core.errors import InvalidInput, ResumeRefused
+from fencepost.core.errors import InvalidInput
 from fencepost.core.states import TERMINAL, Status
 from fencepost.core.validate import meta
 
@@ -49,15 +49,15 @@ BULK_TTL_S = 300.0
 """How long a counted set waits for its confirmation."""
 SAMPLE = 20
 """How many of the counted ids a count shows."""
-_INSPECT_CHUNK = 500
 
 ListName = Literal["dead", "review", "retries", "scheduled", "runs", "ids"]
 """dead: the dead letter; review: the review queue; retries: RETRY_WAIT runs; scheduled: PENDING runs due
 later; runs: the runs list's filter; ids: runs ticked on a page."""
-Action = Literal["retry", "cancel", "pause", "resume", "restart", "run_now", "delete"]
-"""The commands of a bulk action; run_now makes a waiting run due now (a pause and a resume, or a restart
-for a handler that cannot resume), delete moves a finished run out of every list into the archive (its
-history stays)."""
+Action = Literal["retry", "cancel", "pause", "resume", "restart", "run_now", "delete", "resolve_succeeded",
+                 "resolve_failed"]
+"""The commands of a bulk action; run_now makes a waiting run due now (one transition, lua/run_now.lua),
+delete moves a finished run out of every list into the archive (its history stays), resolve_succeeded /
+resolve_failed close review runs (the review list, or ticked review runs)."""
 _LISTS = ("dead", "review", "retries", "scheduled")
 
 
@@ -209,9 +209,7 @@ class BatchPage(msgspec.Struct, kw_only=True):
     next: str | None = None
 
 
-class BulkSkip(msgspec.Struct, kw_only=True):
-    id: int
-    reason: str
+BulkSkip = S.BulkSkip
 
 
 class OpsBulkResult(msgspec.Struct, kw_only=True):
@@ -231,10 +229,6 @@ class OpsBulkResult(msgspec.Struct, kw_only=True):
 
 class CountedSet(ApiError):
     status, slug, title = 428, "bulk-not-confirmed", "Confirm the number of runs the bulk action affects"
-
-
-class UnknownBulkHandle(ApiError):
-    status, slug, title = 404, "unknown-bulk-handle", "No such bulk handle (unknown, expired, used or another token's)"
 
 
 # -- what the routes share with the others (handed over by fencepost.api.routes) -----------------------
@@ -335,6 +329,14 @@ def _next_cursor(t: datetime | None, rid: int) -> str:
     return f"{0 if t is None else _to_micros(t)}_{rid}"
 
 
+async def _waiting(db: Any, name: str, *args: Any) -> list[Any]:
+    """The retries-waiting or the scheduled list: two statements, each with its state written out (the
+    partial indexes they page by are chosen when the statement is planned)."""
+    if name == "retries":
+        return list(await db.fetch("ops_list_retries", *args))
+    return list(await db.fetch("ops_list_scheduled", *args))
+
+
 async def list_page(ctx: Ctx) -> Any:
     """GET /v1/ops/lists/{list}: a page of the dead letter, the review queue, the retries waiting or the
     scheduled runs, filtered by queue and handler, within the token's scope before the limit."""
@@ -348,7 +350,7 @@ async def list_page(ctx: Ctx) -> Any:
     if name in ("dead", "review"):
         rows = await db.fetch("ops_list_finished", name, queue, handler, ctx.p.scope, at, rid, limit + 1)
     else:
-        rows = await db.fetch("ops_list_waiting", name, queue, handler, ctx.p.scope, at, rid, limit + 1)
+        rows = await _waiting(db, name, queue, handler, ctx.p.scope, at, rid, limit + 1)
     runs = [_h.row(r, S.RunSummary) for r in rows[:limit]]
     nxt = None
     if len(rows) > limit:
@@ -358,33 +360,11 @@ async def list_page(ctx: Ctx) -> Any:
 
 
 # -- bulk over a list ------------------------------------------------------------------------------
-class _Live(msgspec.Struct, frozen=True):
-    state: str
-    version: int
-
-
-async def _live(ctx: Ctx, rows: list[Any]) -> dict[int, _Live]:
-    """Each run's state and version now: Redis's when it holds the run (it is ahead of the record),
-    else the recorded one."""
-    out: dict[int, _Live] = {}
-    by_queue: dict[str, list[int]] = {}
-    for r in rows:
-        by_queue.setdefault(r["queue"], []).append(r["id"])
-    scripts = ctx.client.stores.scripts
-    for queue, ids in by_queue.items():
-        keys = ctx.client.stores.keys(queue)
-        for i in range(0, len(ids), _INSPECT_CHUNK):
-            chunk = ids[i:i + _INSPECT_CHUNK]
-            for rid, got in zip(chunk, await scripts.repair_inspect(keys, chunk), strict=True):
-                if got.exists and got.state and got.version and got.version.isdigit():
-                    out[rid] = _Live(state=got.state, version=int(got.version))
-    for r in rows:
-        if r["id"] not in out:
-            out[r["id"]] = _Live(state=r["status"], version=int(r["version"]))
-    return out
-
-
 _TAKES = {name: set(states_) for name, states_ in state_groups().commands.items()}
+_RESOLVE = {"resolve_succeeded": "succeeded", "resolve_failed": "failed"}
+"""Bulk actions that close review runs, and the outcome each records."""
+for _a in _RESOLVE:
+    _TAKES[_a] = set(state_groups().lists["review"])
 
 
 async def _select(ctx: Ctx, body: OpsBulkRequest, cap: int) -> list[Any]:
@@ -406,7 +386,7 @@ async def _select(ctx: Ctx, body: OpsBulkRequest, cap: int) -> list[Any]:
             raise InvalidInput(f"the {body.source} list filters by queue and handler, not {extra}", field=extra)
     if body.source in ("dead", "review"):
         return list(await db.fetch("ops_list_finished", body.source, f.queue, f.handler, scope, None, None, cap + 1))
-    return list(await db.fetch("ops_list_waiting", body.source, f.queue, f.handler, scope, None, None, cap + 1))
+    return list(await _waiting(db, body.source, f.queue, f.handler, scope, None, None, cap + 1))
 
 
 def _selection(body: OpsBulkRequest) -> dict[str, Any]:
@@ -428,16 +408,20 @@ async def _count(ctx: Ctx, body: OpsBulkRequest) -> OpsBulkCount:
     if len(rows) > cap:
         raise BulkTooLarge(f"more than {cap} runs match; the server acts on at most {cap} at once. Narrow the "
                            "selection (queue, handler); nothing changed", matched=len(rows), limit=cap, field="filter")
-    live = await _live(ctx, rows)
+    resolving = body.action in _RESOLVE
+    if resolving and body.source not in ("review", "ids"):
+        raise InvalidInput(f"{body.action} closes review runs: list review or ids, not {body.source}", field="list")
+    now = await bulk_.live(ctx.client, [(r["id"], r["queue"]) for r in rows])
     takes = _TAKES[body.action]
-    chosen = [(r, live[r["id"]]) for r in rows if live[r["id"]].state in takes]  # Redis is ahead: it decides
-    handle = secrets.token_hex(16)
-    await ctx.client.stores.db.fetchrow(
-        "ops_bulk_put", handle, ctx.p.id, body.action, body.source, _enc.encode(_selection(body)).decode(), len(rows),
-        [r["id"] for r, _ in chosen], [r["queue"] for r, _ in chosen], [v.state for _, v in chosen],
-        [v.version for _, v in chosen], BULK_TTL_S)
+    chosen = []
+    for r in rows:
+        got = now.get(r["id"]) or bulk_.Live(state=r["status"], version=int(r["version"]))
+        if got.state in takes and (not resolving or r["reason"] == "review"):  # Redis is ahead: it decides
+            chosen.append((r["id"], r["queue"], got))
+    handle = await bulk_.store(ctx.client, ctx.p, action=body.action, source=body.source, queue=None,
+                               selection=_selection(body), matched=len(rows), chosen=chosen, ttl=BULK_TTL_S)
     return OpsBulkCount(matched=len(rows), acting=len(chosen), handle=handle,
-                        sample=[r["id"] for r, _ in chosen[:SAMPLE]], expires_in_s=BULK_TTL_S, action=body.action,
+                        sample=[i for i, _, _ in chosen[:SAMPLE]], expires_in_s=BULK_TTL_S, action=body.action,
                         source=body.source)
 
 
@@ -450,14 +434,15 @@ async def bulk_count(ctx: Ctx) -> Any:
     return await _count(ctx, body)
 
 
-async def _run_now(ctx: Ctx, rid: int, version: int, reason: str) -> str:
-    """A waiting run due now: pause it (compare-and-set on the counted version), then resume it (due at
-    once); a handler that cannot resume is restarted instead (it never ran, or waits for a retry)."""
-    await ctx.client.pause(rid, reason=reason, expected_version=version)
-    try:
-        return await ctx.client.resume(rid, reason=reason)
-    except ResumeRefused:
-        return await ctx.client.restart(rid, reason=reason)
+async def run_now(ctx: Ctx) -> Any:
+    """POST /v1/runs/{run_id}/run_now: a scheduled or retry-waiting run due now, in one transition (event
+    `run_now`, with the token and the reason: the audit view lists it); compare-and-set on
+    `expected_version` when given."""
+    run_id = ctx.run_id()
+    await _h.run_for(ctx, run_id, act=True)
+    body: S.CommandRequest = ctx.body or S.CommandRequest()
+    state = await ctx.client.control.run_now(run_id, reason=body.reason, expected_version=body.expected_version)
+    return S.CommandResult(id=run_id, command="run_now", state=state)
 
 
 async def _delete(ctx: Ctx, rid: int, version: int) -> str:
@@ -469,9 +454,11 @@ async def _delete(ctx: Ctx, rid: int, version: int) -> str:
 
 async def _act(ctx: Ctx, action: str, rid: int, version: int, reason: str) -> str:
     if action == "run_now":
-        return await _run_now(ctx, rid, version, reason)
+        return await ctx.client.control.run_now(rid, reason=reason, expected_version=version)
     if action == "delete":
         return await _delete(ctx, rid, version)
+    if action in _RESOLVE:
+        return await ctx.client.resolve(rid, as_=_RESOLVE[action], reason=reason, expected_version=version)
     state: str = await getattr(ctx.client, action)(rid, reason=reason, expected_version=version)
     return state
 
@@ -480,65 +467,32 @@ async def bulk(ctx: Ctx) -> Any:
     """POST /v1/ops/bulk: without a handle, the count (428 with the handle); with one, its confirm."""
     body: OpsBulkRequest = ctx.body
     validate.text("reason", body.reason)
-    db, p = ctx.client.stores.db, ctx.p
+    p = ctx.p
     if body.handle is None:
-        counted = await _count(ctx, body)
-        raise CountedSet(f"{counted.acting} runs are counted under handle {counted.handle} ({counted.matched} match); "
-                         f"nothing changed. Send handle and confirm={counted.acting} to {body.action} exactly them "
-                         "(those that have not moved by then)", **msgspec.to_builtins(counted), confirm=body.confirm)
+        count = await _count(ctx, body)
+        raise CountedSet(f"{count.acting} runs are counted under handle {count.handle} ({count.matched} match); "
+                         f"nothing changed. Send handle and confirm={count.acting} to {body.action} exactly them "
+                         "(those that have not moved by then)", **msgspec.to_builtins(count), confirm=body.confirm)
     _allowed(ctx, body)
-    row = await db.fetchrow("ops_bulk_get", body.handle, p.id)
-    if row is None:
-        raise UnknownBulkHandle(f"no live bulk handle {body.handle} of this token (unknown, expired after "
-                                f"{BULK_TTL_S:g} s, already used, or another token's); count again", field="handle",
-                                handle=body.handle)
-    if row["action"] != body.action:
-        raise InvalidInput(f"handle {body.handle} was counted for {row['action']}, not {body.action}", field="action")
-    ids, queues, sts, versions = list(row["ids"]), list(row["queues"]), list(row["states"]), list(row["versions"])
+    counted = await bulk_.load(ctx.client, p, body.handle, BULK_TTL_S)
+    if counted.source == "queue":
+        raise InvalidInput(f"handle {body.handle} counts a queue bulk (POST /v1/queues/{counted.queue}/bulk), not a "
+                           "list", field="handle")
+    if counted.action != body.action:
+        raise InvalidInput(f"handle {body.handle} was counted for {counted.action}, not {body.action}", field="action")
+    ids = counted.ids
     if body.confirm != len(ids):
-        left = max(0.0, (row["expires_at"] - datetime.now(UTC)).total_seconds())  # display only
         raise CountedSet(f"handle {body.handle} holds {len(ids)} runs, confirm was {body.confirm}; nothing changed",
-                         matched=int(row["matched"]), acting=len(ids), handle=body.handle, sample=ids[:SAMPLE],
-                         expires_in_s=round(left, 3), action=row["action"], confirm=body.confirm, list=row["list"])
-    for q in set(queues):  # the scope may have been checked at count time only by the filter
-        p.require_queue(q)
-    live = await _live(ctx, [{"id": i, "queue": q, "status": s, "version": v}
-                             for i, q, s, v in zip(ids, queues, sts, versions, strict=True)])
-    fresh = {r["id"] for r in await db.fetch("ops_runs_by_id", ids, p.scope)}
-    acting: list[tuple[int, int]] = []
-    skipped: list[BulkSkip] = []
-    for rid, st, ver in zip(ids, sts, versions, strict=True):
-        now = live[rid]
-        if rid not in fresh:
-            skipped.append(BulkSkip(id=rid, reason=f"gone: counted {st} v{ver}, no longer a hot run"))
-        elif now.state != st or now.version != ver:
-            skipped.append(BulkSkip(id=rid, reason=f"moved: counted {st} v{ver}, now {now.state} v{now.version}"))
-        else:
-            acting.append((rid, ver))
-    selection = msgspec.json.decode(row["selection"])
-    async with db.transaction() as tx:  # the handle is used once, with the audit row of what is acted on
-        if await db.fetchrow("ops_bulk_take", body.handle, p.id, conn=tx) is None:
-            raise UnknownBulkHandle(f"bulk handle {body.handle} was used or expired meanwhile; count again",
-                                    field="handle", handle=body.handle)
-        one = sorted(set(queues))
-        await audit.write(db, tx, ctx.client.actor, f"bulk_{body.action}", queue=one[0] if len(one) == 1 else None,
-                          reason_=body.reason,
-                          data={**selection, "matched": int(row["matched"]), "handle": body.handle,
-                                "runs": len(acting), "ids": [rid for rid, _ in acting],
-                                "skipped": [s.id for s in skipped], "queues": one})
-    changed: list[int] = []
-    results: dict[str, int] = {}
-    for rid, ver in acting:
-        try:
-            state = await _act(ctx, body.action, rid, ver, body.reason)
-        except Exception as exc:  # one run's refusal (it moved in the last moment) never stops the others
-            skipped.append(BulkSkip(id=rid, reason=f"refused: {exc}"))
-            continue
-        changed.append(rid)
-        results[state] = results.get(state, 0) + 1
-    skipped.sort(key=lambda s: s.id)
-    return OpsBulkResult(matched=int(row["matched"]), acted=len(changed), changed=changed, skipped=skipped,
-                         results=results, handle=body.handle)
+                         matched=counted.matched, acting=len(ids), handle=body.handle, sample=ids[:SAMPLE],
+                         expires_in_s=bulk_.seconds_left(counted), action=counted.action, confirm=body.confirm,
+                         list=counted.source)
+
+    async def act(rid: int, ver: int) -> str:
+        return await _act(ctx, body.action, rid, ver, body.reason)
+
+    out = await bulk_.confirm(ctx.client, p, counted, reason=body.reason, act=act)
+    return OpsBulkResult(matched=counted.matched, acted=len(out.changed), changed=out.changed, skipped=out.skipped,
+                         results=out.results, handle=body.handle)
 
 
 # -- queues: workers, slots, latency -----------------------------------------------------------------
@@ -598,12 +552,25 @@ async def handler_stats(ctx: Ctx) -> Any:
 
 # -- batches ---------------------------------------------------------------------------------------
 async def list_batches(ctx: Ctx) -> Any:
-    """Batches, newest first, whose members are all in the token's scope, each counted by state."""
+    """Batches, newest first, whose members are all in the token's scope, each counted by state; `next`
+    (null: the end) pages on."""
     before = ctx.q_time("before")
     limit = ctx.q_int("limit", 50, 1, 1000)
-    rows = await ctx.client.stores.db.fetch("ops_batches", ctx.p.scope, before, limit + 1)
+    db, scope = ctx.client.stores.db, ctx.p.scope
+    scan = limit + 1 if scope is None else max(limit + 1, BATCH_SCAN)
+    rows = await db.fetch("ops_batches", scope, before, limit + 1, scan)
     out = [BatchSummary(**{**dict(r), "id": str(r["id"]), "queues": sorted(r["queues"])}) for r in rows[:limit]]
-    return BatchPage(batches=out, next=out[-1].created_at.isoformat() if len(rows) > limit else None)
+    nxt = out[-1].created_at if len(rows) > limit else None
+    if nxt is None and scope is not None:  # a short page: more may be older than the bounded scan reached
+        reached = await db.fetchrow("ops_batches_scanned", before, scan)
+        if reached is not None and reached["n"] == scan:
+            nxt = reached["oldest"]
+    return BatchPage(batches=out, next=None if nxt is None else nxt.isoformat())
+
+
+BATCH_SCAN = 200
+"""How many batches one page of a scoped token's batches reads at most (each batch's members are read to
+know its queues): a page may hold fewer than asked, with `next` to read on."""
 
 
 _Q = ("queue", "string", None, "Only this queue")
@@ -626,6 +593,9 @@ def routes(spec: Callable[..., Any], *, run_for: Callable[..., Awaitable[dict[st
                  "before it is limited, with the next page's cursor", roles=READ, response=OpsPage,
                  params=[_Q, _H, ("cursor", "string", None, "The previous page's `next`"),
                          ("limit", "integer", 50, "At most this many (1-1000)")], tag="queues"),
+        spec("POST", "/v1/runs/{run_id}/run_now", run_now,
+                 "A scheduled or retry-waiting run due now: one transition (event run_now), audited with the reason",
+                 roles=READ, body=S.CommandRequest, response=S.CommandResult, tag="commands"),
         spec("POST", "/v1/ops/bulk", bulk,
                  "A bulk action on a list (or the runs list's filter, or ticked ids): count (428 with a handle), then "
                  "confirm {handle, confirm}: exactly the runs counted that have not moved", roles=READ,

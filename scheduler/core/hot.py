@@ -494,6 +494,7 @@ CONTRACTS: dict[str, Contract] = {
     "resume_run": _contract(str, ControlArgs),
     "restart_run": _contract(str, ControlArgs),
     "retry_run": _contract(str, ControlArgs),
+    "run_now": _contract(str, ControlArgs),
     "resolve_run": _contract(str, ResolveArgs),
     "repair_inspect": _contract(list[Inspected], None, RunRef),
     "repair_drop": _contract(list[int], None, Drop),
@@ -507,7 +508,7 @@ CONTRACTS: dict[str, Contract] = {
 }
 """Every script in lua/, by name."""
 
-ControlVerb = Literal["pause", "stop", "cancel", "resume", "restart", "retry", "resolve"]
+ControlVerb = Literal["pause", "stop", "cancel", "resume", "restart", "retry", "resolve", "run_now"]
 
 
 def _ms(dt: datetime) -> int:
@@ -707,8 +708,9 @@ class Scripts:
 
     async def control_run(self, verb: ControlVerb, keys: Keys, args: ControlArgs) -> str:
         """pause_run, stop_run, cancel_run (CancelArgs), resume_run, restart_run, retry_run,
-        resolve_run (ResolveArgs): the run's new state (or 'REQUESTED' for a pause of a running run)."""
-        return await self._call(f"{verb}_run", keys, args)  # type: ignore[no-any-return]
+        resolve_run (ResolveArgs), run_now: the run's new state (or 'REQUESTED' for a pause of a running run)."""
+        name = "run_now" if verb == "run_now" else f"{verb}_run"
+        return await self._call(name, keys, args)  # type: ignore[no-any-return]
 
     # -- reconciler ----------------------------------------------------------------------------
     async def expire_finished(self, keys: Keys, args: TtlArgs, runs: Sequence[Versioned]) -> int:

@@ -68,9 +68,10 @@ TRANSITIONS: dict[tuple[Status | None, Status], frozenset[str]] = {
     (S.BLOCKED, S.PENDING): frozenset({"released"}),
     (S.BLOCKED, S.CANCELLED): frozenset({"cancelled", "upstream_failed"}),
     (S.PENDING, S.RUNNING): frozenset({"claimed"}),
+    (S.PENDING, S.PENDING): frozenset({"run_now"}),  # a delayed run made due now by an operator
     (S.PENDING, S.PAUSED): frozenset({"paused"}),
     (S.PENDING, S.CANCELLED): frozenset({"cancelled", "upstream_failed"}),
-    (S.RETRY_WAIT, S.PENDING): frozenset({"due"}),
+    (S.RETRY_WAIT, S.PENDING): frozenset({"due", "run_now"}),
     (S.RETRY_WAIT, S.PAUSED): frozenset({"paused"}),
     (S.RETRY_WAIT, S.CANCELLED): frozenset({"cancelled", "upstream_failed"}),
     (S.RUNNING, S.SUCCEEDED): frozenset({"succeeded"}),

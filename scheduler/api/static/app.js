@@ -577,7 +577,7 @@ const LIST_VIEWS = {
   dead: { title: "Dead letter", note: "Runs that failed for good (retries exhausted, fatal errors, quarantined).",
     bulk: ["retry", "delete"], table: "dead-table", time: "finished_at" },
   review: { title: "Review queue", note: "Runs whose non-idempotent side effect may or may not have happened: check, then resolve.",
-    bulk: ["retry", "delete"], table: "review-table", time: "finished_at" },
+    bulk: ["resolve_succeeded", "resolve_failed", "retry", "delete"], table: "review-table", time: "finished_at" },
   retries: { title: "Retries waiting", note: "Runs that failed an attempt and wait for their next one (RETRY_WAIT).",
     bulk: ["run_now", "cancel"], table: "retries-table", time: "run_at" },
   scheduled: { title: "Scheduled", note: "Runs submitted with a delay or a time, not due yet.",
@@ -608,9 +608,9 @@ async function listView(list, route, params) {
     filterForm(`${list}-filter`, route, params, [["queue", "queue"], ["handler", "handler"]]),
     el("div", { class: "commands", id: "list-bulk" }, `All in ${what}: `,
       v.bulk.filter(allowed).map((a) => el("button", { "data-list-bulk": a, id: list === "dead" && a === "retry" ? "retry-all" : null,
-        onclick: () => opsBulk(list, list, bulkAll(), [], a, what) }, `${VERB[a]} all…`))),
+        onclick: () => opsBulk(list, list, bulkAll(), [], a, what) }, bulkLabel(a, "all")))),
     sel.size ? el("div", { class: "commands", id: "selection" }, `${sel.size} selected: `,
-      v.bulk.filter(allowed).map((a) => el("button", { "data-bulk-selected": a, onclick: () => actOnSelected(list, a) }, `${VERB[a]} ${sel.size}`)),
+      v.bulk.filter(allowed).map((a) => el("button", { "data-bulk-selected": a, onclick: () => actOnSelected(list, a) }, bulkLabel(a, sel.size))),
       el("button", { onclick: () => { sel.clear(); render(); } }, "Clear")) : null,
     el("p", { id: "bulk-result", role: "status" }, lastResult[list] || ""),
     table([
@@ -814,7 +814,16 @@ async function confirmWorkflowRetry(wf) {
 // many (a 200: the API's own count answers 428, which a browser logs as an error); the confirmation
 // names the handle and the number, and the server acts on exactly those runs, skipping any that moved.
 const VERB = { retry: "Retry", cancel: "Cancel", pause: "Pause", resume: "Resume", restart: "Restart",
-  run_now: "Run now", delete: "Delete" };
+  run_now: "Run now", delete: "Delete", resolve_succeeded: "Resolve", resolve_failed: "Resolve" };
+const RESOLVED_AS = { resolve_succeeded: "succeeded", resolve_failed: "failed" };
+
+// "Retry all…", "Retry 3", "Resolve all as failed…", "Resolve 3 runs as succeeded?" (`n`: "all", a number, or
+// with `ask` the confirmation's title).
+function bulkLabel(action, n, ask = false) {
+  const as = RESOLVED_AS[action] ? ` as ${RESOLVED_AS[action]}` : "";
+  if (ask) return `${VERB[action]} ${n} runs${as}?`;
+  return n === "all" ? `${VERB[action]} all${as}…` : `${VERB[action]} ${n}${as}`;
+}
 const RUN_FILTERS = ["queue", "status", "handler", "tenant", "concurrency_key", "idempotency_key", "arg", "since", "until", "id"];
 
 async function opsBulk(key, list, filter, ids, action, what) {
@@ -829,7 +838,7 @@ async function opsBulk(key, list, filter, ids, action, what) {
     return render();
   }
   const sample = counted.sample.slice(0, 10).join(", ") + (counted.acting > 10 ? " …" : "");
-  const reason = await ask(`${VERB[action]} ${counted.acting} runs?`, `${what}: ${counted.acting} runs counted ` +
+  const reason = await ask(bulkLabel(action, counted.acting, true), `${what}: ${counted.acting} runs counted ` +
     `(ids ${sample}). Exactly these, each only if it has not moved since this count` +
     (action === "delete" ? "; they leave every list for the archive, their history stays." : "."));
   if (reason === null) return;
