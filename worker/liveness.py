@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import multiprocessing as mp
 import os
@@ -36,6 +35,7 @@ from typing import Any
 
 from fencepost.core.config import Settings
 from fencepost.core.hot import PulseArgs
+from fencepost.core.parentdeath import die_with_parent, guarded
 from fencepost.core.stores import Stores
 
 log = logging.getLogger("fencepost.worker")
@@ -43,17 +43,7 @@ log = logging.getLogger("fencepost.worker")
 __all__ = ["Pulse", "die_with_parent", "parent_stopped"]
 
 _CTX = mp.get_context("spawn")
-_PR_SET_PDEATHSIG = 1
 
-
-def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
-    """In a child: ask Linux to send `sig` when the parent dies (PR_SET_PDEATHSIG), then exit at
-    once if the parent died before that took effect (the child was already re-parented)."""
-    with contextlib.suppress(Exception):  # not Linux: the caller's other fallbacks still apply
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(0)
 
 
 def parent_stopped(pid: int) -> bool | None:
@@ -114,9 +104,10 @@ class Pulse:
             return
         self._proc_stop = _CTX.Event()
         self._proc_leaving = _CTX.RawValue("b", 1)
-        self._proc = _CTX.Process(target=_pulser_main, name="fencepost-pulser", daemon=True,
-                                  args=(self.settings, self.worker_id, self.queues, os.getpid(), self._sent,
-                                        self._proc_stop, self._proc_leaving, self._tick))
+        self._proc = _CTX.Process(target=guarded, name="fencepost-pulser", daemon=True,  # dies with us at once
+                                  args=(os.getpid(), "fencepost.worker.liveness:_pulser_main", self.settings,
+                                        self.worker_id, self.queues, os.getpid(), self._sent, self._proc_stop,
+                                        self._proc_leaving, self._tick))
         self._proc.start()
 
     def stop(self, *, leaving: bool = True) -> None:

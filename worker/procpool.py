@@ -6,8 +6,9 @@ killed and replaced while the rest keep serving.
 
 A child never outlives its worker, on any path including SIGKILL: it asks Linux for SIGKILL at
 its parent's death (PR_SET_PDEATHSIG, then checks it still has that parent: the parent may have
-died before the request took effect), and a thread of its own watches a lifeline pipe whose other
-end only the parent holds: the pipe reads EOF the moment the parent is gone, and the child exits.
+died before the request took effect) before it imports anything of ours (core/parentdeath.py), and
+a thread of its own watches a lifeline pipe whose other end only the parent holds: the pipe reads
+EOF the moment the parent is gone, and the child exits.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from fencepost.core import metrics
 from fencepost.core.classify import classify
 from fencepost.core.errors import InvalidInput, StoreUnavailable
 from fencepost.core.models import decode_payload, decode_result, encode_result
+from fencepost.core.parentdeath import die_with_parent, guarded
 from fencepost.core.registry import load_registry
 from fencepost.core.tracing import traceparent_var
 from fencepost.worker.context import Context, Interrupt, LeaseLost, RunResult, SyncContext
-from fencepost.worker.liveness import die_with_parent
 
 log = logging.getLogger("fencepost.worker.procpool")
 _CTX = mp.get_context("spawn")
@@ -200,8 +201,9 @@ class _Child:
         self.fence_at: Any = _CTX.RawValue("d", math.inf)
         """CLOCK_MONOTONIC instant from which the running job's fence test is True (Context._fence_at),
         kept current by the parent while the job runs; the child's should_stop() compares its clock."""
-        self.proc = _CTX.Process(target=_child_main, args=(app, child, os.getpid(), keep, self.fence_at),
-                                 daemon=True, name="fencepost-job")
+        self.proc = _CTX.Process(target=guarded, daemon=True, name="fencepost-job",  # dies with us before its imports
+                                 args=(os.getpid(), "fencepost.worker.procpool:_child_main", app, child, os.getpid(),
+                                       keep, self.fence_at))
         self.proc.start()
         child.close()
         keep.close()
