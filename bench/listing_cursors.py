@@ -1,14 +1,13 @@
 """Cursor pages of the listing routes at 1,000,000 runs (issue 24): the first page and a page deep in the
 listing (a cursor made from a row in the middle) of every route that pages by cursor, median and max.
 
-    .venv/bin/python bench/listing_cursors.py [--db NAME] [--build] [--repeat 20] [--explain]
+    .venv/bin/python bench/listing_cursors.py [--db NAME] [--build] [--repeat 20] [--only TEXT]
 
 --build fills database NAME (created if missing, default fp_bench_cursors) with 1,000,000 runs in 10
 queues (created_at ties: 100 runs per 3 ms, as batch submits share theirs; a quarter PENDING, 5% FAILED),
 750,000 attempts with claims and finishes, 220,000 events, 20,000 audit rows and 1,000 schedules, all by
 generate_series (about a minute on two cores). The API runs in this process (ASGI, no sockets): what is
-timed is the route with PostgreSQL and Redis. --explain prints EXPLAIN (ANALYZE, BUFFERS) of the deep pages'
-statements as the route sends them (a custom plan). Drop the database yourself when done.
+timed is the route with PostgreSQL and Redis. Drop the database yourself when done.
 """
 
 from __future__ import annotations
@@ -97,6 +96,8 @@ def routes(deep: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
     for s in ("id", "created_at", "finished_at", "attempt", "handler", "status"):
         for o in ("desc", "asc"):
             out += [("/v1/runs", {"sort": s, "order": o}), ("/v1/runs", {"sort": s, "order": o, "cursor": deep[f"runs/{s}/{o}"]})]
+    for s in ("finished_at", "attempt", "handler", "status"):  # within one queue (a tenth of the runs)
+        out.append(("/v1/runs", {"sort": s, "order": "desc", "queue": "q3", "cursor": deep[f"runs/{s}/desc"]}))
     out += [("/v1/runs", {"sort": "created_at", "queue": "q3", "cursor": deep["runs/created_at/desc"]}),
             ("/v1/events", {"since": since}), ("/v1/events", {"since": since, "cursor": deep["events"]}),
             ("/v1/events", {"since": since, "queue": "q3", "cursor": deep["events"]}),
@@ -107,7 +108,7 @@ def routes(deep: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-async def measure(dsn: str, repeat: int) -> None:
+async def measure(dsn: str, repeat: int, only: str | None = None) -> None:
     from fencepost.api import ApiConfig, create_app
     from fencepost.api.auth import create_token
     from fencepost.core.config import Settings
@@ -127,6 +128,8 @@ async def measure(dsn: str, repeat: int) -> None:
             print(f"{'route':24} {'query':44} {'rows':>4} {'median ms':>9} {'max ms':>7}")
             for path, params in routes(deep):
                 params = {"limit": 100, **params}
+                if only is not None and only not in f"{path}?{params}":
+                    continue
                 times, n, status = [], 0, 0
                 for i in range(repeat + 2):
                     t0 = time.perf_counter()
@@ -144,6 +147,7 @@ async def main() -> None:
     ap.add_argument("--db", default="fp_bench_cursors")
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--only", help="only the routes whose path and query contain this text")
     args = ap.parse_args()
     dsn = f"{PG}/{args.db}"
     if args.build:
@@ -154,7 +158,7 @@ async def main() -> None:
         finally:
             await admin.close()
         await build(dsn)
-    await measure(dsn, args.repeat)
+    await measure(dsn, args.repeat, args.only)
 
 
 if __name__ == "__main__":

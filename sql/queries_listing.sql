@@ -53,10 +53,65 @@ ORDER BY
   r.id DESC
 LIMIT $6;
 
+-- name: api_runs_page_finished
+-- The sort by finish time, NULL (unfinished) last in both orders, ties by id in the same direction: the
+-- finished runs and the unfinished ones as two ranges of runs_finished_page (038), each limited, then
+-- merged. As api_runs_page_indexed but $15 'asc' / 'desc', $16 the argument search's lowest id, $17 a cursor
+-- is given, $18 its finished_at (NULL: the cursor is in the unfinished tail), $19 its id.
+SELECT * FROM (
+    (SELECT r.id, r.handler, r.queue, r.status, r.priority, r.attempt, r.run_at, r.created_at, r.started_at,
+           r.finished_at, r.last_error_class, r.last_error, r.reason, r.version, r.workflow_id, r.schedule_id
+    FROM runs r
+    WHERE ($1::text IS NULL OR r.queue = $1) AND ($2::text IS NULL OR r.status = $2)
+      AND ($3::text IS NULL OR r.handler = $3)
+      AND ($4::timestamptz IS NULL OR r.created_at >= $4) AND ($5::timestamptz IS NULL OR r.created_at < $5)
+      AND ($7::text[] IS NULL OR r.queue = ANY($7))
+      AND ($8::text IS NULL OR r.submitted_by = $8 OR r.submitted_by LIKE $8 || '@%'
+           OR EXISTS (SELECT 1 FROM events e WHERE e.type = 'submitted' AND e.run_id = r.id
+                      AND (e.actor = $8 OR e.actor LIKE $8 || '@%')))
+      AND ($9::bigint IS NULL OR r.id < $9)
+      AND ($10::bigint IS NULL OR r.id = $10)
+      AND ($11::text IS NULL OR r.tenant = $11)
+      AND ($12::text IS NULL OR r.concurrency_key = $12)
+      AND ($13::text IS NULL OR r.idempotency_key = $13)
+      AND ($14::text IS NULL OR (r.id > $16 AND position(convert_to($14, 'UTF8') IN r.payload) > 0))
+      AND r.finished_at IS NOT NULL
+      AND (NOT $17::boolean OR ($18::timestamptz IS NOT NULL AND CASE WHEN $15 = 'asc'
+           THEN (r.finished_at, r.id) > ($18, $19::bigint) ELSE (r.finished_at, r.id) < ($18, $19::bigint) END))
+    ORDER BY CASE WHEN $15 = 'asc' THEN r.finished_at END ASC, CASE WHEN $15 = 'desc' THEN r.finished_at END DESC,
+             CASE WHEN $15 = 'asc' THEN r.id END ASC, r.id DESC
+    LIMIT $6)
+    UNION ALL
+    (SELECT r.id, r.handler, r.queue, r.status, r.priority, r.attempt, r.run_at, r.created_at, r.started_at,
+           r.finished_at, r.last_error_class, r.last_error, r.reason, r.version, r.workflow_id, r.schedule_id
+    FROM runs r
+    WHERE ($1::text IS NULL OR r.queue = $1) AND ($2::text IS NULL OR r.status = $2)
+      AND ($3::text IS NULL OR r.handler = $3)
+      AND ($4::timestamptz IS NULL OR r.created_at >= $4) AND ($5::timestamptz IS NULL OR r.created_at < $5)
+      AND ($7::text[] IS NULL OR r.queue = ANY($7))
+      AND ($8::text IS NULL OR r.submitted_by = $8 OR r.submitted_by LIKE $8 || '@%'
+           OR EXISTS (SELECT 1 FROM events e WHERE e.type = 'submitted' AND e.run_id = r.id
+                      AND (e.actor = $8 OR e.actor LIKE $8 || '@%')))
+      AND ($9::bigint IS NULL OR r.id < $9)
+      AND ($10::bigint IS NULL OR r.id = $10)
+      AND ($11::text IS NULL OR r.tenant = $11)
+      AND ($12::text IS NULL OR r.concurrency_key = $12)
+      AND ($13::text IS NULL OR r.idempotency_key = $13)
+      AND ($14::text IS NULL OR (r.id > $16 AND position(convert_to($14, 'UTF8') IN r.payload) > 0))
+      AND r.finished_at IS NULL
+      AND (NOT $17::boolean OR $18::timestamptz IS NOT NULL OR CASE WHEN $15 = 'asc' THEN r.id > $19::bigint
+           ELSE r.id < $19::bigint END)
+    ORDER BY CASE WHEN $15 = 'asc' THEN r.id END ASC, r.id DESC
+    LIMIT $6)
+) p
+ORDER BY finished_at IS NULL, CASE WHEN $15 = 'asc' THEN finished_at END ASC,
+         CASE WHEN $15 = 'desc' THEN finished_at END DESC, CASE WHEN $15 = 'asc' THEN id END ASC, id DESC
+LIMIT $6;
+
 -- name: api_runs_page_other
--- Sorts no index serves (a top-N sort of the matches): finished_at (NULL last in both orders), attempt,
--- handler, status; ties by id in the same direction. $19 the cursor's time, $20 its integer, $21 its
--- text, $22 its id.
+-- Sorts no index serves (a top-N sort of the matches): attempt, handler, status (with a queue filter,
+-- runs_queue_status serves status); ties by id in the same direction. $19 the cursor's integer, $20 its
+-- text, $21 its id.
 SELECT r.id, r.handler, r.queue, r.status, r.priority, r.attempt, r.run_at, r.created_at, r.started_at,
        r.finished_at, r.last_error_class, r.last_error, r.reason, r.version, r.workflow_id, r.schedule_id
 FROM runs r
@@ -74,18 +129,11 @@ WHERE ($1::text IS NULL OR r.queue = $1) AND ($2::text IS NULL OR r.status = $2)
   AND ($13::text IS NULL OR r.idempotency_key = $13)
   AND ($14::text IS NULL OR (r.id > $17 AND position(convert_to($14, 'UTF8') IN r.payload) > 0))
   AND (NOT $18::boolean OR CASE
-        WHEN $15 = 'finished_at' AND $19::timestamptz IS NULL THEN  -- the cursor is in the NULL tail
-            r.finished_at IS NULL AND CASE WHEN $16 = 'asc' THEN r.id > $22::bigint ELSE r.id < $22::bigint END
-        WHEN $15 = 'finished_at' AND $16 = 'asc' THEN
-            r.finished_at IS NULL OR (r.finished_at, r.id) > ($19, $22::bigint)
-        WHEN $15 = 'finished_at' THEN r.finished_at IS NULL OR (r.finished_at, r.id) < ($19, $22::bigint)
-        WHEN $15 = 'attempt' AND $16 = 'asc' THEN (r.attempt, r.id) > ($20::bigint, $22::bigint)
-        WHEN $15 = 'attempt' THEN (r.attempt, r.id) < ($20::bigint, $22::bigint)
-        WHEN $16 = 'asc' THEN (CASE $15 WHEN 'handler' THEN r.handler ELSE r.status END, r.id) > ($21::text, $22::bigint)
-        ELSE (CASE $15 WHEN 'handler' THEN r.handler ELSE r.status END, r.id) < ($21::text, $22::bigint) END)
+        WHEN $15 = 'attempt' AND $16 = 'asc' THEN (r.attempt, r.id) > ($19::bigint, $21::bigint)
+        WHEN $15 = 'attempt' THEN (r.attempt, r.id) < ($19::bigint, $21::bigint)
+        WHEN $16 = 'asc' THEN (CASE $15 WHEN 'handler' THEN r.handler ELSE r.status END, r.id) > ($20::text, $21::bigint)
+        ELSE (CASE $15 WHEN 'handler' THEN r.handler ELSE r.status END, r.id) < ($20::text, $21::bigint) END)
 ORDER BY
-  CASE WHEN $16 = 'asc' AND $15 = 'finished_at' THEN r.finished_at END ASC NULLS LAST,
-  CASE WHEN $16 = 'desc' AND $15 = 'finished_at' THEN r.finished_at END DESC NULLS LAST,
   CASE WHEN $16 = 'asc' THEN CASE $15 WHEN 'handler' THEN r.handler WHEN 'status' THEN r.status END END ASC,
   CASE WHEN $16 = 'desc' THEN CASE $15 WHEN 'handler' THEN r.handler WHEN 'status' THEN r.status END END DESC,
   CASE WHEN $16 = 'asc' AND $15 = 'attempt' THEN r.attempt END ASC,

@@ -375,11 +375,14 @@ async def list_runs(ctx: Ctx) -> Any:
         at = key[0] if key is not None and sort == "created_at" else None
         rows = await db.fetch("api_runs_page_indexed", *filters, limit, *who, *more, sort, order, floor,
                               key is not None, at, None if key is None else key[-1])
+    elif sort == "finished_at":
+        rows = await db.fetch("api_runs_page_finished", *filters, limit, *who, *more, order, floor,
+                              key is not None, None if key is None else key[0], None if key is None else key[-1])
     else:
         v = key[0] if key is not None else None
         rows = await db.fetch("api_runs_page_other", *filters, limit, *who, *more, sort, order, floor, key is not None,
-                              v if sort == "finished_at" else None, v if sort == "attempt" else None,
-                              v if sort in ("handler", "status") else None, None if key is None else key[-1])
+                              v if sort == "attempt" else None, v if sort in ("handler", "status") else None,
+                              None if key is None else key[-1])
     n = await db.fetchval("dashboard_runs_count", *filters, *who, *more, COUNT_CAP + 1, floor)
     headers = {"X-Total-Count": str(min(n, COUNT_CAP)), "X-Total-Count-Exact": "true" if n <= COUNT_CAP else "false"}
     nxt = cursors.after(kind, rows, limit)
