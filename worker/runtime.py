@@ -685,6 +685,10 @@ class Worker:
         entry.ended.set()
         if self._executing.get(entry.job.id) is entry:
             del self._executing[entry.job.id]
+        if entry.fenced is not None or entry.finishing:
+            # the fence test's answer is settled (fenced: ctx._fenced says True; finishing: False), so the
+            # partials over the entry go: entry and context are then no cycle left to the cycle collector
+            entry.ctx._fence_due = entry.ctx._fence_at = None
 
     async def _run_traced(self, entry: _Running) -> Outcome:
         """The handler, inside its claim and execution spans when a tracer is active (else as is)."""
