@@ -1,7 +1,8 @@
 """Batches over the HTTP API (issue 16): POST /v1/batches submits members and on_complete / on_success
 callbacks in one transaction (audited with the token that did it); GET /v1/batches/{id} counts the
 members by state and shows the callbacks; a scoped token creates and reads only batches whose members
-and callbacks are all in its queues; bad input is a 4xx naming the field and writes nothing."""
+and callbacks are all in its queues, and a batch whose runs left the record (a load test's cleanup,
+retention) is neither shown to it nor a 500; bad input is a 4xx naming the field and writes nothing."""
 
 from __future__ import annotations
 
@@ -125,6 +126,30 @@ async def test_an_idempotency_key_header_and_a_malformed_id_are_refused(api: Api
     assert r.status_code == 422 and r.json()["field"] == "Idempotency-Key", r.text
     r = await api.req("GET", "/v1/batches/not-a-uuid", "admin")
     assert r.status_code == 422 and r.json()["field"] == "batch_id", r.text
+
+
+async def test_a_batch_whose_runs_left_the_record_is_shown_without_a_server_error(api: Api, client: Client) -> None:
+    """Its members and callbacks purged (a load test's cleanup here; a dropped archive partition too):
+    counted PURGED for an admin (it was a 500: a None state among the counts), and not shown to a
+    scoped token, which cannot be shown that they were in its queues (it passed the scope check with
+    no queue known, then answered "no run with id N", naming the callback)."""
+    runs = {"runs": [{"handler": "t.echo", "args": [1], "queue": "other"}] * 2}
+    gone = (await api.req("POST", "/v1/batches", "admin",
+                          json={**runs, "on_complete": {"handler": "t.echo", "args": [1], "queue": "other"}})).json()
+    half = (await api.req("POST", "/v1/batches", "admin",
+                          json={**runs, "on_success": {"handler": "t.echo", "args": [1], "queue": "tq"}})).json()
+    await client.stores.db.execute("loadtest_cleanup", "other")  # the runs leave the record, the batches stay
+    missing = await api.req("GET", "/v1/batches/00000000-0000-4000-8000-000000000000", "operator-in")
+    for made in (gone, half):
+        r = await api.req("GET", f"/v1/batches/{made['id']}", "operator-in")
+        assert r.status_code == 404 and set(r.json()) == set(missing.json()), r.text
+        assert r.json()["detail"] == f"no batch with id {made['id']}"
+        r = await api.req("GET", f"/v1/batches/{made['id']}", "admin")
+        assert r.status_code == 200, r.text
+        assert (r.json()["total"], r.json()["counts"]) == (2, {"PURGED": 2})
+    assert (await api.req("GET", f"/v1/batches/{gone['id']}", "admin")).json()["on_complete"] == {
+        "id": gone["on_complete"], "status": "PURGED", "reason": None}
+    assert (await api.req("GET", f"/v1/batches/{half['id']}", "admin")).json()["on_success"]["status"] == "BLOCKED"
 
 
 @pytest.fixture

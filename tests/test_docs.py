@@ -180,6 +180,16 @@ def test_every_block_names_its_language_and_a_skip_says_why() -> None:
     assert not odd, f"code blocks in a language the doc test does not run: {odd}"
 
 
+def test_the_index_of_the_tests_names_every_test_file_and_no_other() -> None:
+    """docs/testing.md's index ("which file proves what") is a newcomer's map of tests/: a file added,
+    renamed or removed without its line there would make the map lie."""
+    text = (ROOT / "docs" / "testing.md").read_text().split("## The project's own tests", 1)[1]
+    listed = set(re.findall(r"^\| `(test_\w+\.py)` \|", text, re.M))
+    present = {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    assert listed == present, (f"docs/testing.md's index lacks a line for {sorted(present - listed)} (add `| `file` | "
+                               f"what it proves |` under its area) and names files that are gone: {sorted(listed - present)}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", [p for p in DOCS if any(b.lang != "text" for b in blocks(p))],
                          ids=lambda p: str(p.relative_to(ROOT)))

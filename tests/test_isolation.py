@@ -2,8 +2,9 @@
 it cannot fire and fires the others; drift repair and the rebuild quarantine a run Redis cannot
 hold and repair the rest; the epoch is spent only by a rebuild that stamps and its cap is a clear
 typed error; the `unrecorded` repair keeps the run's reason; workflow steps waiting for their
-upstream are not drift; the retry budget is not rewritten by each worker; a failed breaker flush
-keeps its counts. Real Redis and PostgreSQL; rows an older version could write are made by SQL."""
+upstream are not drift; the reconciler's gauges skip a queue they cannot read and observe the
+others; the retry budget is not rewritten by each worker; a failed breaker flush keeps its counts.
+Real Redis and PostgreSQL; rows an older version could write are made by SQL."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.stores import Stores
 from fencepost.reconciler import rebuild as rebuild_mod
 from fencepost.reconciler.drift import DriftRepair
+from fencepost.reconciler.gauges import DEPTH, STUCK, Gauges
+from fencepost.reconciler.loops import QueueFailures
 from fencepost.reconciler.outbox import OutboxRelay
 from fencepost.reconciler.rebuild import EpochExhausted, ensure_stamped, rebuild_queue
 from fencepost.schedules import Schedules
@@ -215,6 +218,25 @@ async def test_the_last_epoch_is_a_typed_error_and_other_queues_are_rebuilt(clie
         await rebuild_queue(stores, "qa")
     assert "qb" in await ensure_stamped(stores)  # qa's failure does not stop qb
     assert _metric("fencepost_queue_epoch", queue="qa") == 8191
+
+
+# -- the reconciler's gauges: one unreadable queue -------------------------------------------------
+async def test_one_unreadable_queue_does_not_stop_the_gauges_of_the_others(client: Client, stores: Stores) -> None:
+    """The gauge pass isolates queues (DESIGN 8): a queue whose Redis keys cannot be read (here its
+    rate registry holds the wrong type) is counted as a failed queue; the others still get their
+    gauges, and the stuck-run detector, which runs after them and feeds the SLA alerts, still runs."""
+    for i in range(3):
+        await client.submit("t.echo", i)  # tq: 3 due
+    paused = await client.submit("t.echo", 9, queue="other")
+    await client.pause(paused, reason="hold")
+    await record_all(stores)
+    await stores.redis.set(stores.keys("broken").rwait, "not a sorted set")
+    gauges = Gauges(stores, sla={"RUNNING": 3600.0, "STOPPING": 300.0, "PAUSED": 0.0})
+    with pytest.raises(QueueFailures) as failed:
+        await gauges.observe(["broken", "tq", "other"])
+    assert "broken" in str(failed.value) and "tq" not in str(failed.value)
+    assert DEPTH.labels("tq", "all", "due")._value.get() == 3, "the queue after the broken one was observed"
+    assert STUCK.labels("other", "PAUSED")._value.get() == 1, "the stuck-run detector ran"
 
 
 # -- item 5: the unrecorded repair keeps the reason ----------------------------------------------

@@ -111,6 +111,7 @@ def test_the_api_schema_is_generated_from_the_table() -> None:
     ({"tenant": "\x1b]0;pwned\x07"}, "tenant"),
     ({"idempotency_key": "order\x1b[2J"}, "idempotency_key"),
     ({"queue": "tq\n"}, "queue"),
+    ({"rate_key": "k", "rate_limit": "5/2"}, "rate_limit"),  # the stores' form (5 per 2 ms): a caller names the unit
 ])
 async def test_client_refuses_each_hostile_value_and_writes_nothing(client: Client, opts: dict[str, Any],
                                                                     field: str) -> None:

@@ -1,21 +1,29 @@
-"""A store-wide refusal is the store being away, not a bad item (DESIGN 8 without quarantining
-good work): a replica after a failover (READONLY), Redis at maxmemory under noeviction (OOM), a long
-script (BUSY), a failed snapshot (MISCONF). The gateway types them RedisUnavailable, on Redis 7 and on
-6.2 (the embedded default, which wraps an error raised inside a script as `...: -READONLY ...`), as
-redis-py parses each reply. The acknowledger then waits for the store with the whole batch instead
-of halving it down to single items and setting every outcome aside as REJECTED."""
+"""A refusal of one item is told from the store being away (DESIGN 8 without quarantining good work).
+
+A bad item: the acknowledger sets a finish the script refuses aside alone, and every outcome batched
+with it is acknowledged (it used to retry the whole batch forever, holding them all).
+
+A store-wide refusal: a replica after a failover (READONLY), Redis at maxmemory under noeviction
+(OOM), a long script (BUSY), a failed snapshot (MISCONF). The gateway types them RedisUnavailable, on
+Redis 7 and on 6.2 (the embedded default, which wraps an error raised inside a script as
+`...: -READONLY ...`), as redis-py parses each reply. The acknowledger then waits for the store with
+the whole batch instead of halving it down to single items and setting every outcome aside as
+REJECTED."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
 from redis._parsers.base import BaseParser
 
 from fencepost.client import Client
+from fencepost.core import metrics
 from fencepost.core.errors import FencepostError, IllegalTransition, RedisUnavailable
 from fencepost.core.hot import ClaimArgs, _script_error
+from fencepost.core.models import Claimed
 from fencepost.core.stores import Stores
 from fencepost.worker.acks import Acknowledger
 
@@ -37,6 +45,37 @@ AWAY = [
 ]
 
 
+async def _claimed_failures(client: Client, stores: Stores, n: int) -> list[Claimed]:
+    """N runs of t.fail claimed by worker "w", ready for the acknowledger."""
+    ids = [await client.submit("t.fail") for _ in range(n)]
+    jobs = await stores.scripts.claim_due(stores.keys("tq"), ClaimArgs(n, "w", 30_000, 100))
+    assert sorted(j.id for j in jobs) == sorted(ids)
+    return jobs
+
+
+async def test_one_refused_finish_does_not_hold_the_batch(client: Client, stores: Stores,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    jobs = await _claimed_failures(client, stores, 5)
+    keys = stores.keys("tq")
+    bad = jobs[2]
+    await stores.redis.hset(stores.keys("tq").run(bad.id), "max_retries", "x")  # the script errors on it
+    before = metrics.QUARANTINED.labels("acks", "finish")._value.get()
+    acks = Acknowledger(stores)
+    futs = [acks.add("tq", j.id, j.token, j.attempt, "error", "boom", "ValueError") for j in jobs]
+    with caplog.at_level(logging.INFO, logger="fencepost.worker"):
+        states = await asyncio.wait_for(asyncio.gather(*futs), timeout=20)
+    by_id = {j.id: s for j, s in zip(jobs, states)}
+    assert by_id.pop(bad.id) == "REJECTED"
+    # the items a refused call had applied before the error are reported applied on the retry (issue 22
+    # item 11: they came back STALE and were logged "late finish ... stale" although they had been applied)
+    assert set(by_id.values()) == {"RETRY_WAIT"}
+    assert "stale_finish" not in [getattr(r, "event", None) for r in caplog.records], caplog.text
+    for rid in by_id:
+        assert (await stores.redis.hget(keys.run(rid), "state")) == b"RETRY_WAIT"
+    assert (await stores.redis.hget(keys.run(bad.id), "state")) == b"RUNNING", "left to its lease and the reaper"
+    assert metrics.QUARANTINED.labels("acks", "finish")._value.get() == before + 1
+
+
 @pytest.mark.parametrize("reply", AWAY)
 def test_a_store_wide_refusal_is_the_store_being_away(reply: str) -> None:
     assert isinstance(_script_error(BaseParser.parse_error(reply), ["fp:{q}:x"]), RedisUnavailable), reply
@@ -55,10 +94,7 @@ def test_a_script_error_stays_a_script_error(reply: str, kind: type[Exception]) 
 
 async def test_a_read_only_store_holds_the_batch_instead_of_rejecting_it(client: Client, stores: Stores,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    ids = [await client.submit("t.fail") for _ in range(4)]
-    keys = stores.keys("tq")
-    jobs = await stores.scripts.claim_due(keys, ClaimArgs(4, "w", 30_000, 100))
-    assert sorted(j.id for j in jobs) == sorted(ids)
+    jobs = await _claimed_failures(client, stores, 4)
     real = stores.scripts._scripts["finish_runs"]
     refusals = {"left": 6}
 
