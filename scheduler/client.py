@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -54,6 +54,7 @@ from fencepost.core.views import (
     TokenInfo,
     Workflow,
     WorkflowSummary,
+    ending_event,
     live_runs,
     live_summaries,
     queue_stats,
@@ -72,10 +73,6 @@ __all__ = ["Client", "SyncClient", "idempotency_scope", "request_fingerprint"]
 log = logging.getLogger("fencepost.client")
 
 T = TypeVar("T")
-
-_ENDING_PAGE, _ENDING_SCAN = 500, 10_000
-"""wait() looks for the run's ending event this far back in its queue's stream, a page at a time."""
-
 
 def _outcome_from_event(run_id: int, status: str, result: Any, f: dict[bytes, bytes]) -> Outcome:
     """The outcome from the event that ended the run: its error is that transition's own."""
@@ -529,8 +526,8 @@ class Client:
         while True:
             (hot,) = await self.stores.scripts.peek(keys, [run_id])  # the typed read of the hot store
             if hot is not None and hot.state in resting:
-                ending = await self._ending_event(queue, run_id, hot.state,
-                                                  None if hot.version is None else str(hot.version).encode())
+                ending = await ending_event(self.stores, queue, run_id, hot.state,
+                                            None if hot.version is None else str(hot.version).encode())
                 if ending is not None:
                     return _outcome_from_event(run_id, hot.state, decode_result(hot.result), ending)
                 # the recorder has it (it deletes an entry only once PostgreSQL committed it)
@@ -544,24 +541,6 @@ class Client:
                 raise WaitTimeout(run_id, hot.state if hot is not None else run.status)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
-
-    async def _ending_event(self, queue: str, run_id: int, status: str, version: bytes | None
-                            ) -> dict[bytes, bytes] | None:
-        """The event that put the run in STATUS at VERSION while it is still in the queue's stream,
-        newest first, at most `_ENDING_SCAN` entries back; None once the recorder took it."""
-        events = self.stores.keys(queue).events
-        rid, to = str(run_id).encode(), status.encode()
-        top = "+"
-        for _ in range(_ENDING_SCAN // _ENDING_PAGE):
-            entries = cast("list[tuple[bytes, dict[bytes, bytes]]]",  # bytes: decode_responses=False
-                           await self.stores.redis.xrevrange(events, max=top, min="-", count=_ENDING_PAGE))
-            for _, f in entries:
-                if f.get(b"run") == rid and f.get(b"to") == to and (version is None or f.get(b"v") == version):
-                    return f
-            if len(entries) < _ENDING_PAGE:
-                return None
-            top = "(" + entries[-1][0].decode()
-        return None
 
     async def list_runs(self, *, queue: str | None = None, status: str | None = None,
                         handler: str | None = None, limit: int = 50, cursor: str | None = None) -> list[RunSummary]:

@@ -24,6 +24,7 @@ import msgspec
 
 from fencepost.core import audit, validate
 from fencepost.core.errors import FencepostError, IllegalTransition, InvalidInput, ResumeRefused
+from fencepost.core.hot import Drop
 from fencepost.core.models import Outcome, RunRow, Submit
 from fencepost.core.states import LIVE, UNSUCCESSFUL, Status
 from fencepost.core.submit import SubmitPath
@@ -436,10 +437,15 @@ class Workflows:
             got = {r["id"] for r in await self.stores.db.fetch(
                 "wf_reblock", [n["id"] for n in reblock], [n["version"] for n in reblock], self.actor)}
             done["reblocked"] = sorted(n["name"] for n in reblock if n["id"] in got)
-            # A stale copy in Redis (a cancelled hash) must not answer for the run any more.
+            # A stale copy in Redis (a cancelled hash) must not answer for the run any more: dropped
+            # only at the version just read (compare-and-set; a run that moved since keeps its hash).
             for n in reblock:
                 if n["id"] in got:
-                    await self.stores.redis.delete(self.stores.keys(n["queue"]).run(n["id"]))
+                    keys = self.stores.keys(n["queue"])
+                    (hot,) = await self.stores.scripts.peek(keys, [n["id"]])
+                    if hot is not None:
+                        version = "" if hot.version is None else hot.version
+                        await self.stores.scripts.repair_drop(keys, [Drop(n["id"], "hash", version)])
         # Upstreams after their dependents are BLOCKED again, so their success releases them.
         for n in sorted(roots, key=lambda n: n["name"]):
             try:

@@ -194,8 +194,6 @@ a heuristic that misses a client kept under another attribute name, never a fals
 
 RAW_REDIS_OFFENDERS = {
     "fencepost.api.auth": 7, "fencepost.api.routes": 5, "fencepost.api.routes_ops": 4,  # API helper
-    "fencepost.client": 1,  # wait(): the run's ending event, read back from the queue's stream
-    "fencepost.workflows": 1,
     "fencepost.testing": 8, "fencepost.testing_plugin": 2,  # the test clock; a test prefix's cleanup
     "fencepost.dev.loadtest": 8, "fencepost.dev.chaos": 4,  # the load and fault harnesses
     "fencepost.reconciler.drift": 11, "fencepost.reconciler.gauges": 12, "fencepost.reconciler.rebuild": 6,

@@ -441,6 +441,30 @@ async def live_nodes(stores: Stores, nodes: Sequence[WorkflowNode]) -> list[Work
 
 
 # -- the recorder's silence ------------------------------------------------------------------------
+_ENDING_PAGE, _ENDING_SCAN = 500, 10_000
+"""ending_event looks for a run's ending event this far back in its queue's stream, a page at a time."""
+
+
+async def ending_event(stores: Stores, queue: str, run_id: int, status: str, version: bytes | None
+                       ) -> dict[bytes, bytes] | None:
+    """The stream entry of the transition that put the run in STATUS at VERSION while it is still in its
+    queue's stream, newest first, at most `_ENDING_SCAN` entries back; None once the recorder took it
+    (Client.wait reads the outcome from it: its error is that transition's own)."""
+    events = stores.keys(queue).events
+    rid, to = str(run_id).encode(), status.encode()
+    top = "+"
+    for _ in range(_ENDING_SCAN // _ENDING_PAGE):
+        entries = cast("list[tuple[bytes, dict[bytes, bytes]]]",  # bytes: decode_responses=False
+                       await stores.redis.xrevrange(events, max=top, min="-", count=_ENDING_PAGE))
+        for _, f in entries:
+            if f.get(b"run") == rid and f.get(b"to") == to and (version is None or f.get(b"v") == version):
+                return f
+        if len(entries) < _ENDING_PAGE:
+            return None
+        top = "(" + entries[-1][0].decode()
+    return None
+
+
 def _ms(entry_id: bytes | str | None) -> int:
     """The Redis server's milliseconds an entry id ('ms-seq') was written at."""
     raw = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
