@@ -81,7 +81,9 @@ async def deep_cursors(conn: asyncpg.Connection) -> dict[str, str]:
     dead = await conn.fetchrow("SELECT finished_at, id FROM runs WHERE id = 500000")
     ev = await conn.fetchrow("SELECT at, stream_id, id FROM events WHERE run_id = 400002 AND type = 'checkpointed'")
     au = await conn.fetchrow("SELECT at, id FROM audit_log WHERE id = 10000")
-    out = {f"runs/{s}/{o}": cursors.encode(f"runs/{s}/{o}", cursors.key_of(f"runs/{s}/{o}", mid))
+    fin = await conn.fetchrow("SELECT * FROM runs WHERE id = 500002")  # a finished one (500001 is PENDING)
+    out = {f"runs/{s}/{o}": cursors.encode(f"runs/{s}/{o}", cursors.key_of(f"runs/{s}/{o}", fin if s == "finished_at"
+                                                                            else mid))
            for s in ("id", "created_at", "finished_at", "attempt", "handler", "status") for o in ("asc", "desc")}
     out["dead"] = cursors.encode("dead", [dead["finished_at"], dead["id"]])
     out["events"] = cursors.encode("events", [ev["at"], ev["stream_id"] or -1, ev["id"]])

@@ -101,7 +101,9 @@ SELECT * FROM (
       AND r.finished_at IS NULL
       AND (NOT $17::boolean OR $18::timestamptz IS NOT NULL OR CASE WHEN $15 = 'asc' THEN r.id > $19::bigint
            ELSE r.id < $19::bigint END)
-    ORDER BY CASE WHEN $15 = 'asc' THEN r.id END ASC, r.id DESC
+    -- by finished_at too (all NULL): the order of runs_finished_page's NULL range, read in either direction
+    ORDER BY CASE WHEN $15 = 'asc' THEN r.finished_at END ASC, CASE WHEN $15 = 'desc' THEN r.finished_at END DESC,
+             CASE WHEN $15 = 'asc' THEN r.id END ASC, r.id DESC
     LIMIT $6)
 ) p
 ORDER BY finished_at IS NULL, CASE WHEN $15 = 'asc' THEN finished_at END ASC,
