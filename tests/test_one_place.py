@@ -5,7 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+from fencepost.client import Client
+from fencepost.core.errors import PayloadTooLarge
+from fencepost.core.models import Submit
+from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.stats import BOUNDS_MS
+from fencepost.workflows import Node
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,3 +44,22 @@ def test_every_image_a_doc_shows_is_in_the_checkout() -> None:
             if "://" not in target and not (doc.parent / target).resolve().is_file():
                 missing.append(f"{doc.relative_to(ROOT)}: {target}")
     assert not missing, missing
+
+
+async def test_every_submit_path_refuses_an_oversize_payload_with_the_same_error(client: Client) -> None:
+    """One set of checks (core/submit.py): a submit, a batch, a workflow node and a schedule (whose
+    arguments become each fire's payload) refuse arguments over max_payload_bytes with PayloadTooLarge
+    naming the size and the limit; the schedule raised a bare InvalidInput('payload too large') before."""
+    big = "x" * (client.settings.max_payload_bytes + 1)
+    attempts = {
+        "submit": client.submit("t.echo", big),
+        "batch": client.submit_batch([Submit(handler="t.echo", args=(big,))], on_complete=Submit(handler="t.noop")),
+        "workflow": client.submit_workflow([Node(name="a", handler="t.echo", args=(big,))]),
+        "schedule": client.add_schedule(ScheduleSpec(name="big", handler="t.echo", args=(big,), interval_s=60)),
+    }
+    for what, call in attempts.items():
+        with pytest.raises(PayloadTooLarge) as refused:
+            await call
+        assert refused.value.limit == client.settings.max_payload_bytes, what
+        assert refused.value.size > refused.value.limit, what
+    assert await client.schedules() == [] and await client.list_runs() == [], "a refused submit wrote something"
