@@ -1,20 +1,25 @@
 """Cursor pages of the listing routes at 1,000,000 runs (issue 24): the first page and a page deep in the
 listing (a cursor made from a row in the middle) of every route that pages by cursor, median and max.
 
-    .venv/bin/python bench/listing_cursors.py [--db NAME] [--build] [--repeat 20] [--only TEXT]
+    .venv/bin/python bench/listing_cursors.py [--db NAME] [--build] [--repeat 20] [--only TEXT] [--explain]
 
 --build fills database NAME (created if missing, default fp_bench_cursors) with 1,000,000 runs in 10
 queues (created_at ties: 100 runs per 3 ms, as batch submits share theirs; a quarter PENDING, 5% FAILED),
 750,000 attempts with claims and finishes, 220,000 events, 20,000 audit rows and 1,000 schedules, all by
 generate_series (about a minute on two cores). The API runs in this process (ASGI, no sockets): what is
-timed is the route with PostgreSQL and Redis. Drop the database yourself when done.
+timed is the route with PostgreSQL and Redis. --explain prints EXPLAIN ANALYZE of each page's statement as
+the route sends it (a custom plan; the deep cursor): its execution time and the indexes it reads, figures
+a loaded machine disturbs less than the route's. Drop the database yourself when done.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
+import json
 import os
+import re
 import statistics
 import time
 from typing import Any
@@ -110,6 +115,84 @@ def routes(deep: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def _lit(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, dt.datetime):
+        return f"'{v.isoformat()}'"
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+async def explain(dsn: str) -> None:
+    """EXPLAIN ANALYZE of each page's statement as the route sends it (a custom plan, the deep cursor):
+    its execution time and the indexes it reads (partitions' own index names left out)."""
+    from fencepost.core.record import query
+
+    c = await asyncpg.connect(dsn)
+    try:
+        await c.execute("SET plan_cache_mode = force_custom_plan")
+        mid = await c.fetchrow("SELECT * FROM runs WHERE id = 500001")
+        fin = await c.fetchrow("SELECT * FROM runs WHERE id = 500002")
+        ev = await c.fetchrow("SELECT at, stream_id, id FROM events WHERE run_id = 400002")
+        au = await c.fetchrow("SELECT at, id FROM audit_log WHERE id = 10000")
+        dead = await c.fetchrow("SELECT finished_at, id FROM runs WHERE id = 500000")
+        f = ["text", "text", "text", "timestamptz", "timestamptz", "int", "text[]", "text", "bigint", "bigint",
+             "text", "text", "text", "text"]
+
+        def filters(queue: str | None = None) -> list[Any]:
+            return [queue, None, None, None, None, 100, *([None] * 8)]
+
+        key = json.dumps([au["at"].isoformat(), au["id"], "config"])
+        since = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+        ind = [*f, "text", "text", "bigint", "boolean", "timestamptz", "bigint"]
+        oth = [*f, "text", "text", "bigint", "boolean", "bigint", "text", "bigint"]
+        fsh = [*f, "text", "bigint", "boolean", "timestamptz", "bigint"]
+        evt = ["timestamptz", "text", "text", "int", "text[]", "timestamptz", "bigint", "bigint"]
+        aud = ["text", "text", "timestamptz", "timestamptz", "int", "text[]", "jsonb"]
+        cases: list[tuple[str, str, list[str], list[Any]]] = [
+            ("runs created_at desc", "api_runs_page_indexed", ind,
+             [*filters(), "created_at", "desc", 0, True, mid["created_at"], mid["id"]]),
+            ("runs id asc", "api_runs_page_indexed", ind, [*filters(), "id", "asc", 0, True, None, mid["id"]]),
+            ("runs created_at desc queue=q3", "api_runs_page_indexed", ind,
+             [*filters("q3"), "created_at", "desc", 0, True, mid["created_at"], mid["id"]]),
+            ("runs finished_at desc", "api_runs_page_finished", fsh,
+             [*filters(), "desc", 0, True, fin["finished_at"], fin["id"]]),
+            ("runs finished_at desc (unfinished tail)", "api_runs_page_finished", fsh,
+             [*filters(), "desc", 0, True, None, mid["id"]]),
+            ("runs status desc", "api_runs_page_other", oth,
+             [*filters(), "status", "desc", 0, True, None, mid["status"], mid["id"]]),
+            ("runs status desc queue=q3", "api_runs_page_other", oth,
+             [*filters("q3"), "status", "desc", 0, True, None, mid["status"], mid["id"]]),
+            ("runs X-Total-Count", "dashboard_runs_count", [*f[:5], *f[6:], "bigint", "bigint"],
+             [None] * 13 + [10001, 0]),
+            ("events", "events_since", evt, [since, None, None, 100, None, ev["at"], ev["stream_id"] or -1, ev["id"]]),
+            ("events queue=q3", "events_since", evt,
+             [since, None, "q3", 100, None, ev["at"], ev["stream_id"] or -1, ev["id"]]),
+            ("audit", "audit_list", aud, [None, None, None, None, 100, None, key]),
+            ("audit queue=q3", "audit_list", aud, [None, "q3", None, None, 100, None, key]),
+            ("dead letter", "api_dead_letter_page", ["text", "text[]", "int", "timestamptz", "bigint", "boolean"],
+             [None, None, 100, dead["finished_at"], dead["id"], False]),
+            ("a run's events", "run_events_page", ["bigint", "int", "timestamptz", "bigint", "bigint"],
+             [400002, 1000, None, None, None]),
+            ("schedules", "schedule_page_scoped", ["int", "text[]", "text"], [100, None, "s000500"]),
+        ]
+        print(f"{'statement (deep cursor)':40} {'execution':>11}  indexes")
+        for label, name, types, args in cases:
+            await c.execute("DEALLOCATE ALL")
+            await c.execute(f"PREPARE p({', '.join(types)}) AS {query(name)}")
+            plan = [r[0] for r in await c.fetch(f"EXPLAIN (ANALYZE) EXECUTE p({', '.join(_lit(a) for a in args)})")]
+            ms = next(float(r.split()[2]) for r in plan if r.startswith("Execution Time"))
+            used = sorted({m for r in plan for m in re.findall(r"using (\w+)", r) if not re.search(r"_y20|_default", m)})
+            seq = " seq scan of runs," if any(re.search(r"Seq Scan on runs r", r) for r in plan) else ""
+            print(f"{label:40} {ms:>8.2f} ms {seq} {', '.join(used)}", flush=True)
+    finally:
+        await c.close()
+
+
 async def measure(dsn: str, repeat: int, only: str | None = None) -> None:
     from fencepost.api import ApiConfig, create_app
     from fencepost.api.auth import create_token
@@ -150,6 +233,7 @@ async def main() -> None:
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--only", help="only the routes whose path and query contain this text")
+    ap.add_argument("--explain", action="store_true", help="EXPLAIN ANALYZE the statements instead")
     args = ap.parse_args()
     dsn = f"{PG}/{args.db}"
     if args.build:
@@ -160,7 +244,7 @@ async def main() -> None:
         finally:
             await admin.close()
         await build(dsn)
-    await measure(dsn, args.repeat, args.only)
+    await (explain(dsn) if args.explain else measure(dsn, args.repeat, args.only))
 
 
 if __name__ == "__main__":
