@@ -17,7 +17,10 @@ follow on the next pass). Overlap: unless allow_overlap, a fire whose schedule's
 previous run is still active (PENDING, RETRY_WAIT, RUNNING, STOPPING, PAUSED) is skipped
 and recorded as a 'fire_skipped' event (run_id NULL, queue set).
 
-The clock is injectable (`ManualClock` in tests): nothing here sleeps to decide a fire.
+Fire times are decided on PostgreSQL's clock (`now()`, read once per batch in its transaction, and
+for the leader lease), never on this host's: a trigger whose host clock is minutes off neither fires
+early (overlap and catch-up decided minutes ahead) nor late (docs/clock.md). The clock is injectable
+(`ManualClock` in tests): nothing here sleeps to decide a fire.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class Clock(Protocol):
 
 
 class SystemClock:
+    """This host's clock: for display and tests only; a Trigger without a clock uses PostgreSQL's."""
+
     def now(self) -> datetime:
         return datetime.now(_UTC)
 
@@ -170,7 +175,8 @@ class Trigger:
         self.stores = stores
         self.path = SubmitPath(stores, actor="trigger")
         """Fires are inserted and enqueued by the one submit path (core/submit.py)."""
-        self.clock: Clock = clock or SystemClock()
+        self.clock: Clock | None = clock
+        """None: PostgreSQL's clock decides (a host's clock is for display only, DESIGN invariant 11)."""
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.lease_s = lease_s
         self.batch = batch
@@ -190,7 +196,8 @@ class Trigger:
     # -- leadership ------------------------------------------------------------------------------
     async def acquire(self) -> bool:
         """Take or renew the lease; False while another live holder has it."""
-        row = await self.stores.db.fetchrow("lease_acquire", LEASE_NAME, self.holder, self.clock.now(),
+        row = await self.stores.db.fetchrow("lease_acquire", LEASE_NAME, self.holder,
+                                            self.clock.now() if self.clock is not None else None,
                                             float(self.lease_s))
         was = self.lease_token
         self.lease_token = row["token"] if row else None
@@ -252,7 +259,6 @@ class Trigger:
                   extra={"event": "schedule_quarantined", "queue": queue})
 
     async def fire_batch(self, limit: int | None = None) -> TickResult:
-        now = self.clock.now()
         res = TickResult()
         self._reading = []
         runs: list[RunRow] = []
@@ -260,6 +266,8 @@ class Trigger:
         skip_ev: list[list[Any]] = [[], [], [], []]
         skipped: dict[int, int] = defaultdict(int)
         async with self.stores.db.transaction() as tx:
+            # the fire times' clock: PostgreSQL's, once per batch (its transaction's now()), unless injected
+            now: datetime = self.clock.now() if self.clock is not None else await tx.fetchval("trigger_now")
             rows = await tx.fetch("trigger_due", now + self.lookahead, limit or self.batch)
             res.schedules = len(rows)
             self._reading = [s["id"] for s in rows]

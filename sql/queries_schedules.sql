@@ -107,15 +107,23 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS x(q, t, r, d);
 -- params: p1 text, p2 text, max_expires_at timestamptz, p4 float8
 -- returns: token int8
 -- Take or renew the lease: succeeds when free, expired, or already ours. The token grows
--- on every change of holder.
+-- on every change of holder. $3: the time it is (NULL: PostgreSQL's now(), the trigger's clock;
+-- a test's clock otherwise).
 INSERT INTO trigger_leases AS l (name, holder, token, expires_at)
-VALUES ($1, $2, 1, $3::timestamptz + make_interval(secs => $4::double precision))
+VALUES ($1, $2, 1, COALESCE($3::timestamptz, now()) + make_interval(secs => $4::double precision))
 ON CONFLICT (name) DO UPDATE SET
     holder = excluded.holder,
     token = CASE WHEN l.holder = excluded.holder THEN l.token ELSE l.token + 1 END,
     expires_at = excluded.expires_at
-WHERE l.holder = excluded.holder OR l.expires_at < $3::timestamptz
+WHERE l.holder = excluded.holder OR l.expires_at < COALESCE($3::timestamptz, now())
 RETURNING token;
+
+-- name: trigger_now
+-- params: none
+-- returns: now timestamptz
+-- The trigger's clock: PostgreSQL's (the batch's transaction time), not the trigger host's, so a
+-- skewed trigger host fires neither early nor late (docs/clock.md).
+SELECT now();
 
 -- name: lease_release
 -- params: name text, holder text

@@ -108,3 +108,31 @@ async def test_two_workers_starting_on_a_busy_queue_report_no_lost_lease_for_run
     states = {await stores.redis.hget(stores.keys("tq").run(r), "state") for r in ids[:50]}
     assert states == {b"SUCCEEDED"}
     assert (len(lost), len(expired)) == (0, 0), lost[:3]
+
+
+@pytest.mark.skipif(LIBFAKETIME is None or shutil.which("faketime") is None,
+                    reason="faketime (Debian package faketime) is not installed")
+@pytest.mark.parametrize("offset", ["+10m", "-10m"])
+async def test_a_trigger_with_a_skewed_clock_fires_neither_early_nor_late(
+        client: Client, settings: Settings, tmp_path: Path, offset: str) -> None:
+    """The trigger decides fires on PostgreSQL's clock: a trigger host 10 min ahead created the
+    fire 10 min ahead of its time (one coalesced fire at its own now), 10 min behind it fired
+    nothing for 10 min. Each run is created within the lookahead before its fire time and a
+    moment after it (created_at is PostgreSQL's clock)."""
+    from fencepost.core.schedules import ScheduleSpec
+    from fencepost.schedules import Schedules
+
+    await Schedules(client).add(ScheduleSpec(name="skew", handler="t.noop", interval_s=1, exact=True, allow_overlap=True))
+    log = tmp_path / "trigger.log"
+    trig = spawn(settings, "trigger", "--tick", "0.05", log=log, **faketime_env(offset))
+    pool = client.stores.db.pool
+    assert pool is not None
+    try:
+        await wait_until(lambda: pool.fetchval("SELECT count(*) >= 3 FROM runs WHERE schedule_id IS NOT NULL"),
+                         timeout=30, what=f"three fires\n{log_tail(log)}")
+    finally:
+        stop([trig])
+    rows = await pool.fetch("SELECT fire_time, created_at FROM runs WHERE schedule_id IS NOT NULL ORDER BY fire_time")
+    for r in rows:
+        ahead = (r["fire_time"] - r["created_at"]).total_seconds()
+        assert -3.0 < ahead <= 1.0, f"fire {r['fire_time']} created {ahead:+.1f} s before it (trigger at {offset})"
