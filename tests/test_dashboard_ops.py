@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import time
 from typing import Any
 
 from fencepost.api import ApiConfig
@@ -248,3 +250,72 @@ async def test_review_runs_are_resolved_in_bulk_by_the_server_acting_only_on_wha
     row = next(a for a in audit if a["action"] == "bulk_resolve_succeeded")
     assert row["reason"] == "charged" and sorted(json.loads(row["data"])["ids"]) == sorted(review[1:])
     assert all(e.type != "resolved" or e.reason == "not charged" for e in await client.events(review[0]))
+
+
+def test_the_handler_rollups_histogram_bounds_are_the_ones_percentiles_read() -> None:
+    """sql/queries_ops.sql buckets run times in SQL; stats.percentile reads them back with BOUNDS_MS."""
+    from pathlib import Path
+
+    from fencepost.core.stats import BOUNDS_MS
+
+    sql = (Path(__file__).resolve().parent.parent / "sql" / "queries_ops.sql").read_text()
+    arrays = re.findall(r"width_bucket\([^;]*?'\{([\d,]+)\}'::float8\[\]\)", sql)
+    assert len(arrays) == 2, arrays
+    assert all(tuple(int(x) for x in a.split(",")) == BOUNDS_MS for a in arrays)
+    assert sql.count("count(*) FILTER (WHERE h = ") == 2 * (len(BOUNDS_MS) + 1)
+
+
+async def test_per_handler_figures_read_closed_buckets_from_the_rollup_and_the_rest_from_the_attempts(
+        settings: Settings, client: Client, stores: Stores) -> None:
+    """The 24 h and 7 d per-handler charts read every attempt of the window (1 s at 100,000 attempts a day):
+    now closed 15-minute buckets are rolled up once (handler_buckets), the rest is read from the attempts,
+    and the figures are the same as from the attempts alone; a bucket whose attempt still runs is not
+    closed until it has finished, and then counts its finish."""
+    pool = client.stores.db.pool
+    assert pool is not None
+    # in three 15-minute buckets (each group inside one): 3 h ago, 4 attempts (one failed, one still
+    # running); 2 h ago, 2; the current bucket (not closed), 3
+    t0 = int(time.time()) // 900 * 900
+    plan = [(t0 - 10740, "succeeded", 0.02), (t0 - 10739, "succeeded", 0.3), (t0 - 10738, "error", 0.02),
+            (t0 - 10737, None, None), (t0 - 7140, "succeeded", 2.0), (t0 - 7139, "succeeded", 2.0),
+            (t0, "succeeded", 0.02), (t0, "error", 0.4), (t0, "succeeded", 0.02)]
+    for i, (at, outcome, took) in enumerate(plan, start=1):
+        rid = 9_000_000 + i
+        status = {"succeeded": "SUCCEEDED", "error": "FAILED", None: "RUNNING"}[outcome]
+        await pool.execute(
+            "INSERT INTO runs (id, handler, queue, status, payload, max_retries, timeout_s, attempt, run_at, started_at,"
+            " finished_at, lease_owner, token) VALUES ($1, 'h.roll', 'tq', $2, '\\x929180'::bytea, 0, 300, 1,"
+            " to_timestamp($3), to_timestamp($3),"
+            " CASE WHEN $4::float8 IS NULL THEN NULL ELSE to_timestamp($3 + $4::float8) END,"
+            " CASE WHEN $4::float8 IS NULL THEN 'w' END, CASE WHEN $4::float8 IS NULL THEN 1 END)",
+            rid, status, float(at), took)
+        await pool.execute(
+            "INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome)"
+            " SELECT id, 1, 1, 'w', started_at, finished_at, $2 FROM runs WHERE id = $1", rid, outcome)
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        async def figures(window: str, api: Api = api) -> dict[str, Any]:
+            r = await api.req("GET", "/v1/ops/handlers", "op_tq", params={"window": window, "handler": "h.roll"})
+            assert r.status_code == 200, r.text
+            body: dict[str, Any] = r.json()
+            [total] = [h for h in body["handlers"] if h["handler"] == "h.roll"]
+            points = [p for p in body["points"] if p["started"]]
+            return {"total": total, "points": [(p["started"], p["succeeded"], p["failed"]) for p in points]}
+
+        live = await figures("1h")  # the attempts only
+        assert live["total"]["started"] == 3 and live["total"]["failed"] == 1
+        day = await figures("24h")
+        assert (day["total"]["started"], day["total"]["succeeded"], day["total"]["failed"]) == (9, 6, 2), day
+        assert day["points"] == [(4, 2, 1), (2, 2, 0), (3, 2, 1)], day
+        assert 1000 <= day["total"]["run_p95_ms"] <= 2500, day  # the two 2 s runs, within their bucket
+        closed = await pool.fetch("SELECT bucket, started FROM handler_buckets WHERE handler = 'h.roll' ORDER BY 1")
+        assert [r["started"] for r in closed] == [2], "the bucket with a running attempt waits; the 2 h one is closed"
+        assert await figures("24h") == day, "read again: the same figures, from the rollup this time"
+        # the running attempt finishes: its bucket closes with it
+        await pool.execute("UPDATE attempts SET finished_at = started_at + interval '1 second', outcome = 'succeeded'"
+                           " WHERE run_id = 9000004")
+        again = await figures("24h")
+        assert (again["total"]["started"], again["total"]["succeeded"]) == (9, 7), again
+        closed = await pool.fetch("SELECT started, succeeded FROM handler_buckets WHERE handler = 'h.roll' ORDER BY bucket")
+        assert [(r["started"], r["succeeded"]) for r in closed] == [(4, 3), (2, 2)], closed
+        week = await figures("7d")
+        assert (week["total"]["started"], week["total"]["succeeded"], week["total"]["failed"]) == (9, 7, 2), week

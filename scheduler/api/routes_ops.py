@@ -21,7 +21,7 @@ console error, and a count is an ordinary answer there.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -31,7 +31,7 @@ from msgspec import Meta
 from fencepost.api import bulk as bulk_
 from fencepost.api import schemas as S
 from fencepost.api.problems import ApiError, BulkTooLarge
-from fencepost.core import fairness, states, validate
+from fencepost.core import fairness, states, stats, validate
 from fencepost.core import workers as fleet
 from fencepost.core.errors import InvalidInput
 from fencepost.core.states import TERMINAL, Status
@@ -526,9 +526,41 @@ async def queues_ops(ctx: Ctx) -> Any:
 _WINDOWS = {"1h": (3600, 60), "24h": (86400, 900), "7d": (604800, 7200)}
 
 
+_BUCKET_S = 900
+"""The rollup's bucket (handler_buckets, 039): the 24 h chart's step; the 7 d chart's 2 h are 8 of them."""
+_SETTLE_S = 1800
+"""A bucket is rolled up this long after its end (the recorder has written its attempts, most have finished)."""
+_GIVE_UP_S = 6 * 3600
+"""A bucket with an attempt still running is rolled up anyway once it is this old (counted as started)."""
+
+
+def _ts(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+def _merged(rows: Iterable[Any], key: Callable[[Any], Any]) -> dict[Any, list[Any]]:
+    """Rows of (handler, t, started, succeeded, failed, run_hist), the rolled-up and the live part of a
+    window, summed by key(row): {key: [started, succeeded, failed, hist]}."""
+    out: dict[Any, list[Any]] = {}
+    for r in rows:
+        acc = out.setdefault(key(r), [0, 0, 0, [0] * (len(stats.BOUNDS_MS) + 1)])
+        acc[0] += r["started"]
+        acc[1] += r["succeeded"]
+        acc[2] += r["failed"]
+        acc[3] = [a + int(b) for a, b in zip(acc[3], r["run_hist"], strict=True)]
+    return out
+
+
+def _figures(acc: list[Any]) -> dict[str, Any]:
+    return {"started": acc[0], "succeeded": acc[1], "failed": acc[2], "run_p50_ms": stats.percentile(acc[3], 0.5),
+            "run_p95_ms": stats.percentile(acc[3], 0.95)}
+
+
 async def handler_stats(ctx: Ctx) -> Any:
     """Per handler over the window: started, succeeded, failed and run-time percentiles; with `handler`,
-    that handler's points per step too (the same steps as the queue charts)."""
+    that handler's points per step too (the same steps as the queue charts). The 24 h and 7 d windows
+    read their closed 15-minute buckets from the rollup (rolling up those not rolled up yet on the way)
+    and only the rest from the attempts; the 1 h window reads the attempts."""
     window = ctx.q("window", "1h") or "1h"
     if window not in _WINDOWS:
         raise InvalidInput(f"window must be one of {', '.join(_WINDOWS)}, not {window[:20]!r}", field="window")
@@ -536,17 +568,26 @@ async def handler_stats(ctx: Ctx) -> Any:
     queue, handler = ctx.q_queue(), _h.q_text(ctx, "handler")
     now = time.time()
     first = int((now - span) // step + 1) * step
-    since = datetime.fromtimestamp(first, UTC)
+    since = live_from = _ts(first)
     db, scope = ctx.client.stores.db, ctx.p.scope
-    totals = [msgspec.convert(dict(r), HandlerTotal) for r in await db.fetch("ops_handler_totals", since, scope, queue)]
+    if step % _BUCKET_S == 0:
+        end = _ts((int(now) - _SETTLE_S) // _BUCKET_S * _BUCKET_S)
+        if end > since:
+            await db.fetch("ops_handler_rollup", since, end, _ts(now - _GIVE_UP_S))
+            row = await db.fetchrow("ops_handler_live_from", since, end)
+            live_from = row["live_from"] if row is not None else since
+    every = timedelta(seconds=step)
+    rows = list(await db.fetch("ops_handler_live", live_from, every, scope, queue))
+    if live_from > since:
+        rows += await db.fetch("ops_handler_rolled", since, every, scope, queue, live_from)
+    totals = sorted((HandlerTotal(handler=h, **_figures(acc)) for h, acc in _merged(rows, lambda r: r["handler"]).items()),
+                    key=lambda t: (-t.started, t.handler))[:200]
     points: list[HandlerPoint] = []
     if handler is not None:
-        by_t = {int(r["t"].timestamp()): r for r in
-                await db.fetch("ops_handler_points", since, timedelta(seconds=step), scope, handler, queue)}
+        by_t = _merged((r for r in rows if r["handler"] == handler), lambda r: int(r["t"].timestamp()))
         for t in range(first, int(now) + 1, step):
-            r = by_t.get(t)
-            points.append(HandlerPoint(t=datetime.fromtimestamp(t, UTC)) if r is None else
-                          msgspec.convert({**dict(r)}, HandlerPoint))
+            acc = by_t.get(t)
+            points.append(HandlerPoint(t=_ts(t)) if acc is None else HandlerPoint(t=_ts(t), **_figures(acc)))
     return HandlerStats(window=window, step_s=step, queue=queue, handlers=totals, handler=handler, points=points)
 
 
