@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 )
 from redis.exceptions import ResponseError
 
-from fencepost.core.hot import SCRIPT_NAMES, _states_lua, guarded, render
+from fencepost.core.hot import SCRIPT_NAMES, guarded, render, render_text
 from fencepost.core.keys import Keys
 from fencepost.core.resources import resource_dir
 from fencepost.core.states import ACTIVE, TERMINAL, TRANSITIONS, Status, edges, is_legal
@@ -53,7 +53,7 @@ return transition(id, run_key(id), ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))
 def _probe_source() -> str:
     common = (LUA / "includes" / "common.lua").read_text()
     assert "-- @states" in common, "common.lua lost its -- @states placeholder"
-    return guarded(common.replace("-- @states", _states_lua()) + _PROBE_BODY)  # as render() runs every script
+    return guarded(render_text("-- @include common\n" + _PROBE_BODY))  # as render() runs every script
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,6 +30,10 @@ end
 -- rendered from fencepost/core/states.py (scheduler/core/states.py: the only copy).
 -- @states
 
+-- EVENT_FIELD[name] = true for each field a stream entry may carry, rendered from
+-- fencepost/core/stream.py (EVENT_FIELDS: the only copy; the recorder reads these names).
+-- @event_fields
+
 -- Move a run to a new state and append the event. Callers check the current state
 -- first (compare-and-set); this guard only stops an edge the state table lacks.
 -- `set`: more fields of the run's hash, written with the state in the same HSET; `seen`: the
@@ -38,6 +42,13 @@ end
 local function transition(id, key, from, to, event, now, extra, set, seen)
   if not LEGAL[from .. '>' .. to .. '>' .. event] then
     error({err = 'ILLEGAL_TRANSITION ' .. id .. ' ' .. from .. ' ' .. to})
+  end
+  local reason = ''
+  if extra then  -- every field of the entry is declared (EVENT_FIELD), checked before anything is written
+    for i = 1, #extra - 1, 2 do
+      if not EVENT_FIELD[extra[i]] then error({err = 'UNDECLARED_EVENT_FIELD ' .. tostring(extra[i])}) end
+      if extra[i] == 'reason' then reason = extra[i + 1] end
+    end
   end
   local v = tonumber(seen or '')
   local fields = set or {}
@@ -51,10 +62,8 @@ local function transition(id, key, from, to, event, now, extra, set, seen)
     v = redis.call('HINCRBY', key, 'version', 1)
   end
   local ev = {'run', id, 'type', event, 'from', from, 'to', to, 'v', v, 'ts', now}
-  local reason = ''
   if extra then
     for i = 1, #extra do ev[#ev + 1] = extra[i] end
-    for i = 1, #extra - 1, 2 do if extra[i] == 'reason' then reason = extra[i + 1] end end
   end
   -- a terminal state keeps its reason (e.g. 'review') in the hash, so drift repair can record a
   -- terminal state whose stream entry was lost, reason included (repair_inspect.lua reads it)

@@ -37,6 +37,7 @@ from fencepost.core.keys import Keys, lua_keys
 from fencepost.core.models import Claimed, RunRow
 from fencepost.core.resources import resource_dir
 from fencepost.core.states import lua_source
+from fencepost.core.stream import lua_source as event_fields_lua
 
 __all__ = [
     "CONTRACTS",
@@ -77,6 +78,7 @@ __all__ = [
     "enqueue_item",
     "guarded",
     "render",
+    "render_text",
 ]
 
 # replies that mean "this node cannot serve now" (failover in progress, maxmemory reached under
@@ -105,17 +107,25 @@ _TEST_CLOCK_LUA = ("local fixed = redis.call('GET', KEYS[1] .. ':testclock')\n"
 @cache
 def render(name: str) -> str:
     """The full source of one script, includes inlined (an include may include another)."""
-    root = resource_dir("lua")
-    src = (root / f"{name}.lua").read_text()
-
-    def include(m: re.Match[str]) -> str:
-        text = (root / "includes" / f"{m.group(1)}.lua").read_text().replace("-- @states", _states_lua()).replace("-- @queue_keys", lua_keys())
-        return _INCLUDE.sub(include, text)
-
-    out = _INCLUDE.sub(include, src)
+    out = render_text((resource_dir("lua") / f"{name}.lua").read_text())
     if os.environ.get(TEST_CLOCK_ENV) == "1":
         out = out.replace("-- @testclock", _TEST_CLOCK_LUA)
     return guarded(out)
+
+
+def render_text(src: str) -> str:
+    """SRC with its includes inlined and the tables of the core rendered into them (states, keys, event
+    fields): what render() does for a script file, for a text (tests build probes from common.lua)."""
+    root = resource_dir("lua")
+
+    def include(m: re.Match[str]) -> str:
+        text = (root / "includes" / f"{m.group(1)}.lua").read_text()
+        for mark, body in (("-- @states", _states_lua()), ("-- @queue_keys", lua_keys()),
+                           ("-- @event_fields", event_fields_lua())):
+            text = text.replace(mark, body)
+        return _INCLUDE.sub(include, text)
+
+    return _INCLUDE.sub(include, src)
 
 
 def guarded(source: str) -> str:
