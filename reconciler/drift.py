@@ -132,36 +132,49 @@ _IN_WAITING = frozenset({_B["PENDING"]})
 _IN_DELAYED = frozenset({_B["PENDING"], _B["RETRY_WAIT"]})
 _IN_ACTIVE = frozenset({_B["RUNNING"], _B["STOPPING"]})
 _IN_NO_SET = frozenset(_B.values()) - _IN_DELAYED - _IN_ACTIVE
-_FIELDS_READ = ("state", "version", "handler", "priority")
-
-
 class _Seen(msgspec.Struct):
     lines: set[bytes]
-    """`id state version` of each run hash that is whole and sits in a set its state may sit in."""
+    """`id state version tenant` of each run hash that has its handler and sits in a set its state may sit
+    in (the tenant: of the due set it waits in, else its hash's)."""
     odd: set[bytes]
     """Ids (as stored) of the others: members without a hash or in a set their state does not wait or
-    run in, hashes missing a field, hashes of waiting or leased runs in no set."""
+    run in, a held run of another key, hashes without a handler, hashes of waiting or leased runs in no set."""
 
 
-def _page(res: list[Any], width: int, ok: frozenset[bytes], own: bytes | None, seen: _Seen) -> list[bytes]:
-    """File one page of runs (`width` values each: id, state, version, handler, priority and, for a
-    waiting set, the field naming the set the run belongs in) into `seen`; returns the page's run ids.
-    `ok`: the states that may sit in this set (empty: none may, e.g. an unregistered tenant's set)."""
-    ids, st, ver, hd, pr = res[0::width], res[1::width], res[2::width], res[3::width], res[4::width]
-    of = res[5::width] if width > 5 else None
-    if (ok.issuperset(st) and None not in ver and None not in hd and b"" not in hd and None not in pr
-            and (of is None or of.count(own) == len(of)) and all(map(bytes.isdigit, ids))):
-        seen.lines.update(map(b"\t".join, zip(ids, st, ver)))  # the common case, at C speed
+class _Set(msgspec.Struct, frozen=True):
+    """How `_page` files the members of one sorted set (or the hashes in none)."""
+
+    ok: frozenset[bytes]
+    """The states that may sit in it (empty: none may, e.g. an unregistered tenant's due set)."""
+    tenant: bytes | None = None
+    """A due set's tenant (the members' lines say it); None: read each run's `tenant` field."""
+    own: str | None = None
+    """The field naming the set a held run belongs in (`ckey`, `rkey`), and its value here."""
+    key: bytes = b""
+
+    def fields(self) -> tuple[str, ...]:
+        """The hash fields read for each member, after its id."""
+        return ("state", "version", "handler", *(() if self.tenant is not None else ("tenant",)),
+                *((self.own,) if self.own else ()))
+
+
+def _page(res: list[Any], how: _Set, seen: _Seen) -> list[bytes]:
+    """File one page of runs (SORT_RO's layout: the id, then `how.fields()`) into `seen`; returns the ids
+    (a member that is not a run id gets a line no PostgreSQL row matches, left out by `suspects`)."""
+    width = 1 + len(how.fields())
+    ids, st, ver, hd = res[0::width], res[1::width], res[2::width], res[3::width]
+    tn: Any = itertools.repeat(how.tenant) if how.tenant is not None else res[4::width]
+    of = res[width - 1::width] if how.own else None
+    if how.ok.issuperset(st) and None not in ver and all(hd) and (of is None or of.count(how.key) == len(of)):
+        if how.tenant is None and None in tn:
+            tn = [t or b"" for t in tn]
+        seen.lines.update(map(b"\t".join, zip(ids, st, ver, tn)))  # the common case, at C speed
         return ids
     out = []
-    for i, m in enumerate(ids):
-        if not m.isdigit():
-            continue  # not a run id: nothing the reconciler reads
+    for m, s, v, h, t, o in zip(ids, st, ver, hd, tn, of or itertools.repeat(how.key)):
         out.append(m)
-        s, v = st[i], ver[i]
-        if (s in ok and v is not None and hd[i] and pr[i] is not None
-                and (of is None or (of[i] or None) == (own or None))):
-            seen.lines.add(b"\t".join((m, s, v)))
+        if s in how.ok and v is not None and h and o == how.key:
+            seen.lines.add(b"\t".join((m, s, v, t or b"")))
         else:
             seen.odd.add(m)
     return out
@@ -182,24 +195,23 @@ class _RedisSide:
         hashes, sets = await self._scan()
         tenants = set(cast("list[bytes]", await r.zrange(k.tenants, 0, -1)))
         rwait = set(cast("list[bytes]", await r.zrange(k.rwait, 0, -1)))
-        plan: list[tuple[str, str | None, frozenset[bytes], bytes | None]] = [
-            (k.delayed, None, _IN_DELAYED, None), (k.active, None, _IN_ACTIVE, None)]
+        plan = [(k.delayed, _Set(_IN_DELAYED)), (k.active, _Set(_IN_ACTIVE))]
         for name in sorted(sets | {k.due}):
             tail = name[len(k.base):]
             if tail == "due" or tail.startswith("due:t:"):  # queued while its tenant is registered
                 tenant = tail[6:].encode()
-                plan.append((name, "tenant", _IN_WAITING if tenant in tenants else frozenset(), tenant or None))
+                plan.append((name, _Set(_IN_WAITING if tenant in tenants else frozenset(), tenant)))
             elif tail.startswith("held:"):  # held for a concurrency slot of its key
-                plan.append((name, "ckey", _IN_WAITING, tail[5:].encode()))
+                plan.append((name, _Set(_IN_WAITING, None, "ckey", tail[5:].encode())))
             else:  # rheld:<rate key>: held for the key's window, queued while the key waits in rwait
                 rkey = tail[6:].encode()
-                plan.append((name, "rkey", _IN_WAITING if rkey and rkey in rwait else frozenset(), rkey))
-        for z, named_by, ok, own in plan:
-            async for ids in self._members(z, named_by, ok, own):
+                plan.append((name, _Set(_IN_WAITING if rkey and rkey in rwait else frozenset(), None, "rkey", rkey)))
+        for z, how in plan:
+            async for ids in self._members(z, how):
                 hashes.difference_update(ids)
         rest = sorted(hashes)  # hashes in no set: paused, finished, or drift
         for i in range(0, len(rest), _SORT_PAGE):
-            _page(await self._hmget(rest[i:i + _SORT_PAGE], None), 5, _IN_NO_SET, None, self.seen)
+            _page(await self._hmget(rest[i:i + _SORT_PAGE], _NO_SET), _NO_SET, self.seen)
         return self.seen
 
     async def _scan(self) -> tuple[set[bytes], set[str]]:
@@ -228,24 +240,23 @@ class _RedisSide:
         cursor, raw = await self.stores.redis.scan(cursor, match=match, count=_SCAN_COUNT)
         return int(cursor), cast("list[bytes]", raw)  # bytes: Stores opens Redis with decode_responses=False
 
-    async def _members(self, z: str, field: str | None, ok: frozenset[bytes], own: bytes | None) -> Any:
+    async def _members(self, z: str, how: _Set) -> Any:
         """Pages of one sorted set's members with their hash fields, filed by `_page` (yields the ids)."""
-        fields = (*_FIELDS_READ, field) if field else _FIELDS_READ
-        width = 1 + len(fields)
         off = 0
-        nxt = asyncio.ensure_future(self._fetch(z, fields, off))
+        nxt = asyncio.ensure_future(self._fetch(z, how, off))
         while True:
             res, n = await nxt
             off += _SORT_PAGE
             if n == _SORT_PAGE:
-                nxt = asyncio.ensure_future(self._fetch(z, fields, off))
+                nxt = asyncio.ensure_future(self._fetch(z, how, off))
             if n:
-                yield _page(res, width, ok, own, self.seen)
+                yield _page(res, how, self.seen)
             if n < _SORT_PAGE:
                 return
 
-    async def _fetch(self, z: str, fields: tuple[str, ...], off: int) -> tuple[list[Any], int]:
-        """One page of members from `off`, SORT_RO's layout: id, then the fields (and how many)."""
+    async def _fetch(self, z: str, how: _Set, off: int) -> tuple[list[Any], int]:
+        """One page of members from `off` in SORT_RO's layout (the id, then the fields), and how many."""
+        fields = how.fields()
         if self.sort:
             gets: list[str] = ["GET", "#"]
             for f in fields:
@@ -258,14 +269,13 @@ class _RedisSide:
                 log.info("SORT_RO with GET patterns refused (%s): reading hashes with HMGET", exc)
                 self.sort = False
         ids = cast("list[bytes]", await self.stores.redis.zrange(z, off, off + _SORT_PAGE - 1))
-        return await self._hmget(ids, fields[4] if len(fields) > 4 else None), len(ids)
+        return await self._hmget(ids, how), len(ids)
 
-    async def _hmget(self, ids: list[bytes], field: str | None) -> list[Any]:
-        """SORT_RO's layout (id, then the fields) for these runs, read with pipelined HMGETs."""
-        fields = (*_FIELDS_READ, field) if field else _FIELDS_READ
+    async def _hmget(self, ids: list[bytes], how: _Set) -> list[Any]:
+        """SORT_RO's layout for these runs, read with pipelined HMGETs."""
         pipe = self.stores.redis.pipeline(transaction=False)
         for m in ids:
-            pipe.hmget(self.keys.run(m.decode()), fields)
+            pipe.hmget(self.keys.run(m.decode()), how.fields())
         out: list[Any] = []
         for m, vals in zip(ids, await pipe.execute()):
             out.append(m)
@@ -273,11 +283,14 @@ class _RedisSide:
         return out
 
 
+_NO_SET = _Set(_IN_NO_SET)
+
+
 class DriftRepair:
     """Finds and repairs drift of one store pair. `tick` does one incremental step per
     queue (a keyset page of PostgreSQL's active runs, the newest active runs, and one
-    cursor step over each Redis sorted set and the run hashes); `full_pass` walks
-    everything once (the `fencepost reconcile` commands)."""
+    cursor step over each Redis sorted set and the run hashes); `full_pass` compares
+    everything once in bulk reads (the `fencepost reconcile` commands)."""
 
     def __init__(self, stores: Stores, *, page: int = 500, recent: int = 200, grace_s: float = 5.0,
                  loop: str = "drift") -> None:
@@ -427,28 +440,29 @@ class DriftRepair:
 
     async def suspects(self, queue: str) -> list[int]:
         """The runs of `queue` whose Redis side may not match PostgreSQL, found in bulk: every run hash
-        and sorted-set member of the queue is read (SORT_RO ... GET, a few thousand runs per call) as the
-        line `id state version`, kept only if its hash is whole (handler, priority) and it sits in the
-        sets its state belongs in (PENDING: its own waiting set, queued as claims read them, or delayed;
-        RETRY_WAIT: delayed; leased: active; any other state: none); PostgreSQL's runs are read as the
-        same lines (one COPY), and a run whose lines differ, or that was not kept, is a suspect.
-        `examine` decides which suspects are drift (a hash ahead of PostgreSQL is the recorder's lag).
-        Not compared: the payload's bytes (a hash that lost only its payload); the incremental walk
-        (`tick`) reads that field of every run. Redis and PostgreSQL are read at once: a run that
-        changes in between is a suspect, which `examine` reads again, Redis first."""
+        and sorted-set member of the queue is read (SORT_RO ... GET, 5,000 runs a call) as the line
+        `id state version tenant` (the tenant of the due set the run waits in, else its hash's), kept
+        only if its hash has a handler and it sits in a set its state may sit in (PENDING: a waiting set
+        claims read, its own tenant's or its own key's held set, or delayed; RETRY_WAIT: delayed;
+        leased: active; any other state: none); PostgreSQL's runs are read as the same lines (one COPY),
+        and a run whose lines differ, or that was not kept, is a suspect. `examine` decides which are
+        drift (a hash ahead of PostgreSQL is the recorder's lag). Not read in bulk: the payload and the
+        priority (a hash that lost only one of them, which no script does; the incremental walk, `tick`,
+        reads both for every run in turn). Redis and PostgreSQL are read at once: a run that changes in
+        between is a suspect, which `examine` reads again, Redis first."""
         seen, pg = await asyncio.gather(_RedisSide(self.stores, queue).read(), self._pg_lines(queue))
         extra = seen.lines - pg
         if extra:  # hashes PostgreSQL's waiting and leased runs do not account for: look their rows up
-            ids = [t.split(b"\t", 1)[0] for t in extra]
+            ids = [x for x in (t.split(b"\t", 1)[0] for t in extra) if x.isdigit()]
             for i in range(0, len(ids), _LOOKUP_PAGE):
                 extra -= await self._pg_lines(queue, [int(x) for x in ids[i:i + _LOOKUP_PAGE]])
         out = seen.odd
         out.update(t.split(b"\t", 1)[0] for t in extra)
         out.update(t.split(b"\t", 1)[0] for t in pg - seen.lines)
-        return sorted(int(x) for x in out)
+        return sorted(int(x) for x in out if x.isdigit())  # a member that is no run id is nothing to read
 
     async def _pg_lines(self, queue: str, ids: list[int] | None = None) -> set[bytes]:
-        """PostgreSQL's `id status version` lines: the queue's runs Redis must hold, or these ids' rows."""
+        """PostgreSQL's `id status version tenant` lines: the queue's runs Redis must hold, or these ids' rows."""
         chunks: list[bytes] = []
 
         async def sink(chunk: bytes) -> None:
