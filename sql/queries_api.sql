@@ -2,6 +2,10 @@
 -- owner filters, queue figures for the dashboard.
 
 -- name: api_token_insert
+-- params: name text, role text, queues text[], secret_sha256 text, created_by text, expires_in_s float8,
+-- params: parent_id int8, parent_expires_at timestamptz
+-- returns: id int8, name text, role text, queues text[], created_by text, created_at timestamptz,
+-- returns: revoked_at timestamptz, last_used_at timestamptz, expires_at timestamptz, parent_id int8
 -- $6: expires after this many seconds (NULL: never), $7 the token that made it (NULL: made on PostgreSQL),
 -- $8 when that token expires (NULL: never): the new token expires no later.
 INSERT INTO api_tokens (name, role, queues, secret_sha256, created_by, expires_at, parent_id)
@@ -9,6 +13,9 @@ VALUES ($1, $2, $3::text[], $4, $5, LEAST(now() + make_interval(secs => $6::doub
 RETURNING id, name, role, queues, created_by, created_at, revoked_at, last_used_at, expires_at, parent_id;
 
 -- name: api_token_by_hash
+-- params: secret_sha256 text
+-- returns: id int8, name text, role text, queues text[], revoked_at timestamptz, expires_at timestamptz,
+-- returns: expired bool, maker_ended bool
 -- The token and whether it or any token up its chain of makers (parent_id) is revoked or expired:
 -- revoking or expiring a token ends every token it made, transitively.
 WITH RECURSIVE t AS (
@@ -27,10 +34,16 @@ SELECT t.id, t.name, t.role, t.queues, t.revoked_at, t.expires_at,
 FROM t;
 
 -- name: api_token_list
+-- params: none
+-- returns: id int8, name text, role text, queues text[], created_by text, created_at timestamptz,
+-- returns: revoked_at timestamptz, last_used_at timestamptz, expires_at timestamptz
 SELECT id, name, role, queues, created_by, created_at, revoked_at, last_used_at, expires_at
 FROM api_tokens ORDER BY id;
 
 -- name: api_token_revoke
+-- params: id int8
+-- returns: id int8, name text, role text, queues text[], created_by text, created_at timestamptz,
+-- returns: revoked_at timestamptz, last_used_at timestamptz, expires_at timestamptz, descendants int8
 -- Revoke the token and every token it made, transitively (their rows say so too; authentication
 -- checks the chain anyway). Returns the named token's row.
 WITH RECURSIVE tree AS (
@@ -44,13 +57,19 @@ WITH RECURSIVE tree AS (
 SELECT *, (SELECT count(*) FROM done) - 1 AS descendants FROM done WHERE id = $1;
 
 -- name: api_token_touch
+-- params: id int8
+-- returns: nothing
 UPDATE api_tokens SET last_used_at = now()
 WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute');
 
 -- name: api_submitted_by
+-- params: run_id int8
+-- returns: actor text
 SELECT actor FROM history WHERE run_id = $1 AND type = 'submitted' ORDER BY id LIMIT 1;  -- row or event (021)
 
 -- name: api_queue_figures
+-- params: window_s float8, scope text[]
+-- returns: queue text, paused bool, finished int8, lag_s float8
 -- Per queue over the last $1 seconds (whole minutes): finished runs (throughput) and the mean delay between
 -- a run being due and its attempt starting (schedule lag), from the per-minute rollup the recorder
 -- maintains (queue_minutes): counters, not a scan of runs or attempts, at any table size. The mean is
@@ -70,6 +89,8 @@ SELECT q.name AS queue, q.paused,
 FROM queues q WHERE ($2::text[] IS NULL OR q.name = ANY($2)) ORDER BY q.name;
 
 -- name: api_list_workflows
+-- params: limit int8
+-- returns: id uuid, name text, created_at timestamptz, nodes int8
 SELECT w.id, w.name, w.created_at,
        (SELECT count(*) FROM workflow_nodes n WHERE n.workflow_id = w.id AND n.current) AS nodes
 FROM workflows w ORDER BY w.created_at DESC LIMIT $1;

@@ -2,6 +2,12 @@
 -- bulk selections fixed when counted, and the API's scope-filtered listings.
 
 -- name: insert_runs_keyed
+-- params: handler text[], queue text[], priority int2[], payload bytea[], run_at timestamptz[],
+-- params: max_retries int4[], timeout_s float8[], idempotency_key text[], trace_id text[], status text[],
+-- params: workflow_id uuid[], schedule_id int8[], fire_time timestamptz[], outbox bool[], tenant text[],
+-- params: concurrency_key text[], concurrency_limit int4[], rate_key text[], rate_limit text[], actor text,
+-- params: request_sha256 text[], scope text[]
+-- returns: ord int8, id int8, created bool, queue text, epoch int8, notified int8
 -- insert_runs for a batch in which some runs carry an idempotency key: each key is claimed
 -- in idempotency_keys (unique per scope) first, and a keyed run is inserted only if its claim
 -- won. $21 request fingerprints and $22 scopes line up with the runs (NULL when unkeyed).
@@ -50,11 +56,15 @@ UNION ALL
 SELECT NULL, NULL, NULL, name, epoch, NULL FROM new_queues;
 
 -- name: idempotency_lookup
+-- params: scope text[], key text[]
+-- returns: scope text, key text, request_sha256 text, run_id int8
 -- The stored claims of ($1 scope, $2 key) pairs: the run each names and its request fingerprint.
 SELECT k.scope, k.key, k.request_sha256, k.run_id
 FROM idempotency_keys k JOIN unnest($1::text[], $2::text[]) AS w(scope, key) ON (k.scope, k.key) = (w.scope, w.key);
 
 -- name: idempotency_prune
+-- params: window_s float8, limit int8
+-- returns: nothing
 -- Keys older than the window ($1 seconds), a bounded batch at a time ($2).
 WITH old AS (
     SELECT scope, key FROM idempotency_keys
@@ -64,12 +74,18 @@ WITH old AS (
 DELETE FROM idempotency_keys k USING old WHERE (k.scope, k.key) = (old.scope, old.key);
 
 -- name: audit_insert
+-- params: actor text, address text, action text, queue text, target text, reason text, data jsonb
+-- returns: id int8, at timestamptz
 -- $1 actor, $2 address, $3 action, $4 queue, $5 target, $6 reason, $7 data (json text)
 INSERT INTO audit_log (actor, address, action, queue, target, reason, data)
 VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7::jsonb)
 RETURNING id, at;
 
 -- name: audit_list
+-- params: actor text, queue text, min_at timestamptz, max_at timestamptz, limit int8, scope text[],
+-- params: after_key jsonb
+-- returns: source text, id int8, at timestamptz, actor text, address text, action text, queue text,
+-- returns: target text, reason text, data text
 -- Who did what: configuration changes and queue commands (audit_log) and commands on runs
 -- (run events with an operator's actor), newest first. $1 actor (exact, or a prefix ending in ':' / '@'),
 -- $2 queue, $3 since, $4 until, $5 limit, $6 queues in scope (NULL: all), $7 the cursor: only rows after
@@ -107,6 +123,8 @@ SELECT * FROM (
 ORDER BY at DESC, id DESC, source DESC LIMIT $5;
 
 -- name: bulk_select
+-- params: queue text, status text, handler text, max_id int8, limit int8
+-- returns: id int8
 -- The runs a bulk command would act on: $1 queue, $2 status, $3 handler, $4 only ids <= this
 -- (the bound the count was made with; NULL: none), $5 at most this many, lowest ids first.
 SELECT id FROM runs
@@ -115,12 +133,16 @@ WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR 
 ORDER BY id LIMIT $5;
 
 -- name: bulk_count
+-- params: queue text, status text, handler text, max_id int8
+-- returns: matched int8, until_id int8
 -- How many runs match, and the highest matching id (the snapshot bound a confirm refers to).
 SELECT count(*) AS matched, max(id) AS until_id FROM runs
 WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3)
   AND ($4::bigint IS NULL OR id <= $4);
 
 -- name: api_list_workflows_scoped
+-- params: limit int8, scope text[], after_created_at timestamptz, after_id uuid
+-- returns: id uuid, name text, created_at timestamptz, nodes int8
 -- Recent workflows; with $2 (a token's queues), only those whose every node is in scope; newest first,
 -- after the cursor's ($3 created_at, $4 id; NULL: from the newest).
 SELECT w.id, w.name, w.created_at,
@@ -133,12 +155,18 @@ WHERE ($2::text[] IS NULL OR NOT EXISTS (
 ORDER BY w.created_at DESC, w.id DESC LIMIT $1;
 
 -- name: schedule_queues
+-- params: name text[]
+-- returns: name text, queue text
 -- The queue each schedule fires into (its own, else its handler's declared queue).
 SELECT s.name, COALESCE(s.queue, d.queue, 'default') AS queue
 FROM schedules s LEFT JOIN job_definitions d ON d.name = s.handler
 WHERE $1::text[] IS NULL OR s.name = ANY($1);
 
 -- name: schedule_list_scoped
+-- params: limit int8, scope text[]
+-- returns: id int8, name text, handler text, cron text, interval_s float8, timezone text,
+-- returns: next_fire_time timestamptz, spread_s float8, offset_ms int4, catchup bool, allow_overlap bool,
+-- returns: paused bool, last_fire_time timestamptz, fires int8, skipped int8, queue text
 -- schedule_list filtered to the caller's queues ($2; NULL: all).
 SELECT s.id, s.name, s.handler, s.cron, s.interval_s, s.timezone, s.next_fire_time, s.spread_s, s.offset_ms,
        s.catchup, s.allow_overlap, s.paused, s.last_fire_time, s.fires, s.skipped, s.queue
@@ -147,6 +175,9 @@ WHERE $2::text[] IS NULL OR COALESCE(s.queue, d.queue, 'default') = ANY($2)
 ORDER BY s.name LIMIT $1;
 
 -- name: api_token_list_scoped
+-- params: scope text[]
+-- returns: id int8, name text, role text, queues text[], created_by text, created_at timestamptz,
+-- returns: revoked_at timestamptz, last_used_at timestamptz, expires_at timestamptz
 -- Tokens a caller may see: all (NULL), or those scoped within $1's queues.
 SELECT id, name, role, queues, created_by, created_at, revoked_at, last_used_at, expires_at
 FROM api_tokens
@@ -154,5 +185,8 @@ WHERE $1::text[] IS NULL OR (cardinality(queues) > 0 AND queues <@ $1::text[])
 ORDER BY id;
 
 -- name: api_token_get
+-- params: id int8
+-- returns: id int8, name text, role text, queues text[], created_by text, created_at timestamptz,
+-- returns: revoked_at timestamptz, last_used_at timestamptz, expires_at timestamptz
 SELECT id, name, role, queues, created_by, created_at, revoked_at, last_used_at, expires_at
 FROM api_tokens WHERE id = $1;

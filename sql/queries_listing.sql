@@ -2,6 +2,10 @@
 -- page with keyset cursors (issue 24 item 3): the dead letter and the review queue.
 
 -- name: api_dead_letter_page
+-- params: queue text, scope text[], limit int8, after_finished_at timestamptz, after_id int8, review bool
+-- returns: id int8, handler text, queue text, status text, attempt int4, priority int2, version int8,
+-- returns: run_at timestamptz, created_at timestamptz, started_at timestamptz, finished_at timestamptz,
+-- returns: last_error_class text, last_error text, reason text, workflow_id uuid, schedule_id int8
 -- Dead-lettered runs (FAILED / TIMED_OUT, not in review), newest finished first. $1 queue (NULL: any),
 -- $2 queues in scope (NULL: all), $3 limit, $4/$5 the cursor: only rows after (finished_at, id)
 -- in this order (NULL: from the start), $6 review (true: the review queue instead).
@@ -24,6 +28,13 @@ LIMIT $3;
 -- after sorts no index serves would make those slow too if they shared it.
 
 -- name: api_runs_page_indexed
+-- params: queue text, status text, handler text, min_created_at timestamptz, max_created_at timestamptz,
+-- params: limit int8, scope text[], submitted_by text, max_id int8, id int8, tenant text, concurrency_key text,
+-- params: idempotency_key text, arg text, sort text, sort_order text, arg_min_id int8, has_cursor bool,
+-- params: after_created_at timestamptz, after_id int8
+-- returns: id int8, handler text, queue text, status text, priority int2, attempt int4, run_at timestamptz,
+-- returns: created_at timestamptz, started_at timestamptz, finished_at timestamptz, last_error_class text,
+-- returns: last_error text, reason text, version int8, workflow_id uuid, schedule_id int8
 -- Sorts an index serves: id, created_at (never NULL); $19 the cursor's created_at, $20 its id.
 SELECT r.id, r.handler, r.queue, r.status, r.priority, r.attempt, r.run_at, r.created_at, r.started_at,
        r.finished_at, r.last_error_class, r.last_error, r.reason, r.version, r.workflow_id, r.schedule_id
@@ -54,6 +65,13 @@ ORDER BY
 LIMIT $6;
 
 -- name: api_runs_page_finished
+-- params: queue text, status text, handler text, min_created_at timestamptz, max_created_at timestamptz,
+-- params: limit int8, scope text[], submitted_by text, max_id int8, id int8, tenant text, concurrency_key text,
+-- params: idempotency_key text, arg text, sort_order text, arg_min_id int8, has_cursor bool,
+-- params: after_finished_at timestamptz, after_id int8
+-- returns: id int8, handler text, queue text, status text, priority int2, attempt int4, run_at timestamptz,
+-- returns: created_at timestamptz, started_at timestamptz, finished_at timestamptz, last_error_class text,
+-- returns: last_error text, reason text, version int8, workflow_id uuid, schedule_id int8
 -- The sort by finish time, NULL (unfinished) last in both orders, ties by id in the same direction: the
 -- finished runs and the unfinished ones as two ranges of runs_finished_page (038), each limited, then
 -- merged. As api_runs_page_indexed but $15 'asc' / 'desc', $16 the argument search's lowest id, $17 a cursor
@@ -111,6 +129,13 @@ ORDER BY finished_at IS NULL, CASE WHEN $15 = 'asc' THEN finished_at END ASC,
 LIMIT $6;
 
 -- name: api_runs_page_other
+-- params: queue text, status text, handler text, min_created_at timestamptz, max_created_at timestamptz,
+-- params: limit int8, scope text[], submitted_by text, max_id int8, id int8, tenant text, concurrency_key text,
+-- params: idempotency_key text, arg text, sort text, sort_order text, arg_min_id int8, has_cursor bool,
+-- params: after_int int8, after_text text, after_id int8
+-- returns: id int8, handler text, queue text, status text, priority int2, attempt int4, run_at timestamptz,
+-- returns: created_at timestamptz, started_at timestamptz, finished_at timestamptz, last_error_class text,
+-- returns: last_error text, reason text, version int8, workflow_id uuid, schedule_id int8
 -- Sorts no index serves (a top-N sort of the matches): attempt, handler, status (with a queue filter,
 -- runs_queue_status serves status); ties by id in the same direction. $19 the cursor's integer, $20 its
 -- text, $21 its id.
@@ -145,6 +170,10 @@ ORDER BY
 LIMIT $6;
 
 -- name: run_events_page
+-- params: run_id int8, limit int8, after_at timestamptz, after_stream_id int8, after_id int8
+-- returns: id int8, type text, from_status text, to_status text, version int8, attempt int4, token int8,
+-- returns: worker_id text, actor text, reason text, error_class text, error_message text, trace_id text,
+-- returns: at timestamptz, recorded_at timestamptz, stream_id int8
 -- A run's timeline as run_events (queries.sql) orders it (at, then stream entries in order, then id), a
 -- page at a time: $2 limit, $3-$5 the cursor's (at, COALESCE(stream_id, -1), id), only rows after it
 -- (NULL: from the start). run_events with stream_id, which the cursor needs.
@@ -156,6 +185,10 @@ WHERE run_id = $1
 ORDER BY at, COALESCE(stream_id, -1), id LIMIT $2;
 
 -- name: schedule_page_scoped
+-- params: limit int8, scope text[], after_name text
+-- returns: id int8, name text, handler text, cron text, interval_s float8, timezone text,
+-- returns: next_fire_time timestamptz, spread_s float8, offset_ms int4, catchup bool, allow_overlap bool,
+-- returns: paused bool, last_fire_time timestamptz, fires int8, skipped int8, queue text
 -- Schedules by name, filtered to the caller's queues ($2; NULL: all) before the limit ($1), after the
 -- cursor's name ($3; NULL: from the first). schedule_list_scoped with a cursor.
 SELECT s.id, s.name, s.handler, s.cron, s.interval_s, s.timezone, s.next_fire_time, s.spread_s, s.offset_ms,
