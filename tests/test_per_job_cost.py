@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from typing import Any
+
+import pytest
 
 from fencepost.client import Client
+from fencepost.core import tracing
 from fencepost.core.config import Settings
 from fencepost.core.hot import ClaimArgs, Finish, FinishArgs
 from fencepost.core.models import Submit
@@ -93,3 +97,33 @@ async def test_a_finished_execution_is_freed_without_the_cycle_collector(client:
     finally:
         gc.enable()
     assert left == 0, f"{left} of 20 finished executions were still alive without the cycle collector"
+
+
+async def test_the_tracer_is_looked_up_once_per_claimed_batch(client: Client, settings: Settings,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: each execution asked OpenTelemetry for the tracer provider (os.environ lookups, 3.5 % of
+    a draining worker's samples); a claimed batch now asks once and its executions share the answer."""
+    await client.submit_many([Submit(handler="t.noop")] * 20)
+    lookups = 0
+    real = tracing._tracer
+
+    def counted() -> Any:
+        nonlocal lookups
+        lookups += 1
+        return real()
+
+    monkeypatch.setattr(tracing, "_tracer", counted)
+    w = Worker(registry, WorkerOptions(queues=["tq"], concurrency=20, processes=1, burst=True), settings=settings)
+    claims = 0
+    claim_due = w.stores.scripts.claim_due
+
+    async def counted_claim(keys: Any, args: Any) -> Any:
+        nonlocal claims
+        jobs = await claim_due(keys, args)
+        claims += bool(jobs)
+        return jobs
+
+    w.stores.scripts.claim_due = counted_claim  # type: ignore[method-assign]
+    await asyncio.wait_for(w.run(), 30)
+    assert w.claimed == 20
+    assert lookups <= claims < 20, f"{lookups} tracer lookups for 20 executions in {claims} claimed batches"

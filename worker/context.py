@@ -57,6 +57,19 @@ class LeaseLost(BaseException):
     it): do no more side effects. Its checkpoint was refused at the store."""
 
 
+class FenceTest(Protocol):
+    """What a context asks about its own lease (the worker's entry for the execution)."""
+
+    def due(self) -> bool:
+        """True once the lease or the worker's pulse could have lapsed on Redis (checked on the spot)."""
+        ...
+
+    def at(self) -> float:
+        """The CLOCK_MONOTONIC instant from which due() turns True unless a renewal or pulse lands first
+        (0.0: fenced or finishing): what a process-model child compares its own clock with."""
+        ...
+
+
 class Context:
     """Run identity and cooperative controls for an async handler.
 
@@ -66,8 +79,7 @@ class Context:
 
     __slots__ = (
         "_ctl",
-        "_fence_at",
-        "_fence_due",
+        "_fence",
         "_fenced",
         "_log",
         "_progress",
@@ -102,13 +114,12 @@ class Context:
         self.checkpointed_at: float | None = None
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
         self._stop = False
-        self._fence_due: Callable[[], bool] | None = None
-        self._fence_at: Callable[[], float] | None = None
-        """CLOCK_MONOTONIC instant from which the fence test turns True unless a renewal or pulse lands
-        first (0: fenced): what a process-model child compares its own clock with (worker/procpool.py)."""
-        """Set by the worker: True once the lease or the worker's pulse could have lapsed on Redis, asked at
-        the moment should_stop() is called, so a handler that wakes after a freeze (SIGSTOP, starvation)
-        sees it before its next effect, not only after the watchdog's next tick."""
+        self._fence: FenceTest | None = None
+        """Set by the worker (its entry for this execution; in a process child, the deadline the parent
+        shares): asked at the moment should_stop() is called whether the lease or the worker's pulse could
+        have lapsed on Redis, so a handler that wakes after a freeze (SIGSTOP, starvation) sees it before
+        its next effect, not only after the watchdog's next tick. An object, not a closure per job: a
+        job's context costs no extra objects for the cycle collector to track."""
         self._fenced = False
         """The worker fenced this attempt off (lease not renewed in time, or superseded): should_stop() is
         True and checkpoints are refused without touching the stores (docs/worker.md)."""
@@ -141,7 +152,7 @@ class Context:
 
     def fenced_off(self) -> bool:
         """The worker fenced this attempt off, or its lease could have lapsed by now (checked on the spot)."""
-        return self._fenced or (self._fence_due is not None and self._fence_due())
+        return self._fenced or (self._fence is not None and self._fence.due())
 
     def should_pause(self) -> bool:
         return self._ctl == "pause"

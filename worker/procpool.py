@@ -25,7 +25,6 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
@@ -162,7 +161,7 @@ def _child_main(app: str, conn: Connection, parent_pid: int | None = None, lifel
         if fence_at is not None:  # the parent's fence test, on this process's clock (CLOCK_MONOTONIC is
             # system-wide): frozen with its parent (SIGSTOP), the deadline it last wrote stays behind, so a
             # thawed child's should_stop() is True before its next effect, not at the parent's next tick
-            ctx._fence_due = partial(_past, fence_at)
+            ctx._fence = _SharedDeadline(fence_at)
         try:
             # Decoded and bound here only (the parent does not decode): annotated parameters are converted as
             # for async and thread handlers; arguments that no longer bind are invalid input, never retried.
@@ -188,8 +187,19 @@ def _child_main(app: str, conn: Connection, parent_pid: int | None = None, lifel
             conn.send(("err", type(exc).__name__, f"{exc}\n{traceback.format_exc(limit=5)}"[:4000], kind, retry_after))
 
 
-def _past(fence_at: Any) -> bool:
-    return time.monotonic() >= float(fence_at.value)
+class _SharedDeadline:
+    """A child's fence test (Context._fence): the deadline its parent keeps in shared memory."""
+
+    __slots__ = ("fence_at",)
+
+    def __init__(self, fence_at: Any) -> None:
+        self.fence_at = fence_at
+
+    def due(self) -> bool:
+        return time.monotonic() >= float(self.fence_at.value)
+
+    def at(self) -> float:
+        return float(self.fence_at.value)
 
 
 class _Child:
@@ -199,7 +209,7 @@ class _Child:
         parent, child = _CTX.Pipe()
         keep, give = _CTX.Pipe(duplex=False)  # the child reads `keep`; only this process holds `give`
         self.fence_at: Any = _CTX.RawValue("d", math.inf)
-        """CLOCK_MONOTONIC instant from which the running job's fence test is True (Context._fence_at),
+        """CLOCK_MONOTONIC instant from which the running job's fence test is True (Context._fence.at()),
         kept current by the parent while the job runs; the child's should_stop() compares its clock."""
         self.proc = _CTX.Process(target=guarded, daemon=True, name="fencepost-job",  # dies with us before its imports
                                  args=(os.getpid(), "fencepost.worker.procpool:_child_main", app, child, os.getpid(),
@@ -233,10 +243,11 @@ class _Child:
 async def _keep_fence(child: _Child, ctx: Context, period: float = 0.05) -> None:
     """While a job runs in `child`: publish its fence deadline (the watchdog's period). A parent that is
     frozen or starved stops moving it forward, which only makes the child stop sooner."""
-    if ctx._fence_at is None:
+    fence = ctx._fence
+    if fence is None:
         return
     while True:
-        child.fence_at.value = ctx._fence_at()
+        child.fence_at.value = fence.at()
         await asyncio.sleep(period)
 
 

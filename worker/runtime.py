@@ -37,7 +37,7 @@ from fencepost.core.queues import declare_queues
 from fencepost.core.record import store_definitions
 from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
-from fencepost.core.tracing import RunTrace, start_run
+from fencepost.core.tracing import RunTrace, run_tracer, start_run
 from fencepost.worker.acks import Acknowledger
 from fencepost.worker.breakers import Breakers
 from fencepost.worker.checkpoints import Checkpoints
@@ -115,11 +115,12 @@ class Execution(msgspec.Struct, frozen=True):
 
 
 class _Running:
-    __slots__ = ("claimed_ns", "ctx", "deadline", "ended", "fenced", "finishing", "forced", "job", "key", "model",
-                 "prior", "renewed_at", "stop_seen", "task", "timed_out", "trace")
+    __slots__ = ("_ended_ev", "claimed_ns", "ctx", "deadline", "ended", "fenced", "finishing", "forced", "job", "key",
+                 "model", "prior", "renewed_at", "stop_seen", "task", "timed_out", "trace", "tracer", "worker")
 
-    def __init__(self, job: Claimed, ctx: Context, deadline: float, sent_at: float = 0.0, model: str = "async") -> None:
-        self.job, self.ctx = job, ctx
+    def __init__(self, worker: Worker, job: Claimed, ctx: Context, deadline: float, sent_at: float = 0.0,
+                 model: str = "async") -> None:
+        self.worker, self.job, self.ctx = worker, job, ctx
         self.key = Execution(job.id, job.attempt, job.token)
         self.model = model
         self.renewed_at = sent_at or time.monotonic()
@@ -129,11 +130,15 @@ class _Running:
         """Why this worker fenced the execution off (lease | pulse | lost | superseded), else None."""
         self.prior: _Running | None = None
         """An older execution of the same run in this worker that must end before this one starts."""
-        self.ended = asyncio.Event()
-        """Set once the handler can have no more effects (its task ended; a thread handler's thread returned)."""
+        self.ended = False
+        """True once the handler can have no more effects (its task ended; a thread handler's thread returned)."""
+        self._ended_ev: asyncio.Event | None = None
+        """Made only for a newer attempt of the run that waits for this one to end (wait_ended)."""
         self.claimed_ns = time.time_ns()
         self.trace: RunTrace | None = None
         """Its OpenTelemetry spans, when a tracer is active (fencepost.core.tracing)."""
+        self.tracer: Any = None
+        """The tracer its claimed batch looked up (run_tracer(), once per batch; None: no spans)."""
         self.task: asyncio.Task[None] | None = None
         self.deadline = deadline
         self.timed_out = False
@@ -141,6 +146,26 @@ class _Running:
         self.forced = False
         self.finishing = False
         """Its outcome is on its way to Redis: a renewal racing the finish is not a lost lease."""
+
+    # The context's fence test (Context._fence, a FenceTest): the entry itself, so that a job costs no
+    # closures (the objects a running job holds are what the cycle collector traverses, 100 jobs at a time).
+    def due(self) -> bool:
+        return self.worker._fence_due(self)
+
+    def at(self) -> float:
+        return self.worker._fence_deadline(self)
+
+    def set_ended(self) -> None:
+        self.ended = True
+        if self._ended_ev is not None:
+            self._ended_ev.set()
+
+    async def wait_ended(self) -> None:
+        if self.ended:
+            return
+        if self._ended_ev is None:
+            self._ended_ev = asyncio.Event()
+        await self._ended_ev.wait()
 
 
 class Worker:
@@ -429,6 +454,7 @@ class Worker:
                      extra={"event": "claim_stamped", "queue": queue})
         count = len(jobs)
         loop = asyncio.get_running_loop()
+        tracer = run_tracer() if jobs else None  # once per batch, not per job
         for job in jobs:
             model = self.executors.model(job.handler)
             if model == "async":
@@ -440,12 +466,12 @@ class Worker:
             ctx._writer = self.checkpoints.write
             ctx._services = self.services
             timeout_at = (time.monotonic() + job.timeout_ms / 1000) if model == "async" else inf
-            entry = _Running(job, ctx, timeout_at, sent, model)
-            ctx._fence_due = partial(self._fence_due, entry)
-            ctx._fence_at = partial(self._fence_deadline, entry)
+            entry = _Running(self, job, ctx, timeout_at, sent, model)
+            entry.tracer = tracer
+            ctx._fence = entry
             prior = self._executing.get(job.id)
             self._executing[job.id] = entry
-            if prior is not None and not prior.ended.is_set():
+            if prior is not None and not prior.ended:
                 # this worker still executes an older attempt of the run (its lease passed while it was
                 # cut off, frozen or starved, and the run came back here): never two copies at once
                 entry.prior = prior
@@ -624,10 +650,10 @@ class Worker:
         try:
             try:
                 prior = entry.prior
-                if prior is not None and not prior.ended.is_set():
+                if prior is not None and not prior.ended:
                     # an older execution of this run is still stopping here: start only once it ended
                     try:
-                        await asyncio.wait_for(prior.ended.wait(), job.timeout_ms / 1000)
+                        await asyncio.wait_for(prior.wait_ended(), job.timeout_ms / 1000)
                     except TimeoutError:  # a thread handler that ignores should_stop(): never run beside it
                         await self._finish(entry, Outcome(
                             "timeout", "an older execution of this run in this worker did not end within the "
@@ -676,24 +702,27 @@ class Worker:
             self._slot_freed.set()
             thread = entry.ctx._thread
             if thread is not None and not thread.done():  # a given-up thread handler: ended when it returns
-                thread.add_done_callback(lambda _f: self._ended(entry))
+                thread.add_done_callback(partial(self._thread_ended, entry))
             else:
                 self._ended(entry)
 
+    def _thread_ended(self, entry: _Running, _thread: Any) -> None:
+        self._ended(entry)
+
     def _ended(self, entry: _Running) -> None:
         """The execution can have no more effects: a newer attempt of its run may start here."""
-        entry.ended.set()
+        entry.set_ended()
         if self._executing.get(entry.job.id) is entry:
             del self._executing[entry.job.id]
         if entry.fenced is not None or entry.finishing:
             # the fence test's answer is settled (fenced: ctx._fenced says True; finishing: False), so the
-            # partials over the entry go: entry and context are then no cycle left to the cycle collector
-            entry.ctx._fence_due = entry.ctx._fence_at = None
+            # context lets go of the entry: entry and context are then no cycle left to the cycle collector
+            entry.ctx._fence = None
 
     async def _run_traced(self, entry: _Running) -> Outcome:
         """The handler, inside its claim and execution spans when a tracer is active (else as is)."""
         job = entry.job
-        rt = start_run(entry.ctx.trace, job.handler, job.queue, job.id, job.attempt, entry.claimed_ns)
+        rt = start_run(entry.ctx.trace, job.handler, job.queue, job.id, job.attempt, entry.claimed_ns, entry.tracer)
         if rt is None:
             return await self.executors.run(job, entry.ctx)
         entry.trace = rt
