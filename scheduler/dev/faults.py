@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Self
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -150,13 +151,16 @@ class TcpProxy:
 
 
 class PrivateRedis:
-    """One redis-server on a free loopback port, in a private directory, without persistence."""
+    """One redis-server on a loopback port (a free one unless given), in a private directory,
+    without persistence: the chaos harness's pair and the tests' servers (tests/servers.py)."""
 
-    def __init__(self, binary: str, *, replicaof: int | None = None) -> None:
-        """replicaof: the loopback port of its primary (or of a proxy in front of it)."""
-        self.binary, self.replicaof = binary, replicaof
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="fp-chaos-redis-")
+    def __init__(self, binary: str, *, port: int | None = None, replicaof: int | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
+        """replicaof: the loopback port of its primary (or of a proxy in front of it); extra: more
+        redis-server arguments (cluster mode, DEBUG allowed)."""
+        self.binary, self.replicaof, self.extra = binary, replicaof, extra
+        self.port = port or free_port()
+        self.dir = tempfile.mkdtemp(prefix="fp-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -168,13 +172,13 @@ class PrivateRedis:
         assert self.proc is not None
         return self.proc.pid
 
-    def client(self) -> aioredis.Redis:
-        return aioredis.Redis(host=HOST, port=self.port, socket_timeout=5)
+    def client(self, **kw: Any) -> aioredis.Redis:
+        return aioredis.Redis(host=HOST, port=self.port, **{"socket_timeout": 5, **kw})
 
-    async def start(self, timeout: float = 15.0) -> PrivateRedis:
+    async def start(self, timeout: float = 15.0) -> Self:
         args = [self.binary, "--bind", HOST, "--port", str(self.port), "--save", "", "--appendonly", "no",
                 "--dir", self.dir, "--maxmemory-policy", "noeviction", "--repl-diskless-sync-delay", "0",
-                "--repl-backlog-size", "64mb", "--client-output-buffer-limit", "replica 0 0 0"]
+                "--repl-backlog-size", "64mb", "--client-output-buffer-limit", "replica 0 0 0", *self.extra]
         if self.replicaof is not None:
             args += ["--replicaof", HOST, str(self.replicaof)]
         self.proc = self._launch(args)
@@ -202,10 +206,16 @@ class PrivateRedis:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
 
-    def kill(self) -> None:
+    def kill(self, sig: int | None = None) -> None:
+        """Stop it by pid and wait (SIGKILL unless `sig`: no shutdown save, a crash); a signal it
+        does not die of within 10 s is followed by SIGKILL."""
         if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+            os.kill(self.proc.pid, signal.SIGKILL if sig is None else sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
 
     def cleanup(self) -> None:
         self.signal(signal.SIGCONT)
