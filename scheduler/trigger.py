@@ -267,7 +267,7 @@ class Trigger:
         skipped: dict[int, int] = defaultdict(int)
         async with self.stores.db.transaction() as tx:
             # the fire times' clock: PostgreSQL's, once per batch (its transaction's now()), unless injected
-            now: datetime = self.clock.now() if self.clock is not None else await tx.fetchval("trigger_now")
+            now: datetime = self.clock.now() if self.clock is not None else await tx.fetchval("db_now")
             rows = await tx.fetch("trigger_due", now + self.lookahead, limit or self.batch)
             res.schedules = len(rows)
             self._reading = [s["id"] for s in rows]

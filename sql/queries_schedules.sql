@@ -118,11 +118,11 @@ ON CONFLICT (name) DO UPDATE SET
 WHERE l.holder = excluded.holder OR l.expires_at < COALESCE($3::timestamptz, now())
 RETURNING token;
 
--- name: trigger_now
+-- name: db_now
 -- params: none
 -- returns: now timestamptz
--- The trigger's clock: PostgreSQL's (the batch's transaction time), not the trigger host's, so a
--- skewed trigger host fires neither early nor late (docs/clock.md).
+-- PostgreSQL's clock (the transaction's time), where a host's must not decide (docs/clock.md): the
+-- trigger's fire times, and a submit's run_at when Redis's clock cannot be read.
 SELECT now();
 
 -- name: lease_release

@@ -136,3 +136,48 @@ async def test_a_trigger_with_a_skewed_clock_fires_neither_early_nor_late(
     for r in rows:
         ahead = (r["fire_time"] - r["created_at"]).total_seconds()
         assert -3.0 < ahead <= 1.0, f"fire {r['fire_time']} created {ahead:+.1f} s before it (trigger at {offset})"
+
+
+_PRODUCER = """
+import asyncio
+from fencepost.client import Client
+
+async def main():
+    c = await Client().connect()
+    print(await c.submit("t.noop", delay={delay}))
+    await c.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(LIBFAKETIME is None or shutil.which("faketime") is None,
+                    reason="faketime (Debian package faketime) is not installed")
+@pytest.mark.parametrize("offset", ["+10m", "-10m"])
+async def test_a_delayed_run_rebuilt_after_redis_lost_it_is_due_on_the_servers_clock(
+        client: Client, settings: Settings, stores: Stores, offset: str) -> None:
+    """runs.run_at of a delayed submit was the producer's clock + the delay: Redis made the run due on
+    its own clock, but once Redis lost the run, the rebuild enqueued PostgreSQL's run_at, 10 min late
+    (producer ahead) or due at once, 10 min early (behind). The producer now counts relative times from
+    the Redis server's clock (PostgreSQL's when Redis cannot be read)."""
+    import subprocess
+    import sys
+
+    from fencepost.reconciler.rebuild import ensure_stamped
+    from tests.conftest import ROOT, worker_env
+
+    before = await _server_ms(stores)
+    delay_s = 120  # long beside this loaded machine's process start-ups: nothing waits for it
+    out = subprocess.run([sys.executable, "-c", _PRODUCER.format(delay=delay_s)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env=worker_env(settings, **faketime_env(offset)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    rid = int(out.stdout.split()[-1])
+    after = await _server_ms(stores)
+    keys = [k async for k in stores.redis.scan_iter(match=f"{settings.prefix}:*", count=1000)]
+    await stores.redis.delete(*keys)  # the dataset is lost (a FLUSHALL of this test's keys)
+    assert await ensure_stamped(stores) == ["tq"]
+    k = stores.keys("tq")
+    due = int(float(await stores.redis.hget(k.run(rid), "run_at")))
+    assert await stores.redis.zscore(k.delayed, rid) is not None, f"due at once: {before + delay_s * 1000 - due} ms early"
+    assert before + delay_s * 1000 - 50 <= due <= after + delay_s * 1000, (
+        f"due {due - before - delay_s * 1000:+d} ms off the server's clock + the delay (producer at {offset})")

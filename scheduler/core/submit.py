@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -218,6 +220,7 @@ class SubmitPath:
         self.defs: dict[str, JobSpec] = {}
         self.idempotency_namespace: str | None = None
         """Idempotency keys are unique within this namespace too (the API sets the calling token)."""
+        self._clock_failed_at = -math.inf
 
     async def load_definitions(self, names: set[str]) -> None:
         """Refresh the cached declarations once if a handler is not known yet."""
@@ -227,6 +230,25 @@ class SubmitPath:
             for name in sorted(names - self.defs.keys()):
                 raise UnknownHandler(name)
 
+    async def server_now(self) -> datetime:
+        """What a run's relative times count from (run_at of a run due now, now + delay): the Redis
+        server's clock, estimated from below (core/hot.ServerClock: one TIME round trip at most every
+        5 s), else PostgreSQL's (no sample of the last 30 s: Redis unreachable). Never this host's
+        clock, which may be minutes off: runs.run_at is what the outbox relay, drift repair and a
+        rebuild after a lost dataset enqueue as a wall-clock instant (docs/clock.md)."""
+        clock = self.stores.scripts.clock
+        at = time.monotonic()
+        if not clock.fresh(at) and at - self._clock_failed_at > clock.REFRESH_S:
+            try:
+                await self.stores.scripts.sample_clock(0.5)
+            except RedisUnavailable:
+                self._clock_failed_at = at  # not asked again for REFRESH_S: a submit never waits on it twice
+        ms = clock.now_ms()
+        if ms is None:
+            now: datetime = await self.stores.db.fetchval("db_now")
+            return now
+        return datetime.fromtimestamp(ms / 1000, _UTC)
+
     async def prepare(self, requests: Sequence[Submit], *, outbox: bool) -> list[RunRow]:
         """Validate everything before writing anything: bad input changes nothing."""
         names: set[str] = set()
@@ -234,7 +256,7 @@ class SubmitPath:
             if r.handler.__class__ is not str or r.handler not in names:  # each name checked once
                 names.add(validate.text("handler", r.handler))
         await self.load_definitions(names)
-        now = datetime.now(_UTC)
+        now = await self.server_now()
         defaults: dict[str, tuple[str, int, float, int]] = {}
         tracer = submit_tracer()  # looked up once per batch
         return [self.validated(self.bound(r), now, outbox=outbox, defaults=defaults, tracer=tracer)
