@@ -265,6 +265,10 @@ async def test_redis_restarted_without_persistence(drill: Any) -> None:
             s.cleanup()
 
 
+SUBMIT_HEAD = "-- params: %payload bytea[]%"
+"""How a submit's insert (insert_runs, _keyed, _fresh) begins, as pg_stat_activity shows it."""
+
+
 async def test_postgres_connections_terminated_mid_load(drill: Any, settings: Settings) -> None:
     """Simulates a PostgreSQL restart for this test's database only (pg_terminate_backend of
     every connection to it, repeatedly): the shared server itself is not restarted."""
@@ -285,8 +289,9 @@ async def test_postgres_connections_terminated_mid_load(drill: Any, settings: Se
             async def waiting() -> int:
                 return await admin.fetchval(
                     "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock' "
-                    # the head of insert_runs (pg_stat_activity keeps only the first 1 kB of a query)
-                    "AND query LIKE '%pg_get_serial_sequence(''runs''%' LIMIT 1", dbname)
+                    # the head of the insert_runs* statements: their `-- params:` header (pg_stat_activity
+                    # keeps only the first 1 kB of a query, and the header pushed the SQL itself past it)
+                    f"AND query LIKE '{SUBMIT_HEAD}' LIMIT 1", dbname)
 
             await wait_until(waiting, timeout=10, what="a submit waiting inside PostgreSQL")
             failed_at = time.time()
@@ -297,7 +302,7 @@ async def test_postgres_connections_terminated_mid_load(drill: Any, settings: Se
                 # the first left ours waiting on a lock released after it: a hang)
                 await admin.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 "
-                    "AND wait_event_type = 'Lock' AND query LIKE '%pg_get_serial_sequence(''runs''%'", dbname)
+                    f"AND wait_event_type = 'Lock' AND query LIKE '{SUBMIT_HEAD}'", dbname)
                 return blocked.done()
 
             await wait_until(caught, timeout=30, what="the submit caught inside PostgreSQL to fail", interval=0.1)
