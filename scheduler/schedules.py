@@ -79,7 +79,7 @@ class Schedules:
         audit.reason(reason)
         await self.path.load_definitions({spec.handler})
         payload, shown = self._encoded(spec)
-        now = now or datetime.now(_UTC)
+        now = now or await self.path.server_now()  # the server's clock, not this host's (docs/clock.md)
         start = max(now, spec.start_at) if spec.start_at else now
         if spec.cron is not None:
             first = next_fire_after(start - timedelta(microseconds=1), cron=spec.cron, interval_s=None,
@@ -110,7 +110,7 @@ class Schedules:
             raise InvalidInput("nothing to change: give at least one field", field="update")
         if "cron" in changes and "interval_s" in changes:
             raise InvalidInput("give exactly one of cron or interval", field="cron")
-        now = now or datetime.now(_UTC)
+        now = now or await self.path.server_now()  # the server's clock, not this host's (docs/clock.md)
         async with self.db.transaction() as tx:
             old = await self.db.fetchrow("schedule_lock", name, conn=tx)
             if old is None:
@@ -160,7 +160,7 @@ class Schedules:
         hold both ways: refused while the previous run is active unless allow_overlap is set,
         and a scheduled fire is skipped while this run is active."""
         audit.reason(reason)
-        now = now or datetime.now(_UTC)
+        now = now or await self.path.server_now()  # the server's clock, not this host's (docs/clock.md)
         async with self.db.transaction() as tx:
             s = await self.db.fetchrow("schedule_lock", name, conn=tx)
             if s is None:

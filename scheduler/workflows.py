@@ -17,7 +17,7 @@ import re
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any, Protocol, cast
 
 import msgspec
@@ -484,7 +484,7 @@ class Workflows:
         old = {r["id"]: dict(r) for r in await self.stores.db.fetch("wf_runs_full", [nodes[n]["id"] for n in sub])}
         order = [n for n in _check_graph([Node(name=k, handler="", depends_on=tuple(
             u for u in nodes[k]["depends_on"] if u in sub)) for k in sub])]
-        now = datetime.now(_UTC)
+        now = await self.path.server_now()  # due now on the server's clock, not this host's (docs/clock.md)
         rows: list[RunRow] = []
         for name in order:
             o = old[nodes[name]["id"]]
