@@ -12,7 +12,7 @@ import time
 from prometheus_client import Counter, Gauge, Histogram
 
 from fencepost.core.fairness import due_summary
-from fencepost.core.rates import parse_stored
+from fencepost.core.hotreads import queue_gauges
 from fencepost.core.stores import Stores
 from fencepost.reconciler.loops import each_queue
 
@@ -70,50 +70,18 @@ class Gauges:
             await self._from_postgres(now, queues)
 
     async def _observe_queue(self, q: str, now: float) -> None:
-        r = self.stores.redis
-        k = self.stores.keys(q)
         due, age = await due_summary(self.stores, q, now=now, max_tenants=MAX_TENANTS)
-        pipe = r.pipeline(transaction=False)
-        pipe.zcard(k.delayed)
-        pipe.zcard(k.active)
-        pipe.hmget(k.stats, "budget_exhausted", "stale_finish", "rate_limited")
-        pipe.srandmember(k.heldkeys, MAX_TENANTS)
-        pipe.zrange(k.rwait, 0, MAX_TENANTS - 1)
-        pipe.hget(k.config, "rate")
-        delayed, active, stats, held_keys, rate_keys, qrate = await pipe.execute()
-        held = 0
-        if held_keys:
-            pipe = r.pipeline(transaction=False)
-            for key in held_keys:
-                pipe.zcard(k.held(key.decode()))
-            held = sum(await pipe.execute())
-        HELD.labels(q).set(held)
-        await self._rates(q, rate_keys, qrate, int(stats[2] or 0))
+        g = await queue_gauges(self.stores.redis, self.stores.keys(q), max_keys=MAX_TENANTS)
+        HELD.labels(q).set(g.held)
+        RATE_DEFERRED.labels(q).set(g.rate_limited)  # rate limits: starts deferred, runs held, the window's use
+        RATE_HELD.labels(q).set(g.rate_held)
+        RATE_WINDOW_USED.labels(q).set(g.rate_window_used)
         DEPTH.labels(q, "all", "due").set(due)
-        DEPTH.labels(q, "all", "delayed").set(delayed)
-        DEPTH.labels(q, "all", "active").set(active)
+        DEPTH.labels(q, "all", "delayed").set(g.delayed)
+        DEPTH.labels(q, "all", "active").set(g.active)
         OLDEST.labels(q).set(age)
-        BUDGET_EXHAUSTED.labels(q).set(int(stats[0] or 0))
-        STALE_FINISH.labels(q).set(int(stats[1] or 0))
-
-    async def _rates(self, q: str, rate_keys: list[bytes], qrate: bytes | None, deferred: int) -> None:
-        """Rate limits: starts deferred, runs held (over the first keys with held runs), and the
-        queue-wide window's use on the Redis server's clock (as the claim script counts it)."""
-        k, r = self.stores.keys(q), self.stores.redis
-        held, used = 0, 0
-        rate = parse_stored(qrate.decode() if qrate else None)
-        if rate_keys or rate is not None:
-            pipe = r.pipeline(transaction=False)
-            for key in rate_keys:
-                if key:
-                    pipe.zcard(k.rate_held(key.decode()))
-            held = sum(await pipe.execute()) if any(rate_keys) else 0
-            if rate is not None:
-                sec, usec = await r.time()
-                used = await r.zcount(k.rate_window(""), f"({int(sec) * 1000 + int(usec) // 1000 - rate.ms}", "+inf")
-        RATE_DEFERRED.labels(q).set(deferred)
-        RATE_HELD.labels(q).set(held)
-        RATE_WINDOW_USED.labels(q).set(used)
+        BUDGET_EXHAUSTED.labels(q).set(g.budget_exhausted)
+        STALE_FINISH.labels(q).set(g.stale_finish)
 
     async def _from_postgres(self, now: float, queues: list[str]) -> None:
         db = self.stores.db

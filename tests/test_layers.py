@@ -193,10 +193,10 @@ the receiver (an expression ending in `redis`, or a name bound from one, `connec
 a heuristic that misses a client kept under another attribute name, never a false alarm on a dict."""
 
 RAW_REDIS_OFFENDERS = {
-    "fencepost.api.auth": 7, "fencepost.api.routes": 5, "fencepost.api.routes_ops": 4,  # API helper
+    "fencepost.api.routes": 5, "fencepost.api.routes_ops": 4,  # API helper
     "fencepost.testing": 8, "fencepost.testing_plugin": 2,  # the test clock; a test prefix's cleanup
     "fencepost.dev.loadtest": 8, "fencepost.dev.chaos": 4,  # the load and fault harnesses
-    "fencepost.reconciler.drift": 11, "fencepost.reconciler.gauges": 12, "fencepost.reconciler.rebuild": 6,
+    "fencepost.reconciler.drift": 11, "fencepost.reconciler.rebuild": 6,
     "fencepost.reconciler.recorder": 16,  # data and performance helpers
     "fencepost.worker.checkpoints": 1, "fencepost.worker.runtime": 12,  # worker helper
     "fencepost.cli.reconcile": 2,  # reconcile --check --fast (3e10bd6) reads the queue's sets itself

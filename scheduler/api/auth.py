@@ -11,6 +11,7 @@ from typing import Any
 from fencepost.api.problems import Forbidden, RateLimited, Unauthorized
 from fencepost.core import tokens
 from fencepost.core.errors import InvalidInput
+from fencepost.core.hotreads import authfail_count, authfail_hit, rate_hit
 from fencepost.core.record import Database
 from fencepost.core.tokens import MAX_EXPIRES_S, ROLES, hash_secret, new_secret
 
@@ -107,27 +108,17 @@ class Tokens:
     def forget(self) -> None:
         self._cache.clear()
 
-    def _fail_key(self, addr: str) -> tuple[str, int]:
-        now = time.time()
-        window = int(now // self.fail_window_s)
-        return f"{self.prefix}:api:authfail:{addr}:{window}", max(1, int((window + 1) * self.fail_window_s - now) + 1)
-
     async def _throttled(self, addr: str) -> None:
         if self.redis is None or self.fail_limit <= 0:
             return
-        key, retry = self._fail_key(addr)
-        count = await self.redis.get(key)
-        if count is not None and int(count) >= self.fail_limit:
-            raise RateLimited(f"too many failed authentications from {addr}; retry in {retry}s",
-                              limit=self.fail_limit, window_s=self.fail_window_s, retry_after=retry)
+        w = await authfail_count(self.redis, self.prefix, addr, self.fail_window_s)
+        if w.count >= self.fail_limit:
+            raise RateLimited(f"too many failed authentications from {addr}; retry in {w.retry_after}s",
+                              limit=self.fail_limit, window_s=self.fail_window_s, retry_after=w.retry_after)
 
     async def _failed(self, addr: str, message: str) -> Unauthorized:
         if self.redis is not None and self.fail_limit > 0:
-            key, _ = self._fail_key(addr)
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.incr(key)
-            pipe.expire(key, self.fail_window_s + 1)
-            await pipe.execute()
+            await authfail_hit(self.redis, self.prefix, addr, self.fail_window_s)
         return Unauthorized(message)
 
     async def authenticate(self, header: str | None, addr: str) -> Principal:
@@ -174,14 +165,8 @@ class RateLimiter:
     async def hit(self, token_id: int) -> None:
         if self.limit <= 0:
             return
-        now = time.time()
-        window = int(now // self.window_s)
-        key = f"{self.prefix}:api:rate:{token_id}:{window}"
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.incr(key)
-        pipe.expire(key, self.window_s + 1)
-        count, _ = await pipe.execute()
-        if count > self.limit:
-            retry = max(1, int((window + 1) * self.window_s - now) + 1)
+        w = await rate_hit(self.redis, self.prefix, token_id, self.window_s)
+        if w.count > self.limit:
             raise RateLimited(f"token {token_id} made more than {self.limit} requests in {self.window_s}s; "
-                              f"retry in {retry}s", limit=self.limit, window_s=self.window_s, retry_after=retry)
+                              f"retry in {w.retry_after}s", limit=self.limit, window_s=self.window_s,
+                              retry_after=w.retry_after)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "QUEUES_KEY", "QUEUE_NAME_PATTERN", "QUEUE_SUFFIXES", "WORKERS_KEY", "Keys", "breaker_keys", "lua_keys",
+    "QUEUES_KEY", "QUEUE_NAME_PATTERN", "QUEUE_SUFFIXES", "WORKERS_KEY", "Keys", "api_authfail_key", "api_rate_key",
+    "breaker_keys", "lua_keys",
     "valid_queue_name", "worker_key", "worker_stop_key",
 ]
 
@@ -46,6 +47,16 @@ def worker_key(prefix: str, worker_id: str) -> str:
 def worker_stop_key(prefix: str, worker_id: str) -> str:
     """Exists while an operator asks the worker to drain and stop (JSON: who, why, when)."""
     return f"{prefix}:worker:{worker_id}:stop"
+
+
+def api_rate_key(prefix: str, token_id: int, window: int) -> str:
+    """Requests of one API token in one fixed window (a counter with a TTL; core/hotreads.rate_hit)."""
+    return f"{prefix}:api:rate:{token_id}:{window}"
+
+
+def api_authfail_key(prefix: str, addr: str, window: int) -> str:
+    """Failed authentications from one client address in one fixed window (core/hotreads.authfail_hit)."""
+    return f"{prefix}:api:authfail:{addr}:{window}"
 
 
 def breaker_keys(prefix: str, service: str) -> list[str]:

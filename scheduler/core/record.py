@@ -190,7 +190,7 @@ class Prepared(msgspec.Struct, frozen=True):
 
 
 def _type(t: asyncpg.types.Type) -> str:
-    name = t.name
+    name = str(t.name)
     if t.kind == "array" and name.startswith("_"):
         return name[1:] + "[]"
     return name

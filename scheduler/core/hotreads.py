@@ -1,0 +1,105 @@
+"""Typed reads of the hot store that are not a script: what a queue's gauges count, and the
+fixed-window counters of the API (request rate per token, failed logins per address).
+
+Services above the core read Redis through here or through `fencepost.core.hot` (scripts and
+`Scripts.peek`), never with redis-py calls of their own (tests/test_layers.py), so every key
+they touch comes from `fencepost.core.keys`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from fencepost.core.keys import Keys, api_authfail_key, api_rate_key
+from fencepost.core.rates import parse_stored
+
+__all__ = ["QueueGauges", "Window", "authfail_count", "authfail_hit", "queue_gauges", "rate_hit"]
+
+
+class QueueGauges(msgspec.Struct, frozen=True):
+    """One queue's figures from Redis for the reconciler's gauges (docs/observability.md)."""
+
+    delayed: int
+    active: int
+    budget_exhausted: int
+    stale_finish: int
+    rate_limited: int
+    """Starts deferred by a rate limit (the claim script's counter)."""
+    held: int
+    """Runs waiting for a concurrency slot, over the first `max_keys` keys with held runs."""
+    rate_held: int
+    """Runs waiting for a rate window, over the first `max_keys` rate keys that hold some."""
+    rate_window_used: int
+    """Starts in the queue-wide rate window now, on the Redis server's clock (as claims count them)."""
+
+
+async def queue_gauges(redis: Any, keys: Keys, *, max_keys: int) -> QueueGauges:
+    """Three round trips at most, whatever the queue's size (ZCARD / HMGET / a sample of keys)."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.zcard(keys.delayed)
+    pipe.zcard(keys.active)
+    pipe.hmget(keys.stats, "budget_exhausted", "stale_finish", "rate_limited")
+    pipe.srandmember(keys.heldkeys, max_keys)
+    pipe.zrange(keys.rwait, 0, max_keys - 1)
+    pipe.hget(keys.config, "rate")
+    pipe.time()
+    delayed, active, stats, held_keys, rate_keys, qrate, (sec, usec) = await pipe.execute()
+    rate = parse_stored(qrate.decode() if qrate else None)
+    pipe = redis.pipeline(transaction=False)
+    for k in held_keys or ():
+        pipe.zcard(keys.held(k.decode()))
+    named = [k for k in rate_keys or () if k]
+    for k in named:
+        pipe.zcard(keys.rate_held(k.decode()))
+    if rate is not None:
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        pipe.zcount(keys.rate_window(""), f"({now_ms - rate.ms}", "+inf")
+    counts = await pipe.execute() if (held_keys or named or rate is not None) else []
+    n_held = len(held_keys or ())
+    return QueueGauges(
+        delayed=delayed, active=active, budget_exhausted=int(stats[0] or 0), stale_finish=int(stats[1] or 0),
+        rate_limited=int(stats[2] or 0), held=sum(counts[:n_held]), rate_held=sum(counts[n_held:n_held + len(named)]),
+        rate_window_used=counts[-1] if rate is not None else 0)
+
+
+class Window(msgspec.Struct, frozen=True):
+    """A fixed window's count so far and the seconds until it ends."""
+
+    count: int
+    retry_after: int
+
+
+def _window(window_s: int) -> tuple[int, int]:
+    now = time.time()  # the API replicas' windows: a skewed host shifts its own window, decides nothing else
+    window = int(now // window_s)
+    return window, max(1, int((window + 1) * window_s - now) + 1)
+
+
+async def _hit(redis: Any, key: str, window_s: int) -> int:
+    pipe = redis.pipeline(transaction=False)
+    pipe.incr(key)
+    pipe.expire(key, window_s + 1)
+    count, _ = await pipe.execute()
+    return int(count)
+
+
+async def rate_hit(redis: Any, prefix: str, token_id: int, window_s: int) -> Window:
+    """Count one request of TOKEN_ID in this window (shared by every API replica)."""
+    window, retry = _window(window_s)
+    return Window(count=await _hit(redis, api_rate_key(prefix, token_id, window), window_s), retry_after=retry)
+
+
+async def authfail_hit(redis: Any, prefix: str, addr: str, window_s: int) -> Window:
+    """Count one failed authentication from ADDR in this window."""
+    window, retry = _window(window_s)
+    return Window(count=await _hit(redis, api_authfail_key(prefix, addr, window), window_s), retry_after=retry)
+
+
+async def authfail_count(redis: Any, prefix: str, addr: str, window_s: int) -> Window:
+    """Failed authentications from ADDR so far in this window."""
+    window, retry = _window(window_s)
+    count = await redis.get(api_authfail_key(prefix, addr, window))
+    return Window(count=int(count or 0), retry_after=retry)
