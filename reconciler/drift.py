@@ -35,6 +35,7 @@ and alerted (FencepostQuarantined); the other runs of the queue are repaired as 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import logging
@@ -192,27 +193,40 @@ class _RedisSide:
 
     async def read(self) -> _Seen:
         k, r = self.keys, self.stores.redis
-        hashes, sets = await self._scan()
         tenants = set(cast("list[bytes]", await r.zrange(k.tenants, 0, -1)))
         rwait = set(cast("list[bytes]", await r.zrange(k.rwait, 0, -1)))
-        plan = [(k.delayed, _Set(_IN_DELAYED)), (k.active, _Set(_IN_ACTIVE))]
-        for name in sorted(sets | {k.due}):
-            tail = name[len(k.base):]
-            if tail == "due" or tail.startswith("due:t:"):  # queued while its tenant is registered
-                tenant = tail[6:].encode()
-                plan.append((name, _Set(_IN_WAITING if tenant in tenants else frozenset(), tenant)))
-            elif tail.startswith("held:"):  # held for a concurrency slot of its key
-                plan.append((name, _Set(_IN_WAITING, None, "ckey", tail[5:].encode())))
-            else:  # rheld:<rate key>: held for the key's window, queued while the key waits in rwait
-                rkey = tail[6:].encode()
-                plan.append((name, _Set(_IN_WAITING if rkey and rkey in rwait else frozenset(), None, "rkey", rkey)))
-        for z, how in plan:
-            async for ids in self._members(z, how):
+        scan = asyncio.ensure_future(self._scan())  # its steps interleave with the pages read meanwhile
+        early: list[list[bytes]] = []
+        for z in (k.delayed, k.active, k.due):
+            async for ids in self._members(z, self._how(z, tenants, rwait)):
+                early.append(ids)
+        hashes, sets = await scan
+        for ids in early:
+            hashes.difference_update(ids)
+        del early
+        for z in sorted(sets - {k.due}):  # the tenants' due sets and the held sets the SCAN found
+            async for ids in self._members(z, self._how(z, tenants, rwait)):
                 hashes.difference_update(ids)
         rest = sorted(hashes)  # hashes in no set: paused, finished, or drift
         for i in range(0, len(rest), _SORT_PAGE):
             _page(await self._hmget(rest[i:i + _SORT_PAGE], _NO_SET), _NO_SET, self.seen)
         return self.seen
+
+    def _how(self, z: str, tenants: set[bytes], rwait: set[bytes]) -> _Set:
+        """How the members of the queue's sorted set `z` are filed (which states sit there, what names it)."""
+        k = self.keys
+        if z == k.delayed:
+            return _Set(_IN_DELAYED)
+        if z == k.active:
+            return _Set(_IN_ACTIVE)
+        tail = z[len(k.base):]
+        if tail == "due" or tail.startswith("due:t:"):  # queued while its tenant is registered
+            tenant = tail[6:].encode()
+            return _Set(_IN_WAITING if tenant in tenants else frozenset(), tenant)
+        if tail.startswith("held:"):  # held for a concurrency slot of its key
+            return _Set(_IN_WAITING, None, "ckey", tail[5:].encode())
+        rkey = tail[6:].encode()  # rheld:<rate key>: held for the key's window, queued while it waits in rwait
+        return _Set(_IN_WAITING if rkey and rkey in rwait else frozenset(), None, "rkey", rkey)
 
     async def _scan(self) -> tuple[set[bytes], set[str]]:
         """One SCAN of the queue's keys: the run ids with a hash, and the names of its waiting sets."""
@@ -241,18 +255,24 @@ class _RedisSide:
         return int(cursor), cast("list[bytes]", raw)  # bytes: Stores opens Redis with decode_responses=False
 
     async def _members(self, z: str, how: _Set) -> Any:
-        """Pages of one sorted set's members with their hash fields, filed by `_page` (yields the ids)."""
+        """Pages of one sorted set's members with their hash fields, filed by `_page` (yields the ids).
+        Two pages are asked for ahead, so Redis has the next one to compute while this one is filed."""
+        ahead: collections.deque[asyncio.Future[tuple[list[Any], int]]] = collections.deque()
         off = 0
-        nxt = asyncio.ensure_future(self._fetch(z, how, off))
-        while True:
-            res, n = await nxt
+        for _ in range(2):
+            ahead.append(asyncio.ensure_future(self._fetch(z, how, off)))
             off += _SORT_PAGE
+        while ahead:
+            res, n = await ahead.popleft()
             if n == _SORT_PAGE:
-                nxt = asyncio.ensure_future(self._fetch(z, how, off))
+                ahead.append(asyncio.ensure_future(self._fetch(z, how, off)))
+                off += _SORT_PAGE
+            else:  # the end: a page asked for beyond it answers nothing
+                for f in ahead:
+                    await f
+                ahead.clear()
             if n:
                 yield _page(res, how, self.seen)
-            if n < _SORT_PAGE:
-                return
 
     async def _fetch(self, z: str, how: _Set, off: int) -> tuple[list[Any], int]:
         """One page of members from `off` in SORT_RO's layout (the id, then the fields), and how many."""
