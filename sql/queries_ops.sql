@@ -131,23 +131,20 @@ FROM generate_series($1::timestamptz, $2::timestamptz - interval '15 minutes', i
 WHERE NOT EXISTS (SELECT 1 FROM handler_buckets_done d WHERE d.bucket = b);
 
 -- name: ops_handler_live
--- Per handler and step $2 (aligned to the Unix epoch, as the queue charts are) over the attempts started
--- at or after $1 (the part of the window not rolled up): started, succeeded, failed, and the run times
--- of the finished ones in the 16 buckets of BOUNDS_MS. $3 queues in scope, $4 queue. The totals and a
--- handler's points are both summed from these rows (one read of the attempts).
-SELECT handler, date_bin($2::interval, started_at, timestamptz '1970-01-01 00:00:00+00') AS t, count(*) AS started,
+-- Per handler, step $2 (aligned to the Unix epoch, as the queue charts are) and run-time bucket h (the
+-- 16 buckets of BOUNDS_MS, 0-15; NULL while the attempt runs) over the attempts started at or after $1
+-- (the part of the window not rolled up): started, succeeded, failed. $3 queues in scope, $4 queue. The
+-- totals and a handler's points are both summed from these rows (one read of the attempts); grouping by
+-- h costs three aggregates a row where sixteen FILTERed counts cost nineteen (13 ms of 19 for an hour).
+SELECT handler, date_bin($2::interval, started_at, timestamptz '1970-01-01 00:00:00+00') AS t, h, count(*) AS started,
        count(*) FILTER (WHERE outcome = 'succeeded') AS succeeded,
-       count(*) FILTER (WHERE outcome IN ('error', 'fatal', 'timeout', 'crash', 'policy', 'review')) AS failed,
-       ARRAY[count(*) FILTER (WHERE h = 0), count(*) FILTER (WHERE h = 1), count(*) FILTER (WHERE h = 2), count(*) FILTER (WHERE h = 3),
-           count(*) FILTER (WHERE h = 4), count(*) FILTER (WHERE h = 5), count(*) FILTER (WHERE h = 6), count(*) FILTER (WHERE h = 7),
-           count(*) FILTER (WHERE h = 8), count(*) FILTER (WHERE h = 9), count(*) FILTER (WHERE h = 10), count(*) FILTER (WHERE h = 11),
-           count(*) FILTER (WHERE h = 12), count(*) FILTER (WHERE h = 13), count(*) FILTER (WHERE h = 14), count(*) FILTER (WHERE h = 15)] AS run_hist
-FROM (SELECT r.queue, r.handler, a.started_at, a.outcome, a.finished_at,
+       count(*) FILTER (WHERE outcome IN ('error', 'fatal', 'timeout', 'crash', 'policy', 'review')) AS failed
+FROM (SELECT r.queue, r.handler, a.started_at, a.outcome,
              width_bucket((extract(epoch FROM a.finished_at - a.started_at) * 1000)::float8,
                           '{10,25,50,100,250,500,1000,2500,5000,10000,30000,60000,300000,900000,3600000}'::float8[]) AS h
       FROM attempts a CROSS JOIN LATERAL (SELECT queue, handler FROM runs WHERE id = a.run_id OFFSET 0) r
       WHERE a.started_at >= $1 AND ($3::text[] IS NULL OR r.queue = ANY($3)) AND ($4::text IS NULL OR r.queue = $4)) x
-GROUP BY 1, 2;
+GROUP BY 1, 2, 3;
 
 -- name: ops_handler_rolled
 -- The same from handler_buckets, for the buckets from $1 up to $5 (exclusive).

@@ -539,15 +539,19 @@ def _ts(t: float) -> datetime:
 
 
 def _merged(rows: Iterable[Any], key: Callable[[Any], Any]) -> dict[Any, list[Any]]:
-    """Rows of (handler, t, started, succeeded, failed, run_hist), the rolled-up and the live part of a
-    window, summed by key(row): {key: [started, succeeded, failed, hist]}."""
+    """Rows of (handler, t, started, succeeded, failed) and either run_hist (rolled up) or h (live: the
+    run-time bucket of those attempts, None while they run), the rolled-up and the live part of a window,
+    summed by key(row): {key: [started, succeeded, failed, hist]}."""
     out: dict[Any, list[Any]] = {}
     for r in rows:
         acc = out.setdefault(key(r), [0, 0, 0, [0] * (len(stats.BOUNDS_MS) + 1)])
         acc[0] += r["started"]
         acc[1] += r["succeeded"]
         acc[2] += r["failed"]
-        acc[3] = [a + int(b) for a, b in zip(acc[3], r["run_hist"], strict=True)]
+        if "run_hist" in r.keys():
+            acc[3] = [a + int(b) for a, b in zip(acc[3], r["run_hist"], strict=True)]
+        elif r["h"] is not None:
+            acc[3][r["h"]] += r["started"]
     return out
 
 
@@ -576,7 +580,7 @@ async def handler_stats(ctx: Ctx) -> Any:
             await db.fetch("ops_handler_rollup", since, end, _ts(now - _GIVE_UP_S))
             row = await db.fetchrow("ops_handler_live_from", since, end)
             live_from = row["live_from"] if row is not None else since
-    every = timedelta(seconds=step)
+    every = timedelta(seconds=step if handler is not None else span)  # totals only: one step, not the chart's
     rows = list(await db.fetch("ops_handler_live", live_from, every, scope, queue))
     if live_from > since:
         rows += await db.fetch("ops_handler_rolled", since, every, scope, queue, live_from)
