@@ -350,7 +350,9 @@ async def test_sentinel_and_cluster_settings(settings: Settings, monkeypatch: py
             await client.close()
         monkeypatch.delenv("FENCEPOST_REDIS_SENTINELS")
         monkeypatch.setenv("FENCEPOST_REDIS_CLUSTER", "1")
-        assert isinstance(Stores(Settings.from_env()).redis, RedisCluster)
+        # explicit URLs: with none, from_env would resolve (and start) the project directory's embedded pair
+        clustered = Settings.from_env(redis_url=settings.redis_url, database_url=settings.database_url)
+        assert isinstance(Stores(clustered).redis, RedisCluster)
     finally:
         sentinel.cleanup()
         primary.cleanup()
