@@ -240,8 +240,11 @@ class _RedisSide:
             step = asyncio.ensure_future(self._scan_step(cur)) if cur else None
             if names:  # one join, replace and split for the page at C speed, not a slice per name
                 parts = b"\n".join(names).replace(run, b"").split(b"\n")
+                had = len(hashes)
                 hashes.update(filter(bytes.isdigit, parts))
-                sets.update(n.decode() for n in itertools.filterfalse(bytes.isdigit, parts) if n.startswith(waiting))
+                if len(hashes) - had < len(parts):  # a key that is no run hash (or one SCAN returned twice)
+                    sets.update(n.decode() for n in itertools.filterfalse(bytes.isdigit, parts)
+                                if n.startswith(waiting))
             if step is None:
                 return hashes, sets
             cur, names = await step
