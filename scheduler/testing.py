@@ -19,13 +19,14 @@ import time
 import types
 import uuid
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.errors import FencepostError, InvalidInput
+from fencepost.core.hotreads import first_delayed_ms, queue_busy, server_now_ms, shift_delayed
 from fencepost.core.models import decode_payload, decode_result, encode_payload, encode_result
 from fencepost.core.queues import declare_queues, require_queue, stamp_created
 from fencepost.core.redisconn import register_scheme
@@ -48,7 +49,6 @@ except ImportError:  # fencepost.testing (and the pytest plugin) still load; use
 __all__ = ["FAKE_REDIS_URL", "Clock", "DrainTimeout", "Harness", "JobRun", "find_app", "run_job", "use_fakeredis"]
 
 log = logging.getLogger("fencepost.testing")
-_Scored = list[tuple[bytes, float]]
 _INTERRUPTS = {"pause": "PAUSED", "stop": "STOPPED", "cancel": "CANCELLED"}
 
 
@@ -168,26 +168,17 @@ class Clock:
         """Seconds advanced so far."""
 
     async def now_ms(self) -> int:
-        seconds, micros = await self.stores.redis.time()
-        return int(seconds) * 1000 + int(micros) // 1000
+        return await server_now_ms(self.stores.redis)
 
     async def advance(self, seconds: float) -> None:
-        shift = int(seconds * 1000)
         for queue in self.queues:
-            key = self.stores.keys(queue).delayed
-            waiting = cast(_Scored, await self.stores.redis.zrange(key, 0, -1, withscores=True))
-            if waiting:  # ZADD XX: a run claimed or cancelled meanwhile is not brought back
-                await self.stores.redis.zadd(key, {m: score - shift for m, score in waiting}, xx=True)
+            await shift_delayed(self.stores.redis, self.stores.keys(queue), int(seconds * 1000))
         self.skipped += seconds
 
     async def next_delayed_ms(self) -> int | None:
         """run_at (ms) of the earliest delayed or retry-waiting run, if any."""
-        first: int | None = None
-        for queue in self.queues:
-            top = cast(_Scored, await self.stores.redis.zrange(self.stores.keys(queue).delayed, 0, 0, withscores=True))
-            if top and (first is None or top[0][1] < first):
-                first = int(top[0][1])
-        return first
+        firsts = [await first_delayed_ms(self.stores.redis, self.stores.keys(q)) for q in self.queues]
+        return min((f for f in firsts if f is not None), default=None)
 
 
 _NO_APP = ("process handler, but fencepost.testing found no module holding the registry to spawn a child "
@@ -330,10 +321,7 @@ class Harness:
         stores = self.client.stores
         now = await self.clock.now_ms()
         for queue in self.queues:
-            k = stores.keys(queue)
-            busy = await stores.redis.zcard(k.due) + await stores.redis.zcard(k.active) \
-                + await stores.redis.zcard(k.tenants) + await stores.redis.zcount(k.delayed, "-inf", now)
-            if busy:
+            if await queue_busy(stores.redis, stores.keys(queue), now):
                 return False
         if skip_delays:
             first = await self.clock.next_delayed_ms()

@@ -24,6 +24,7 @@ import pytest
 from fencepost.client import Client
 from fencepost.core import embedded
 from fencepost.core.config import Settings
+from fencepost.core.hotreads import unlink_prefix
 from fencepost.core.record import Database
 from fencepost.core.redisconn import connect
 from fencepost.core.registry import Registry
@@ -94,9 +95,7 @@ async def _harness(urls: tuple[str, str], registry: Registry, app: str | None = 
     finally:
         await client.close()
         r = connect(redis_url)
-        keys = [k async for k in r.scan_iter(match=f"{prefix}:*", count=1000)]
-        for i in range(0, len(keys), 500):
-            await r.unlink(*keys[i:i + 500])
+        await unlink_prefix(r, prefix)
         await r.aclose()
 
 

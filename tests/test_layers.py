@@ -194,7 +194,6 @@ a heuristic that misses a client kept under another attribute name, never a fals
 
 RAW_REDIS_OFFENDERS = {
     "fencepost.api.routes": 5, "fencepost.api.routes_ops": 4,  # API helper
-    "fencepost.testing": 8, "fencepost.testing_plugin": 2,  # the test clock; a test prefix's cleanup
     "fencepost.dev.loadtest": 8, "fencepost.dev.chaos": 4,  # the load and fault harnesses
     "fencepost.reconciler.drift": 11, "fencepost.reconciler.rebuild": 6,
     "fencepost.reconciler.recorder": 16,  # data and performance helpers

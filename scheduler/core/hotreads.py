@@ -103,3 +103,44 @@ async def authfail_count(redis: Any, prefix: str, addr: str, window_s: int) -> W
     window, retry = _window(window_s)
     count = await redis.get(api_authfail_key(prefix, addr, window))
     return Window(count=int(count or 0), retry_after=retry)
+
+
+# -- fencepost.testing: the test clock and a test prefix's cleanup ------------------------------
+
+
+async def server_now_ms(redis: Any) -> int:
+    """The Redis server's clock (ms): the one clock every script decides on."""
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def shift_delayed(redis: Any, keys: Keys, ms: int) -> None:
+    """Bring every delayed and retry-waiting run of a queue MS closer (ZADD XX: a run claimed or
+    cancelled meanwhile is not brought back)."""
+    waiting = await redis.zrange(keys.delayed, 0, -1, withscores=True)
+    if waiting:
+        await redis.zadd(keys.delayed, {m: score - ms for m, score in waiting}, xx=True)
+
+
+async def first_delayed_ms(redis: Any, keys: Keys) -> int | None:
+    """run_at (ms) of a queue's earliest delayed or retry-waiting run, if any."""
+    top = await redis.zrange(keys.delayed, 0, 0, withscores=True)
+    return int(top[0][1]) if top else None
+
+
+async def queue_busy(redis: Any, keys: Keys, now_ms: int) -> int:
+    """Runs of a queue due, running, waiting in a tenant's set or delayed until before NOW_MS (0: idle)."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.zcard(keys.due)
+    pipe.zcard(keys.active)
+    pipe.zcard(keys.tenants)
+    pipe.zcount(keys.delayed, "-inf", now_ms)
+    return sum(await pipe.execute())
+
+
+async def unlink_prefix(redis: Any, prefix: str) -> int:
+    """Remove every key under PREFIX (a test run's own prefix), 500 at a time."""
+    keys = [k async for k in redis.scan_iter(match=f"{prefix}:*", count=1000)]
+    for i in range(0, len(keys), 500):
+        await redis.unlink(*keys[i:i + 500])
+    return len(keys)
