@@ -20,6 +20,7 @@ console error, and a count is an ordinary answer there.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
@@ -498,28 +499,29 @@ async def bulk(ctx: Ctx) -> Any:
 # -- queues: workers, slots, latency -----------------------------------------------------------------
 async def queues_ops(ctx: Ctx) -> Any:
     """Per queue in scope: due, overdue and scheduled runs, running, latency (the oldest due run's age),
-    the queue-wide concurrency limit, and the workers serving it with their busy slots."""
+    the queue-wide concurrency limit, and the workers serving it with their busy slots. The queues are
+    read at once (their Redis round trips overlap): one after the other they were 50 ms at 1M runs."""
     stores, p = ctx.client.stores, ctx.p
-    rows = await stores.db.fetch("ops_queue_rows", p.scope)
-    workers = await fleet.list_workers(stores)
+    rows, workers = await asyncio.gather(stores.db.fetch("ops_queue_rows", p.scope), fleet.list_workers(stores))
     now = time.time()
-    out = []
-    for row in rows:
+
+    async def one(row: Any) -> QueueOps:
         name = row["name"]
         k = stores.keys(name)
-        due, age = await fairness.due_summary(stores, name, now=now)
         pipe = stores.redis.pipeline(transaction=False)
         pipe.zcount(k.delayed, "-inf", int(now * 1000))
         pipe.zcount(k.delayed, f"({int(now * 1000)}", "+inf")
         pipe.zcard(k.active)
-        overdue, later, active = await pipe.execute()
+        (due, age), (overdue, later, active) = await asyncio.gather(fairness.due_summary(stores, name, now=now),
+                                                                    pipe.execute())
         serving = [QueueWorker(id=w.id, host=w.host, busy=sum(1 for r in w.running if r.queue == name),
                                held=len(w.running), concurrency=w.concurrency, stopping=w.stop_requested is not None)
                    for w in workers if name in w.queues]
-        out.append(QueueOps(queue=name, paused=row["paused"], due=due, overdue=overdue, scheduled=later,
-                            running=active, latency_s=round(age, 3), max_running=row["max_running"], workers=serving,
-                            slots=sum(w.concurrency for w in serving)))
-    return out
+        return QueueOps(queue=name, paused=row["paused"], due=due, overdue=overdue, scheduled=later, running=active,
+                        latency_s=round(age, 3), max_running=row["max_running"], workers=serving,
+                        slots=sum(w.concurrency for w in serving))
+
+    return list(await asyncio.gather(*(one(row) for row in rows)))  # the queues' round trips overlap
 
 
 # -- per-handler charts ------------------------------------------------------------------------------
