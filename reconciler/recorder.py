@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import time
@@ -137,6 +138,8 @@ class Recorder:
         self.poison_key = f"{stores.settings.prefix}:recorder:poison"
         """Entries PostgreSQL refused even alone (a bug or corrupt data): kept for an operator."""
         self.last_lag_s = 0.0
+        self._pg_queues: set[str] = set()
+        self._pg_queues_at = -math.inf
 
     linger_s = 0.05
     """After a batch of fewer than `linger_batch` entries, wait this long before reading again, so
@@ -158,9 +161,22 @@ class Recorder:
                 self._groups.add(s)
         return streams
 
+    queues_every_s = 5.0
+    """How often the queues PostgreSQL lists are read again (beside Redis's set, read every batch)."""
+
     async def queues(self) -> list[str]:
+        """Every queue whose stream may hold history: Redis's set of queues and PostgreSQL's. Redis's
+        alone can miss one: a queue created while the node holding the set was failing over (a
+        Redis Cluster shard kill) was used on a healthy shard, but its SADD failed, so its runs ran
+        and their history stayed in a stream no recorder read (the cluster soak's untraced execution)."""
         names = cast("set[bytes]", await self.stores.redis.smembers(self.stores.queues_key))  # decode_responses=False
-        return sorted(n.decode() for n in names)
+        if time.monotonic() - self._pg_queues_at >= self.queues_every_s:
+            try:
+                self._pg_queues = {r["name"] for r in await self.stores.db.fetch("queue_epochs")}
+                self._pg_queues_at = time.monotonic()
+            except Exception as exc:  # PostgreSQL down: record what Redis lists; the batch's write will wait
+                log.debug("queue list from PostgreSQL unavailable: %s", exc)
+        return sorted({n.decode() for n in names} | self._pg_queues)
 
     async def run_once(self, *, block_ms: int = 200, pending: bool = False) -> int:
         """Read one batch (own pending entries first if `pending`) and record it. Returns entries handled."""

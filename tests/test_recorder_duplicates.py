@@ -109,3 +109,19 @@ async def test_a_reap_repeated_after_a_lost_write_is_recorded_once(
     assert [dict(r) for r in attempts_again] == [dict(r) for r in attempts], "the attempt row is not rewritten"
     run = await client.get(rid)
     assert run["status"] == "PENDING" and run["version"] == version
+
+
+async def test_a_queue_missing_from_redis_set_of_queues_is_still_recorded(
+        client: Client, stores: Stores, settings: Settings) -> None:
+    """The cluster soak's untraced execution: a queue created while the node holding the set of
+    queues failed over ran its runs on a healthy shard, but its SADD failed, so the recorder (which
+    read the queue list from that set only) never read its stream: an execution without an attempt
+    row. PostgreSQL's queue list is read too."""
+    rid = await client.submit("t.noop", queue=Q)
+    await stores.redis.srem(stores.queues_key, Q)
+    jobs = await stores.scripts.claim_due(stores.keys(Q), ClaimArgs(1, "w-new", 60_000, 10))
+    assert [j.id for j in jobs] == [rid]
+    await record_all(stores)
+    _, attempts = await _rows(settings, rid)
+    assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, None)], "the claim is recorded"
+    assert (await client.get(rid))["status"] == "RUNNING"

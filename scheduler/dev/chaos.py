@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import msgspec
@@ -675,6 +675,13 @@ class _Soak:
                              f"trigger {how} for {length:.1f}s, {want} fires due")
         if kind == "cluster_shard_kill":
             host, port = await self._cluster_owner(self.queue)
+            assert self.other_queue is not None and self.cluster_url is not None
+            seed = await self._cluster_owner(self.other_queue)  # a primary that stays up
+            u = urlsplit(self.cluster_url)
+            if (u.hostname, u.port) == (host, port):  # services restarted later must reach the cluster:
+                # their seed node is the one killed here (a client needs one reachable node to start)
+                netloc = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
+                self.cluster_url = self.redis_url = urlunsplit(u._replace(netloc=f"{netloc}{seed[0]}:{seed[1]}"))
             at = time.monotonic()
             node = aioredis.Redis(host=host, port=port, socket_timeout=5)
             with contextlib.suppress(OSError, aioredis.RedisError):
