@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from fencepost.client import Client
+from fencepost.core.bulkread import read_queue
 from fencepost.core.config import Settings
 from fencepost.core.hot import ClaimArgs, Finish, FinishArgs
 from fencepost.core.models import Submit
 from fencepost.core.stores import Stores
-from fencepost.reconciler.drift import DriftRepair, _RedisSide
+from fencepost.reconciler.drift import DriftRepair
 from tests.conftest import record_all
 from tests.test_drift import Q, inject, reconcile, reported, snapshot
 
@@ -37,10 +38,8 @@ async def test_the_check_reports_every_kind_of_drift_and_changes_nothing(client:
     await r.zadd(k.due, {str(elsewhere[0]): 5})
     before = await snapshot(stores)
 
-    sorted_read = await _RedisSide(stores, Q).read()
-    side = _RedisSide(stores, Q)
-    side.sort = False  # what a Redis Cluster before 8.0 gets: ZRANGE and pipelined HMGET
-    assert await side.read() == sorted_read, "the HMGET reading differs from SORT_RO's"
+    # sort=False: what a Redis Cluster before 8.0 gets (ZRANGE and pipelined HMGET)
+    assert await read_queue(stores, Q, sort=False) == await read_queue(stores, Q), "HMGET reads differ from SORT_RO's"
 
     check = reconcile(settings, "--check", "--grace", "0")
     assert check.returncode == 1, check.stderr
