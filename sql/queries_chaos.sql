@@ -102,28 +102,29 @@ DELETE FROM fencepost_chaos_ledger WHERE soak = $1;
 SELECT id, status FROM runs WHERE id = ANY($1::bigint[]);
 
 -- name: chaos_history_runs
--- params: queue text
+-- params: queue text[]
 -- returns: id int8, status text, run_at_ms int8, schedule_id int8, fire_ms int8
--- The soak queue's runs as the checks read them (times in ms).
+-- The soak's queues' runs as the checks read them (times in ms): its queue and, on Redis Cluster,
+-- the other shard's queue its probes used (their executions are in the ledger too).
 SELECT id, status, (extract(epoch FROM run_at) * 1000)::bigint AS run_at_ms, schedule_id,
        (extract(epoch FROM fire_time) * 1000)::bigint AS fire_ms
-FROM runs WHERE queue = $1;
+FROM runs WHERE queue = ANY($1::text[]);
 
 -- name: chaos_history_attempts
--- params: queue text
+-- params: queue text[]
 -- returns: run_id int8, attempt int4, token int8, outcome text, error_class text, error_message text,
 -- returns: worker_id text, started_ms int8, finished_ms int8
 SELECT a.run_id, a.attempt, a.token, a.outcome, a.error_class, left(a.error_message, 300) AS error_message, a.worker_id,
        (extract(epoch FROM a.started_at) * 1000)::bigint AS started_ms,
        (extract(epoch FROM a.finished_at) * 1000)::bigint AS finished_ms
-FROM attempts a WHERE a.run_id IN (SELECT id FROM runs WHERE queue = $1);
+FROM attempts a WHERE a.run_id IN (SELECT id FROM runs WHERE queue = ANY($1::text[]));
 
 -- name: chaos_history_events
--- params: queue text
+-- params: queue text[]
 -- returns: id int8, run_id int8, type text, version int8, attempt int4, token int8, to_status text,
 -- returns: stream_id int8
 SELECT e.id, e.run_id, e.type, e.version, e.attempt, e.token, e.to_status, e.stream_id
-FROM history e WHERE e.run_id IN (SELECT id FROM runs WHERE queue = $1);  -- events + attempts' claims / finishes (020)
+FROM history e WHERE e.run_id IN (SELECT id FROM runs WHERE queue = ANY($1::text[]));  -- events + attempts' claims / finishes (020)
 
 -- name: chaos_fires_since
 -- params: schedule_id int8[], p2 int8, p3 int8

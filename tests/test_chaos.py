@@ -306,6 +306,9 @@ async def test_a_cluster_soak_kills_the_soak_queues_shard_and_sees_it_recover(se
     assert {"partition", "promote_lagging"} <= set(rep["skipped"])
     checks = {v["check"]: v["violations"] for v in rep["verdicts"]}
     assert checks["acknowledged_submits_lost"] == 0 and checks["harness_errors"] == 0, rep["verdicts"]
+    # services restarted after the kill reach the cluster (their seed was the killed node once: the
+    # trigger and reconciler never came back), and the other shard's new queue is recorded
+    assert checks["faults_not_recovered"] == 0 and checks["untraced_executions"] == 0, rep["verdicts"]
 
 
 def test_an_unknown_fault_kind_is_one_error_line_and_starts_nothing(settings: Settings) -> None:

@@ -849,9 +849,10 @@ class _Soak:
 
     async def _collect(self, until_ms: int) -> tuple[cc.Ledger, cc.History]:
         rows = [cc.LedgerRow(**dict(r)) for r in await self.ledger.fetch("chaos_ledger_rows", self.soak_id, None)]
-        runs = [cc.RunRow(**dict(r)) for r in await self.fp.fetch("chaos_history_runs", self.queue)]
-        attempts = [cc.AttemptRow(**dict(r)) for r in await self.fp.fetch("chaos_history_attempts", self.queue)]
-        events = [cc.EventRow(**dict(r)) for r in await self.fp.fetch("chaos_history_events", self.queue)]
+        queues = [q for q in (self.queue, self.other_queue) if q]  # the probes' queue's executions are in the ledger
+        runs = [cc.RunRow(**dict(r)) for r in await self.fp.fetch("chaos_history_runs", queues)]
+        attempts = [cc.AttemptRow(**dict(r)) for r in await self.fp.fetch("chaos_history_attempts", queues)]
+        events = [cc.EventRow(**dict(r)) for r in await self.fp.fetch("chaos_history_events", queues)]
         spans = []
         for sid in self.schedule_ids:
             fires = [r.fire_ms for r in runs if r.schedule_id == sid and r.fire_ms is not None]
