@@ -2,18 +2,27 @@
 -- fencepost/core/record.py.
 
 -- name: drift_active_ids
+-- params: queue text, min_id int8, limit int8
+-- returns: id int8
 -- One keyset page of the runs Redis must hold (the incremental walk, a page per tick).
 SELECT id FROM runs
 WHERE queue = $1 AND id > $2 AND status IN ('PENDING', 'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED')
 ORDER BY id LIMIT $3;
 
 -- name: drift_recent_ids
+-- params: queue text, limit int8
+-- returns: id int8
 -- The newest active runs of a queue (where a submit that never reached Redis shows up first).
 SELECT id FROM runs
 WHERE queue = $1 AND status IN ('PENDING', 'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED')
 ORDER BY id DESC LIMIT $2;
 
 -- name: drift_runs
+-- params: id int8[], p2 float8
+-- returns: id int8, queue text, handler text, status text, priority int2, payload bytea, run_at timestamptz,
+-- returns: attempt int4, max_retries int4, timeout_s float8, fire_time timestamptz, trace_id text,
+-- returns: version int8, token int8, tenant text, concurrency_key text, concurrency_limit int4,
+-- returns: rate_key text, rate_limit text, settled bool
 -- The record of runs seen in Redis or PostgreSQL, read after Redis (a row committed before a
 -- Redis write is always seen). `settled`: not changed within the grace period, so a submit
 -- or command between its PostgreSQL commit and its Redis write is not taken for drift.
@@ -23,11 +32,15 @@ SELECT id, queue, handler, status, priority, payload, run_at, attempt, max_retri
 FROM runs WHERE id = ANY($1::bigint[]);
 
 -- name: drift_runs_brief
+-- params: id int8[], p2 float8
+-- returns: id int8, queue text, status text, version int8, settled bool
 -- What drift detection compares (drift_runs without the payload).
 SELECT id, queue, status, version, updated_at < now() - make_interval(secs => $2::double precision) AS settled
 FROM runs WHERE id = ANY($1::bigint[]);
 
 -- name: drift_interrupt_lost
+-- params: id int8[], p2 int8[]
+-- returns: id int8, status text, version int8
 -- Runs PostgreSQL has as leased whose Redis state is gone: the attempt is closed as
 -- interrupted; RUNNING goes back to PENDING (at least once), STOPPING becomes STOPPED
 -- (the lease_expired edges of fencepost/core/states.py). Conditional on the leased state.
@@ -53,6 +66,9 @@ WITH r AS (
 SELECT id, status, version FROM r;
 
 -- name: drift_record_terminal
+-- params: id int8[], status text[], version int8[], attempt int4[], token int8[], result bytea[],
+-- params: error_class text[], error_message text[], reason text[]
+-- returns: id int8, from_status text
 -- Terminal transitions Redis made whose stream entries are gone: the projection takes the
 -- Redis state (only if it is newer, by version) and the open attempt is closed.
 -- Returns the runs written, with the status PostgreSQL had before.
@@ -80,22 +96,32 @@ WITH u AS (
 SELECT old.id, old.status AS from_status FROM old;
 
 -- name: drift_events
+-- params: id int8[], f text[], t text[], v int8[], k text[], d jsonb[]
+-- returns: nothing
 -- One 'drift_repaired' event per repaired drift (reason = the kind of drift).
 INSERT INTO events (run_id, type, from_status, to_status, version, actor, reason, data, at)
 SELECT id, 'drift_repaired', f, t, v, 'reconciler', k, d, now()
 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::jsonb[]) AS x(id, f, t, v, k, d);
 
 -- name: rebuild_try_lock
+-- params: p1 text
+-- returns: locked bool
 -- One rebuild of a queue at a time across reconciler replicas (session lock, same connection).
 SELECT pg_try_advisory_lock(hashtext('fencepost_rebuild:' || $1::text)) AS locked;
 
 -- name: rebuild_unlock
+-- params: p1 text
+-- returns: unlocked bool
 SELECT pg_advisory_unlock(hashtext('fencepost_rebuild:' || $1::text)) AS unlocked;
 
 -- name: queue_epoch
+-- params: name text
+-- returns: epoch int8, paused bool
 SELECT epoch, paused FROM queues WHERE name = $1;
 
 -- name: gauge_due_bands
+-- params: none
+-- returns: queue text, band text, n int8
 -- Depth by priority band (the starvation signal): Redis scores mix priority with enqueue
 -- time, so the bands are counted from the record (PENDING and due).
 SELECT queue, CASE WHEN priority >= 200 THEN 'high' WHEN priority >= 100 THEN 'normal' ELSE 'low' END AS band,
@@ -103,10 +129,14 @@ SELECT queue, CASE WHEN priority >= 200 THEN 'high' WHEN priority >= 100 THEN 'n
 FROM runs WHERE status = 'PENDING' AND run_at <= now() GROUP BY 1, 2;
 
 -- name: gauge_dead_and_review
+-- params: none
+-- returns: queue text, review bool, n int8
 SELECT queue, (reason = 'review') AS review, count(*) AS n FROM runs
 WHERE status IN ('FAILED', 'TIMED_OUT') GROUP BY 1, 2;
 
 -- name: gauge_stuck_runs
+-- params: p1 float8, p2 float8, p3 float8
+-- returns: id int8, queue text, status text
 -- Runs beyond their SLA: $1 seconds RUNNING (since start), $2 STOPPING, $3 PAUSED (since
 -- the last change).
 SELECT id, queue, status FROM runs WHERE
@@ -116,12 +146,16 @@ SELECT id, queue, status FROM runs WHERE
 LIMIT 10000;
 
 -- name: stuck_detected_events
+-- params: id int8[], queue text[], status text[], reason text[]
+-- returns: nothing
 -- One 'stuck_detected' event per run that crossed its SLA (one statement per pass).
 INSERT INTO events (run_id, queue, type, to_status, actor, reason, at)
 SELECT id, queue, 'stuck_detected', status, 'reconciler', reason, now()
 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS s(id, queue, status, reason);
 
 -- name: scale_measure
+-- params: queue text, p2 float8, outcome text[]
+-- returns: created int8, attempts int8, mean_run_s float8, backlog int8
 -- The scale hint's figures for queue $1 over the last $2 seconds (fencepost/core/scaling.py):
 -- runs created, attempts that ran the handler to an end ($3: those outcomes) and their mean
 -- duration, and the backlog due now.
@@ -138,6 +172,8 @@ SELECT
     WHERE queue = $1 AND status = 'PENDING' AND run_at <= now())                         AS backlog;
 
 -- name: recorded_transitions
+-- params: run_id int8[], type text[], version int8[]
+-- returns: run_id int8, type text, version int8
 -- Of the recorder's event rows $1-$3 (run, type, version), those PostgreSQL holds already, from
 -- any stream entry or written directly: a Redis that lost a write (a lagging replica promoted)
 -- repeats the transition at the same version under a new stream id, which the (stream, stream_id,
