@@ -3,6 +3,8 @@
 -- takes the handle once.
 
 -- name: bulk_candidates
+-- params: queue text, status text, handler text, max_id int8, limit int8
+-- returns: id int8, status text, version int8
 -- The runs a bulk count selects: $1 queue, $2 status, $3 handler, $4 only ids <= this (NULL: none),
 -- $5 at most this many, lowest ids first; with their recorded state and version.
 SELECT id, status, version FROM runs
@@ -11,6 +13,9 @@ WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR 
 ORDER BY id LIMIT $5;
 
 -- name: bulk_handle_insert
+-- params: handle text, token_id int8, queue text, action text, list text, selection jsonb, matched int8,
+-- params: ids int8[], queues text[], states text[], versions int8[], p12 float8
+-- returns: expires_at timestamptz
 -- Store a counted set (every bulk action: the API's queue bulk and the dashboard's lists, 036):
 -- $1 handle, $2 token, $3 queue ('queue' list: its queue; else NULL), $4 action, $5 list, $6 selection
 -- (json text), $7 matched, $8 ids, $9 their queues, $10 states, $11 versions, $12 seconds it lives.
@@ -25,15 +30,22 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8::bigint[], $9::text[], $10::text[]
 RETURNING expires_at;
 
 -- name: bulk_handle_get
+-- params: handle text, token_id int8
+-- returns: handle text, queue text, action text, list text, selection text, matched int8, ids int8[],
+-- returns: queues text[], states text[], versions int8[], expires_at timestamptz
 -- A live handle of this token ($1 handle, $2 token id); no row: unknown, expired, used or another's.
 SELECT handle, queue, action, list, selection::text AS selection, matched, ids, queues, states, versions, expires_at
 FROM bulk_handles WHERE handle = $1 AND token_id = $2 AND expires_at > now();
 
 -- name: bulk_handle_take
+-- params: handle text, token_id int8
+-- returns: handle text
 -- Use a handle once (in the transaction of the bulk action's audit row): no row when a concurrent
 -- confirm took it first or it expired meanwhile.
 DELETE FROM bulk_handles WHERE handle = $1 AND token_id = $2 AND expires_at > now() RETURNING handle;
 
 -- name: bulk_live_rows
+-- params: id int8[]
+-- returns: id int8, status text, version int8
 -- The recorded state and version of these runs ($1 ids), for those Redis no longer holds.
 SELECT id, status, version FROM runs WHERE id = ANY($1::bigint[]);

@@ -2,6 +2,11 @@
 -- Every listing filters by the token's scope ($scope: NULL = every queue) before it limits.
 
 -- name: ops_list_finished
+-- params: p1 text, queue text, handler text, queue_2 text[], cursor_finished_at timestamptz, cursor_id int8,
+-- params: limit int8
+-- returns: id int8, handler text, queue text, status text, attempt int4, priority int2, version int8,
+-- returns: run_at timestamptz, created_at timestamptz, started_at timestamptz, finished_at timestamptz,
+-- returns: last_error_class text, last_error text, reason text, workflow_id uuid, schedule_id int8
 -- The dead letter ($1 'dead': FAILED / TIMED_OUT, not under review) or the review queue ($1 'review'),
 -- newest finish first, paged by the keyset ($5 finished_at, $6 id) of the last row of the page before.
 -- $2 queue, $3 handler, $4 queues in scope, $7 limit.
@@ -18,6 +23,10 @@ ORDER BY finished_at DESC, id DESC
 LIMIT $7;
 
 -- name: ops_list_retries
+-- params: queue text, handler text, queue_2 text[], cursor_run_at timestamptz, cursor_id int8, limit int8
+-- returns: id int8, handler text, queue text, status text, attempt int4, priority int2, version int8,
+-- returns: run_at timestamptz, created_at timestamptz, started_at timestamptz, finished_at timestamptz,
+-- returns: last_error_class text, last_error text, reason text, workflow_id uuid, schedule_id int8
 -- Retries waiting (RETRY_WAIT), soonest first, paged by the keyset ($4 run_at, $5 id). $1 queue,
 -- $2 handler, $3 queues in scope, $6 limit. Its own statement (not one with the scheduled list's, by a
 -- parameter): the state is written out, so the partial index of RETRY_WAIT runs (036) is used instead of
@@ -33,6 +42,10 @@ ORDER BY run_at, id
 LIMIT $6;
 
 -- name: ops_list_scheduled
+-- params: queue text, handler text, queue_2 text[], cursor_run_at timestamptz, cursor_id int8, limit int8
+-- returns: id int8, handler text, queue text, status text, attempt int4, priority int2, version int8,
+-- returns: run_at timestamptz, created_at timestamptz, started_at timestamptz, finished_at timestamptz,
+-- returns: last_error_class text, last_error text, reason text, workflow_id uuid, schedule_id int8
 -- Scheduled runs (PENDING with a run_at in the future), soonest first, paged by the keyset ($4 run_at,
 -- $5 id); the waiting index (035) from now on. $1 queue, $2 handler, $3 queues in scope, $6 limit.
 SELECT id, handler, queue, status, attempt, priority, version, run_at, created_at, started_at, finished_at,
@@ -46,11 +59,15 @@ ORDER BY run_at, id
 LIMIT $6;
 
 -- name: ops_runs_by_id
+-- params: id int8[], queue text[]
+-- returns: id int8, handler text, queue text, status text, version int8, reason text
 -- The runs among $1 that are in scope ($2), with their versions and reasons (a selection ticked on a page).
 SELECT id, handler, queue, status, version, reason FROM runs WHERE id = ANY($1::bigint[]) AND ($2::text[] IS NULL OR queue = ANY($2))
 ORDER BY id;
 
 -- name: ops_archive_run
+-- params: id int8, version int8
+-- returns: id int8
 -- Delete a finished run from the lists: it moves to runs_archive with its checkpoint gone (as retention
 -- moves it), only while it is still at version $2 in a terminal state and not part of a workflow.
 -- Its events and attempts stay: GET /v1/runs/{id} and its timeline still show it. NULL when it moved.
@@ -66,6 +83,10 @@ WITH picked AS (
 INSERT INTO runs_archive SELECT * FROM moved RETURNING id;
 
 -- name: ops_run_events_after
+-- params: run_id int8, cursor_recorded_at timestamptz, p3 float8, cursor_id int8, limit int8
+-- returns: id int8, type text, from_status text, to_status text, version int8, attempt int4, token int8,
+-- returns: worker_id text, actor text, reason text, error_class text, error_message text, trace_id text,
+-- returns: at timestamptz, recorded_at timestamptz
 -- A run's timeline (the view `history`: its event rows and its attempts' claim and finish columns, as
 -- run_events reads it) recorded since the page's last look: $2 the latest recorded_at the page has seen
 -- (NULL: from the start), looked back $3 seconds (a batch that began earlier can commit later; the page
@@ -81,6 +102,8 @@ WHERE run_id = $1
 ORDER BY recorded_at, id LIMIT $5;
 
 -- name: ops_queue_rows
+-- params: name text[]
+-- returns: name text, paused bool, max_running int4
 -- The queues in scope ($1) with the queue-wide concurrency limit.
 SELECT name, paused, max_running FROM queues WHERE ($1::text[] IS NULL OR name = ANY($1)) ORDER BY name;
 
@@ -90,6 +113,8 @@ SELECT name, paused, max_running FROM queues WHERE ($1::text[] IS NULL OR name =
 -- (0.5 s at 1,000,000 runs for the 1,700 attempts of an hour).
 
 -- name: ops_handler_rollup
+-- params: p1 timestamptz, max_started_at timestamptz, min_bucket timestamptz
+-- returns: bucket timestamptz
 -- Roll up the closed 15-minute buckets (handler_buckets, 039) from $1 to $2 (exclusive; the caller's
 -- now - 30 minutes, aligned) that are not rolled up yet: one row per bucket, queue and handler of the
 -- attempts started in it. A bucket with an attempt still running waits, unless it began before $3
@@ -124,6 +149,8 @@ WITH todo AS (
 INSERT INTO handler_buckets_done (bucket) SELECT b FROM closing ON CONFLICT DO NOTHING RETURNING bucket;
 
 -- name: ops_handler_live_from
+-- params: p1 timestamptz, p2 timestamptz
+-- returns: live_from timestamptz
 -- Where the rolled-up part of a window starting at $1 ends: its first bucket not rolled up (at most $2,
 -- the aligned end of what may be rolled up). Attempts from there on are read from `attempts`.
 SELECT coalesce(min(b), $2::timestamptz) AS live_from
@@ -131,6 +158,8 @@ FROM generate_series($1::timestamptz, $2::timestamptz - interval '15 minutes', i
 WHERE NOT EXISTS (SELECT 1 FROM handler_buckets_done d WHERE d.bucket = b);
 
 -- name: ops_handler_live
+-- params: min_started_at timestamptz, p2 interval, queue text[], queue_2 text
+-- returns: handler text, t timestamptz, h int4, started int8, succeeded int8, failed int8
 -- Per handler, step $2 (aligned to the Unix epoch, as the queue charts are) and run-time bucket h (the
 -- 16 buckets of BOUNDS_MS, 0-15; NULL while the attempt runs) over the attempts started at or after $1
 -- (the part of the window not rolled up): started, succeeded, failed. $3 queues in scope, $4 queue. The
@@ -147,6 +176,8 @@ FROM (SELECT r.queue, r.handler, a.started_at, a.outcome,
 GROUP BY 1, 2, 3;
 
 -- name: ops_handler_rolled
+-- params: min_bucket timestamptz, p2 interval, queue text[], queue_2 text, max_bucket timestamptz
+-- returns: handler text, t timestamptz, started int8, succeeded int8, failed int8, run_hist int8[]
 -- The same from handler_buckets, for the buckets from $1 up to $5 (exclusive).
 SELECT handler, date_bin($2::interval, bucket, timestamptz '1970-01-01 00:00:00+00') AS t,
        sum(started)::bigint AS started, sum(succeeded)::bigint AS succeeded, sum(failed)::bigint AS failed,
@@ -159,6 +190,10 @@ WHERE bucket >= $1 AND bucket < $5 AND ($3::text[] IS NULL OR queue = ANY($3)) A
 GROUP BY 1, 2;
 
 -- name: ops_batches
+-- params: p1 text[], max_created_at timestamptz, limit int8, limit_2 int8
+-- returns: id uuid, name text, created_at timestamptz, settled_at timestamptz, on_complete int8,
+-- returns: on_success int8, members int8, succeeded int8, failed int8, cancelled int8, waiting int8,
+-- returns: archived int8, queues text[]
 -- Batches, newest first, whose members (those still in `runs`) are all in scope ($1), among the $4
 -- newest created before $2 (paging), at most $3; each with its members counted by state. The scan is
 -- bounded ($4): a scoped token whose queues hold few of the batches gets a short page and a cursor
@@ -181,6 +216,8 @@ ORDER BY b.created_at DESC
 LIMIT $3;
 
 -- name: ops_batches_scanned
+-- params: max_created_at timestamptz, limit int8
+-- returns: oldest timestamptz, n int8
 -- How far ops_batches' bounded scan ($2 batches created before $1) reached: the oldest creation time
 -- it read and how many it read (fewer than $2: the end).
 SELECT min(created_at) AS oldest, count(*) AS n
@@ -188,6 +225,10 @@ FROM (SELECT created_at FROM batches WHERE ($1::timestamptz IS NULL OR created_a
       ORDER BY created_at DESC LIMIT $2) s;
 
 -- name: ops_select_runs
+-- params: queue text, status text, handler text, min_created_at timestamptz, max_created_at timestamptz,
+-- params: queue_2 text[], id int8, tenant text, concurrency_key text, idempotency_key text, p11 text,
+-- params: limit int8
+-- returns: id int8, handler text, queue text, status text, version int8, reason text
 -- The runs a bulk action over the runs list's filter counts (the same filters GET /v1/runs takes):
 -- $1 queue, $2 status, $3 handler, $4 created at or after, $5 created before, $6 queues in scope,
 -- $7 id, $8 tenant, $9 concurrency key, $10 idempotency key, $11 argument substring, $12 at most this

@@ -10,7 +10,7 @@ from fencepost.core.record import Column, Prepared, QuerySpec, describe_queries,
 from fencepost.core.resources import resource_dir
 from fencepost.dev.sqlheaders import declared_mismatches, infer_names, with_headers
 
-LATER = frozenset({"queries_reconciler.sql", "queries_bulk.sql", "queries_ops.sql"})
+LATER = frozenset({"queries_reconciler.sql"})
 """Files whose headers are written once the work in them this session has landed (then: empty)."""
 
 

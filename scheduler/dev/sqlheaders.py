@@ -44,6 +44,7 @@ _INSERT = re.compile(r"INSERT\s+INTO\s+\w+\s*\((?P<cols>[^)]*)\)\s*VALUES\s*\((?
 _INSERT_SELECT = re.compile(r"INSERT\s+INTO\s+\w+(?:\s+AS\s+\w+)?\s*\((?P<cols>[^)]*)\)\s*SELECT\s+(?P<list>.*?)\s+FROM\s+"
                             r"(?P<rest>unnest\s*\((?P<args>[^()]*(?:\([^()]*\)[^()]*)*)\))?", re.I | re.S)
 _TUPLE_IN = re.compile(r"\((?P<cols>[\w., ]+)\)\s+IN\s*\(\s*SELECT\s+\*\s+FROM\s+unnest\s*\((?P<args>[^()]*)\)", re.I)
+_ROW_CMP = re.compile(r"\((?P<cols>[^()]*(?:\([^()]*\)[^()]*)*)\)\s*(?:<=|>=|<|>)\s*\((?P<vals>\$\d+[^()]*)\)")
 _COALESCE = re.compile(r"COALESCE\(\s*(?:\w+\.)?(\w+)\s*,\s*\$(\d+)\b", re.I)
 _LIMIT = re.compile(r"\b(LIMIT|OFFSET)\s+\$(\d+)", re.I)
 _KEYWORDS = {"and", "or", "not", "null", "is", "case", "when", "then", "else", "select", "where", "set"}
@@ -96,6 +97,12 @@ def infer_names(sql: str, count: int) -> list[str]:
         for c, a in zip(_split_top(m.group("cols")), _split_top(m.group("args")), strict=False):
             if (pm := re.fullmatch(r"\$(\d+)(?:::.*)?", a, re.S)):
                 put(int(pm.group(1)), c)
+    for m in _ROW_CMP.finditer(body):  # (a, b) < ($5, $6): a keyset cursor's row
+        vals = _split_top(m.group("vals"))
+        for c, v in zip(_split_top(m.group("cols")), vals, strict=False):
+            if (pm := re.fullmatch(r"\$(\d+)(?:::.*)?", v, re.S)):
+                col = re.sub(r"\W+", "_", c.split("(")[-1].split(",")[0].strip().rsplit(".", 1)[-1]).strip("_")
+                put(int(pm.group(1)), f"cursor_{col or pm.group(1)}")
     for m in _COALESCE.finditer(body):  # COALESCE(t.col, $n): the value for every row that has none
         put(int(m.group(2)), f"every_{m.group(1)}")
     for m in _LIMIT.finditer(body):
