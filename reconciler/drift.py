@@ -48,11 +48,10 @@ import msgspec
 
 from fencepost.core import metrics, states
 from fencepost.core.bulkread import read_queue
-from fencepost.core.errors import DatabaseUnavailable, InvalidInput
+from fencepost.core.errors import InvalidInput
 from fencepost.core.fairness import due_and_held_sets, scan_queue
 from fencepost.core.hot import Drop, Inspected, Sync, TtlArgs, Versioned
 from fencepost.core.models import RunRow, run_row
-from fencepost.core.record import query
 from fencepost.core.states import ACTIVE, TERMINAL, Status
 from fencepost.core.stores import Stores
 from fencepost.reconciler.metrics import DRIFT_FOUND, DRIFT_REPAIRED
@@ -306,12 +305,11 @@ class DriftRepair:
         async def sink(chunk: bytes) -> None:
             chunks.append(chunk)
 
-        name, args = ("reconcile_check_runs", (queue,)) if ids is None else ("reconcile_check_lookup", (queue, ids))
         async with self.stores.db.session() as s:
-            try:
-                await s.conn.copy_from_query(query(name).strip().rstrip(";"), *args, output=sink)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                raise DatabaseUnavailable(f"postgresql: {exc}") from exc
+            if ids is None:
+                await s.copy_query("reconcile_check_runs", queue, output=sink)
+            else:
+                await s.copy_query("reconcile_check_lookup", queue, ids, output=sink)
         lines = set(b"".join(chunks).split(b"\n"))
         lines.discard(b"")
         return lines

@@ -334,6 +334,16 @@ class Session:
             raise _unavailable(exc) from exc
         return int(status.rsplit(" ", 1)[-1])  # COPY <n>
 
+    async def copy_query(self, name: str, *args: Any, output: Callable[[bytes], Awaitable[None]],
+                         **options: Any) -> int:
+        """COPY the rows of a named query to `output` (chunks of bytes, text format unless options say):
+        a bulk read without a row object per row. Returns the rows copied."""
+        try:
+            status = await self.conn.copy_from_query(query(name).strip().rstrip(";"), *args, output=output, **options)
+        except _MAPPED as exc:
+            raise _unavailable(exc) from exc
+        return int(status.rsplit(" ", 1)[-1])
+
     async def copy_in(self, table: str, records: Sequence[Sequence[Any]], columns: Sequence[str]) -> int:
         """COPY rows into a table (binary, one round trip); returns the rows written."""
         try:

@@ -18,6 +18,7 @@ __all__ = [
     "FAILED_FOR_GOOD",
     "FINISHED",
     "GROUPS",
+    "IN_REDIS",
     "LIVE",
     "PAUSE_AT_ONCE",
     "RESTARTABLE",
@@ -120,6 +121,9 @@ UNSUCCESSFUL = FINISHED - {S.SUCCEEDED}
 RESTORED = WAITING - {S.BLOCKED}
 """Waiting states a rebuild restores from PostgreSQL and a lost dataset may already have claimed
 (a BLOCKED run never reached Redis): each gets an `unknown` attempt row before it is claimed again."""
+IN_REDIS = LIVE - {S.BLOCKED}
+"""States of a run Redis must hold (a BLOCKED run reaches Redis when released): what `reconcile --check`
+compares with the record."""
 DEAD = frozenset({S.FAILED, S.TIMED_OUT})
 """The dead-letter view (minus the review queue, which is FAILED with reason 'review')."""
 STOP_ENDS = frozenset({S.STOPPED, S.CANCELLED})
@@ -137,7 +141,7 @@ UNCLAIMED = frozenset({S.BLOCKED, S.PENDING, S.PAUSED, S.CANCELLED})
 
 GROUPS: dict[str, frozenset[Status]] = {
     "TERMINAL": TERMINAL, "FINISHED": FINISHED, "LIVE": LIVE, "RESTING": RESTING, "ACTIVE": ACTIVE,
-    "WAITING": WAITING, "RESTORED": RESTORED, "UNSUCCESSFUL": UNSUCCESSFUL,
+    "WAITING": WAITING, "RESTORED": RESTORED, "IN_REDIS": IN_REDIS, "UNSUCCESSFUL": UNSUCCESSFUL,
     "FAILED_FOR_GOOD": FAILED_FOR_GOOD, "DEAD": DEAD, "STOP_ENDS": STOP_ENDS, "RESUMABLE": RESUMABLE, "RESTARTABLE": RESTARTABLE,
     "CANCEL_AT_ONCE": CANCEL_AT_ONCE, "PAUSE_AT_ONCE": PAUSE_AT_ONCE, "UNCLAIMED": UNCLAIMED,
 }
