@@ -123,6 +123,8 @@ class _Coalescer:
         self.scheduled = False
         self.direct = 0
         """Lone submits in flight from their callers' own tasks (they count against `parallel`)."""
+        self.preparing = 0
+        """Submits validating their request (the server's clock may be read): not yet pending, not done."""
         self.loop: asyncio.AbstractEventLoop | None = None
         self.behind: list[tuple[list[int], list[int], list[RunRow]]] = []
         """Committed runs whose Redis enqueue goes out behind their callers (`Client.enqueue_behind`)."""
@@ -132,8 +134,13 @@ class _Coalescer:
         loop = asyncio.get_running_loop()
         if loop is not self.loop:  # a new event loop (asyncio.run again): nothing of the old one survives
             self.loop, self.pending, self.inflight, self.scheduled, self.direct = loop, [], set(), False, 0
+            self.preparing = 0
             self.behind, self.behind_task = [], None
-        row = (await self.client._prepare([req], outbox=False))[0]  # bad input fails this caller only
+        self.preparing += 1  # close() waits for it: preparing may wait on the server's clock
+        try:
+            row = (await self.client._prepare([req], outbox=False))[0]  # bad input fails this caller only
+        finally:
+            self.preparing -= 1
         if not self.pending and not self.inflight and not self.direct:
             return await self._lone(req, row)
         fut: asyncio.Future[int] = loop.create_future()
@@ -239,7 +246,8 @@ class _Coalescer:
 
     async def drain(self) -> None:
         """Flush what is pending and wait for every flush in flight (close)."""
-        while self.pending or self.inflight or self.direct or (self.behind_task and not self.behind_task.done()):
+        while self.pending or self.inflight or self.direct or self.preparing or (
+                self.behind_task and not self.behind_task.done()):
             if self.behind_task is not None and not self.behind_task.done() and not (
                     self.pending or self.inflight or self.direct):
                 await self.behind_task
@@ -249,7 +257,7 @@ class _Coalescer:
             if self.inflight:
                 await asyncio.gather(*self.inflight, return_exceptions=True)
             else:
-                await asyncio.sleep(0.001 if self.direct else 0)  # a lone submit finishes in its caller's task
+                await asyncio.sleep(0.001 if self.direct or self.preparing else 0)  # they finish in their callers' tasks
 
 
 class Client:
