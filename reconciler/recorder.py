@@ -391,7 +391,8 @@ class Recorder:
         at the same version (a second reap of a lease whose first reap it forgot) under a new stream
         id, which the (stream, stream_id, at) key cannot catch. The run's version is the transition's
         identity (every Redis transition bumps it), so the first record stands: no second event row,
-        and the repeat does not touch the run's or the attempt's row. One statement, and none for a
+        and the repeat does not touch the run's or the attempt's row. Two statements (the runs' advisory
+        locks, so a replica handed the other copy waits for this one; then the check), and none for a
         batch of claims and finishes only (they are attempt columns, found by their stream ids)."""
         first: dict[tuple[int, str, int], int] = {}
         out: set[int] = set()
@@ -403,6 +404,7 @@ class Recorder:
                     first[(row[0], row[1], row[4])] = i
         if first:
             keys = list(first)
+            await tx.fetchval("lock_transitions", sorted({k[0] for k in keys}))  # replicas one at a time per run
             for r in await tx.fetch("recorded_transitions", [k[0] for k in keys], [k[1] for k in keys],
                                     [k[2] for k in keys]):
                 out.add(first[(r["run_id"], r["type"], r["version"])])

@@ -171,6 +171,17 @@ SELECT
   (SELECT count(*) FROM runs
     WHERE queue = $1 AND status = 'PENDING' AND run_at <= now())                         AS backlog;
 
+-- name: lock_transitions
+-- params: run_id int8[]
+-- returns: locked int8
+-- Recorder replicas serialise on the runs whose event rows they are about to check and write
+-- (recorded_transitions, then insert_events_json): a transaction-scoped advisory lock per run, the
+-- first statement of the batch's transaction, taken in run order so two replicas cannot deadlock.
+-- Without it two replicas could each be handed one copy of a repeated transition and both find
+-- nothing recorded. Key: (the recorder's class 1179796292 'FENR', the run id's low 31 bits).
+SELECT count(pg_advisory_xact_lock(1179796292, (r & 2147483647)::integer)) AS locked
+FROM (SELECT DISTINCT r FROM unnest($1::bigint[]) AS r ORDER BY r) AS runs;
+
 -- name: recorded_transitions
 -- params: run_id int8[], type text[], version int8[]
 -- returns: run_id int8, type text, version int8

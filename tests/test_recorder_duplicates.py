@@ -125,3 +125,48 @@ async def test_a_queue_missing_from_redis_set_of_queues_is_still_recorded(
     _, attempts = await _rows(settings, rid)
     assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, None)], "the claim is recorded"
     assert (await client.get(rid))["status"] == "RUNNING"
+
+
+async def test_two_recorder_replicas_each_handed_one_copy_record_it_once(
+        client: Client, stores: Stores, settings: Settings) -> None:
+    """Two replicas of the recorder, each handed one of two copies of the same transition, check and
+    write in concurrent transactions: the run's advisory lock (lock_transitions) makes the second
+    see the first's row. The lock is held from outside until both batches wait on it (pg_locks), so
+    without it both would have written before it is let go."""
+    from fencepost.reconciler.recorder import Recorder
+
+    rid = await _leased(client, stores)
+    await _reap(stores)
+    fields: dict[Any, Any] = await _expiry_entry(stores, rid)
+    stream = stores.keys(Q).events
+    await stores.redis.xadd(stream, fields)
+    copies = [(stream, eid, f) for eid, f in await stores.redis.xrange(stream)
+              if f[b"type"] == b"lease_expired"]
+    assert len(copies) == 2
+    holder = await asyncpg.connect(settings.database_url)
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT pg_advisory_xact_lock(1179796292, ($1::bigint & 2147483647)::integer)", rid)
+        a, b = Recorder(stores, consumer="replica-a"), Recorder(stores, consumer="replica-b")
+        tasks = [asyncio.ensure_future(a._record([copies[0]])), asyncio.ensure_future(b._record([copies[1]]))]
+
+        async def both_wait() -> bool:
+            done = [t for t in tasks if t.done()]
+            for t in done:
+                t.result()  # a replica that wrote without waiting: the race is open
+            if done:
+                raise AssertionError(f"{len(done)} replica(s) recorded without waiting for the run's lock")
+            n = await holder.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                                      "AND classid = 1179796292")
+            return n == 2
+
+        from tests.conftest import wait_until
+        await wait_until(both_wait, timeout=30, what="both replicas waiting on the run's lock")
+        await tx.commit()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+    finally:
+        await holder.close()
+    events, attempts = await _rows(settings, rid)
+    assert len(events) == 1, [dict(r) for r in events]
+    assert [a["outcome"] for a in attempts] == ["interrupted"]
