@@ -22,10 +22,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import msgspec
-from redis.exceptions import ResponseError
+from redis.exceptions import ClusterError, ResponseError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fencepost.core import release as workflows
 from fencepost.core import stats
+from fencepost.core.errors import RedisUnavailable
 from fencepost.core.hot import TtlArgs, Versioned
 from fencepost.core.metrics import QUARANTINED, Cached
 from fencepost.core.models import encode_payload
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
     from redis.typing import EncodableT, FieldT
 
 log = logging.getLogger("fencepost.recorder")
+RedisUnavailableErrors = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError, OSError, RedisUnavailable)
+"""A node of the hot store unreachable (a Redis Cluster shard down or failing over): that queue waits."""
 
 GROUP = "recorder"
 _StreamReply: TypeAlias = list[tuple[bytes | str, list[tuple[bytes, dict[bytes, bytes]]]]]
@@ -140,6 +145,8 @@ class Recorder:
         self.last_lag_s = 0.0
         self._pg_queues: set[str] = set()
         self._pg_queues_at = -math.inf
+        self._redis_queues: set[bytes] = set()
+        self._stream_warned: dict[str, float] = {}
 
     linger_s = 0.05
     """After a batch of fewer than `linger_batch` entries, wait this long before reading again, so
@@ -169,7 +176,14 @@ class Recorder:
         alone can miss one: a queue created while the node holding the set was failing over (a
         Redis Cluster shard kill) was used on a healthy shard, but its SADD failed, so its runs ran
         and their history stayed in a stream no recorder read (the cluster soak's untraced execution)."""
-        names = cast("set[bytes]", await self.stores.redis.smembers(self.stores.queues_key))  # decode_responses=False
+        try:
+            names = cast("set[bytes]", await self.stores.redis.smembers(self.stores.queues_key))  # decode_responses=False
+            self._redis_queues = names
+        except RedisUnavailableErrors as exc:  # the set's shard is down: the queues known already go on
+            if not self._redis_queues and not self._pg_queues:
+                raise
+            names = self._redis_queues
+            self._stream_failed(self.stores.queues_key, exc)
         if time.monotonic() - self._pg_queues_at >= self.queues_every_s:
             try:
                 self._pg_queues = {r["name"] for r in await self.stores.db.fetch("queue_epochs")}
@@ -191,9 +205,20 @@ class Recorder:
             # several streams fails with CROSSSLOT. Read each stream on its own, concurrently and
             # without BLOCK (a blocked read of one idle stream would delay the busy ones), and
             # poll: sleep up to block_ms when every stream was empty.
+            # A stream on a dead or failing-over shard fails alone: the others' entries are recorded
+            # (shard isolation: a dead shard delays only its own queues' history), its group is made
+            # again on the next read, and only every stream failing is the batch's failure.
             replies = await asyncio.gather(*(self.stores.redis.xreadgroup(GROUP, self.consumer, {s: start},
-                                                                          count=self.batch) for s in streams))
-            merged: _StreamReply = [item for r in cast("list[_StreamReply | None]", replies) for item in (r or [])]
+                                                                          count=self.batch) for s in streams),
+                                           return_exceptions=True)
+            failed = [(s, r) for s, r in zip(streams, replies, strict=True) if isinstance(r, BaseException)]
+            if failed and len(failed) == len(streams):
+                raise failed[0][1]
+            for s, exc in failed:
+                self._groups.discard(s)
+                self._stream_failed(s, exc)
+            read = cast("list[_StreamReply | None]", [r for r in replies if not isinstance(r, BaseException)])
+            merged: _StreamReply = [item for r in read for item in (r or [])]
             reply: _StreamReply | None = merged
             if not pending and not any(items for _, items in merged):
                 await asyncio.sleep(min(block_ms, 50) / 1000)
@@ -213,22 +238,41 @@ class Recorder:
             await self.record(entries, fresh=not pending)
         return len(entries)
 
+    def _stream_failed(self, stream: str, exc: BaseException) -> None:
+        """One stream unreadable (its shard down): said once per stream every 10 s, the rest go on."""
+        now = time.monotonic()
+        if now - self._stream_warned.get(stream, -math.inf) >= 10:
+            self._stream_warned[stream] = now
+            log.warning("recorder cannot read %s (its shard?): %s; the other queues are recorded", stream, exc,
+                        extra={"event": "recorder_stream_unreadable"})
+
     async def adopt_orphans(self) -> int:
-        """Take over entries another recorder read but never acknowledged (it died)."""
+        """Take over entries another recorder read but never acknowledged (it died). A queue whose
+        stream cannot be read (a Redis Cluster shard down) is skipped until the next pass."""
         handled = 0
         for queue in await self.queues():
-            stream = (await self._ensure_groups([queue]))[0]
-            start = "0-0"
-            while True:
-                nxt, items, *_ = await self.stores.redis.xautoclaim(stream, GROUP, self.consumer, self.claim_idle_ms,
-                                                                    start_id=start, count=self.batch)
-                entries = [(stream, eid, f) for eid, f in items if f]
-                if entries:
-                    await self.record(entries)
-                    handled += len(entries)
-                start = nxt
-                if nxt in (b"0-0", "0-0"):
-                    break
+            try:
+                handled += await self._adopt(queue)
+            except RedisUnavailableErrors as exc:
+                stream = self.stores.keys(queue).events
+                self._groups.discard(stream)
+                self._stream_failed(stream, exc)
+        return handled
+
+    async def _adopt(self, queue: str) -> int:
+        handled = 0
+        stream = (await self._ensure_groups([queue]))[0]
+        start = "0-0"
+        while True:
+            nxt, items, *_ = await self.stores.redis.xautoclaim(stream, GROUP, self.consumer, self.claim_idle_ms,
+                                                                start_id=start, count=self.batch)
+            entries = [(stream, eid, f) for eid, f in items if f]
+            if entries:
+                await self.record(entries)
+                handled += len(entries)
+            start = nxt
+            if nxt in (b"0-0", "0-0"):
+                break
         return handled
 
     async def run(self, stop: asyncio.Event) -> None:

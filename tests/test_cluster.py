@@ -346,3 +346,64 @@ async def test_a_dead_cluster_shard_delays_only_its_own_queues(slow_failover_clu
         stop(w, rec)
         await healthy.aclose()
         await client.close()
+
+
+@pytest_asyncio.fixture
+async def very_slow_failover_cluster() -> AsyncIterator[RedisClusterServers]:
+    """Replicas take over only after a 10 s node timeout: the dead shard stays dead long enough to
+    see whether the healthy shards' history waits for it."""
+    c = await RedisClusterServers(masters=3, replicas=1, node_timeout_ms=10_000).start()
+    try:
+        yield c
+    finally:
+        c.cleanup()
+
+
+async def test_a_dead_cluster_shard_delays_only_its_own_queues_history(
+        very_slow_failover_cluster: RedisClusterServers, settings: Settings) -> None:
+    """The recorder reads every queue's stream; one on a dead primary fails alone (before: the one
+    failed read failed the whole batch, so no queue's history was recorded until the failover, the
+    cluster soak's 5.6-5.9 s recovery of a queue on a healthy shard)."""
+    from fencepost.core.hot import ClaimArgs
+    from fencepost.reconciler.recorder import Recorder
+
+    cluster = very_slow_failover_cluster
+    cs = Settings(redis_url=cluster.url, redis_cluster=True, database_url=settings.database_url,
+                  prefix=settings.prefix, backoff_base_ms=50, backoff_cap_ms=500)
+    client = await Client(settings=cs).connect()
+    await client.register(registry)
+    owners = {q: await cluster.owner(f"{cs.prefix}:{{{q}}}:due") for q in SPREAD}
+    queues_owner = await cluster.owner(client.stores.queues_key)
+    dead_q = next(q for q in SPREAD if owners[q] == queues_owner)  # the set of queues dies with it too
+    healthy_q = next(q for q in SPREAD if owners[q] != owners[dead_q])
+    stores = client.stores
+    for q in (dead_q, healthy_q):
+        await client.submit("t.noop", queue=q)
+    rec = Recorder(stores, consumer="one")
+    stop_rec = asyncio.Event()
+    task = asyncio.create_task(rec.run(stop_rec))
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await rec.queues()  # what it knows before the kill
+
+        async def recorded(rid: int) -> bool:
+            return bool(await conn.fetchval("SELECT count(*) FROM attempts WHERE run_id = $1", rid))
+
+        first = await client.submit("t.noop", queue=healthy_q)
+        jobs = await stores.scripts.claim_due(stores.keys(healthy_q), ClaimArgs(10, "w", 60_000, 10))
+        assert first in [j.id for j in jobs]
+        await wait_until(lambda: recorded(first), timeout=20, what="a claim recorded before the kill")
+        killed_at = time.monotonic()
+        cluster.by_port(owners[dead_q]).kill()  # SIGKILL; its replica takes over only after 10 s
+        rid = await client.submit("t.noop", queue=healthy_q)
+        jobs = await stores.scripts.claim_due(stores.keys(healthy_q), ClaimArgs(10, "w", 60_000, 10))
+        assert rid in [j.id for j in jobs]
+        await wait_until(lambda: recorded(rid), timeout=8, what="the healthy queue's claim recorded")
+        took = time.monotonic() - killed_at
+        assert took < 8, took
+        print(f"healthy queue's claim recorded {took:.1f} s after its neighbour shard died")
+    finally:
+        stop_rec.set()
+        await asyncio.wait_for(task, 30)
+        await conn.close()
+        await client.close()
