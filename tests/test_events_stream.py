@@ -58,7 +58,10 @@ async def _until(messages: AsyncIterator[dict[str, Any]], want: Any, seen: list[
                 return m
         raise AssertionError(f"the stream ended first: {seen}")
 
-    return await asyncio.wait_for(go(), timeout)
+    try:
+        return await asyncio.wait_for(go(), timeout)
+    except TimeoutError:
+        raise AssertionError(f"no wanted message within {timeout} s; seen: {seen}") from None
 
 
 async def test_the_hub_reads_each_recorded_event_once_catches_late_commits_and_reports_gaps(

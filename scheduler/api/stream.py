@@ -118,7 +118,9 @@ class EventHub:
         """Streams each token holds open (taken when the response is made, given back when it ends)."""
         self._task: asyncio.Task[None] | None = None
         self._cursor: datetime | None = None
-        self._seen: dict[int, datetime] = {}
+        self._seen: dict[tuple[int, int | None], datetime] = {}
+        """(history id, run id) of what was sent: an attempt's claim or finish has the id minus its stream
+        id, and two queues' streams can hand out the same entry id in the same millisecond."""
         self.looks = 0
 
     @contextlib.asynccontextmanager
@@ -163,9 +165,10 @@ class EventHub:
                 and rows[-1]["recorded_at"] > self._cursor - timedelta(seconds=self.lookback_s):
             out.append(GAP)  # the batch did not reach back to what the last look saw
         for row in reversed(rows):
-            if row["id"] in self._seen:
+            key = (row["id"], row["run_id"])
+            if key in self._seen:
                 continue
-            self._seen[row["id"]] = row["recorded_at"]
+            self._seen[key] = row["recorded_at"]
             out.append(_item(row))
         if rows and (self._cursor is None or rows[0]["recorded_at"] > self._cursor):
             self._cursor = rows[0]["recorded_at"]
