@@ -178,7 +178,7 @@ class PrivateRedis:
     async def start(self, timeout: float = 15.0) -> Self:
         args = [self.binary, "--bind", HOST, "--port", str(self.port), "--save", "", "--appendonly", "no",
                 "--dir", self.dir, "--maxmemory-policy", "noeviction", "--repl-diskless-sync-delay", "0",
-                "--repl-backlog-size", "64mb", "--client-output-buffer-limit", "replica 0 0 0", *self.extra]
+                "--repl-backlog-size", "64mb", "--client-output-buffer-limit", "replica", "0", "0", "0", *self.extra]
         if self.replicaof is not None:
             args += ["--replicaof", HOST, str(self.replicaof)]
         self.proc = self._launch(args)
