@@ -22,6 +22,7 @@ from fencepost.core.views import (
     Run,
     RunProgress,
     RunSummary,
+    TokenInfo,
     Workflow,
     WorkflowNode,
     WorkflowSummary,
@@ -380,18 +381,8 @@ class TokenCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Seconds until the token stops working (null: never)."""
 
 
-class Token(msgspec.Struct, kw_only=True):
-    id: int
-    role: str
-    queues: list[str]
-    name: str | None = None
-    created_by: str | None = None
-    created_at: datetime | None = None
-    revoked_at: datetime | None = None
-    last_used_at: datetime | None = None
-    expires_at: datetime | None = None
-    parent_id: int | None = None
-    """The token that made this one through the API (revoking or expiring it ends this one too)."""
+class Token(TokenInfo, kw_only=True):
+    """An API token (fields: fencepost.core.views.TokenInfo, which `fencepost token ls` reads too)."""
 
 
 class TokenCreated(Token, kw_only=True):
