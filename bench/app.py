@@ -4,6 +4,7 @@
   its run id and start time (`HSET bench:done <id> <time>` on the bench's results DB).
 - `bench.slow`: 20 ms of work, then `HINCRBY bench:runs <id> 1` (kill -9 mode counts re-runs).
 - `bench.noop`: does nothing (the old figures, `--noop`).
+- `bench.long`: records its start in `bench:long`, then holds its slot for `seconds` (bench/mixed.py).
 
 Handlers use the job declaration's defaults (retries, timeout) except the queue.
 """
@@ -21,6 +22,7 @@ from fencepost.core.registry import Registry
 DONE_URL = os.environ.get("BENCH_DONE_URL", "redis://127.0.0.1:6379/15")
 DONE_KEY = "bench:done"
 RUNS_KEY = "bench:runs"
+LONG_KEY = "bench:long"
 
 registry = Registry()
 _done: Redis | None = None
@@ -48,3 +50,9 @@ async def slow(ctx) -> None:
 @registry.job("bench.noop", queue="bench", max_retries=0)
 async def noop(ctx) -> None:
     return None
+
+
+@registry.job("bench.long", queue="bench", timeout=3600)
+async def long(ctx, seconds: float) -> None:
+    await done().hset(LONG_KEY, str(ctx.run_id), repr(time.time()))
+    await asyncio.sleep(seconds)

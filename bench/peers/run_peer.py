@@ -88,6 +88,8 @@ class Cfg:
     done_url: str
     database_url: str
     window_s: float = 60.0
+    long: int = 0  # mixed mode: long jobs running beside the tiny ones
+    long_s: float = 60.0
 
 
 def run_async(coro: Awaitable[Any]) -> Any:
@@ -122,6 +124,15 @@ async def record_start(job_id: Any) -> None:
     await done_redis().hset(DONE_KEY, str(job_id), repr(time.time()))
 
 
+LONG_KEY = "bench:long"
+
+
+async def record_long(job_id: Any, seconds: float) -> None:
+    """A long job (the mixed workload): record its start, then hold its slot for `seconds`."""
+    await done_redis().hset(LONG_KEY, str(job_id), repr(time.time()))
+    await asyncio.sleep(seconds)
+
+
 async def record_run(job_id: Any) -> None:
     await asyncio.sleep(0.02)
     await done_redis().hincrby(RUNS_KEY, str(job_id), 1)
@@ -135,7 +146,7 @@ async def flush_redis(cfg: Cfg) -> None:
     for url in (cfg.redis_url, cfg.done_url):
         r = Redis.from_url(url)
         if url == cfg.done_url:
-            await r.delete(DONE_KEY, RUNS_KEY)
+            await r.delete(DONE_KEY, RUNS_KEY, LONG_KEY)
         else:
             await r.flushdb()
         await r.aclose()
@@ -284,6 +295,10 @@ async def pgq_worker(cfg: Cfg) -> None:
     async def noop(job: Any) -> None:
         return None
 
+    @qm.entrypoint("long")
+    async def long(job: Any) -> None:
+        await record_long(job.id, float(job.payload or b"60"))
+
     await qm.run(**({"batch_size": cfg.knob} if cfg.knob else {}))
 
 
@@ -308,6 +323,9 @@ class PgqClient:
 
     async def submit_one(self, job: str) -> None:
         await self.queries.enqueue(job, None)
+
+    async def submit_long(self, n: int, seconds: float) -> None:
+        await self.queries.enqueue(["long"] * n, [repr(seconds).encode()] * n, [0] * n)
 
     async def remaining(self) -> int:
         """pgqueuer deletes a job row from its queue table once its completion is logged."""
@@ -610,6 +628,40 @@ async def mode_kill(cfg: Cfg) -> dict[str, Any]:
             "timed_out": drained >= timeout, "notes": notes(cfg)}
 
 
+async def mode_mixed(cfg: Cfg) -> dict[str, Any]:
+    """Workload (d) of issue 23: `long` jobs of `long_s` seconds running while tiny jobs arrive at
+    `rate` per second for `duration` s. Tiny-job lag percentiles, and the WAL PostgreSQL wrote per
+    second over the open loop (pgqueuer only; the long jobs' heartbeats are row updates)."""
+    await reset(cfg)
+    case = Case(cfg)
+    async with CLIENTS[cfg.peer]() as client:
+        try:
+            await case.start(client)
+            case.go.set()
+            await asyncio.sleep(0.5)
+            for i in range(0, cfg.long, 1000):
+                await client.submit_long(min(1000, cfg.long - i), cfg.long_s)
+            long_started = await wait_done(cfg, cfg.long, key=LONG_KEY, timeout=120)
+            lsn0 = await case.poll.fetchval("SELECT pg_current_wal_lsn()")
+            t0 = time.perf_counter()
+            case.meter.start()
+            intended, took = await produce(cfg.rate, cfg.duration, lambda n: client.submit(n, "tiny"))
+            got = await wait_done(cfg, len(intended), timeout=60)
+            cpu = case.meter.stop()
+            wal = await case.poll.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)", lsn0)
+            wall = time.perf_counter() - t0
+        finally:
+            await case.stop()
+    starts = await done_map(cfg)
+    lags = [(starts[str(i)] - t) * 1000 for i, t in intended.items() if str(i) in starts]
+    return {"rate": cfg.rate, "achieved": len(intended) / took, "done": got, "long": cfg.long,
+            "long_started": long_started, "long_s": cfg.long_s,
+            "p50_ms": percentile(lags, 50), "p99_ms": percentile(lags, 99), "max_ms": max(lags, default=None),
+            "missing": len(intended) - len(lags), "wal_bytes_per_s": float(wal) / wall,
+            "cpu_us": per_job_cpu(cpu, max(1, len(intended))), "busy_cores": cpu["machine"] / cpu["wall"],
+            "notes": notes(cfg)}
+
+
 def notes(cfg: Cfg) -> str:
     knob = {"arq": "max_jobs", "saq": "concurrency", "pgqueuer": "batch_size"}[cfg.peer]
     return (f"{knob}={cfg.knob or 'default'}; loop={loop_name()}; version={peer_version(cfg.peer)}; "
@@ -622,7 +674,8 @@ def peer_version(peer: str) -> str:
     return version(peer)
 
 
-MODES = {"drain": mode_drain, "single": mode_single, "open": mode_open, "spike": mode_spike, "kill": mode_kill}
+MODES = {"drain": mode_drain, "single": mode_single, "open": mode_open, "spike": mode_spike, "kill": mode_kill,
+         "mixed": mode_mixed}
 
 
 def parse_args(argv: list[str] | None = None) -> Cfg:
@@ -642,10 +695,12 @@ def parse_args(argv: list[str] | None = None) -> Cfg:
     ap.add_argument("--done-url", default="redis://127.0.0.1:6379/15")
     ap.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/bench_peers")
     ap.add_argument("--window-s", type=float, default=60.0, help="open loop: lag percentiles per window")
+    ap.add_argument("--long", type=int, default=0, help="mixed: long jobs running beside the tiny ones")
+    ap.add_argument("--long-s", type=float, default=60.0, help="mixed: seconds each long job runs")
     a = ap.parse_args(argv)
     knob = a.concurrency or (OLD_DEFAULTS[a.peer] if a.old_defaults else None)
     return Cfg(a.peer, a.mode, a.job, a.jobs, a.workers, knob, a.old_defaults, a.call_size, a.rate, a.duration,
-               a.redis_url, a.done_url, a.database_url, a.window_s)
+               a.redis_url, a.done_url, a.database_url, a.window_s, a.long, a.long_s)
 
 
 def main(argv: list[str] | None = None) -> int:
