@@ -35,9 +35,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.app import LONG_KEY  # noqa: E402
-from bench.measure import one_bench_at_a_time  # noqa: E402
-from bench.throughput import (  # noqa: E402
+from bench.app import LONG_KEY
+from bench.measure import one_bench_at_a_time
+from bench.throughput import (
     PRIVATE_PG,
     Fencepost,
     fmt,
@@ -49,7 +49,7 @@ from bench.throughput import (  # noqa: E402
     produce,
     run_peer,
 )
-from fencepost.client import Submit  # noqa: E402
+from fencepost.client import Submit
 
 try:
     import uvloop
