@@ -30,7 +30,7 @@ from fencepost.api.routing import (
     _valid_queue,
 )
 from fencepost.client import Client
-from fencepost.core import cursors, fairness, rates, stats, validate
+from fencepost.core import cursors, fairness, hotreads, rates, stats, validate
 from fencepost.core import workers as fleet
 from fencepost.core.errors import InvalidInput
 
@@ -43,7 +43,7 @@ async def health(ctx: Ctx) -> Any:
 async def ready(ctx: Ctx) -> Any:
     redis_ok, pg_ok = "ok", "ok"
     try:
-        await ctx.client.stores.redis.ping()
+        await hotreads.ping(ctx.client.stores.redis)
     except Exception as exc:
         redis_ok = f"unreachable: {type(exc).__name__}"
     try:

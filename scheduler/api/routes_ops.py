@@ -32,7 +32,7 @@ from msgspec import Meta
 from fencepost.api import bulk as bulk_
 from fencepost.api import schemas as S
 from fencepost.api.problems import ApiError, BulkTooLarge
-from fencepost.core import fairness, states, stats, validate
+from fencepost.core import fairness, hotreads, states, stats, validate
 from fencepost.core import workers as fleet
 from fencepost.core.errors import InvalidInput
 from fencepost.core.states import TERMINAL, Status
@@ -507,17 +507,14 @@ async def queues_ops(ctx: Ctx) -> Any:
 
     async def one(row: Any) -> QueueOps:
         name = row["name"]
-        k = stores.keys(name)
-        pipe = stores.redis.pipeline(transaction=False)
-        pipe.zcount(k.delayed, "-inf", int(now * 1000))
-        pipe.zcount(k.delayed, f"({int(now * 1000)}", "+inf")
-        pipe.zcard(k.active)
-        (due, age), (overdue, later, active) = await asyncio.gather(fairness.due_summary(stores, name, now=now),
-                                                                    pipe.execute())
+        (due, age), backlog = await asyncio.gather(
+            fairness.due_summary(stores, name, now=now),
+            hotreads.queue_backlog(stores.redis, stores.keys(name), int(now * 1000)))
         serving = [QueueWorker(id=w.id, host=w.host, busy=sum(1 for r in w.running if r.queue == name),
                                held=len(w.running), concurrency=w.concurrency, stopping=w.stop_requested is not None)
                    for w in workers if name in w.queues]
-        return QueueOps(queue=name, paused=row["paused"], due=due, overdue=overdue, scheduled=later, running=active,
+        return QueueOps(queue=name, paused=row["paused"], due=due, overdue=backlog.overdue,
+                        scheduled=backlog.scheduled, running=backlog.active,
                         latency_s=round(age, 3), max_running=row["max_running"], workers=serving,
                         slots=sum(w.concurrency for w in serving))
 

@@ -31,7 +31,7 @@ from fencepost.api.routing import (
     _valid_queue,
     _within_batch_limit,
 )
-from fencepost.core import cursors, validate
+from fencepost.core import cursors, hotreads, validate
 from fencepost.core.errors import InvalidInput
 from fencepost.core.fairness import due_summary
 from fencepost.core.models import decode_payload, decode_result
@@ -257,17 +257,13 @@ async def list_queues(ctx: Ctx) -> Any:
     p = ctx.p
     window = ctx.q_int("window", 300, 10, 86400)
     rows = await ctx.client.stores.db.fetch("api_queue_figures", float(window), p.scope)
-    r = ctx.client.stores.redis
     now = time.time()
     out = []
     for row in rows:
-        k = ctx.client.stores.keys(row["queue"])
         due, age = await due_summary(ctx.client.stores, row["queue"], now=now)
-        pipe = r.pipeline(transaction=False)
-        pipe.zcard(k.delayed)
-        pipe.zcard(k.active)
-        delayed, active = await pipe.execute()
-        out.append(S.QueueStats(queue=row["queue"], paused=row["paused"], due=due, delayed=delayed, active=active,
+        depth = await hotreads.queue_depth(ctx.client.stores.redis, ctx.client.stores.keys(row["queue"]))
+        out.append(S.QueueStats(queue=row["queue"], paused=row["paused"], due=due, delayed=depth.delayed,
+                                active=depth.active,
                                 oldest_due_age_s=round(age, 3), finished_last_window=row["finished"],
                                 throughput_per_min=round(row["finished"] * 60 / window, 3),
                                 schedule_lag_s=None if row["lag_s"] is None else round(float(row["lag_s"]), 3),

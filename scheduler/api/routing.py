@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -184,28 +184,25 @@ async def _live(ctx: Ctx, run: dict[str, Any]) -> dict[str, Any]:
     """Overlay the hot state Redis holds when it is newer than what PostgreSQL recorded."""
     out = dict(run)
     out["recorded_status"] = run["status"]
-    key = ctx.client.stores.keys(run["queue"]).run(run["id"])
-    # Stores opens Redis with decode_responses=False: replies are bytes (redis-py types them bytes | str).
-    fields = await ctx.client.stores.redis.hmget(
-        key, "state", "attempt", "version", "token", "worker", "result", "error", "error_class")
-    state, attempt, version, token, worker, result, error, eclass = cast("list[bytes | None]", fields)
+    stores = ctx.client.stores
+    hot = (await stores.scripts.peek(stores.keys(run["queue"]), [run["id"]]))[0]
     out["result"] = decode_result(run.get("result"))
-    if state is not None and version is not None and int(version) > int(run["version"]):
-        out["status"] = state.decode()
-        out["version"] = int(version)
-        if attempt is not None:
-            out["attempt"] = int(attempt)
-        if token:
-            out["token"] = int(token)
-        if worker:
-            out["lease_owner"] = worker.decode()
+    if hot is not None and hot.version is not None and hot.version > int(run["version"]):
+        out["status"] = hot.state
+        out["version"] = hot.version
+        if hot.attempt is not None:
+            out["attempt"] = hot.attempt
+        if hot.token:
+            out["token"] = hot.token
+        if hot.worker:
+            out["lease_owner"] = hot.worker
         if out["status"] in RESTING:  # its outcome too, as Client.wait reads it (`submit --wait` over the API)
-            if result is not None:
-                out["result"] = decode_result(result)
-            if error:
-                out["last_error"] = error.decode()
-            if eclass:
-                out["last_error_class"] = eclass.decode()
+            if hot.result is not None:
+                out["result"] = decode_result(hot.result)
+            if hot.error:
+                out["last_error"] = hot.error
+            if hot.error_class:
+                out["last_error_class"] = hot.error_class
     return out
 
 

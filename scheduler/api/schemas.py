@@ -13,6 +13,7 @@ from msgspec import Meta
 from fencepost.core.keys import QUEUE_NAME_PATTERN
 from fencepost.core.rates import PATTERN as RATE_PATTERN
 from fencepost.core.schedules import ScheduleSpec
+from fencepost.core.states import Status as Status  # the one table's enum: the OpenAPI component `Status`
 from fencepost.core.validate import meta
 from fencepost.core.views import (
     Attempt,
@@ -88,8 +89,6 @@ __all__ = [
 
 Role = Literal["producer", "operator", "admin"]
 Verb = Literal["pause", "stop", "cancel", "resume", "restart", "retry"]
-Status = Literal["BLOCKED", "PENDING", "RUNNING", "RETRY_WAIT", "PAUSED", "STOPPING", "STOPPED", "SUCCEEDED",
-                 "FAILED", "TIMED_OUT", "CANCELLED"]
 QueueName = Annotated[str, Meta(pattern=QUEUE_NAME_PATTERN, description="1-64 of letters, digits, '_', '-', '.'")]
 Reason = Annotated[str, meta("reason", description="Recorded in the run's history with the token that acted")]
 

@@ -16,7 +16,11 @@ import msgspec
 from fencepost.core.keys import Keys, api_authfail_key, api_rate_key
 from fencepost.core.rates import parse_stored
 
-__all__ = ["QueueGauges", "Window", "authfail_count", "authfail_hit", "queue_gauges", "rate_hit"]
+__all__ = [
+    "NodeAddress", "QueueBacklog", "QueueDepth", "QueueGauges", "Replication", "Window", "authfail_count",
+    "authfail_hit", "cluster_owner", "drop_queue", "ping", "promote", "queue_backlog", "queue_depth", "queue_gauges",
+    "rate_hit", "replication", "shutdown_nosave", "used_memory",
+]
 
 
 class QueueGauges(msgspec.Struct, frozen=True):
@@ -63,6 +67,55 @@ async def queue_gauges(redis: Any, keys: Keys, *, max_keys: int) -> QueueGauges:
         delayed=delayed, active=active, budget_exhausted=int(stats[0] or 0), stale_finish=int(stats[1] or 0),
         rate_limited=int(stats[2] or 0), held=sum(counts[:n_held]), rate_held=sum(counts[n_held:n_held + len(named)]),
         rate_window_used=counts[-1] if rate is not None else 0)
+
+
+class QueueDepth(msgspec.Struct, frozen=True):
+    """A queue's runs in Redis now, by sorted set (one pipeline of ZCARDs). `due` counts the default
+    tenant's set only: fencepost.core.fairness.due_summary counts every tenant's."""
+
+    due: int
+    delayed: int
+    """Delayed and retry-waiting runs (due or not)."""
+    active: int
+    """RUNNING and STOPPING runs (leased)."""
+
+    @property
+    def total(self) -> int:
+        return self.due + self.delayed + self.active
+
+
+async def queue_depth(redis: Any, keys: Keys) -> QueueDepth:
+    pipe = redis.pipeline(transaction=False)
+    pipe.zcard(keys.due)
+    pipe.zcard(keys.delayed)
+    pipe.zcard(keys.active)
+    due, delayed, active = await pipe.execute()
+    return QueueDepth(due=due, delayed=delayed, active=active)
+
+
+class QueueBacklog(msgspec.Struct, frozen=True):
+    """A queue's delayed runs split at a moment, and its leased runs (the dashboard's queue page)."""
+
+    overdue: int
+    """Delayed or retry-waiting runs whose run_at is at or before the moment: due, not yet moved."""
+    scheduled: int
+    """Delayed or retry-waiting runs due after the moment."""
+    active: int
+
+
+async def queue_backlog(redis: Any, keys: Keys, at_ms: int) -> QueueBacklog:
+    """AT_MS is the caller's display clock (the dashboard's host time): a split for showing, not a decision."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.zcount(keys.delayed, "-inf", at_ms)
+    pipe.zcount(keys.delayed, f"({at_ms}", "+inf")
+    pipe.zcard(keys.active)
+    overdue, scheduled, active = await pipe.execute()
+    return QueueBacklog(overdue=overdue, scheduled=scheduled, active=active)
+
+
+async def ping(redis: Any) -> None:
+    """Raises what redis-py raises when the server does not answer (readiness probes)."""
+    await redis.ping()
 
 
 class Window(msgspec.Struct, frozen=True):
@@ -144,3 +197,65 @@ async def unlink_prefix(redis: Any, prefix: str) -> int:
     for i in range(0, len(keys), 500):
         await redis.unlink(*keys[i:i + 500])
     return len(keys)
+
+
+# -- the load and fault harnesses (fencepost.dev): a queue's removal, one server's figures and fate ----
+
+
+async def drop_queue(redis: Any, queues_key: str, keys: Keys) -> int:
+    """Remove every key of a queue (500 at a time) and its name from the known queues: a load test's
+    own queue once measured. Returns the keys removed."""
+    found = [k async for k in redis.scan_iter(match=keys.base + "*", count=1000)]
+    for i in range(0, len(found), 500):
+        await redis.unlink(*found[i:i + 500])
+    await redis.srem(queues_key, keys.queue)
+    return len(found)
+
+
+async def used_memory(redis: Any) -> int:
+    """The server's used_memory (INFO memory), bytes."""
+    return int((await redis.info("memory"))["used_memory"])
+
+
+class Replication(msgspec.Struct, frozen=True):
+    """A server's replication offsets (INFO replication), bytes of the replication stream."""
+
+    sent: int
+    """master_repl_offset: what it wrote as a primary (0 when it never was one)."""
+    received: int
+    """slave_repl_offset: what it took from its primary (0 when it is not a replica)."""
+    link_up: bool
+    """A replica's link to its primary is up (master_link_status); False on a primary."""
+
+
+async def replication(redis: Any) -> Replication:
+    info = await redis.info("replication")
+    return Replication(sent=int(info.get("master_repl_offset", 0)), received=int(info.get("slave_repl_offset", 0)),
+                       link_up=info.get("master_link_status") == "up")
+
+
+async def promote(redis: Any) -> None:
+    """REPLICAOF NO ONE: the replica becomes a primary (the fault harness's failover)."""
+    await redis.execute_command("REPLICAOF", "NO", "ONE")
+
+
+async def shutdown_nosave(redis: Any) -> None:
+    """SHUTDOWN NOSAVE: the server dies as in a crash. The connection drops as it goes: redis-py's
+    ConnectionError (or an OSError) is the expected answer and is the caller's to ignore."""
+    await redis.execute_command("SHUTDOWN", "NOSAVE")
+
+
+class NodeAddress(msgspec.Struct, frozen=True):
+    host: str
+    port: int
+
+
+async def cluster_owner(redis: Any, tag: str) -> NodeAddress | None:
+    """The Redis Cluster primary owning the hash slot of TAG (a queue's keys hash on their tag, the
+    queue's name: pass the name). None when no slot range holds it."""
+    slot = int(await redis.execute_command("CLUSTER", "KEYSLOT", tag))
+    for lo, hi, owner, *_ in await redis.execute_command("CLUSTER", "SLOTS"):
+        if int(lo) <= slot <= int(hi):
+            host = owner[0].decode() if isinstance(owner[0], bytes) else str(owner[0])
+            return NodeAddress(host=host, port=int(owner[1]))
+    return None

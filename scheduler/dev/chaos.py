@@ -53,6 +53,7 @@ import msgspec
 import redis.asyncio as aioredis
 
 from fencepost.client import Client
+from fencepost.core import hotreads
 from fencepost.core.config import Settings
 from fencepost.core.errors import FencepostError, InvalidInput
 from fencepost.core.models import Submit
@@ -325,14 +326,12 @@ class _Soak:
         assert self.cluster_url is not None
         r = aioredis.Redis.from_url(self.cluster_url, socket_timeout=5)
         try:
-            slot = int(await r.execute_command("CLUSTER", "KEYSLOT", queue))
-            for lo, hi, owner, *_ in await r.execute_command("CLUSTER", "SLOTS"):
-                if int(lo) <= slot <= int(hi):
-                    host = owner[0].decode() if isinstance(owner[0], bytes) else str(owner[0])
-                    return host, int(owner[1])
+            owner = await hotreads.cluster_owner(r, queue)
         finally:
             await r.aclose()
-        raise RuntimeError(f"no cluster primary owns the slot of queue {queue!r}")
+        if owner is None:
+            raise RuntimeError(f"no cluster primary owns the slot of queue {queue!r}")
+        return owner.host, owner.port
 
     async def _queue_on_another_shard(self) -> str:
         mine = await self._cluster_owner(self.queue)
@@ -685,7 +684,7 @@ class _Soak:
             at = time.monotonic()
             node = aioredis.Redis(host=host, port=port, socket_timeout=5)
             with contextlib.suppress(OSError, aioredis.RedisError):
-                await node.execute_command("SHUTDOWN", "NOSAVE")  # the node dies: a crash, no save
+                await hotreads.shutdown_nosave(node)  # the node dies: a crash, no save
             with contextlib.suppress(Exception):
                 await node.aclose()
             self.skipped[kind] = "the killed cluster node is not the harness's to restart: one shard kill per soak"
@@ -715,7 +714,7 @@ class _Soak:
         await asyncio.sleep(cut_s)  # the primary takes writes the replica never gets
         r = old.client()
         try:
-            offset = int((await r.info("replication")).get("master_repl_offset", 0))
+            offset = (await hotreads.replication(r)).sent
         except (OSError, aioredis.RedisError):
             offset = 0
         finally:
@@ -724,8 +723,8 @@ class _Soak:
         self.repl_link.drop()  # what the link held dies with the primary
         rn = new.client()
         try:
-            have = int((await rn.info("replication")).get("slave_repl_offset", 0))
-            await rn.execute_command("REPLICAOF", "NO", "ONE")
+            have = (await hotreads.replication(rn)).received
+            await hotreads.promote(rn)
         finally:
             await rn.aclose()
         self.redis_url = new.url

@@ -24,6 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 
+from fencepost.core import hotreads
+
 __all__ = ["PrivatePostgres", "PrivateRedis", "Starver", "TcpProxy", "descendants", "faketime_problem", "free_port",
            "offset_clock_dir"]
 
@@ -187,8 +189,8 @@ class PrivateRedis:
         try:
             while True:
                 try:
-                    await r.ping()
-                    if self.replicaof is None or (await r.info("replication")).get("master_link_status") == "up":
+                    await hotreads.ping(r)
+                    if self.replicaof is None or (await hotreads.replication(r)).link_up:
                         return self
                 except (OSError, aioredis.RedisError):
                     pass

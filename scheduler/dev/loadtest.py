@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fencepost.client import Client
+from fencepost.core import hotreads
 from fencepost.core.config import Settings
 from fencepost.core.models import Submit, encode_payload
 from fencepost.core.record import Database, Session
@@ -108,10 +109,7 @@ class Harness:
         if self.keep:
             return 0
         row = await stores.db.fetchrow("loadtest_cleanup", self.queue)
-        keys = [k async for k in stores.redis.scan_iter(match=stores.keys(self.queue).base + "*", count=1000)]
-        for i in range(0, len(keys), 500):
-            await stores.redis.unlink(*keys[i:i + 500])
-        await stores.redis.srem(stores.queues_key, self.queue)
+        await hotreads.drop_queue(stores.redis, stores.queues_key, stores.keys(self.queue))
         return int(row["runs"]) if row is not None else 0
 
     # -- measuring --------------------------------------------------------------------------------
@@ -119,16 +117,10 @@ class Harness:
         return int(await conn.fetchval("loadtest_relation_size", list(_TABLES)))
 
     async def redis_memory(self, stores: Any) -> int:
-        info = await stores.redis.info("memory")
-        return int(info["used_memory"])
+        return await hotreads.used_memory(stores.redis)
 
     async def pending_in_redis(self, stores: Any) -> int:
-        k = stores.keys(self.queue)
-        pipe = stores.redis.pipeline(transaction=False)
-        pipe.zcard(k.due)
-        pipe.zcard(k.delayed)
-        pipe.zcard(k.active)
-        return sum(await pipe.execute())
+        return (await hotreads.queue_depth(stores.redis, stores.keys(self.queue))).total
 
     async def watch(self, stores: Any, conn: Session, total: int, t0: float, label: str) -> tuple[bool, dict[str, int]]:
         """Until every run is finished (or the timeout): a live progress line, memory samples."""
