@@ -171,30 +171,46 @@ def _verdict(name: str, found: list[str], note: str = "") -> Verdict:
     return Verdict(check=name, violations=len(found), examples=found[:EXAMPLES], note=note)
 
 
+class _Facts:
+    """The ledger and the history indexed once, by run, for the checks below."""
+
+    def __init__(self, ledger: Ledger, history: History) -> None:
+        self.ledger, self.history = ledger, history
+        self.runs = {r.id: r for r in history.runs}
+        self.attempts: dict[int, list[AttemptRow]] = defaultdict(list)
+        for a in history.attempts:
+            self.attempts[a.run_id].append(a)
+        self.execs: dict[int, list[Execution]] = defaultdict(list)
+        for e in ledger.executions:
+            self.execs[e.run_id].append(e)
+
+
 def check(ledger: Ledger, history: History, *, overlap_window_ms: int = 0, due_slack_ms: int = 1000) -> list[Verdict]:
     """Every verdict (CHECKS order). `overlap_window_ms` is the documented self-fencing window:
     two executions of one run may overlap by at most that much (measurement slack included)."""
-    runs = {r.id: r for r in history.runs}
-    attempts: dict[int, list[AttemptRow]] = defaultdict(list)
-    for a in history.attempts:
-        attempts[a.run_id].append(a)
-    execs: dict[int, list[Execution]] = defaultdict(list)
-    for e in ledger.executions:
-        execs[e.run_id].append(e)
-    out: list[Verdict] = []
+    f = _Facts(ledger, history)
+    return [*_acknowledged(f), _overlapping(f, overlap_window_ms),
+            _verdict("stale_finishes_accepted", sorted(set(_stale_finish_events(history) + _stale_attempt_rows(f)))),
+            _stale_checkpoints(f), _failed_without_handler_error(f), _duplicates(history), _untraced(f),
+            _attempt_numbers_reused(f), _started_before_due(f, due_slack_ms), _schedule_fires_missing(f),
+            *_harness(ledger)]
 
-    # acknowledged submits: in PostgreSQL, and finished
-    acked = sorted(set(ledger.acked))
-    out.append(_verdict("acknowledged_submits_lost", [f"run {i}: acknowledged, no row" for i in acked if i not in runs]))
-    done = TERMINAL
-    out.append(_verdict("acknowledged_runs_unfinished",
-                        [f"run {i}: {runs[i].status} at the end, attempts {_attempts(attempts[i])}" for i in acked
-                         if i in runs and runs[i].status not in done]))
 
-    # overlapping executions of one run (distinct tokens), beyond the window
+def _acknowledged(f: _Facts) -> list[Verdict]:
+    """Acknowledged submits: in PostgreSQL, and finished."""
+    acked = sorted(set(f.ledger.acked))
+    runs, attempts = f.runs, f.attempts
+    return [_verdict("acknowledged_submits_lost", [f"run {i}: acknowledged, no row" for i in acked if i not in runs]),
+            _verdict("acknowledged_runs_unfinished",
+                     [f"run {i}: {runs[i].status} at the end, attempts {_attempts(attempts[i])}" for i in acked
+                      if i in runs and runs[i].status not in TERMINAL])]
+
+
+def _overlapping(f: _Facts, overlap_window_ms: int) -> Verdict:
+    """Overlapping executions of one run (distinct tokens), beyond the window."""
     over: list[str] = []
     inside = 0
-    for rid, es in sorted(execs.items()):
+    for rid, es in sorted(f.execs.items()):
         es = sorted(es, key=lambda e: (e.started_ms, e.token))
         for i, x in enumerate(es):
             for y in es[i + 1:]:
@@ -204,15 +220,18 @@ def check(ledger: Ledger, history: History, *, overlap_window_ms: int = 0, due_s
                 if ov <= 0:
                     continue
                 if ov > overlap_window_ms:
-                    when = f" from +{(max(x.started_ms, y.started_ms) - ledger.t0_ms) / 1000:.1f}s" if ledger.t0_ms else ""
+                    t0 = f.ledger.t0_ms
+                    when = f" from +{(max(x.started_ms, y.started_ms) - t0) / 1000:.1f}s" if t0 else ""
                     over.append(f"run {rid}: attempt {x.attempt} (token {x.token}, {x.worker_id or x.pid}) and attempt "
                                 f"{y.attempt} (token {y.token}, {y.worker_id or y.pid}) overlap {ov} ms{when}")
                 else:
                     inside += 1
-    out.append(_verdict("overlapping_executions", over,
-                        f"{inside} overlaps within the {overlap_window_ms} ms window" if inside else ""))
+    return _verdict("overlapping_executions", over,
+                    f"{inside} overlaps within the {overlap_window_ms} ms window" if inside else "")
 
-    # finishes Fencepost accepted from an execution a newer claim had superseded (its own history)
+
+def _stale_finish_events(history: History) -> list[str]:
+    """Finishes Fencepost accepted from an execution a newer claim had superseded (its events)."""
     stale: list[str] = []
     by_run_events: dict[int, list[EventRow]] = defaultdict(list)
     for ev in history.events:
@@ -225,8 +244,15 @@ def check(ledger: Ledger, history: History, *, overlap_window_ms: int = 0, due_s
             elif ev.type in FINISH_EVENTS and ev.attempt is not None and ev.attempt < claimed:
                 stale.append(f"run {rid}: {ev.type} of attempt {ev.attempt} applied at version {ev.version}, "
                              f"after attempt {claimed} was claimed")
-    for rid, rows in sorted(attempts.items()):
-        for a in rows:  # an outcome applied after a newer attempt of the run was claimed (attempt columns)
+    return stale
+
+
+def _stale_attempt_rows(f: _Facts) -> list[str]:
+    """The same from the attempt columns: an outcome applied after a newer attempt of the run was
+    claimed, two successes, a success with a later claim."""
+    stale: list[str] = []
+    for rid, rows in sorted(f.attempts.items()):
+        for a in rows:
             if a.outcome in ACCEPTED_OUTCOMES and a.finished_ms is not None:
                 stale += [f"run {rid}: attempt {a.attempt} closed {a.outcome} {a.finished_ms - b.started_ms} ms after "
                           f"attempt {b.attempt} was claimed" for b in rows
@@ -240,12 +266,14 @@ def check(ledger: Ledger, history: History, *, overlap_window_ms: int = 0, due_s
             if a.outcome == "succeeded" and later:
                 stale.append(f"run {rid}: attempt {a.attempt} succeeded though attempt {later[0].attempt} was "
                              "claimed after it")
-    out.append(_verdict("stale_finishes_accepted", sorted(set(stale))))
+    return stale
 
-    # checkpoints Fencepost accepted from a superseded execution: judged on the versions and
-    # tokens Fencepost itself returned and issued
+
+def _stale_checkpoints(f: _Facts) -> Verdict:
+    """Checkpoints Fencepost accepted from a superseded execution: judged on the versions and
+    tokens Fencepost itself returned and issued."""
     cps: list[str] = []
-    for rid, es in sorted(execs.items()):
+    for rid, es in sorted(f.execs.items()):
         writes = sorted((c.version, e.token, e.attempt) for e in es for c in e.checkpoints)
         for (v1, t1, a1), (v2, t2, a2) in pairwise(writes):
             if t2 < t1:
@@ -259,20 +287,24 @@ def check(ledger: Ledger, history: History, *, overlap_window_ms: int = 0, due_s
                     cps += [f"run {rid}: checkpoint v{c.version} of attempt {older.attempt} (token {older.token}) "
                             f"accepted after attempt {newer.attempt} (token {newer.token}) started from "
                             f"v{newer.resumed_from}" for c in older.checkpoints if c.version > newer.resumed_from]
-    out.append(_verdict("stale_checkpoints_accepted", sorted(set(cps))))
+    return _verdict("stale_checkpoints_accepted", sorted(set(cps)))
 
-    # runs FAILED (or TIMED_OUT) although no handler of theirs failed
-    raised = {(e.run_id, e.attempt) for e in ledger.executions if e.raised}
+
+def _failed_without_handler_error(f: _Facts) -> Verdict:
+    """Runs FAILED (or TIMED_OUT) although no handler of theirs failed."""
+    raised = {(e.run_id, e.attempt) for e in f.ledger.executions if e.raised}
     nf: list[str] = []
-    for r in history.runs:
+    for r in f.history.runs:
         if r.status not in DEAD:
             continue
-        handler_failed = any(a.outcome in HANDLER_OUTCOMES and (r.id, a.attempt) in raised for a in attempts[r.id])
+        handler_failed = any(a.outcome in HANDLER_OUTCOMES and (r.id, a.attempt) in raised for a in f.attempts[r.id])
         if not handler_failed:
-            nf.append(f"run {r.id}: {r.status}, attempts {_attempts(attempts[r.id])}")
-    out.append(_verdict("failed_without_handler_error", nf))
+            nf.append(f"run {r.id}: {r.status}, attempts {_attempts(f.attempts[r.id])}")
+    return _verdict("failed_without_handler_error", nf)
 
-    # duplicate history: one transition recorded twice, one attempt with two rows
+
+def _duplicates(history: History) -> Verdict:
+    """Duplicate history: one transition recorded twice, one attempt with two rows."""
     dup: list[str] = []
     seen: dict[tuple[int, str, int, int | None], list[EventRow]] = defaultdict(list)
     for ev in history.events:
@@ -287,55 +319,65 @@ def check(ledger: Ledger, history: History, *, overlap_window_ms: int = 0, due_s
     for a in history.attempts:
         rows_seen[(a.run_id, a.attempt)] += 1
     dup += [f"run {k[0]}: attempt {k[1]} has {n} rows" for k, n in sorted(rows_seen.items()) if n > 1]
-    out.append(_verdict("duplicate_events", dup))
+    return _verdict("duplicate_events", dup)
 
-    # every execution has its attempt row (its number and token, or an 'unknown' row of its number)
+
+def _untraced(f: _Facts) -> Verdict:
+    """Every execution has its attempt row (its number and token, or an 'unknown' row of its number)."""
     untraced: list[str] = []
-    rows_by = {(a.run_id, a.attempt): a for a in history.attempts}
-    for e in sorted(ledger.executions, key=lambda e: (e.run_id, e.attempt)):
+    rows_by = {(a.run_id, a.attempt): a for a in f.history.attempts}
+    for e in sorted(f.ledger.executions, key=lambda e: (e.run_id, e.attempt)):
         row = rows_by.get((e.run_id, e.attempt))
         if row is None:
             untraced.append(f"run {e.run_id}: attempt {e.attempt} (token {e.token}) has no attempt row")
         elif row.outcome != "unknown" and row.token != e.token:
             untraced.append(f"run {e.run_id}: attempt {e.attempt} ran with token {e.token}, its row has {row.token}")
-    out.append(_verdict("untraced_executions", untraced))
+    return _verdict("untraced_executions", untraced)
 
+
+def _attempt_numbers_reused(f: _Facts) -> Verdict:
     reused: list[str] = []
-    for rid, es in sorted(execs.items()):
+    for rid, es in sorted(f.execs.items()):
         tokens: dict[int, set[int]] = defaultdict(set)
         for e in es:
             tokens[e.attempt].add(e.token)
         reused += [f"run {rid}: attempt {n} ran with tokens {sorted(t)}" for n, t in sorted(tokens.items()) if len(t) > 1]
-    out.append(_verdict("attempt_numbers_reused", reused))
+    return _verdict("attempt_numbers_reused", reused)
 
+
+def _started_before_due(f: _Facts, due_slack_ms: int) -> Verdict:
     early = []
-    for rid, due in sorted(ledger.due.items()):
-        first = min(execs.get(rid, []), key=lambda e: e.started_ms, default=None)
+    for rid, due in sorted(f.ledger.due.items()):
+        first = min(f.execs.get(rid, []), key=lambda e: e.started_ms, default=None)
         if first is not None and first.started_ms < due - due_slack_ms:
             early.append(f"run {rid}: attempt {first.attempt} started {due - first.started_ms} ms before due on "
                          f"{first.worker_id or first.pid}")
-    out.append(_verdict("started_before_due", early, f"slack {due_slack_ms} ms"))
+    return _verdict("started_before_due", early, f"slack {due_slack_ms} ms")
 
+
+def _schedule_fires_missing(f: _Facts) -> Verdict:
     fires: dict[int, set[int]] = defaultdict(set)
-    for r in history.runs:
+    for r in f.history.runs:
         if r.schedule_id is not None and r.fire_ms is not None:
             fires[r.schedule_id].add(r.fire_ms)
     missing: list[str] = []
-    for sp in ledger.schedules:
-        got = {round((f - sp.first_ms) / sp.interval_ms) for f in fires.get(sp.schedule_id, set())}
+    for sp in f.ledger.schedules:
+        got = {round((fire - sp.first_ms) / sp.interval_ms) for fire in fires.get(sp.schedule_id, set())}
         n = max(0, (sp.until_ms - sp.first_ms) // sp.interval_ms + 1)
         missing += [f"schedule {sp.schedule_id}: fire at +{i * sp.interval_ms} ms has no run" for i in range(n)
                     if i not in got]
-    out.append(_verdict("schedule_fires_missing", missing))
+    return _verdict("schedule_fires_missing", missing)
 
-    out.append(_verdict("children_outlived_worker", list(ledger.orphans)))
-    out.append(_verdict("faults_not_recovered", [f"{r.kind} at {r.at_s:.1f}s: {r.measures} not within the limit"
-                                                 for r in ledger.recoveries
-                                                 if r.seconds is None and not r.skipped and not r.error]))
-    out.append(_verdict("harness_errors", [*ledger.harness_errors,
-                                           *(f"{r.kind} at {r.at_s:.1f}s: {r.error}" for r in ledger.recoveries
-                                             if r.error)]))
-    return out
+
+def _harness(ledger: Ledger) -> list[Verdict]:
+    """What the harness itself saw: children alive after their worker, faults not recovered, its errors."""
+    return [_verdict("children_outlived_worker", list(ledger.orphans)),
+            _verdict("faults_not_recovered", [f"{r.kind} at {r.at_s:.1f}s: {r.measures} not within the limit"
+                                              for r in ledger.recoveries
+                                              if r.seconds is None and not r.skipped and not r.error]),
+            _verdict("harness_errors", [*ledger.harness_errors,
+                                        *(f"{r.kind} at {r.at_s:.1f}s: {r.error}" for r in ledger.recoveries
+                                          if r.error)])]
 
 
 class LedgerRow(msgspec.Struct, frozen=True, kw_only=True):
