@@ -19,34 +19,32 @@ import time
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import Any
 
 import msgspec
-from redis.exceptions import ClusterError, ResponseError, TryAgainError
+from redis.exceptions import ClusterError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fencepost.core import hotrepair, stats
 from fencepost.core import release as workflows
-from fencepost.core import stats
-from fencepost.core.errors import RedisUnavailable
+from fencepost.core.errors import IdempotencyConflict, InvalidInput, RedisUnavailable
 from fencepost.core.hot import TtlArgs, Versioned
+from fencepost.core.hotrepair import GROUP, Entry, EventStreams
 from fencepost.core.metrics import QUARANTINED, Cached
-from fencepost.core.models import encode_payload
+from fencepost.core.models import Submit
 from fencepost.core.record import REFUSED
 from fencepost.core.states import ACTIVE, TERMINAL
 from fencepost.core.stores import Stores
+from fencepost.core.submit import SubmitPath
 from fencepost.reconciler import gauges
 
-if TYPE_CHECKING:
-    from redis.typing import EncodableT, FieldT
+__all__ = ["GROUP", "Recorder", "stream_id_int"]
 
 log = logging.getLogger("fencepost.recorder")
 RedisUnavailableErrors = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError, OSError, RedisUnavailable)
 """A node of the hot store unreachable (a Redis Cluster shard down or failing over): that queue waits."""
 
-GROUP = "recorder"
-_StreamReply: TypeAlias = list[tuple[bytes | str, list[tuple[bytes, dict[bytes, bytes]]]]]
-"""XREADGROUP's reply: (stream, [(entry id, fields)]), bytes since Stores sets decode_responses=False."""
 _json = msgspec.json.Encoder()
 _UTC = UTC
 _TERMINAL = {s.value for s in TERMINAL}
@@ -128,6 +126,186 @@ def _columns(rows: Iterable[Sequence[Any]], width: int) -> list[list[Any]]:
     return cols
 
 
+def _rows(entries: list[Entry], at_of: dict[bytes, datetime]) -> list[tuple[Any, ...]]:
+    """Each entry parsed once, into its event row (_EVENT_COLUMNS' order; `at` a datetime, made once
+    per ts value into `at_of`: the entries of one script call share their ts). The statements and
+    `_fold` reuse these rows: no entry is parsed twice."""
+    rows = []
+    for stream, entry_id, f in entries:
+        g = f.get
+        a, t, w, r = g(b"attempt"), g(b"token"), g(b"worker"), g(b"reason") or g(b"outcome")
+        ec, em, actor = g(b"error_class"), g(b"error"), g(b"actor")
+        ts = f[b"ts"]
+        at = at_of.get(ts)
+        if at is None:
+            at = at_of[ts] = _ts(ts)
+        ms, _, seq = entry_id.partition(b"-")
+        rows.append((int(f[b"run"]), f[b"type"].decode(), f[b"from"].decode(), f[b"to"].decode(), int(f[b"v"]),
+                     int(a) if a else None, int(t) if t else None, w.decode() if w else None,
+                     r.decode() if r else None, ec.decode() if ec else None,
+                     em.decode(errors="replace") if em else None, at, stream,
+                     (int(ms) << 20) | int(seq), actor.decode() if actor else None))
+    return rows
+
+
+class _Fold:
+    """One batch folded into the rows PostgreSQL takes in one statement each (`Recorder._fold` walks
+    the entries): every entry updates its run's projection row (`project`), a claim opens its
+    attempt's row (`claim`), a finish closes it (`close`), and a start or finish counts in its
+    queue's minute of the dashboard's rollup (`count`). `columns` hands the rows over as the
+    statements' arguments. One method per table, so each rule reads alone; rows are lists indexed by
+    the statements' parameter slots (_R_*, _A_*), the cheapest shape to fill and transpose."""
+
+    __slots__ = ("at_of", "atts", "compensations", "groups", "looked", "runs", "started", "unstarted")
+
+    def __init__(self, at_of: dict[bytes, datetime]) -> None:
+        self.at_of = at_of
+        """Datetimes already made for the batch's ts values (and lease and start times: a claim batch shares them)."""
+        self.runs: dict[int, list[Any]] = {}
+        """Run id -> apply_runs' row."""
+        self.atts: dict[tuple[int, int], list[Any]] = {}
+        """(run, attempt) -> apply_attempts' row."""
+        self.unstarted: set[tuple[int, int]] = set()
+        """Attempts closed with no start known (written by apply_attempts_by_run)."""
+        self.compensations: list[tuple[int, str]] = []
+        """(cancelled run, compensation handler) for the runs cancelled with a compensation to run."""
+        self.groups: dict[tuple[str, int], list[Any]] = {}
+        """(queue, minute) -> rollup_minutes' row."""
+        self.started: dict[tuple[int, int | None], int] = {}
+        """(run, attempt) -> claim ts (ms), from this batch."""
+        self.looked: list[tuple[str, datetime, int, int | None]] = []
+        """Finishes whose run time PostgreSQL has (their claim was recorded in an earlier batch)."""
+
+    def _at(self, ms: bytes) -> datetime:
+        at = self.at_of.get(ms)
+        if at is None:
+            at = self.at_of[ms] = _ts(ms)
+        return at
+
+    def project(self, row: tuple[Any, ...], f: dict[bytes, bytes]) -> list[Any]:
+        """The entry applied to its run's projection row: the batch's entries of a run come in order, so
+        the last state, version and attempt stand, and a field an entry does not carry keeps what an
+        earlier one set (apply_runs keeps PostgreSQL's value where the row holds NULL)."""
+        run_id, status, a, at = row[0], row[3], row[5], row[11]
+        p = self.runs.get(run_id)
+        if p is None:
+            p = self.runs[run_id] = [run_id, None, None, None, None, None, None, None, None, None, None, None, None,
+                                     None, None, None, None, None]
+        p[_R_STATUS] = status
+        p[_R_VERSION] = row[4]
+        p[_R_AT] = at
+        if a is not None:
+            p[_R_ATTEMPT] = a
+        token = f.get(b"token")
+        if token is not None:
+            p[_R_TOKEN] = int(token)
+        worker = f.get(b"worker")
+        if worker is not None:
+            p[_R_WORKER] = worker.decode()
+        if b"run_at" in f:
+            p[_R_RUN_AT] = _ts(f[b"run_at"])
+        if b"error" in f:
+            p[_R_ERROR] = f[b"error"].decode(errors="replace")[:4000]
+            p[_R_ERROR_CLASS] = f[b"error_class"].decode()
+        if b"reason" in f:
+            p[_R_REASON] = f[b"reason"].decode()
+        if b"result" in f:
+            p[_R_RESULT] = f[b"result"]
+        if b"ctl" in f:
+            p[_R_CTL] = f[b"ctl"].decode()
+        if b"forced" in f:
+            p[_R_FORCED] = True
+        if b"gen" in f:
+            p[_R_GEN] = int(f[b"gen"])
+        if b"compensate" in f and status == "CANCELLED":
+            self.compensations.append((run_id, f[b"compensate"].decode()))
+        if status in _TERMINAL or status == "STOPPED":
+            p[_R_FINISHED] = at
+        return p
+
+    def claim(self, p: list[Any], row: tuple[Any, ...], f: dict[bytes, bytes]) -> None:
+        """A claim: the run's lease and start, and a new attempt row (its token and worker as `project`
+        just set them). A claim always carries attempt, token and worker: one without is malformed."""
+        run_id, a, at = row[0], row[5], row[11]
+        p[_R_LEASE] = self._at(f[b"lease"])  # a claim batch shares its lease expiry
+        p[_R_STARTED] = at
+        p[_R_RESULT] = None
+        if a is None or b"token" not in f or b"worker" not in f:
+            raise KeyError(f"claim of run {run_id} without attempt, token or worker")
+        self.atts[(run_id, a)] = [run_id, a, p[_R_TOKEN], p[_R_WORKER], at, None, None, None, None,
+                                  row[4], row[13], None, None, None, None, None, None]
+        self.unstarted.discard((run_id, a))
+
+    def close(self, row: tuple[Any, ...], f: dict[bytes, bytes], folded: bool, outcome: bytes) -> None:
+        """A finish: its attempt's outcome and error, on the row the batch's claim opened or on a new
+        one (the start from the entry's `started`, which names the attempt's partition; without it the
+        row goes by run, `unstarted`). A `folded` finish is a column of the row, not an event row."""
+        run_id, a = row[0], row[5]
+        att = self.atts.get((run_id, a))
+        if att is None:
+            begun_ms = f.get(b"started")
+            if begun_ms:
+                begun_at: datetime | None = self._at(begun_ms)
+            else:
+                begun_at = None
+                self.unstarted.add((run_id, a))
+            att = self.atts[(run_id, a)] = [run_id, a, int(f[b"token"]), f[b"worker"].decode(), begun_at,
+                                            None, None, None, None, None, None, None, None, None, None, None, None]
+        att[_A_FINISHED] = row[11]
+        att[_A_OUTCOME] = outcome.decode()
+        att[_A_ERROR_CLASS] = f[b"error_class"].decode() if b"error_class" in f else None
+        att[_A_ERROR] = f[b"error"].decode(errors="replace")[:4000] if b"error" in f else None
+        if folded:
+            att[_A_FTYPE], att[_A_FFROM], att[_A_FTO], att[_A_FV], att[_A_FSID], att[_A_REASON] = (
+                row[1], row[2], row[3], row[4], row[13], row[8])
+
+    def count(self, stream: str, row: tuple[Any, ...], f: dict[bytes, bytes], kind: str) -> None:
+        """The dashboard's per-minute counts and histograms (stats.BOUNDS_MS buckets): a start counts
+        its lag behind the due time, a success or failure its run time (from the batch's claim, else
+        the entry's `started`, else left to PostgreSQL: `looked`)."""
+        run_id, a = row[0], row[5]
+        t = int(f[b"ts"])
+        queue = stream[stream.index("{") + 1: stream.index("}")]
+        grp = self.groups.get((queue, t // 60_000))
+        if grp is None:
+            grp = self.groups[(queue, t // 60_000)] = [queue, _ts(t - t % 60_000), 0, 0, 0, 0,
+                                                       [0] * _BUCKETS, [0] * _BUCKETS]
+        grp[_KIND_SLOT[kind]] += 1
+        if kind == "started":
+            self.started[(run_id, a)] = t
+            due = f.get(b"due")
+            if due:
+                grp[_LAG_HIST][bisect_right(stats.BOUNDS_MS, max(0, t - int(due)))] += 1
+        elif kind != "retried":  # succeeded / failed: the attempt's run time
+            begun = self.started.get((run_id, a))
+            if begun is None and b"started" in f:
+                begun = int(f[b"started"])
+            if begun is None:
+                self.looked.append((queue, grp[1], run_id, a))
+            else:
+                grp[_RUN_HIST][bisect_right(stats.BOUNDS_MS, t - begun)] += 1
+
+    def columns(self) -> tuple[list[list[Any]], list[list[Any]], list[list[Any]], list[list[Any]]]:
+        """apply_runs' column arrays, the attempt rows whose start is known and those whose start is not
+        (apply_attempts / apply_attempts_by_run), and rollup_minutes' arguments, each in key order
+        (recorder replicas lock rows in one order: no deadlock between them)."""
+        for p in self.runs.values():  # what apply_runs would ignore goes as NULL: fewer values to encode
+            if p[_R_STATUS] not in _ACTIVE:  # a lease and its owner are kept only for an active run
+                p[_R_WORKER] = p[_R_LEASE] = None
+            if p[_R_FINISHED] is not None:  # `at` only stands in for a finish time the fold did not set
+                p[_R_AT] = None
+        groups = self.groups
+        mins = [groups[k] for k in sorted(groups, key=lambda k: (k[1], k[0]))]  # queue_minutes' key order
+        rollup = [[g[i] for g in mins] for i in range(_LAG_HIST)]
+        rollup += [[n for g in mins for n in g[_LAG_HIST]], [n for g in mins for n in g[_RUN_HIST]]]
+        rollup += [list(c) for c in zip(*self.looked, strict=True)] if self.looked else [[], [], [], []]
+        atts, unstarted = self.atts, self.unstarted
+        pruned = [atts[k] for k in sorted(atts) if k not in unstarted]
+        closes = [atts[k] for k in sorted(unstarted)]
+        runs = self.runs
+        return (_columns([runs[k] for k in sorted(runs)], 18) if runs else []), pruned, closes, rollup
+
+
 class Recorder:
     def __init__(self, stores: Stores, *, batch: int = 5000, consumer: str | None = None,
                  claim_idle_ms: int = 30_000) -> None:
@@ -140,13 +318,22 @@ class Recorder:
         self.recorded = 0
         self._expired_at: dict[int, int] = {}
         self._metrics = Cached()
-        self.poison_key = f"{stores.settings.prefix}:recorder:poison"
+        self.streams = EventStreams(stores)
+        """The consumer group on the queues' events streams (fencepost.core.hotrepair)."""
+        self.poison_key = self.streams.poison_key
         """Entries PostgreSQL refused even alone (a bug or corrupt data): kept for an operator."""
         self.last_lag_s = 0.0
         self._pg_queues: set[str] = set()
         self._pg_queues_at = -math.inf
-        self._redis_queues: set[bytes] = set()
+        self._redis_queues: set[str] = set()
         self._stream_warned: dict[str, float] = {}
+        self._submit = SubmitPath(stores, actor="recorder")
+        """Compensation runs are submitted through the one submit path (its checks), keyed per cancelled
+        run in a namespace of their own (no producer's idempotency key can reach theirs)."""
+        self._submit.idempotency_namespace = "compensation"
+        self._versions: dict[int, tuple[str, int, str]] = {}
+        self._compensations: list[tuple[int, str]] = []
+        self._new_queues: dict[str, int] = {}
 
     linger_s = 0.05
     """After a batch of fewer than `linger_batch` entries, wait this long before reading again, so
@@ -160,11 +347,7 @@ class Recorder:
         streams = [self.stores.keys(q).events for q in queues]
         for s in streams:
             if s not in self._groups:
-                try:
-                    await self.stores.redis.xgroup_create(s, GROUP, id="0", mkstream=True)
-                except ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
-                        raise
+                await self.streams.create_group(s)
                 self._groups.add(s)
         return streams
 
@@ -177,7 +360,7 @@ class Recorder:
         Redis Cluster shard kill) was used on a healthy shard, but its SADD failed, so its runs ran
         and their history stayed in a stream no recorder read (the cluster soak's untraced execution)."""
         try:
-            names = cast("set[bytes]", await self.stores.redis.smembers(self.stores.queues_key))  # decode_responses=False
+            names = await hotrepair.queue_names(self.stores)
             self._redis_queues = names
         except RedisUnavailableErrors as exc:  # the set's shard is down: the queues known already go on
             if not self._redis_queues and not self._pg_queues:
@@ -190,7 +373,7 @@ class Recorder:
                 self._pg_queues_at = time.monotonic()
             except Exception as exc:  # PostgreSQL down: record what Redis lists; the batch's write will wait
                 log.debug("queue list from PostgreSQL unavailable: %s", exc)
-        return sorted({n.decode() for n in names} | self._pg_queues)
+        return sorted(names | self._pg_queues)
 
     async def run_once(self, *, block_ms: int = 200, pending: bool = False) -> int:
         """Read one batch (own pending entries first if `pending`) and record it. Returns entries handled."""
@@ -199,44 +382,13 @@ class Recorder:
             await asyncio.sleep(block_ms / 1000)
             return 0
         streams = await self._ensure_groups(queues)
-        start = "0" if pending else ">"
-        if self.stores.settings.redis_cluster:
-            # Redis Cluster: each queue's stream is in its own hash slot, so one XREADGROUP over
-            # several streams fails with CROSSSLOT. Read each stream on its own, concurrently and
-            # without BLOCK (a blocked read of one idle stream would delay the busy ones), and
-            # poll: sleep up to block_ms when every stream was empty.
-            # A stream on a dead or failing-over shard fails alone: the others' entries are recorded
-            # (shard isolation: a dead shard delays only its own queues' history), its group is made
-            # again on the next read, and only every stream failing is the batch's failure.
-            replies = await asyncio.gather(*(self.stores.redis.xreadgroup(GROUP, self.consumer, {s: start},
-                                                                          count=self.batch) for s in streams),
-                                           return_exceptions=True)
-            failed = [(s, r) for s, r in zip(streams, replies, strict=True) if isinstance(r, BaseException)]
-            if failed and len(failed) == len(streams):
-                raise failed[0][1]
-            for s, exc in failed:
-                self._groups.discard(s)
-                self._stream_failed(s, exc)
-            read = cast("list[_StreamReply | None]", [r for r in replies if not isinstance(r, BaseException)])
-            merged: _StreamReply = [item for r in read for item in (r or [])]
-            reply: _StreamReply | None = merged
-            if not pending and not any(items for _, items in merged):
-                await asyncio.sleep(min(block_ms, 50) / 1000)
-        else:
-            reply = cast("_StreamReply | None", await self.stores.redis.xreadgroup(
-                GROUP, self.consumer, {s: start for s in streams}, count=self.batch,
-                block=None if pending else block_ms))
-        entries: list[tuple[str, bytes, dict[bytes, bytes]]] = []
-        for stream, items in reply or []:
-            s = stream.decode() if isinstance(stream, bytes) else stream
-            for entry_id, fields in items:
-                if fields:  # a deleted entry still pending shows up with no fields
-                    entries.append((s, entry_id, fields))
-                else:
-                    await self.stores.redis.xack(s, GROUP, entry_id)
-        if entries:
-            await self.record(entries, fresh=not pending)
-        return len(entries)
+        read = await self.streams.read(streams, self.consumer, pending=pending, count=self.batch, block_ms=block_ms)
+        for stream, exc in read.failed.items():  # its shard down: its group is made again on the next read
+            self._groups.discard(stream)
+            self._stream_failed(stream, exc)
+        if read.entries:
+            await self.record(read.entries, fresh=not pending)
+        return len(read.entries)
 
     def _stream_failed(self, stream: str, exc: BaseException) -> None:
         """One stream unreadable (its shard down): said once per stream every 10 s, the rest go on."""
@@ -262,18 +414,16 @@ class Recorder:
     async def _adopt(self, queue: str) -> int:
         handled = 0
         stream = (await self._ensure_groups([queue]))[0]
-        start = "0-0"
+        start: bytes | str = "0-0"
         while True:
-            nxt, items, *_ = await self.stores.redis.xautoclaim(stream, GROUP, self.consumer, self.claim_idle_ms,
-                                                                start_id=start, count=self.batch)
-            entries = [(stream, eid, f) for eid, f in items if f]
-            if entries:
-                await self.record(entries)
-                handled += len(entries)
-            start = nxt
-            if nxt in (b"0-0", "0-0"):
-                break
-        return handled
+            page = await self.streams.adopt(stream, self.consumer, min_idle_ms=self.claim_idle_ms, start=start,
+                                            count=self.batch)
+            if page.entries:
+                await self.record(page.entries)
+                handled += len(page.entries)
+            if page.done:
+                return handled
+            start = page.next
 
     async def run(self, stop: asyncio.Event) -> None:
         last_adopt = 0.0
@@ -302,7 +452,7 @@ class Recorder:
                 replay = True
                 await asyncio.sleep(0.5)
 
-    async def record(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], *, fresh: bool = False) -> None:
+    async def record(self, entries: list[Entry], *, fresh: bool = False) -> None:
         """Record a batch; a batch PostgreSQL refuses (not a connection problem: a constraint,
         bad data) is split in halves until the entry at fault is isolated, so one poison entry
         never stalls the history of everything behind it.
@@ -329,7 +479,7 @@ class Recorder:
             else:
                 await self._quarantine(entries[0], exc)
 
-    async def _quarantine(self, entry: tuple[str, bytes, dict[bytes, bytes]], exc: Exception) -> None:
+    async def _quarantine(self, entry: Entry, exc: Exception) -> None:
         """Keep an unrecordable entry where an operator can see it (never drop history), then
         acknowledge it so the stream moves on. An operator's command (an entry with an actor) is
         audited whatever its text: it is recorded with its text made storable first, and only
@@ -361,72 +511,112 @@ class Recorder:
                 pass  # quarantined below, with the alert
         log.error("transition %s of %s cannot be recorded (%s); kept in %s", entry_id, stream, exc,
                   self.poison_key, extra={"event": "recorder_poison", "run_id": int(fields.get(b"run", b"0") or 0)})
-        poison = {**fields, b"stream": stream, b"entry": entry_id, b"error": str(exc)[:500]}
-        await self.stores.redis.xadd(self.poison_key, cast("dict[FieldT, EncodableT]", poison))  # dict is invariant
+        await self.streams.quarantine(entry, str(exc)[:500])
         gauges.POISON.inc()
-        pipe = self.stores.redis.pipeline(transaction=False)
-        pipe.xack(stream, GROUP, entry_id)
-        pipe.xdel(stream, entry_id)
-        await pipe.execute()
 
-    async def _record(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], *, copy: bool = False) -> None:
-        rows = []
+    async def _record(self, entries: list[Entry], *, copy: bool = False) -> None:
+        """Record one batch in one transaction, then acknowledge it. `copy`: a fresh batch, its event
+        rows written by binary COPY (see `record`). Each entry is parsed once (`_rows`); transitions
+        PostgreSQL holds already are skipped (`_repeated`); the event rows are written
+        (`_copy_events`, or `_unrecorded` for a replay), the rest folded into the runs' and attempts'
+        rows and written (`_apply`)."""
         at_of: dict[bytes, datetime] = {}  # the entries of one script call share their ts: one datetime each
-        for stream, entry_id, f in entries:  # each entry parsed once; _fold reuses the row
-            g = f.get
-            a, t, w, r = g(b"attempt"), g(b"token"), g(b"worker"), g(b"reason") or g(b"outcome")
-            ec, em, actor = g(b"error_class"), g(b"error"), g(b"actor")
-            ts = f[b"ts"]
-            at = at_of.get(ts)
-            if at is None:
-                at = at_of[ts] = _ts(ts)
-            ms, _, seq = entry_id.partition(b"-")
-            rows.append((int(f[b"run"]), f[b"type"].decode(), f[b"from"].decode(), f[b"to"].decode(), int(f[b"v"]),
-                         int(a) if a else None, int(t) if t else None, w.decode() if w else None,
-                         r.decode() if r else None, ec.decode() if ec else None,
-                         em.decode(errors="replace") if em else None, at, stream,
-                         (int(ms) << 20) | int(seq), actor.decode() if actor else None))
+        rows = _rows(entries, at_of)
         folded = [_folded(f) for _, _, f in entries]
+        self._new_queues = {}
         async with self.stores.db.transaction() as tx:
             repeated = await self._repeated(tx, rows, folded)
             if copy:
-                events = [row for i, (row, fold) in enumerate(zip(rows, folded, strict=True))
-                          if not fold and i not in repeated]
-                if events:
-                    await tx.copy_in("events", events, _EVENT_COLUMNS)
-                new: set[tuple[str, int]] | None = None
-                if repeated:  # neither written nor counted, nor folded into the run's or attempt's row
-                    new = {(stream, row[13]) for i, (row, (stream, _, _)) in enumerate(zip(rows, entries, strict=True))
-                           if i not in repeated}
+                new = await self._copy_events(tx, entries, rows, folded, repeated)
             else:
                 new = await self._unrecorded(tx, entries, rows, folded, repeated)
-            runs, attempts, unstarted, rollup = self._fold(entries, new, at_of, rows, folded)
-            late = False
-            if runs:
-                late = _count(await tx.execute("apply_runs", *runs)) < len(runs[_R_ID])
-                await workflows.on_recorded(tx, runs[_R_ID], runs[_R_STATUS])  # release / cancel dependents
-            if late:  # another batch recorded a newer version of a run: its claims may come after their close
-                if copy:  # or this batch was recorded before: count only what it adds (rollup, metrics)
-                    new = await self._add_folded(tx, entries, rows, folded, {
-                        (stream, row[13]) for i, (row, (stream, _, _), fold)
-                        in enumerate(zip(rows, entries, folded, strict=True)) if not fold and i not in repeated})
-                    if new is not None:
-                        _, attempts, unstarted, rollup = self._fold(entries, new, at_of, rows, folded)
-                attempts, unstarted = [], sorted(attempts + unstarted, key=lambda r: (r[0], r[1]))
-            if attempts:
-                if _count(await tx.execute("apply_attempts", *_columns(attempts, _ATTEMPT_WIDTH))) < len(attempts) \
-                        and copy:
-                    raise _Recorded("a fresh batch's attempts are in PostgreSQL already")
-            if unstarted:
-                await tx.execute("apply_attempts_by_run", *_columns(unstarted, _ATTEMPT_WIDTH))
-            if rollup[0]:  # the dashboard's per-minute counts, exactly once with the events they count
-                await tx.execute("rollup_minutes", *rollup)
-            if self._compensations:
-                await tx.execute("insert_compensations", *map(list, zip(*self._compensations)))
+            runs, new = await self._apply(tx, entries, new, at_of, rows, folded, repeated, copy=copy)
         await self._acknowledge(entries, runs)
+        if self._new_queues:  # a compensation's queue its insert created: stamped as a submit's would be
+            await self._stamp_created(self._new_queues)
         self._observe(entries, new, rows)
         self.recorded += len(entries) if new is None else len(new)
         self.last_lag_s = max(0.0, time.time() - int(entries[-1][2][b"ts"]) / 1000)
+
+    async def _copy_events(self, tx: Any, entries: list[Entry], rows: Sequence[tuple[Any, ...]],
+                           folded: Sequence[bool], repeated: set[int]) -> set[tuple[str, int]] | None:
+        """A fresh batch's event rows by binary COPY, the `repeated` ones left out: they are neither
+        written nor counted, nor folded into the run's or attempt's row. Returns the (stream, stream id)
+        of the entries to fold (None: all of them)."""
+        events = [row for i, (row, fold) in enumerate(zip(rows, folded, strict=True)) if not fold and i not in repeated]
+        if events:
+            await tx.copy_in("events", events, _EVENT_COLUMNS)
+        if not repeated:
+            return None
+        return {(stream, row[13]) for i, (row, (stream, _, _)) in enumerate(zip(rows, entries, strict=True))
+                if i not in repeated}
+
+    async def _apply(self, tx: Any, entries: list[Entry], new: set[tuple[str, int]] | None,
+                     at_of: dict[bytes, datetime], rows: Sequence[tuple[Any, ...]], folded: Sequence[bool],
+                     repeated: set[int], *, copy: bool) -> tuple[list[list[Any]], set[tuple[str, int]] | None]:
+        """Fold the entries in `new` (None: all) and write what they make: the runs' projection (and the
+        workflow steps it releases or cancels), the attempts, the dashboard's rollup, the compensations.
+        Returns apply_runs' columns and `new`, narrowed when a fresh batch turns out to be recorded
+        before (only what it adds is counted)."""
+        runs, attempts, unstarted, rollup = self._fold(entries, new, at_of, rows, folded)
+        late = False
+        if runs:
+            late = _count(await tx.execute("apply_runs", *runs)) < len(runs[_R_ID])
+            await workflows.on_recorded(tx, runs[_R_ID], runs[_R_STATUS])  # release / cancel dependents
+        if late:  # another batch recorded a newer version of a run: its claims may come after their close
+            if copy:  # or this batch was recorded before: count only what it adds (rollup, metrics)
+                new = await self._add_folded(tx, entries, rows, folded, {
+                    (stream, row[13]) for i, (row, (stream, _, _), fold)
+                    in enumerate(zip(rows, entries, folded, strict=True)) if not fold and i not in repeated})
+                if new is not None:
+                    _, attempts, unstarted, rollup = self._fold(entries, new, at_of, rows, folded)
+            attempts, unstarted = [], sorted(attempts + unstarted, key=lambda r: (r[0], r[1]))
+        if attempts:
+            if _count(await tx.execute("apply_attempts", *_columns(attempts, _ATTEMPT_WIDTH))) < len(attempts) \
+                    and copy:
+                raise _Recorded("a fresh batch's attempts are in PostgreSQL already")
+        if unstarted:
+            await tx.execute("apply_attempts_by_run", *_columns(unstarted, _ATTEMPT_WIDTH))
+        if rollup[0]:  # the dashboard's per-minute counts, exactly once with the events they count
+            await tx.execute("rollup_minutes", *rollup)
+        if self._compensations:
+            await self._compensate(tx, self._compensations)
+        return runs, new
+
+    async def _compensate(self, tx: Any, cancelled: list[tuple[int, str]]) -> None:
+        """Flag each cancelled run that needs compensation, and submit its compensation run through the
+        one submit path (core/submit.py: the checks of every submit) in this transaction, keyed
+        `compensate:<run>` so a cancel recorded twice submits it once. The run goes PENDING with the
+        outbox flag: the outbox relay moves it to Redis after the commit, as before. One the submit
+        path refuses (its handler unknown, arguments it cannot take, a payload over the limit) is
+        logged and counted, and the batch goes on: the cancelled run stays flagged for an operator.
+        Handler '!' (no compensation declared) only flags."""
+        await tx.execute("flag_compensation", [rid for rid, _ in cancelled])
+        path = self._submit
+        path.defs = {}  # the declarations as they are now (a recorder runs for months): read once per batch
+        for rid, handler in cancelled:
+            if handler == "!":
+                continue
+            req = Submit(handler=handler, args=(rid,), idempotency_key=f"compensate:{rid}")
+            try:
+                rows = await path.prepare([req], outbox=True)
+                _, _, new_queues = await path.insert([req], rows, tx)
+            except (InvalidInput, IdempotencyConflict) as exc:  # a store down is raised: the batch is retried
+                QUARANTINED.labels("recorder", "compensation").inc()
+                log.error("compensation %s of cancelled run %s refused by the submit path (%s: %s); the run "
+                          "stays flagged needs_compensation", handler, rid, type(exc).__name__, exc,
+                          extra={"event": "compensation_refused", "run_id": rid})
+                continue
+            self._new_queues.update(new_queues)
+
+    async def _stamp_created(self, new_queues: dict[str, int]) -> None:
+        """Stamp the queues a compensation created (SubmitPath.stamp, after the commit). Redis refusing
+        leaves them to the rebuild, which stamps every unstamped queue: the batch is recorded."""
+        try:
+            await self._submit.stamp(new_queues)
+        except RedisUnavailableErrors as exc:
+            log.warning("queues %s created by a compensation not stamped yet (%s); left to the rebuild",
+                        sorted(new_queues), exc)
 
     async def _repeated(self, tx: Any, rows: Sequence[tuple[Any, ...]], folded: Sequence[bool]) -> set[int]:
         """Positions of the event rows whose transition (run, type, version) is recorded already: in
@@ -454,7 +644,7 @@ class Recorder:
                 out.add(first[(r["run_id"], r["type"], r["version"])])
         return out
 
-    async def _unrecorded(self, tx: Any, entries: list[tuple[str, bytes, dict[bytes, bytes]]],
+    async def _unrecorded(self, tx: Any, entries: list[Entry],
                           rows: Sequence[tuple[Any, ...]], folded: Sequence[bool],
                           repeated: set[int]) -> set[tuple[str, int]] | None:
         """A replayed batch (its entries may be committed already): write the event rows PostgreSQL does
@@ -467,7 +657,7 @@ class Recorder:
              if not fold and i not in repeated]).decode())
         return await self._add_folded(tx, entries, rows, folded, {(r["stream"], r["stream_id"]) for r in written})
 
-    async def _add_folded(self, tx: Any, entries: list[tuple[str, bytes, dict[bytes, bytes]]],
+    async def _add_folded(self, tx: Any, entries: list[Entry],
                           rows: Sequence[tuple[Any, ...]], folded: Sequence[bool],
                           new: set[tuple[str, int]]) -> set[tuple[str, int]] | None:
         """`new` (the event rows written now) with the claims and finishes no attempt row holds yet."""
@@ -483,140 +673,37 @@ class Recorder:
                     new.add((stream, row[13]))
         return None if len(new) == len(entries) else new
 
-    def _fold(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], only: set[tuple[str, int]] | None,
-              at_of: dict[bytes, datetime], rows: Sequence[tuple[Any, ...]], folded: Sequence[bool]
+    def _fold(self, entries: list[Entry], only: set[tuple[str, int]] | None, at_of: dict[bytes, datetime],
+              rows: Sequence[tuple[Any, ...]], folded: Sequence[bool]
               ) -> tuple[list[list[Any]], list[list[Any]], list[list[Any]], list[list[Any]]]:
         """One projection row per run and one attempt row per (run, attempt) for the whole batch, and
-        the dashboard's per-minute rollup of the fresh entries (rollup_minutes' arguments: counted and
-        bucketed here, run times of attempts started in an earlier batch left to PostgreSQL), in one
-        pass. `at_of`: datetimes already made for the batch's ts values; `rows`: the entries' event
-        rows as `_record` parsed them; `folded`: which entries are columns of their attempt's row.
-        Returns apply_runs' arguments, the attempt rows whose start is known and those whose start is
-        not (apply_attempts / apply_attempts_by_run rows), and rollup_minutes' arguments, each in key
-        order (recorder replicas lock rows in one order: no deadlock between them)."""
-        runs: dict[int, list[Any]] = {}
-        atts: dict[tuple[int, int], list[Any]] = {}
-        compensations: list[tuple[int, str, bytes]] = []
-        groups: dict[tuple[str, int], list[Any]] = {}  # (queue, minute) -> rollup_minutes' row
-        started: dict[tuple[int, int | None], int] = {}  # (run, attempt) -> claim ts (ms), from this batch
-        looked: list[tuple[str, datetime, int, int | None]] = []  # finishes whose run time PostgreSQL has
-        kinds = stats.KINDS
-        unstarted: set[tuple[int, int]] = set()  # attempts closed with no start known (apply_attempts_by_run)
-        for row, (stream, _, f), fold in zip(rows, entries, folded, strict=True):
+        the dashboard's per-minute rollup of the fresh entries, in one pass (`_Fold` holds the rule of
+        each table). `only`: the (stream, stream id) of the entries to fold (None: all); `at_of`:
+        datetimes already made for the batch's ts values; `rows`: the entries' event rows (`_rows`);
+        `folded`: which entries are columns of their attempt's row. Returns `_Fold.columns()`, and
+        keeps the runs to expire (`_acknowledge`) and the compensations to submit (`_compensate`)."""
+        fold = _Fold(at_of)
+        project, claim, close, count, kinds = fold.project, fold.claim, fold.close, fold.count, stats.KINDS
+        for row, (stream, _, f), in_row in zip(rows, entries, folded, strict=True):
             if only is not None and (stream, row[13]) not in only:
                 continue
-            run_id, status, a, at = row[0], row[3], row[5], row[11]
             typ = f[b"type"]
-            p = runs.get(run_id)
-            if p is None:
-                p = runs[run_id] = [run_id, None, None, None, None, None, None, None, None, None, None, None, None,
-                                    None, None, None, None, None]
-            p[_R_STATUS] = status
-            p[_R_VERSION] = row[4]
-            p[_R_AT] = at
-            if a is not None:
-                p[_R_ATTEMPT] = a
-            token = f.get(b"token")
-            if token is not None:
-                p[_R_TOKEN] = int(token)
-            worker = f.get(b"worker")
-            if worker is not None:
-                p[_R_WORKER] = worker.decode()
+            p = project(row, f)
             if typ == b"claimed":
-                lease = at_of.get(f[b"lease"])  # a claim batch shares its lease expiry
-                if lease is None:
-                    lease = at_of[f[b"lease"]] = _ts(f[b"lease"])
-                p[_R_LEASE] = lease
-                p[_R_STARTED] = at
-                p[_R_RESULT] = None
-                if a is None or token is None or worker is None:  # a claim always carries all three
-                    raise KeyError(f"claim of run {run_id} without attempt, token or worker")
-                atts[(run_id, a)] = [run_id, a, p[_R_TOKEN], p[_R_WORKER], at, None, None, None, None,
-                                     row[4], row[13], None, None, None, None, None, None]
-                unstarted.discard((run_id, a))
-            if b"run_at" in f:
-                p[_R_RUN_AT] = _ts(f[b"run_at"])
-            if b"error" in f:
-                p[_R_ERROR] = f[b"error"].decode(errors="replace")[:4000]
-                p[_R_ERROR_CLASS] = f[b"error_class"].decode()
-            if b"reason" in f:
-                p[_R_REASON] = f[b"reason"].decode()
-            if b"result" in f:
-                p[_R_RESULT] = f[b"result"]
-            if b"ctl" in f:
-                p[_R_CTL] = f[b"ctl"].decode()
-            if b"forced" in f:
-                p[_R_FORCED] = True
-            if b"gen" in f:
-                p[_R_GEN] = int(f[b"gen"])
-            if b"compensate" in f and status == "CANCELLED":
-                compensations.append((run_id, f[b"compensate"].decode(), encode_payload((run_id,), {})))
-            if status in _TERMINAL or status == "STOPPED":
-                p[_R_FINISHED] = at
+                claim(p, row, f)
             outcome = f.get(b"outcome") or (b"succeeded" if typ == b"succeeded" else None)
-            if outcome and a is not None:
-                found = atts.get((run_id, a))
-                if found is not None:
-                    att = found
-                else:
-                    begun_ms = f.get(b"started")  # the attempt's start (finish_runs.lua): its partition
-                    if begun_ms:
-                        begun_at = at_of.get(begun_ms)
-                        if begun_at is None:
-                            begun_at = at_of[begun_ms] = _ts(begun_ms)
-                    else:
-                        begun_at = None
-                        unstarted.add((run_id, a))
-                    att = atts[(run_id, a)] = [run_id, a, int(f[b"token"]), f[b"worker"].decode(), begun_at,
-                                               None, None, None, None, None, None, None, None, None, None, None,
-                                               None]
-                att[_A_FINISHED] = at
-                att[_A_OUTCOME] = outcome.decode()
-                att[_A_ERROR_CLASS] = f[b"error_class"].decode() if b"error_class" in f else None
-                att[_A_ERROR] = f[b"error"].decode(errors="replace")[:4000] if b"error" in f else None
-                if fold:  # the finish is a column of the attempt row, not an event row
-                    att[_A_FTYPE], att[_A_FFROM], att[_A_FTO], att[_A_FV], att[_A_FSID], att[_A_REASON] = (
-                        row[1], row[2], status, row[4], row[13], row[8])
+            if outcome and row[5] is not None:
+                close(row, f, in_row, outcome)
             kind = kinds.get(typ)
-            if kind is not None:  # the dashboard's per-minute counts and histograms (stats.BOUNDS_MS buckets)
-                t = int(f[b"ts"])
-                queue = stream[stream.index("{") + 1: stream.index("}")]
-                grp = groups.get((queue, t // 60_000))
-                if grp is None:
-                    grp = groups[(queue, t // 60_000)] = [queue, _ts(t - t % 60_000), 0, 0, 0, 0,
-                                                          [0] * _BUCKETS, [0] * _BUCKETS]
-                grp[_KIND_SLOT[kind]] += 1
-                if kind == "started":
-                    started[(run_id, a)] = t
-                    due = f.get(b"due")
-                    if due:
-                        grp[_LAG_HIST][bisect_right(stats.BOUNDS_MS, max(0, t - int(due)))] += 1
-                elif kind != "retried":  # succeeded / failed: the attempt's run time
-                    begun = started.get((run_id, a))
-                    if begun is None and b"started" in f:
-                        begun = int(f[b"started"])
-                    if begun is None:
-                        looked.append((queue, grp[1], run_id, a))
-                    else:
-                        grp[_RUN_HIST][bisect_right(stats.BOUNDS_MS, t - begun)] += 1
+            if kind is not None:
+                count(stream, row, f, kind)
         # From every entry, not only fresh ones: a replayed batch was committed by the pass that died
         # before acknowledging it, and its finished runs still need their hashes to expire.
         self._versions = {row[0]: (row[12], row[4], row[3]) for row in rows}
-        self._compensations = compensations
-        for p in runs.values():  # what apply_runs would ignore goes as NULL: fewer values to encode
-            if p[_R_STATUS] not in _ACTIVE:  # a lease and its owner are kept only for an active run
-                p[_R_WORKER] = p[_R_LEASE] = None
-            if p[_R_FINISHED] is not None:  # `at` only stands in for a finish time the fold did not set
-                p[_R_AT] = None
-        mins = [groups[k] for k in sorted(groups, key=lambda k: (k[1], k[0]))]  # queue_minutes' key order
-        rollup = [[g[i] for g in mins] for i in range(_LAG_HIST)]
-        rollup += [[n for g in mins for n in g[_LAG_HIST]], [n for g in mins for n in g[_RUN_HIST]]]
-        rollup += [list(c) for c in zip(*looked, strict=True)] if looked else [[], [], [], []]
-        pruned = [atts[k] for k in sorted(atts) if k not in unstarted]
-        closes = [atts[k] for k in sorted(unstarted)]
-        return (_columns([runs[k] for k in sorted(runs)], 18) if runs else []), pruned, closes, rollup
+        self._compensations = fold.compensations
+        return fold.columns()
 
-    def _observe(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], only: set[tuple[str, int]] | None,
+    def _observe(self, entries: list[Entry], only: set[tuple[str, int]] | None,
                  rows: Sequence[tuple[Any, ...]]) -> None:
         """Metrics from the transitions just committed (once each: replays are skipped).
         Counts are summed per batch and labelled children cached: per-event labels() cost
@@ -649,7 +736,7 @@ class Recorder:
         m.flush()
         gauges.RECORDER_LAG.set(self.last_lag_s)
 
-    async def _acknowledge(self, entries: list[tuple[str, bytes, dict[bytes, bytes]]], runs: list[list[Any]]) -> None:
+    async def _acknowledge(self, entries: list[Entry], runs: list[list[Any]]) -> None:
         by_stream: dict[str, list[bytes]] = {}
         for stream, entry_id, _ in entries:
             by_stream.setdefault(stream, []).append(entry_id)
@@ -661,29 +748,4 @@ class Recorder:
         for stream, runs_done in finished.items():  # before the ack: a crash in between replays the batch
             queue = stream[stream.index("{") + 1: stream.index("}")]
             await self.stores.scripts.expire_finished(self.stores.keys(queue), ttl, runs_done)
-        # Acknowledge, then drop what is recorded: trimmed below the oldest entry still pending for
-        # any recorder (or, when none is, past the last entry delivered to the group), not deleted
-        # entry by entry (XDEL cost Redis ~6 us per job, the trim under 1). Every entry below that
-        # point was delivered (the group reads in order) and acknowledged, i.e. committed: the
-        # stream keeps only unrecorded history.
-        pipe = self.stores.redis.pipeline(transaction=False)
-        for stream, ids in by_stream.items():
-            pipe.xack(stream, GROUP, *ids)
-            pipe.xpending(stream, GROUP)
-            pipe.xinfo_groups(stream)
-        replies = await pipe.execute(raise_on_error=False)
-        pipe = self.stores.redis.pipeline(transaction=False)
-        for i, stream in enumerate(by_stream):
-            pending, groups = replies[3 * i + 1], replies[3 * i + 2]
-            if isinstance(pending, Exception) or isinstance(groups, Exception):
-                continue  # the stream (or its group) is gone since the read (FLUSHALL, a rebuild): nothing to trim
-            if pending["pending"]:
-                minid = pending["min"]
-            else:
-                last = next((g["last-delivered-id"] for g in groups if g["name"] in (GROUP, GROUP.encode())), None)
-                if not last:
-                    continue
-                ms, _, seq = last.partition(b"-")
-                minid = b"%s-%d" % (ms, int(seq) + 1)
-            pipe.xtrim(stream, minid=minid, approximate=False)
-        await pipe.execute()
+        await self.streams.acknowledge(by_stream)  # and trims what is recorded off each stream

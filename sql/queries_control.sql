@@ -62,29 +62,6 @@ WITH q AS (
 )
 SELECT count(*) AS n FROM q;
 
--- name: insert_compensations
--- params: run_id int8[], handler text[], payload bytea[]
--- returns: pg_notify void
--- Compensation runs for cancelled runs with irreversible side effects; written in the
--- recorder's transaction, relayed to Redis by the outbox. Idempotent per cancelled run.
-WITH src AS (
-    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS t(run_id, handler, payload)
-), ins AS (
-    INSERT INTO runs (handler, queue, priority, payload, max_retries, timeout_s, idempotency_key, status, outbox)
-    SELECT s.handler, d.queue, d.priority, s.payload, d.max_retries, d.timeout_s,
-           'compensate:' || s.run_id, 'PENDING', true
-    FROM src s JOIN job_definitions d ON d.name = s.handler
-    WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.idempotency_key = 'compensate:' || s.run_id
-                      AND r.handler = s.handler AND r.queue = d.queue)
-    RETURNING id, queue
-), ev AS (
-    INSERT INTO events (run_id, type, to_status, version, actor, reason, at)
-    SELECT id, 'submitted', 'PENDING', 0, 'recorder', 'compensation', now() FROM ins
-), flag AS (
-    UPDATE runs SET needs_compensation = true WHERE id IN (SELECT run_id FROM src)
-)
-SELECT pg_notify('fencepost_outbox', queue) FROM ins;
-
 -- name: queue_event
 -- params: queue text, type text, actor text, reason text
 -- returns: nothing

@@ -198,3 +198,10 @@ JOIN unnest($1::bigint[], $2::text[], $3::bigint[]) AS u(run_id, type, version)
   ON e.run_id = u.run_id AND e.type = u.type AND e.version = u.version
 WHERE e.at >= (SELECT COALESCE(min(created_at), now()) - interval '1 day'
                FROM runs WHERE id = ANY($1::bigint[]));
+
+-- name: flag_compensation
+-- params: run_id int8[]
+-- returns: nothing
+-- Cancelled runs with irreversible side effects, flagged in the recorder's transaction; their
+-- compensation runs are submitted through the one submit path (fencepost/core/submit.py).
+UPDATE runs SET needs_compensation = true WHERE id = ANY($1::bigint[]);

@@ -194,8 +194,7 @@ the receiver (an expression ending in `redis`, or a name bound from one, `connec
 a heuristic that misses a client kept under another attribute name, never a false alarm on a dict."""
 
 RAW_REDIS_OFFENDERS = {
-    "fencepost.reconciler.drift": 11, "fencepost.reconciler.rebuild": 6,
-    "fencepost.reconciler.recorder": 16,  # data and performance helpers
+    "fencepost.reconciler.drift": 11, "fencepost.reconciler.rebuild": 6,  # data and performance helpers
     "fencepost.worker.checkpoints": 1, "fencepost.worker.runtime": 12,  # worker helper
 }
 """Known offenders (issue 25) with their count of raw calls today: each count may only go down, and a

@@ -16,7 +16,7 @@ import re
 
 __all__ = [
     "QUEUES_KEY", "QUEUE_NAME_PATTERN", "QUEUE_SUFFIXES", "WORKERS_KEY", "Keys", "api_authfail_key", "api_rate_key",
-    "breaker_keys", "lua_keys",
+    "breaker_keys", "lua_keys", "recorder_poison_key",
     "valid_queue_name", "worker_key", "worker_stop_key",
 ]
 
@@ -47,6 +47,12 @@ def worker_key(prefix: str, worker_id: str) -> str:
 def worker_stop_key(prefix: str, worker_id: str) -> str:
     """Exists while an operator asks the worker to drain and stop (JSON: who, why, when)."""
     return f"{prefix}:worker:{worker_id}:stop"
+
+
+def recorder_poison_key(prefix: str) -> str:
+    """STREAM of transitions PostgreSQL refused even alone, kept by the recorder for an operator
+    (docs/runbooks/FencepostRecorderPoison.md)."""
+    return f"{prefix}:recorder:poison"
 
 
 def api_rate_key(prefix: str, token_id: int, window: int) -> str:
