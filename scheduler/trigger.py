@@ -86,6 +86,40 @@ class ManualClock:
 
 
 @dataclass
+class _Batch:
+    """What one fire_batch collects over its schedules (index i: the schedule's row in the batch)."""
+
+    runs: list[RunRow] = field(default_factory=list)
+    owner: list[int] = field(default_factory=list)
+    """The schedule index of each run to insert."""
+    skip_ev: list[list[Any]] = field(default_factory=lambda: [[], [], [], []])
+    """trigger_skip_events' columns: queue, type, reason, payload (JSON)."""
+    skipped: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
+    nexts: list[datetime] = field(default_factory=list)
+    last_run: dict[int, int] = field(default_factory=dict)
+    last_fire: dict[int, datetime | None] = field(default_factory=dict)
+    created_rows: list[int] = field(default_factory=list)
+    new_queues: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, queue: str, type_: str, reason: str, payload: dict[str, Any]) -> None:
+        for column, v in zip(self.skip_ev, (queue, type_, reason, json.dumps(payload)), strict=True):
+            column.append(v)
+
+    def advance(self, rows: list[Any]) -> list[list[Any]]:
+        """trigger_advance's columns: id, the next fire time read, the new one, last fire, last run, fired,
+        skipped."""
+        fired: dict[int, int] = defaultdict(int)
+        for k in self.created_rows:
+            fired[self.owner[k]] += 1
+        adv: list[list[Any]] = [[] for _ in range(7)]
+        for i, s in enumerate(rows):
+            for c, v in zip(adv, (s["id"], s["next_fire_time"], self.nexts[i], self.last_fire.get(i),
+                                  self.last_run.get(i), fired[i], self.skipped[i]), strict=True):
+                c.append(v)
+        return adv
+
+
+@dataclass
 class TickResult:
     created: int = 0
     duplicates: int = 0
@@ -259,12 +293,11 @@ class Trigger:
                   extra={"event": "schedule_quarantined", "queue": queue})
 
     async def fire_batch(self, limit: int | None = None) -> TickResult:
+        """One batch of due schedules in one transaction: plan each one's fires (a bad schedule is
+        quarantined alone), insert the runs, advance the schedules and write the skip events; then
+        deliver the runs made to Redis."""
         res = TickResult()
         self._reading = []
-        runs: list[RunRow] = []
-        owner: list[int] = []  # schedule index per insert row
-        skip_ev: list[list[Any]] = [[], [], [], []]
-        skipped: dict[int, int] = defaultdict(int)
         async with self.stores.db.transaction() as tx:
             # the fire times' clock: PostgreSQL's, once per batch (its transaction's now()), unless injected
             now: datetime = self.clock.now() if self.clock is not None else await tx.fetchval("db_now")
@@ -273,84 +306,74 @@ class Trigger:
             self._reading = [s["id"] for s in rows]
             if not rows:
                 return res
-            nexts: list[datetime] = []
+            batch = _Batch()
             for i, s in enumerate(rows):
-                queue = s["queue"] or "default"
-                try:
-                    fires, nxt, coalesced = plan_fires(s, now, self.lookahead, self.max_catchup)
-                    if fires and s["max_retries"] is not None:
-                        offset = timedelta(milliseconds=s["offset_ms"])
-                        fire_rows = [_fire_row(s, queue, f, offset) for f in fires]
-                except POISON as exc:  # this schedule only: paused with the reason, the batch goes on
-                    await self._quarantine(s["id"], queue, exc, tx)
-                    nexts.append(s["next_fire_time"])
-                    continue
-                nexts.append(nxt)
-                if not fires:
-                    continue
-                if coalesced != 0:
-                    res.coalesced += coalesced or 1
-                    skip_ev[0].append(queue)
-                    skip_ev[1].append("fires_coalesced")
-                    skip_ev[2].append("missed")
-                    skip_ev[3].append(json.dumps({"schedule_id": s["id"], "fire_time": fires[-1].isoformat(),
-                                                  "missed": coalesced}))
-                if s["max_retries"] is None:  # handler no longer declared anywhere
-                    skip_ev[0].append(queue)
-                    skip_ev[1].append("fire_skipped")
-                    skip_ev[2].append("unknown_handler")
-                    skip_ev[3].append(json.dumps({"schedule_id": s["id"], "handler": s["handler"],
-                                                  "fire_time": fires[-1].isoformat()}))
-                    res.skipped += len(fires)
-                    skipped[i] += len(fires)
-                    continue
-                if s["busy"]:
-                    skip_ev[0].append(queue)
-                    skip_ev[1].append("fire_skipped")
-                    skip_ev[2].append("overlap")
-                    skip_ev[3].append(json.dumps({"schedule_id": s["id"], "blocking_run": s["last_run_id"],
-                                                  "fire_times": [f.isoformat() for f in fires[-10:]],
-                                                  "count": len(fires)}))
-                    res.skipped += len(fires)
-                    skipped[i] += len(fires)
-                    continue
-                runs += fire_rows
-                owner += [i] * len(fire_rows)
-            last_run: dict[int, int] = {}
-            last_fire: dict[int, datetime | None] = {}
-            created_rows: list[int] = []
-            new_queues: dict[str, int] = {}
-            if owner:
-                # a fire another leader made already is not created (UNIQUE (schedule_id, fire_time)): id None
-                got, created_rows, new_queues = await self.path.insert(None, runs, tx)
-                ids: list[int | None] = list(got)
-                missing = [k for k, v in enumerate(ids) if v is None]
-                if missing:  # another leader made these fires: point at its runs
-                    found = {(r["schedule_id"], r["fire_time"]): r["id"] for r in await tx.fetch(
-                        "runs_by_fire", [runs[k].schedule_id for k in missing], [runs[k].fire_time for k in missing])}
-                    for k in missing:
-                        ids[k] = found.get((runs[k].schedule_id, runs[k].fire_time))
-                for k, sidx in enumerate(owner):
-                    if ids[k] is not None:
-                        last_run[sidx] = ids[k]  # type: ignore[assignment]
-                        last_fire[sidx] = runs[k].fire_time
-                res.created = len(created_rows)
-                res.duplicates = len(missing)
-                res.run_ids = [ids[k] for k in created_rows]  # type: ignore[misc]
-            fired: dict[int, int] = defaultdict(int)
-            for k in created_rows:
-                fired[owner[k]] += 1
-            adv: list[list[Any]] = [[] for _ in range(7)]
-            for i, s in enumerate(rows):
-                for c, v in zip(adv, (s["id"], s["next_fire_time"], nexts[i], last_fire.get(i),
-                                      last_run.get(i), fired[i], skipped[i])):
-                    c.append(v)
-            await tx.execute("trigger_advance", *adv)
-            if skip_ev[0]:
-                await tx.execute("trigger_skip_events", *skip_ev)
-        if created_rows:
-            await self._enqueue(runs, res.run_ids, created_rows, new_queues)
+                await self._plan(batch, i, s, now, res, tx)
+            if batch.owner:
+                await self._insert(batch, res, tx)
+            await tx.execute("trigger_advance", *batch.advance(rows))
+            if batch.skip_ev[0]:
+                await tx.execute("trigger_skip_events", *batch.skip_ev)
+        if batch.created_rows:
+            await self._enqueue(batch.runs, res.run_ids, batch.created_rows, batch.new_queues)
         return res
+
+    async def _plan(self, batch: _Batch, i: int, s: Any, now: datetime, res: TickResult, tx: Any) -> None:
+        """Schedule S (row I of the batch): its fires up to now + lookahead as runs to insert, or as skip
+        events (coalesced, unknown handler, overlapping its last run); a schedule that cannot be planned
+        is quarantined and keeps its next fire time."""
+        queue = s["queue"] or "default"
+        try:
+            fires, nxt, coalesced = plan_fires(s, now, self.lookahead, self.max_catchup)
+            if fires and s["max_retries"] is not None:
+                offset = timedelta(milliseconds=s["offset_ms"])
+                fire_rows = [_fire_row(s, queue, f, offset) for f in fires]
+        except POISON as exc:  # this schedule only: paused with the reason, the batch goes on
+            await self._quarantine(s["id"], queue, exc, tx)
+            batch.nexts.append(s["next_fire_time"])
+            return
+        batch.nexts.append(nxt)
+        if not fires:
+            return
+        if coalesced != 0:
+            res.coalesced += coalesced or 1
+            batch.skip(queue, "fires_coalesced", "missed",
+                       {"schedule_id": s["id"], "fire_time": fires[-1].isoformat(), "missed": coalesced})
+        if s["max_retries"] is None:  # handler no longer declared anywhere
+            batch.skip(queue, "fire_skipped", "unknown_handler",
+                       {"schedule_id": s["id"], "handler": s["handler"], "fire_time": fires[-1].isoformat()})
+            res.skipped += len(fires)
+            batch.skipped[i] += len(fires)
+            return
+        if s["busy"]:
+            batch.skip(queue, "fire_skipped", "overlap",
+                       {"schedule_id": s["id"], "blocking_run": s["last_run_id"],
+                        "fire_times": [f.isoformat() for f in fires[-10:]], "count": len(fires)})
+            res.skipped += len(fires)
+            batch.skipped[i] += len(fires)
+            return
+        batch.runs += fire_rows
+        batch.owner += [i] * len(fire_rows)
+
+    async def _insert(self, batch: _Batch, res: TickResult, tx: Any) -> None:
+        """The batch's runs through the submit path; a fire another leader made already is not created
+        (UNIQUE (schedule_id, fire_time)): its schedule points at that leader's run."""
+        runs, owner = batch.runs, batch.owner
+        got, batch.created_rows, batch.new_queues = await self.path.insert(None, runs, tx)
+        ids: list[int | None] = list(got)
+        missing = [k for k, v in enumerate(ids) if v is None]
+        if missing:  # another leader made these fires: point at its runs
+            found = {(r["schedule_id"], r["fire_time"]): r["id"] for r in await tx.fetch(
+                "runs_by_fire", [runs[k].schedule_id for k in missing], [runs[k].fire_time for k in missing])}
+            for k in missing:
+                ids[k] = found.get((runs[k].schedule_id, runs[k].fire_time))
+        for k, sidx in enumerate(owner):
+            if ids[k] is not None:
+                batch.last_run[sidx] = ids[k]  # type: ignore[assignment]
+                batch.last_fire[sidx] = runs[k].fire_time
+        res.created = len(batch.created_rows)
+        res.duplicates = len(missing)
+        res.run_ids = [ids[k] for k in batch.created_rows]  # type: ignore[misc]
 
     async def _enqueue(self, runs: list[RunRow], ids: list[int], created: list[int],
                        new_queues: dict[str, int]) -> None:

@@ -265,6 +265,21 @@ def layers(nodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return out
 
 
+def _rerun_plan(nodes: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(roots of a re-run, nodes to block again). Roots: not succeeded, and every upstream succeeded
+    (a FAILED node with an unsucceeded upstream, which the DAG itself cannot make, is one too).
+    Cancelled nodes whose upstreams have not all succeeded wait again (BLOCKED)."""
+    rerun_states = {s.value for s in UNSUCCESSFUL}
+
+    def ups_ok(n: dict[str, Any]) -> bool:
+        return all(nodes[u]["status"] == "SUCCEEDED" for u in n["depends_on"])
+
+    roots = [n for n in nodes.values() if n["status"] in rerun_states and ups_ok(n)]
+    reblock = [n for n in nodes.values() if n["status"] == "CANCELLED" and not ups_ok(n)]
+    roots += [n for n in nodes.values() if n["status"] in rerun_states - {"CANCELLED"} and not ups_ok(n)]
+    return roots, reblock
+
+
 class Workflows:
     """A client's workflows and batches (`client.flows`; Client's methods of the same names delegate
     here): submitted through its submit path, retried through its operator commands."""
@@ -416,52 +431,45 @@ class Workflows:
                 raise InvalidInput(f"workflow {wf['id']} has no node {r!r}", field="recompute")
         if recompute:
             return await self._recompute(wf["id"], nodes, recompute, reason)
-        down: dict[str, list[str]] = defaultdict(list)
-        for n in nodes.values():
-            for u in n["depends_on"]:
-                down[u].append(n["name"])
-        rerun_states = {s.value for s in UNSUCCESSFUL}
-
-        def ups_ok(n: dict[str, Any]) -> bool:
-            return all(nodes[u]["status"] == "SUCCEEDED" for u in n["depends_on"])
-
-        # Roots of the re-run: not succeeded, and every upstream succeeded. Cancelled nodes
-        # whose upstreams have not all succeeded wait again (BLOCKED).
-        roots = [n for n in nodes.values() if n["status"] in rerun_states and ups_ok(n)]
-        reblock = [n for n in nodes.values() if n["status"] == "CANCELLED" and not ups_ok(n)]
-        stuck = [n for n in nodes.values() if n["status"] in rerun_states - {"CANCELLED"} and not ups_ok(n)]
-        for n in stuck:  # FAILED with an unsucceeded upstream cannot happen through the DAG itself
-            roots.append(n)
+        roots, reblock = _rerun_plan(nodes)
         done: dict[str, list[str]] = {"retried": [], "resumed": [], "reblocked": [], "refused": []}
         if reblock:
-            got = {r["id"] for r in await self.stores.db.fetch(
-                "wf_reblock", [n["id"] for n in reblock], [n["version"] for n in reblock], self.actor)}
-            done["reblocked"] = sorted(n["name"] for n in reblock if n["id"] in got)
-            # A stale copy in Redis (a cancelled hash) must not answer for the run any more: dropped
-            # only at the version just read (compare-and-set; a run that moved since keeps its hash).
-            for n in reblock:
-                if n["id"] in got:
-                    keys = self.stores.keys(n["queue"])
-                    (hot,) = await self.stores.scripts.peek(keys, [n["id"]])
-                    if hot is not None:
-                        version = "" if hot.version is None else hot.version
-                        await self.stores.scripts.repair_drop(keys, [Drop(n["id"], "hash", version)])
+            done["reblocked"] = await self._reblock(reblock)
         # Upstreams after their dependents are BLOCKED again, so their success releases them.
         for n in sorted(roots, key=lambda n: n["name"]):
-            try:
-                if n["status"] == "STOPPED":
-                    try:
-                        await self.commands.resume(n["id"], reason=reason or "workflow retry")
-                        done["resumed"].append(n["name"])
-                    except ResumeRefused:
-                        await self.commands.restart(n["id"], reason=reason or "workflow retry")
-                        done["retried"].append(n["name"])
-                else:
-                    await self.commands.retry(n["id"], reason=reason or "workflow retry")
-                    done["retried"].append(n["name"])
-            except IllegalTransition as exc:
-                done["refused"].append(f"{n['name']}: {exc}")
+            await self._rerun(n, reason or "workflow retry", done)
         return done
+
+    async def _reblock(self, reblock: list[dict[str, Any]]) -> list[str]:
+        """Cancelled nodes back to BLOCKED (compare-and-set on their versions): the names moved."""
+        got = {r["id"] for r in await self.stores.db.fetch(
+            "wf_reblock", [n["id"] for n in reblock], [n["version"] for n in reblock], self.actor)}
+        # A stale copy in Redis (a cancelled hash) must not answer for the run any more: dropped
+        # only at the version just read (compare-and-set; a run that moved since keeps its hash).
+        for n in reblock:
+            if n["id"] in got:
+                keys = self.stores.keys(n["queue"])
+                (hot,) = await self.stores.scripts.peek(keys, [n["id"]])
+                if hot is not None:
+                    version = "" if hot.version is None else hot.version
+                    await self.stores.scripts.repair_drop(keys, [Drop(n["id"], "hash", version)])
+        return sorted(n["name"] for n in reblock if n["id"] in got)
+
+    async def _rerun(self, n: dict[str, Any], reason: str, done: dict[str, list[str]]) -> None:
+        """A STOPPED node resumed (restarted if its resume is refused), any other retried; noted in DONE."""
+        try:
+            if n["status"] == "STOPPED":
+                try:
+                    await self.commands.resume(n["id"], reason=reason)
+                    done["resumed"].append(n["name"])
+                except ResumeRefused:
+                    await self.commands.restart(n["id"], reason=reason)
+                    done["retried"].append(n["name"])
+            else:
+                await self.commands.retry(n["id"], reason=reason)
+                done["retried"].append(n["name"])
+        except IllegalTransition as exc:
+            done["refused"].append(f"{n['name']}: {exc}")
 
     async def _recompute(self, wid: uuid.UUID, nodes: dict[str, dict[str, Any]],
                          names: Sequence[str], reason: str) -> dict[str, list[str]]:

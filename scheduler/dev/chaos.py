@@ -557,151 +557,190 @@ class _Soak:
                                 detail=detail)
 
     async def _fault(self, plan: FaultPlan, client: Client) -> cc.FaultRecovery:
-        kind, lease = plan.kind, self.lease_ms / 1000
-        at = time.monotonic()
+        """Inject PLAN's fault (one method per kind) and measure its recovery, within `limit` seconds."""
+        kind = plan.kind
         if kind in self.skipped:
-            return cc.FaultRecovery(kind=kind, at_s=round(at - self.t0, 1), seconds=None, skipped=self.skipped[kind])
-        limit = max(30.0, 6 * lease)
-        if kind in ("partition", "stop_worker", "starve_worker"):
-            name = await self._busy_pid(plan, self._workers())
-            pid = self.procs[name].pid
-            length = {"partition": plan.span(1.5, 2.5) * lease,
-                      "stop_worker": plan.span(1.5, 2.5) * max(lease, self.liveness_ms / 1000),
-                      "starve_worker": plan.span(2.0, 3.0) * lease}[kind]
-            at = time.monotonic()
-            t_ms = await self._now_ms()
-            runs, tokens = await self._held([pid], t_ms)
-            how = ""
-            starver = Starver()
+            return cc.FaultRecovery(kind=kind, at_s=round(time.monotonic() - self.t0, 1), seconds=None,
+                                    skipped=self.skipped[kind])
+        limit = max(30.0, 6 * self.lease_ms / 1000)
+        if kind == "promote_lagging":
+            return await self._promote(client, plan.span(0.5, 1.5))
+        inject = {
+            "partition": self._pause_worker,
+            "stop_worker": self._pause_worker,
+            "starve_worker": self._pause_worker,
+            "kill_worker_children": self._kill_worker_children,
+            "clock_skew": self._clock_skew,
+            "pg_restart": self._pg_restart,
+            "trigger_fault": self._trigger_fault,
+            "cluster_shard_kill": self._cluster_shard_kill,
+            "kill_reconciler": self._kill_reconciler,
+        }.get(kind)
+        if inject is None:
+            raise ValueError(kind)
+        return await inject(plan, client, limit)
+
+    async def _pause_worker(self, plan: FaultPlan, client: Client, limit: float) -> cc.FaultRecovery:
+        """A worker cut off (its proxy blackholed), SIGSTOPped or starved of CPU for a while: its runs are
+        reclaimed or finished."""
+        lease = self.lease_ms / 1000
+        kind = plan.kind
+        name = await self._busy_pid(plan, self._workers())
+        pid = self.procs[name].pid
+        length = {"partition": plan.span(1.5, 2.5) * lease,
+                  "stop_worker": plan.span(1.5, 2.5) * max(lease, self.liveness_ms / 1000),
+                  "starve_worker": plan.span(2.0, 3.0) * lease}[kind]
+        at = time.monotonic()
+        t_ms = await self._now_ms()
+        runs, tokens = await self._held([pid], t_ms)
+        how = ""
+        starver = Starver()
+        if kind == "partition":
+            self.proxies[name].pause()
+        elif kind == "stop_worker":
+            for q in [pid, *descendants(pid)]:
+                with contextlib.suppress(OSError):
+                    os.kill(q, signal.SIGSTOP)
+        else:
+            how = await asyncio.to_thread(starver.start, pid)
+        try:
+            await asyncio.sleep(length)
+        finally:
             if kind == "partition":
-                self.proxies[name].pause()
+                self.proxies[name].resume()
             elif kind == "stop_worker":
                 for q in [pid, *descendants(pid)]:
                     with contextlib.suppress(OSError):
-                        os.kill(q, signal.SIGSTOP)
+                        os.kill(q, signal.SIGCONT)
             else:
-                how = await asyncio.to_thread(starver.start, pid)
-            try:
-                await asyncio.sleep(length)
-            finally:
-                if kind == "partition":
-                    self.proxies[name].resume()
-                elif kind == "stop_worker":
-                    for q in [pid, *descendants(pid)]:
-                        with contextlib.suppress(OSError):
-                            os.kill(q, signal.SIGCONT)
-                else:
-                    await asyncio.to_thread(starver.stop, pid)
-            secs = await self._settled(runs, tokens, t_ms, limit)
-            return self._rec(kind, at, secs, "the worker's runs reclaimed or finished, from the fault's start",
-                             f"{name} for {length:.1f}s, {len(runs)} runs caught" + (f", {how}" if how else ""))
-        if kind == "kill_worker_children":
-            name = await self._busy_pid(plan, self._workers(), model="process", wait_s=10)
-            p = self.procs[name]
-            kids = descendants(p.pid)
-            at = time.monotonic()
-            t_ms = await self._now_ms()
-            runs, tokens = await self._held([p.pid], t_ms)
-            os.kill(p.pid, signal.SIGKILL)
-            await asyncio.to_thread(p.wait, 10)
-            await asyncio.sleep(1.0)
-            alive = [k for k in kids if _alive(k)]
-            if alive:
-                self.orphans.append(f"kill_worker_children at {at - self.t0:.1f}s: {len(alive)} of {len(kids)} "
-                                    f"children of {name} alive 1 s after its SIGKILL")
-                for k in alive:  # the harness cleans up what the product left behind
-                    with contextlib.suppress(OSError):
-                        os.kill(k, signal.SIGKILL)
-            await self._spawn(name)
-            secs = await self._settled(runs, tokens, t_ms, limit)
-            return self._rec(kind, at, secs, "the killed worker's runs reclaimed or finished",
-                             f"{name}, {len(runs)} runs caught, {len(kids)} children, {len(alive)} outlived it")
-        if kind == "clock_skew":
-            skew = plan.choose(["+30s", "-30s", "+30s", "-30s", "+600s", "-600s"])
-            length = plan.span(2.5, 4.0) * lease
-            proc = await self._spawn("worker_skew", skew=skew)
+                await asyncio.to_thread(starver.stop, pid)
+        secs = await self._settled(runs, tokens, t_ms, limit)
+        return self._rec(kind, at, secs, "the worker's runs reclaimed or finished, from the fault's start",
+                         f"{name} for {length:.1f}s, {len(runs)} runs caught" + (f", {how}" if how else ""))
+
+    async def _kill_worker_children(self, plan: FaultPlan, client: Client, limit: float) -> cc.FaultRecovery:
+        """A process-model worker SIGKILLed: its children die with it, its runs are reclaimed."""
+        kind = plan.kind
+        name = await self._busy_pid(plan, self._workers(), model="process", wait_s=10)
+        p = self.procs[name]
+        kids = descendants(p.pid)
+        at = time.monotonic()
+        t_ms = await self._now_ms()
+        runs, tokens = await self._held([p.pid], t_ms)
+        os.kill(p.pid, signal.SIGKILL)
+        await asyncio.to_thread(p.wait, 10)
+        await asyncio.sleep(1.0)
+        alive = [k for k in kids if _alive(k)]
+        if alive:
+            self.orphans.append(f"kill_worker_children at {at - self.t0:.1f}s: {len(alive)} of {len(kids)} "
+                                f"children of {name} alive 1 s after its SIGKILL")
+            for k in alive:  # the harness cleans up what the product left behind
+                with contextlib.suppress(OSError):
+                    os.kill(k, signal.SIGKILL)
+        await self._spawn(name)
+        secs = await self._settled(runs, tokens, t_ms, limit)
+        return self._rec(kind, at, secs, "the killed worker's runs reclaimed or finished",
+                         f"{name}, {len(runs)} runs caught, {len(kids)} children, {len(alive)} outlived it")
+
+    async def _clock_skew(self, plan: FaultPlan, client: Client, limit: float) -> cc.FaultRecovery:
+        """A worker with a skewed clock runs for a while and is stopped: its runs finish or are reclaimed."""
+        lease = self.lease_ms / 1000
+        kind = plan.kind
+        skew = plan.choose(["+30s", "-30s", "+30s", "-30s", "+600s", "-600s"])
+        length = plan.span(2.5, 4.0) * lease
+        proc = await self._spawn("worker_skew", skew=skew)
+        await asyncio.sleep(length)
+        t_ms = await self._now_ms()
+        runs, tokens = await self._held([proc.pid], t_ms)
+        at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(proc.wait, 30)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)  # faketime may run the worker as its child: the whole session goes
+            self.errors.append("the skewed worker did not stop within 30 s of SIGTERM")
+        self.procs.pop("worker_skew", None)
+        secs = await self._settled(runs, tokens, t_ms, limit)
+        how = f"faketime {skew}" if self.faketime_problem is None else f"wall clock offset {skew} injected in-process"
+        return self._rec(kind, at, secs, "the skewed worker's runs finished or reclaimed after its stop",
+                         f"{how} for {length:.1f}s, {len(runs)} runs caught at its stop")
+
+    async def _pg_restart(self, plan: FaultPlan, client: Client, limit: float) -> cc.FaultRecovery:
+        """PostgreSQL restarted (fast or immediate): a run submitted after it succeeds."""
+        kind = plan.kind
+        assert self.pg is not None
+        mode = plan.choose(["fast", "immediate"])
+        at = time.monotonic()
+        await asyncio.to_thread(self.pg.restart, mode)
+        secs = await self._probe(client, limit, at)
+        return self._rec(kind, at, secs, "a run submitted after the restart SUCCEEDED in PostgreSQL",
+                         f"pg_ctl restart -m {mode}")
+
+    async def _trigger_fault(self, plan: FaultPlan, client: Client, limit: float) -> cc.FaultRecovery:
+        """The trigger SIGSTOPped or SIGKILLed for a while: the fires due meanwhile are made after it."""
+        kind = plan.kind
+        how = plan.choose(["SIGSTOP", "SIGKILL"])
+        length = plan.span(3.0, 6.0)
+        at = time.monotonic()
+        t_ms = await self._now_ms()
+        if how == "SIGSTOP":
+            self._signal("trigger", signal.SIGSTOP)
             await asyncio.sleep(length)
-            t_ms = await self._now_ms()
-            runs, tokens = await self._held([proc.pid], t_ms)
-            at = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(proc.wait, 30)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)  # faketime may run the worker as its child: the whole session goes
-                self.errors.append("the skewed worker did not stop within 30 s of SIGTERM")
-            self.procs.pop("worker_skew", None)
-            secs = await self._settled(runs, tokens, t_ms, limit)
-            how = f"faketime {skew}" if self.faketime_problem is None else f"wall clock offset {skew} injected in-process"
-            return self._rec(kind, at, secs, "the skewed worker's runs finished or reclaimed after its stop",
-                             f"{how} for {length:.1f}s, {len(runs)} runs caught at its stop")
-        if kind == "promote_lagging":
-            return await self._promote(client, plan.span(0.5, 1.5))
-        if kind == "pg_restart":
-            assert self.pg is not None
-            mode = plan.choose(["fast", "immediate"])
-            at = time.monotonic()
-            await asyncio.to_thread(self.pg.restart, mode)
-            secs = await self._probe(client, limit, at)
-            return self._rec(kind, at, secs, "a run submitted after the restart SUCCEEDED in PostgreSQL",
-                             f"pg_ctl restart -m {mode}")
-        if kind == "trigger_fault":
-            how = plan.choose(["SIGSTOP", "SIGKILL"])
-            length = plan.span(3.0, 6.0)
-            at = time.monotonic()
-            t_ms = await self._now_ms()
-            if how == "SIGSTOP":
-                self._signal("trigger", signal.SIGSTOP)
-                await asyncio.sleep(length)
-                self._signal("trigger", signal.SIGCONT)
-            else:
-                self._signal("trigger", signal.SIGKILL)
-                await asyncio.to_thread(self.procs["trigger"].wait, 10)
-                await asyncio.sleep(length)
-                await self._spawn("trigger")
-            end_ms = await self._now_ms()
-            want = len(self.schedule_ids) * int((end_ms - t_ms) // 1000)
-            deadline = time.monotonic() + limit
-            secs = None
-            while time.monotonic() < deadline:
-                with contextlib.suppress(Exception):
-                    n = int(await self.fp.fetchval("chaos_fires_since", self.schedule_ids, t_ms, end_ms))
-                    if n >= want:
-                        secs = round(time.monotonic() - at - length, 3)
-                        break
-                await asyncio.sleep(0.2)
-            return self._rec(kind, at, secs, "the fires due during the fault created, from its end",
-                             f"trigger {how} for {length:.1f}s, {want} fires due")
-        if kind == "cluster_shard_kill":
-            host, port = await self._cluster_owner(self.queue)
-            assert self.other_queue is not None and self.cluster_url is not None
-            seed = await self._cluster_owner(self.other_queue)  # a primary that stays up
-            u = urlsplit(self.cluster_url)
-            if (u.hostname, u.port) == (host, port):  # services restarted later must reach the cluster:
-                # their seed node is the one killed here (a client needs one reachable node to start)
-                netloc = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
-                self.cluster_url = self.redis_url = urlunsplit(u._replace(netloc=f"{netloc}{seed[0]}:{seed[1]}"))
-            at = time.monotonic()
-            node = aioredis.Redis(host=host, port=port, socket_timeout=5)
-            with contextlib.suppress(OSError, aioredis.RedisError):
-                await hotreads.shutdown_nosave(node)  # the node dies: a crash, no save
+            self._signal("trigger", signal.SIGCONT)
+        else:
+            self._signal("trigger", signal.SIGKILL)
+            await asyncio.to_thread(self.procs["trigger"].wait, 10)
+            await asyncio.sleep(length)
+            await self._spawn("trigger")
+        end_ms = await self._now_ms()
+        want = len(self.schedule_ids) * int((end_ms - t_ms) // 1000)
+        deadline = time.monotonic() + limit
+        secs = None
+        while time.monotonic() < deadline:
             with contextlib.suppress(Exception):
-                await node.aclose()
-            self.skipped[kind] = "the killed cluster node is not the harness's to restart: one shard kill per soak"
-            assert self.other_queue is not None
-            other, own = await asyncio.gather(self._probe(client, limit, at, self.other_queue),
-                                              self._probe(client, limit, at))
-            return self._rec(kind, at, own, "a run on the killed shard's queue SUCCEEDED after the cluster's failover",
-                             f"primary {host}:{port} shut down (NOSAVE); a run on a queue of another shard "
-                             f"SUCCEEDED after {other}s")
-        if kind == "kill_reconciler":
-            at = time.monotonic()
-            self._signal("reconciler", signal.SIGKILL)
-            await asyncio.to_thread(self.procs["reconciler"].wait, 10)
-            await self._spawn("reconciler")
-            secs = await self._probe(client, limit, at)
-            return self._rec(kind, at, secs, "a run submitted after the kill recorded SUCCEEDED in PostgreSQL")
-        raise ValueError(kind)
+                n = int(await self.fp.fetchval("chaos_fires_since", self.schedule_ids, t_ms, end_ms))
+                if n >= want:
+                    secs = round(time.monotonic() - at - length, 3)
+                    break
+            await asyncio.sleep(0.2)
+        return self._rec(kind, at, secs, "the fires due during the fault created, from its end",
+                         f"trigger {how} for {length:.1f}s, {want} fires due")
+
+    async def _cluster_shard_kill(self, plan: FaultPlan, client: Client, limit: float) -> cc.FaultRecovery:
+        """The primary of the soak queue's shard shut down: a run on that queue succeeds after the
+        cluster's failover."""
+        kind = plan.kind
+        host, port = await self._cluster_owner(self.queue)
+        assert self.other_queue is not None and self.cluster_url is not None
+        seed = await self._cluster_owner(self.other_queue)  # a primary that stays up
+        u = urlsplit(self.cluster_url)
+        if (u.hostname, u.port) == (host, port):  # services restarted later must reach the cluster:
+            # their seed node is the one killed here (a client needs one reachable node to start)
+            netloc = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
+            self.cluster_url = self.redis_url = urlunsplit(u._replace(netloc=f"{netloc}{seed[0]}:{seed[1]}"))
+        at = time.monotonic()
+        node = aioredis.Redis(host=host, port=port, socket_timeout=5)
+        with contextlib.suppress(OSError, aioredis.RedisError):
+            await hotreads.shutdown_nosave(node)  # the node dies: a crash, no save
+        with contextlib.suppress(Exception):
+            await node.aclose()
+        self.skipped[kind] = "the killed cluster node is not the harness's to restart: one shard kill per soak"
+        assert self.other_queue is not None
+        other, own = await asyncio.gather(self._probe(client, limit, at, self.other_queue),
+                                          self._probe(client, limit, at))
+        return self._rec(kind, at, own, "a run on the killed shard's queue SUCCEEDED after the cluster's failover",
+                         f"primary {host}:{port} shut down (NOSAVE); a run on a queue of another shard "
+                         f"SUCCEEDED after {other}s")
+
+    async def _kill_reconciler(self, plan: FaultPlan, client: Client, limit: float) -> cc.FaultRecovery:
+        """The reconciler SIGKILLed and restarted: a run submitted after it is recorded."""
+        kind = plan.kind
+        at = time.monotonic()
+        self._signal("reconciler", signal.SIGKILL)
+        await asyncio.to_thread(self.procs["reconciler"].wait, 10)
+        await self._spawn("reconciler")
+        secs = await self._probe(client, limit, at)
+        return self._rec(kind, at, secs, "a run submitted after the kill recorded SUCCEEDED in PostgreSQL")
 
     async def _promote(self, client: Client, cut_s: float) -> cc.FaultRecovery:
         """The replication link is blackholed while writes go on, the primary is SIGKILLed, the
@@ -767,62 +806,78 @@ class _Soak:
                                      redis_cluster=self.cluster_url is not None)
         client = await Client(settings=cs, actor="chaos").connect()
         await client.register(registry)
-        faults: dict[str, int] = {}
         try:
-            sch = Schedules(client)
-            for i in range(2):
-                row = await sch.add(ScheduleSpec(name=f"{self.queue}-s{i}", handler="chaos.work", args=(1, 20),
-                                                 interval_s=1.0, queue=self.queue, catchup=True, allow_overlap=True),
-                                    reason="chaos soak")
-                self.schedule_ids.append(int(row["id"]))
-            await self._spawn("reconciler")
-            await self._spawn("trigger")
-            for i in range(self.n_workers):
-                await self._spawn(f"worker{i}")
-            self.t0 = time.monotonic()
-            self.t0_ms = await self._now_ms()
-            if await self._probe(client, 60, time.monotonic()) is None:
-                self.errors.append("the system did not run a job within 60 s of starting")
+            await self._start_services(client)
             stop = asyncio.Event()
             load = asyncio.create_task(self._load(client, stop))
-            t_end = time.monotonic() + self.duration_s
-            plans = fault_plan(self.seed, self.kinds)
-            n = 0
-            while n < len(self.kinds) or time.monotonic() < t_end:  # the first round always completes
-                plan = next(plans)
-                n += 1
-                await asyncio.sleep(plan.gap_s)
-                kind = plan.kind
-                if kind in self.skipped and kind in faults:
-                    continue
-                faults[kind] = faults.get(kind, 0) + 1
-                self.progress(f"{time.monotonic() - self.t0:6.1f}s fault {kind} (acked {len(self.acked)})")
-                try:
-                    rec = await self._fault(plan, client)
-                except Exception as exc:  # a fault that could not be injected is reported: the soak did not test it
-                    rec = cc.FaultRecovery(kind=kind, at_s=round(time.monotonic() - self.t0, 1), seconds=None,
-                                           error=repr(exc)[:300])
-                self.recoveries.append(rec)
-                self.progress(f"{time.monotonic() - self.t0:6.1f}s   {kind}: "
-                              f"{rec.skipped or rec.error or f'recovered in {rec.seconds}s ({rec.detail})'}")
+            faults = await self._inject_faults(client)
             stop.set()
             await load
             until_ms = await self._now_ms() - 3000
             self.progress(f"load stopped; {len(self.acked)} acknowledged; draining")
             await self._drain(max(45.0, 6 * self.lease_ms / 1000))
-            ledger, history = await self._collect(until_ms)
-            verdicts = cc.check(ledger, history, overlap_window_ms=self.overlap_window_ms)
-            deadline = time.monotonic() + 15  # the recorder may still be writing the last attempts
-            while any(v.check == "untraced_executions" and v.violations for v in verdicts) and \
-                    time.monotonic() < deadline:
-                await asyncio.sleep(1.0)
-                ledger, history = await self._collect(until_ms)
-                verdicts = cc.check(ledger, history, overlap_window_ms=self.overlap_window_ms)
+            ledger, history, verdicts = await self._verdicts(until_ms)
             await self._explain_unfinished(client, verdicts, history)
         finally:
             self._stop_all()
             await client.close()
         return self._report(ledger, verdicts, faults)
+
+    async def _start_services(self, client: Client) -> None:
+        """The soak's two schedules, then the reconciler, the trigger and the workers; t0 once a job ran."""
+        sch = Schedules(client)
+        for i in range(2):
+            row = await sch.add(ScheduleSpec(name=f"{self.queue}-s{i}", handler="chaos.work", args=(1, 20),
+                                             interval_s=1.0, queue=self.queue, catchup=True, allow_overlap=True),
+                                reason="chaos soak")
+            self.schedule_ids.append(int(row["id"]))
+        await self._spawn("reconciler")
+        await self._spawn("trigger")
+        for i in range(self.n_workers):
+            await self._spawn(f"worker{i}")
+        self.t0 = time.monotonic()
+        self.t0_ms = await self._now_ms()
+        if await self._probe(client, 60, time.monotonic()) is None:
+            self.errors.append("the system did not run a job within 60 s of starting")
+
+    async def _inject_faults(self, client: Client) -> dict[str, int]:
+        """The seeded faults one after the other until the soak's duration is over (the first round of
+        every kind always completes); each one's recovery is recorded. Returns the count per kind."""
+        faults: dict[str, int] = {}
+        t_end = time.monotonic() + self.duration_s
+        plans = fault_plan(self.seed, self.kinds)
+        n = 0
+        while n < len(self.kinds) or time.monotonic() < t_end:
+            plan = next(plans)
+            n += 1
+            await asyncio.sleep(plan.gap_s)
+            kind = plan.kind
+            if kind in self.skipped and kind in faults:
+                continue
+            faults[kind] = faults.get(kind, 0) + 1
+            self.progress(f"{time.monotonic() - self.t0:6.1f}s fault {kind} (acked {len(self.acked)})")
+            try:
+                rec = await self._fault(plan, client)
+            except Exception as exc:  # a fault that could not be injected is reported: the soak did not test it
+                rec = cc.FaultRecovery(kind=kind, at_s=round(time.monotonic() - self.t0, 1), seconds=None,
+                                       error=repr(exc)[:300])
+            self.recoveries.append(rec)
+            self.progress(f"{time.monotonic() - self.t0:6.1f}s   {kind}: "
+                          f"{rec.skipped or rec.error or f'recovered in {rec.seconds}s ({rec.detail})'}")
+        return faults
+
+    async def _verdicts(self, until_ms: int) -> tuple[cc.Ledger, cc.History, list[cc.Verdict]]:
+        """The checks over what was written up to UNTIL_MS, read again for up to 15 s while executions are
+        untraced: the recorder may still be writing the last attempts."""
+        ledger, history = await self._collect(until_ms)
+        verdicts = cc.check(ledger, history, overlap_window_ms=self.overlap_window_ms)
+        deadline = time.monotonic() + 15
+        while any(v.check == "untraced_executions" and v.violations for v in verdicts) and \
+                time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
+            ledger, history = await self._collect(until_ms)
+            verdicts = cc.check(ledger, history, overlap_window_ms=self.overlap_window_ms)
+        return ledger, history, verdicts
 
     async def _explain_unfinished(self, client: Client, verdicts: list[cc.Verdict], history: cc.History) -> None:
         """Each example of an unfinished run gets the live state Redis holds (the overlay every reader uses)."""
