@@ -84,14 +84,14 @@ async def deep_cursors(conn: asyncpg.Connection) -> dict[str, str]:
 
     mid = await conn.fetchrow("SELECT * FROM runs WHERE id = 500001")
     dead = await conn.fetchrow("SELECT finished_at, id FROM runs WHERE id = 500000")
-    ev = await conn.fetchrow("SELECT at, stream_id, id FROM events WHERE run_id = 400002 AND type = 'checkpointed'")
+    ev = await conn.fetchrow("SELECT at, stream_id, id, run_id FROM events WHERE run_id = 400002 AND type = 'checkpointed'")
     au = await conn.fetchrow("SELECT at, id FROM audit_log WHERE id = 10000")
     fin = await conn.fetchrow("SELECT * FROM runs WHERE id = 500002")  # a finished one (500001 is PENDING)
     out = {f"runs/{s}/{o}": cursors.encode(f"runs/{s}/{o}", cursors.key_of(f"runs/{s}/{o}", fin if s == "finished_at"
                                                                             else mid))
            for s in ("id", "created_at", "finished_at", "attempt", "handler", "status") for o in ("asc", "desc")}
     out["dead"] = cursors.encode("dead", [dead["finished_at"], dead["id"]])
-    out["events"] = cursors.encode("events", [ev["at"], ev["stream_id"] or -1, ev["id"]])
+    out["events"] = cursors.encode("events", [ev["at"], ev["stream_id"] or -1, ev["id"], ev["run_id"]])
     out["audit"] = cursors.encode("audit", [au["at"], au["id"], "config"])
     out["schedules"] = cursors.encode("schedules", ["s000500"])
     return out
@@ -137,7 +137,7 @@ async def explain(dsn: str) -> None:
         await c.execute("SET plan_cache_mode = force_custom_plan")
         mid = await c.fetchrow("SELECT * FROM runs WHERE id = 500001")
         fin = await c.fetchrow("SELECT * FROM runs WHERE id = 500002")
-        ev = await c.fetchrow("SELECT at, stream_id, id FROM events WHERE run_id = 400002")
+        ev = await c.fetchrow("SELECT at, stream_id, id, run_id FROM events WHERE run_id = 400002")
         au = await c.fetchrow("SELECT at, id FROM audit_log WHERE id = 10000")
         dead = await c.fetchrow("SELECT finished_at, id FROM runs WHERE id = 500000")
         f = ["text", "text", "text", "timestamptz", "timestamptz", "int", "text[]", "text", "bigint", "bigint",
@@ -151,7 +151,7 @@ async def explain(dsn: str) -> None:
         ind = [*f, "text", "text", "bigint", "boolean", "timestamptz", "bigint"]
         oth = [*f, "text", "text", "bigint", "boolean", "bigint", "text", "bigint"]
         fsh = [*f, "text", "bigint", "boolean", "timestamptz", "bigint"]
-        evt = ["timestamptz", "text", "text", "int", "text[]", "timestamptz", "bigint", "bigint"]
+        evt = ["timestamptz", "text", "text", "int", "text[]", "timestamptz", "bigint", "bigint", "bigint"]
         aud = ["text", "text", "timestamptz", "timestamptz", "int", "text[]", "jsonb"]
         cases: list[tuple[str, str, list[str], list[Any]]] = [
             ("runs created_at desc", "api_runs_page_indexed", ind,
@@ -169,9 +169,10 @@ async def explain(dsn: str) -> None:
              [*filters("q3"), "status", "desc", 0, True, None, mid["status"], mid["id"]]),
             ("runs X-Total-Count", "dashboard_runs_count", [*f[:5], *f[6:], "bigint", "bigint"],
              [None] * 13 + [10001, 0]),
-            ("events", "events_since", evt, [since, None, None, 100, None, ev["at"], ev["stream_id"] or -1, ev["id"]]),
-            ("events queue=q3", "events_since", evt,
-             [since, None, "q3", 100, None, ev["at"], ev["stream_id"] or -1, ev["id"]]),
+            ("events", "fleet_events_page", evt,
+             [since, None, None, 100, None, ev["at"], ev["stream_id"] or -1, ev["id"], ev["run_id"]]),
+            ("events queue=q3", "fleet_events_page", evt,
+             [since, None, "q3", 100, None, ev["at"], ev["stream_id"] or -1, ev["id"], ev["run_id"]]),
             ("audit", "audit_list", aud, [None, None, None, None, 100, None, key]),
             ("audit queue=q3", "audit_list", aud, [None, "q3", None, None, 100, None, key]),
             ("dead letter", "api_dead_letter_page", ["text", "text[]", "int", "timestamptz", "bigint", "boolean"],

@@ -582,9 +582,9 @@ class Client:
         `events` cursor: the key of the previous page's last event) when given."""
         if queue is not None:
             await require_queue(self.stores, queue)
-        key = cursors.decode("events", cursor) or [None, None, None]
-        return [view(Event, r) for r in await self.stores.db.fetch("events_since", since, type_, queue, limit, None,
-                                                                   *key)]
+        key = cursors.decode("events", cursor) or [None, None, None, None]
+        return [view(Event, r) for r in await self.stores.db.fetch("fleet_events_page", since, type_, queue, limit,
+                                                                   None, *key)]
 
     async def attempts(self, run_id: int) -> list[Attempt]:
         return [view(Attempt, r) for r in await self.stores.db.fetch("run_attempts", run_id)]

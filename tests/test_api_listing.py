@@ -336,7 +336,7 @@ async def test_a_bad_cursor_is_a_422_naming_the_cursor(api: Api, client: Client,
     rid = await client.submit("t.echo", 1, queue="tq")
     path = path.format(rid=rid)
     other = cursors.encode("schedules", ["x"]) if path != "/v1/schedules" else cursors.encode("events", [
-        "2026-01-01T00:00:00+00:00", 1, 2])
+        "2026-01-01T00:00:00+00:00", 1, 2, 3])
     for bad in ("!!!", "bm90IGpzb24", other, cursors.encode("runs/id/desc", [5])[:-2] + "zz"):
         if path == "/v1/runs" and bad == other:
             continue

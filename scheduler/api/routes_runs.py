@@ -35,6 +35,7 @@ from fencepost.core import cursors, hotreads, validate
 from fencepost.core.errors import InvalidInput
 from fencepost.core.fairness import due_summary
 from fencepost.core.models import decode_payload, decode_result
+from fencepost.core.states import Status
 
 
 def _idem_header(ctx: Ctx) -> str | None:
@@ -84,10 +85,28 @@ ARG_WINDOW = 20_000
 table size (X-Search-Window says so). Older runs are found by their other filters (id, time, keys)."""
 
 
+QUEUE_RANGES = 600
+"""Within a set of queues (a queue filter, a scoped token), the id and status sorts read one range of
+runs_queue_status per queue and state, up to this many ranges; more fall back to the plain filter."""
+
+
+def _unserved_sort(sort: str) -> InvalidInput:
+    return InvalidInput(
+        f"sort by {sort} is offered within a queue (status), with a filter on that column, or when the filters "
+        f"match at most {COUNT_CAP:,} runs (X-Total-Count-Exact: true); these match more. Narrow the filters "
+        "(queue, state, handler, time) or sort by id, created_at or finished_at", field="sort")
+
+
 async def list_runs(ctx: Ctx) -> Any:
     """Filtered, sorted, paged by keyset cursor in every sort (`cursor`, the previous page's X-Next-Cursor),
     by `offset`, or below an id (`before`); the count of matches, up to COUNT_CAP, in X-Total-Count so a
-    page can say "51-100 of 734"."""
+    page can say "51-100 of 734".
+
+    Every page is read through an index, none by sorting the table (issue 24; an index per sort would be paid
+    by every submit and finish, issue 23): id and created_at have theirs; within a set of queues (a queue
+    filter or a scoped token) id and status read runs_queue_status range by range; a sort by the column a
+    filter fixes is the id sort. Attempt, handler and status otherwise are a top-N sort of the matches, offered
+    only when they are at most COUNT_CAP (the count is what says so), else a 422 naming `sort`."""
     p = ctx.p
     sort, order = ctx.q("sort", "id"), ctx.q("order", "desc")
     if sort not in _SORTS:
@@ -96,8 +115,10 @@ async def list_runs(ctx: Ctx) -> Any:
         raise InvalidInput(f"order must be asc or desc, not {order!r}", field="order")
     rid = ctx.q_int("id", 0, 1, _BIGINT) or None
     before = ctx.q_int("before", _BIGINT, 1, _BIGINT)
-    filters = [ctx.q_queue(), ctx.q_status(), _q_text(ctx, "handler"), ctx.q_time("since"), ctx.q_time("until")]
-    who = [p.scope, p.owner if p.role == "producer" else None, before]
+    queue, status, handler = ctx.q_queue(), ctx.q_status(), _q_text(ctx, "handler")
+    filters = [queue, status, handler, ctx.q_time("since"), ctx.q_time("until")]
+    owner = p.owner if p.role == "producer" else None
+    who = [p.scope, owner, before]
     more = [rid, _q_text(ctx, "tenant"), _q_text(ctx, "concurrency_key"), _q_text(ctx, "idempotency_key"),
             _q_text(ctx, "arg")]
     kind = cursors.run_sort_kind(sort, order)
@@ -109,21 +130,36 @@ async def list_runs(ctx: Ctx) -> Any:
     floor = 0
     if more[-1] is not None:  # the argument search reads the newest ARG_WINDOW runs' payloads, not the table
         floor = max(0, int(await db.fetchval("runs_max_id")) - ARG_WINDOW)
+    queues = [queue] if queue is not None else p.scope
+    states = [status] if status is not None else [s.value for s in Status]
+    ranges = queues is not None and len(queues) * len(states) <= QUEUE_RANGES
+    fixed = (sort == "status" and status is not None) or (sort == "handler" and handler is not None)
+    n: int | None = None
+    if sort in ("attempt", "handler", "status") and not fixed and not (sort == "status" and ranges):
+        n = await db.fetchval("dashboard_runs_count", *filters, *who, *more, COUNT_CAP + 1, floor)
+        if n > COUNT_CAP:
+            raise _unserved_sort(sort)
+    after_id = None if key is None else key[-1]
     if offset:
         rows = await db.fetch("dashboard_runs", *filters, limit, *who, *more, sort, order, offset, floor)
-    elif sort in ("id", "created_at"):
+    elif ranges and (sort in ("id", "status") or fixed):
+        by = "status" if sort == "status" and not fixed else "id"
+        rows = await db.fetch("api_runs_page_by_queue", queues, states, *filters[2:], limit, owner, before, *more,
+                              floor, by, order, key is not None, key[0] if key is not None and by == "status" else None,
+                              after_id)
+    elif sort in ("id", "created_at") or fixed:
         at = key[0] if key is not None and sort == "created_at" else None
-        rows = await db.fetch("api_runs_page_indexed", *filters, limit, *who, *more, sort, order, floor,
-                              key is not None, at, None if key is None else key[-1])
+        rows = await db.fetch("api_runs_page_indexed", *filters, limit, *who, *more, "id" if fixed else sort, order,
+                              floor, key is not None, at, after_id)
     elif sort == "finished_at":
         rows = await db.fetch("api_runs_page_finished", *filters, limit, *who, *more, order, floor,
-                              key is not None, None if key is None else key[0], None if key is None else key[-1])
+                              key is not None, None if key is None else key[0], after_id)
     else:
         v = key[0] if key is not None else None
         rows = await db.fetch("api_runs_page_other", *filters, limit, *who, *more, sort, order, floor, key is not None,
-                              v if sort == "attempt" else None, v if sort in ("handler", "status") else None,
-                              None if key is None else key[-1])
-    n = await db.fetchval("dashboard_runs_count", *filters, *who, *more, COUNT_CAP + 1, floor)
+                              v if sort == "attempt" else None, v if sort in ("handler", "status") else None, after_id)
+    if n is None:
+        n = await db.fetchval("dashboard_runs_count", *filters, *who, *more, COUNT_CAP + 1, floor)
     headers = {"X-Total-Count": str(min(n, COUNT_CAP)), "X-Total-Count-Exact": "true" if n <= COUNT_CAP else "false"}
     nxt = cursors.after(kind, rows, limit)
     if nxt is not None:
@@ -183,9 +219,9 @@ async def run_checkpoint(ctx: Ctx) -> Any:
 async def fleet_events(ctx: Ctx) -> Any:
     """The fleet's history in the caller's scope, newest first, a page at a time (`cursor`: X-Next-Cursor)."""
     since = ctx.q_time("since") or datetime.now(_UTC) - timedelta(hours=1)
-    key = cursors.decode("events", ctx.q("cursor")) or [None, None, None]
+    key = cursors.decode("events", ctx.q("cursor")) or [None, None, None, None]
     limit = ctx.q_int("limit", 100, 1, 1000)
-    rows = await ctx.client.stores.db.fetch("events_since", since, _q_text(ctx, "type"), ctx.q_queue(), limit,
+    rows = await ctx.client.stores.db.fetch("fleet_events_page", since, _q_text(ctx, "type"), ctx.q_queue(), limit,
                                             ctx.p.scope, *key)
     return _page(rows, limit, "events", S.Event)
 

@@ -25,8 +25,10 @@ _BIGINT = 2**63 - 1
 KINDS: dict[str, tuple[str, ...]] = {
     # listing -> the types of its key: t time, t? time or null, i bigint, s text
     "dead": ("t", "i"), "review": ("t", "i"),
-    "events": ("t", "i", "i"),          # at, COALESCE(stream_id, -1), id: the fleet history, newest first
-    "run_events": ("t", "i", "i"),      # the same key, a run's timeline in the order recorded
+    "events": ("t", "i", "i", "i"),     # at, COALESCE(stream_id, -1), id, COALESCE(run_id, 0): the fleet history
+                                        # newest first (an attempt's id is minus its stream id, which two
+                                        # queues' streams share: the run id tells their rows apart)
+    "run_events": ("t", "i", "i"),      # at, stream id, id: a run's timeline in the order recorded (one run)
     "audit": ("t", "i", "s"),           # at, id, source ('run' before 'config' on equal at and id)
     "schedules": ("s",),                # name
     "workflows": ("t", "s"),            # created_at, id
@@ -40,7 +42,7 @@ KINDS: dict[str, tuple[str, ...]] = {
 
 _FIELDS: dict[str, tuple[str, ...]] = {
     "dead": ("finished_at", "id"), "review": ("finished_at", "id"),
-    "events": ("at", "stream_id", "id"), "run_events": ("at", "stream_id", "id"),
+    "events": ("at", "stream_id", "id", "run_id"), "run_events": ("at", "stream_id", "id"),
     "audit": ("at", "id", "source"), "schedules": ("name",), "workflows": ("created_at", "id"),
 }
 """Which columns of a row make its key (a runs kind: its sort column, then id)."""
@@ -84,6 +86,8 @@ def decode(kind: str, raw: str | None) -> list[Any] | None:
     if not isinstance(parts, list) or not parts or parts[0] != kind:
         made = parts[0] if isinstance(parts, list) and parts and isinstance(parts[0], str) else "?"
         raise _bad(raw, f"made for {made[:40]!r}, not {kind!r}")
+    if kind == "events" and len(parts) == len(types):
+        parts.append(-_BIGINT - 1)  # a cursor of the three-part key (before the run id): what it meant then
     if len(parts) != len(types) + 1:
         raise _bad(raw, "wrong length")
     out: list[Any] = []
@@ -121,6 +125,8 @@ def key_of(kind: str, row: Any) -> list[Any]:
     key = [_get(row, f) for f in _FIELDS[kind]]
     if kind in ("events", "run_events") and key[1] is None:
         key[1] = -1  # stream ids are positive: no stream id sorts after every one, as NULLS LAST does
+    if kind == "events" and key[3] is None:
+        key[3] = 0  # a queue's own event (no run): its id alone is unique
     if kind == "workflows":
         key[1] = str(key[1])
     return key
