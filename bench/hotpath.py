@@ -2,6 +2,8 @@
 
     python bench/hotpath.py                          # Redis: enqueue, claim, finish, read, expire, ack+trim
     python bench/hotpath.py --lua-dir /tmp/old/lua   # the same scripts from another tree (A/B a Lua change)
+    python bench/hotpath.py --ref-lua-dir /work/ref/lua --rounds 5   # this tree and another, interleaved
+    python bench/hotpath.py --commands               # Redis commands per job inside each phase's scripts
     python bench/hotpath.py --events                 # PostgreSQL: jsonb insert vs binary COPY of event rows
     python bench/hotpath.py --recorder               # the recorder: its own CPU, PostgreSQL's and Redis's per job
     python bench/hotpath.py --rate-keys 100          # every run with one of 100 rate keys (the rate check's cost)
@@ -60,8 +62,24 @@ async def _cpu(r: object) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+async def _commands(r: object) -> dict[str, tuple[int, float]]:
+    """INFO commandstats: calls and usec per command (scripts' inner commands included)."""
+    info = await r.info("commandstats")  # type: ignore[attr-defined]
+    return {k.removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"])) for k, v in info.items()}
+
+
+def _use_lua(lua: Path | None) -> None:
+    """Render the scripts from `lua` (None: this tree's) from now on."""
+    hot.resource_dir = (lambda name: lua if name == "lua" else _REAL_RESOURCE_DIR(name)) if lua else _REAL_RESOURCE_DIR  # type: ignore[assignment]
+    hot.render.cache_clear()
+
+
+_REAL_RESOURCE_DIR = hot.resource_dir
+_COMMANDS: dict[str, dict[str, tuple[float, float]]] = {}  # phase -> command -> (calls, usec) per job
+
+
 async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool, rate_keys: int = 0,
-                       database_url: str = "") -> dict[str, float]:
+                       database_url: str = "", commands: bool = False) -> dict[str, float]:
     # Stores needs both URLs (core/stores rule 3); these phases never connect to the database
     st = Stores(Settings(redis_url=url, database_url=database_url, prefix=prefix))
     r, k = st.redis, st.keys("q")
@@ -69,6 +87,19 @@ async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool, ra
     payload = encode_payload((1,), {})
     now = int(time.time() * 1000)
     t: dict[str, float] = {}
+    seen: dict[str, dict[str, tuple[int, float]]] = {}
+
+    async def count(phase: str, before: dict[str, tuple[int, float]]) -> None:
+        if not commands:
+            return
+        after = await _commands(r)
+        acc = seen.setdefault(phase, {})
+        for cmd, (calls, usec) in after.items():
+            c, u = before.get(cmd, (0, 0.0))
+            old = acc.get(cmd, (0, 0.0))
+            acc[cmd] = (old[0] + calls - c, old[1] + usec - u)
+
+    s0 = await _commands(r) if commands else {}
     c0 = await _cpu(r)
     for i in range(0, n, 1000):
         # --rate-keys K: every run carries one of K rate keys with a rate it never reaches (the cost of the check)
@@ -77,17 +108,22 @@ async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool, ra
                  for j in range(i, min(i + 1000, n))]
         await st.scripts._call("enqueue_runs", k, None, items)
     t["enqueue"] = await _cpu(r) - c0
+    await count("enqueue", s0)
     t["claim"] = t["finish"] = 0.0
     while True:
+        s0 = await _commands(r) if commands else {}
         c0 = await _cpu(r)
         jobs = await st.scripts.claim_due(k, ClaimArgs(batch, "w1", 30_000, 100))
         t["claim"] += await _cpu(r) - c0
+        await count("claim", s0)
         if not jobs:
             break
+        s0 = await _commands(r) if commands else {}
         c0 = await _cpu(r)
         await st.scripts.finish_runs(k, FinishArgs(3),
                                      [Finish(j.id, j.token, "ok", b"\x91\x01", "", 0) for j in jobs])
         t["finish"] += await _cpu(r) - c0
+        await count("finish", s0)
     await r.xgroup_create(k.events, "recorder", id="0", mkstream=True)
     t["xreadgroup"] = t["expire"] = t["ack+trim"] = 0.0
     while True:
@@ -114,34 +150,59 @@ async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool, ra
         await pipe.execute()
         t["ack+trim"] += await _cpu(r) - c0
     await r.aclose()
+    for phase, cmds in seen.items():  # the info calls themselves are not the scripts' work
+        _COMMANDS[phase] = {c: (v[0] / n, v[1] / n) for c, v in cmds.items() if c != "info" and v[0] > 0}
     return {name: v / n * 1e6 for name, v in t.items()}
 
 
 async def redis_main(a: argparse.Namespace) -> None:
-    if a.lua_dir:
-        lua = Path(a.lua_dir)
-        real = hot.resource_dir
-        hot.resource_dir = lambda name: lua if name == "lua" else real(name)  # type: ignore[assignment]
-        hot.render.cache_clear()
+    """Each round on a fresh prefix of one private server; with --ref-lua-dir every round runs this
+    tree's scripts and then the other tree's (interleaved, so both see the same machine)."""
+    this = Path(a.lua_dir) if a.lua_dir else None
+    builds: list[tuple[str, Path | None]] = [("this", this)]
+    if a.ref_lua_dir:
+        builds.append(("ref", Path(a.ref_lua_dir)))
     port = _free_port()
     server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    runs: dict[str, list[dict[str, float]]] = {b: [] for b, _ in builds}
+    commands: dict[str, dict[str, dict[str, tuple[float, float]]]] = {}
     try:
         await asyncio.sleep(0.3)
-        runs = [await redis_phases(f"redis://127.0.0.1:{port}/0", f"hp{i}", a.jobs, a.batch, a.xdel, a.rate_keys,
-                                   a.admin_url) for i in range(a.rounds)]
+        for i in range(a.rounds):
+            for b, lua in builds:
+                _use_lua(lua)
+                runs[b].append(await redis_phases(f"redis://127.0.0.1:{port}/0", f"hp{b}{i}", a.jobs, a.batch,
+                                                  a.xdel, a.rate_keys, a.admin_url, a.commands))
+                commands[b] = dict(_COMMANDS)
     finally:
         server.kill()
         server.wait()
+    _use_lua(this)
     print(f"Redis CPU-us per job, {a.jobs:,} jobs, claims of {a.batch}, medians of {a.rounds} "
-          f"({'XDEL per entry' if a.xdel else 'XTRIM MINID'}; lua from {a.lua_dir or 'this tree'})")
-    total = 0.0
-    for name in runs[0]:
-        vals = sorted(r[name] for r in runs)
-        med = vals[len(vals) // 2]
-        total += med
-        print(f"  {name:11s} {med:6.1f}   ({' '.join(f'{r[name]:.1f}' for r in runs)})")
-    print(f"  {'total':11s} {total:6.1f}")
+          f"({'XDEL per entry' if a.xdel else 'XTRIM MINID'}; lua from {a.lua_dir or 'this tree'}"
+          f"{'; ref: ' + a.ref_lua_dir + ', interleaved' if a.ref_lua_dir else ''})")
+
+    def med(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    totals = {b: 0.0 for b in runs}
+    for name in runs["this"][0]:
+        line = f"  {name:11s}"
+        for b in runs:
+            vals = [r[name] for r in runs[b]]
+            totals[b] += med(vals)
+            line += f" {med(vals):6.1f}   ({' '.join(f'{v:.1f}' for v in vals)})"
+        if "ref" in runs:
+            line += f"   x{med([r[name] for r in runs['this']]) / max(med([r[name] for r in runs['ref']]), 1e-9):.2f}"
+        print(line)
+    print(f"  {'total':11s} " + "   ".join(f"{totals[b]:6.1f}" for b in runs)
+          + (f"   x{totals['this'] / totals['ref']:.2f}" if "ref" in runs else ""))
+    for b in commands if a.commands else ():
+        print(f"commands per job inside the scripts ({b}, last round): calls / usec per job")
+        for phase, cmds in commands[b].items():
+            top = sorted(cmds.items(), key=lambda kv: -kv[1][1])
+            print(f"  {phase:8s} " + "  ".join(f"{c} {v[0]:.2f}/{v[1]:.1f}" for c, v in top if v[0] >= 0.01))
 
 
 def _backend_cpu(pid: int) -> float:
@@ -262,6 +323,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lua-dir", default=None, help="lua/ of another tree (A/B a script change)")
+    ap.add_argument("--ref-lua-dir", default=None, help="lua/ of another tree, run interleaved with this one")
+    ap.add_argument("--commands", action="store_true", help="INFO commandstats per job of each phase")
     ap.add_argument("--xdel", action="store_true", help="delete recorded entries one by one (the old way)")
     ap.add_argument("--rate-keys", type=int, default=0, help="every run carries one of this many rate keys")
     ap.add_argument("--events", action="store_true", help="PostgreSQL: event rows by jsonb insert vs COPY")

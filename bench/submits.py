@@ -4,6 +4,8 @@
     python bench/submits.py --concurrent 200 --jobs 40000 --repeats 3
     python bench/submits.py --modes bulk --repeats 5 --ref-python /tmp/vb/bin/python --pgqueuer
     python bench/submits.py --phases --repeats 3 --ref-python /tmp/vb/bin/python   # a bulk call, step by step
+    python bench/submits.py --modes single behind --pgqueuer --repeats 5   # Client.enqueue_behind against the default
+    python bench/submits.py --modes bulk bulk-behind --pgqueuer --repeats 5
 
 `--ref-python` runs every case a second time with another Fencepost build (its venv's python; the
 harness is this file), interleaved, as `fencepost-ref`; `--pgqueuer` runs pgqueuer's own calls the
@@ -85,12 +87,14 @@ async def case(a: argparse.Namespace, mode: str) -> dict[str, Any]:
         meter = CpuMeter({"client": lambda: [os.getpid()], "pg": pg_backend_pids(postmaster, DB, exclude=mine),
                           "redis": lambda: [redis_pid], "pg_shared": pg_aux_pids(postmaster)},
                          shared=("redis", "pg_shared"))
-        n: int = a.single if mode == "single" else a.jobs
+        n: int = a.single if mode in ("single", "behind") else a.jobs
+        client.enqueue_behind = mode in ("behind", "bulk-behind")
 
         async def go() -> int:
-            if mode == "single":
+            if mode in ("single", "behind"):
                 for _ in range(n):
                     await client.submit("bench.tiny")
+                await client._coalescer.drain()  # behind: timed until the last run is in Redis too
                 return n
             if mode == "concurrent":
                 per = n // a.concurrent
@@ -103,12 +107,24 @@ async def case(a: argparse.Namespace, mode: str) -> dict[str, Any]:
                 return per * int(a.concurrent)
             for i in range(0, n, a.call_size):
                 await client.submit_many([Submit(handler="bench.tiny")] * min(a.call_size, n - i))
+            await client._coalescer.drain()
             return n
 
         row = await metered(meter, mode, go)
         got = await conn.fetchval("SELECT count(*) FROM runs") - 1
         if got != row["jobs"]:
             raise SystemExit(f"{mode}: PostgreSQL holds {got} runs, expected {row['jobs']}")
+        if mode == "behind":  # the window: from a submit's return until Redis holds its run, 200 more submits
+            window: list[float] = []
+            due = client.stores.keys("bench").due  # bench.tiny's queue (bench/app.py)
+            for _ in range(200):
+                run_id = await client.submit("bench.tiny")
+                t = time.perf_counter()
+                while await client.stores.redis.zscore(due, str(run_id)) is None:
+                    await asyncio.sleep(0)
+                window.append((time.perf_counter() - t) * 1000)
+            window.sort()
+            row["window_ms"] = {"p50": window[100], "p99": window[197], "max": window[-1]}
     finally:
         await conn.close()
         await client.close()
@@ -227,14 +243,14 @@ def main() -> None:
     ap.add_argument("--call-size", type=int, default=1_000)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--modes", nargs="+", default=["single", "concurrent", "bulk"],
-                    choices=("single", "concurrent", "bulk"))
+                    choices=("single", "behind", "concurrent", "bulk", "bulk-behind"))
     ap.add_argument("--ref-python", metavar="PY", help="a second Fencepost build's python, run interleaved")
     ap.add_argument("--pgqueuer", action="store_true", help="pgqueuer's submits too, interleaved")
     ap.add_argument("--peer-python", default=str(ROOT / ".venv-bench" / "bin" / "python"))
     ap.add_argument("--phases", action="store_true",
                     help="instead: where a bulk call's time goes, step by step (CPU of client, PostgreSQL, Redis)")
     ap.add_argument("--calls", type=int, default=20, help="bulk calls measured by --phases")
-    ap.add_argument("--one", choices=("single", "concurrent", "bulk"), help=argparse.SUPPRESS)
+    ap.add_argument("--one", choices=("single", "behind", "concurrent", "bulk", "bulk-behind"), help=argparse.SUPPRESS)
     ap.add_argument("--peer-case", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--phases-json", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
@@ -270,7 +286,7 @@ def main() -> None:
     for _ in range(a.repeats):
         for mode in a.modes:
             for system in systems:
-                if system == "pgqueuer" and mode == "concurrent":
+                if system == "pgqueuer" and mode in ("concurrent", "behind", "bulk-behind"):
                     continue
                 if system == "fencepost":
                     r = run_loop(case(a, mode))
@@ -280,11 +296,12 @@ def main() -> None:
                 r["system"] = system
                 results.append(r)
                 print(f"  {system:14}" + " ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
-                                                  for k, v in r.items() if k not in ("cpu_us", "system"))
+                                                  for k, v in r.items() if k not in ("cpu_us", "system", "window_ms"))
                       + "  cpu_us " + " ".join(f"{k}={v:.0f}" for k, v in r["cpu_us"].items()),
                       file=sys.stderr, flush=True)
-    labels = {"single": f"single, {a.single:,} sequential", "concurrent": f"{a.concurrent} concurrent submitters",
-              "bulk": f"bulk, calls of {a.call_size:,}"}
+    labels = {"single": f"single, {a.single:,} sequential", "behind": "single, Client.enqueue_behind",
+              "concurrent": f"{a.concurrent} concurrent submitters",
+              "bulk": f"bulk, calls of {a.call_size:,}", "bulk-behind": "bulk, Client.enqueue_behind"}
     print(f"\nmedians of {a.repeats}, interleaved; CPU-us per job from /proc")
     print(f"{'':32}{'system':>15}{'jobs/s':>10}" + "".join(f"{r:>11}" for r in (*ROLES, "total")))
     med: dict[tuple[str, str], dict[str, float]] = {}
@@ -298,6 +315,22 @@ def main() -> None:
             med[mode, system] = m
             print(f"{labels[mode]:32}{system:>15}{m['per_s']:>10,.0f}"
                   + "".join(f"{m[k]:>11.0f}" for k in (*ROLES, "total")))
+            for r in rs:
+                if "window_ms" in r:
+                    print(f"{'':32}{'':>15}  window (return -> in Redis) ms: " + "  ".join(
+                        f"{k} {v:.2f}" for k, v in r["window_ms"].items()))
+    if ("single", "fencepost") in med and ("behind", "fencepost") in med:
+        on, off = med["behind", "fencepost"], med["single", "fencepost"]
+        print(f"enqueue_behind / default, sequential single submits: jobs/s x{on['per_s'] / off['per_s']:.2f}, "
+              f"CPU per job x{on['total'] / off['total']:.2f}")
+        if ("single", "pgqueuer") in med:
+            print(f"enqueue_behind / pgqueuer single: jobs/s x{on['per_s'] / med['single', 'pgqueuer']['per_s']:.2f}")
+    if ("bulk", "fencepost") in med and ("bulk-behind", "fencepost") in med:
+        on, off = med["bulk-behind", "fencepost"], med["bulk", "fencepost"]
+        print(f"enqueue_behind / default, bulk calls: jobs/s x{on['per_s'] / off['per_s']:.2f}, "
+              f"CPU per job x{on['total'] / off['total']:.2f}")
+        if ("bulk", "pgqueuer") in med:
+            print(f"enqueue_behind / pgqueuer bulk: jobs/s x{on['per_s'] / med['bulk', 'pgqueuer']['per_s']:.2f}")
     for peer in systems[1:]:
         for mode in a.modes:
             if (mode, peer) in med:

@@ -130,12 +130,16 @@ class _Coalescer:
         """Committed runs whose Redis enqueue goes out behind their callers (`Client.enqueue_behind`)."""
         self.behind_task: asyncio.Task[None] | None = None
 
-    async def submit(self, req: Submit) -> int:
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
         if loop is not self.loop:  # a new event loop (asyncio.run again): nothing of the old one survives
             self.loop, self.pending, self.inflight, self.scheduled, self.direct = loop, [], set(), False, 0
             self.preparing = 0
             self.behind, self.behind_task = [], None
+        return loop
+
+    async def submit(self, req: Submit) -> int:
+        loop = self._bind_loop()
         self.preparing += 1  # close() waits for it: preparing may wait on the server's clock
         try:
             row = (await self.client._prepare([req], outbox=False))[0]  # bad input fails this caller only
@@ -227,6 +231,16 @@ class _Coalescer:
             self.behind.append((created, ids, list(rows)))
             if self.behind_task is None or self.behind_task.done():
                 self.behind_task = asyncio.ensure_future(self._send_behind())
+
+    async def enqueue_behind_call(self, created: list[int], ids: list[int], rows: Sequence[RunRow]) -> None:
+        """submit_many's enqueue with `Client.enqueue_behind`: sent behind the caller, so a producer's next
+        call validates and commits while this one's runs go to Redis. A call that finds the previous
+        call's enqueue still in flight waits for it first: at most one call's runs are on their way, so a
+        producer faster than Redis is held back instead of piling up committed runs in memory."""
+        self._bind_loop()
+        if self.behind_task is not None and not self.behind_task.done():
+            await asyncio.shield(self.behind_task)
+        self._enqueue_behind(created, ids, rows)
 
     async def _send_behind(self) -> None:
         while self.behind:
@@ -396,7 +410,10 @@ class Client:
         # (Rolled back, the stamp vouches for an empty queue: harmless.)
         await self._stamp_new_queues(new_queues)
         if connection is None:
-            await self._enqueue(created, ids, rows)
+            if self.enqueue_behind:
+                await self._coalescer.enqueue_behind_call(created, ids, rows)
+            else:
+                await self._enqueue(created, ids, rows)
         return ids
 
     async def _prepare(self, requests: Sequence[Submit], *, outbox: bool) -> list[RunRow]:
@@ -417,9 +434,11 @@ class Client:
     enqueue_behind = False
     """`submit()` returns once PostgreSQL committed the run (invariant 1 as ever) and sends its Redis
     enqueue behind it: one background task per event-loop turn carries every submit's enqueue of that
-    turn (coalesced). The run is claimable a Redis round trip later; if this process dies in between,
-    the reconciler's drift repair (or the outbox relay) enqueues it after its grace period, the
-    window docs/performance.md measures. `close()` waits for the enqueues. Off by default."""
+    turn (coalesced). `submit_many()` (up to `chunk` runs, no `connection`) does the same; its next
+    call waits for the previous call's enqueue if that is still in flight. The run is claimable a
+    Redis round trip later; if this process dies in between, the reconciler's drift repair (or the
+    outbox relay) enqueues it after its grace period, the window docs/performance.md measures.
+    `close()` waits for the enqueues. Off by default."""
 
     async def _submit_pipelined(self, requests: Sequence[Submit], rows: list[RunRow]) -> list[int]:
         """A call larger than a chunk: every chunk in one PostgreSQL transaction, then Redis.
