@@ -158,3 +158,44 @@ SELECT array_agg(DISTINCT x.queue) FROM (
     LEFT JOIN runs r ON r.id = c.id LEFT JOIN runs_archive a ON a.id = c.id AND r.id IS NULL
     WHERE b.id = $1 AND c.id IS NOT NULL
 ) x WHERE x.queue IS NOT NULL;
+
+-- name: ops_batches_page
+-- params: scope text[], after_created_at timestamptz, after_id uuid, limit int8, scan int8
+-- returns: id uuid, name text, created_at timestamptz, settled_at timestamptz, on_complete int8,
+-- returns: on_success int8, members int8, succeeded int8, failed int8, cancelled int8, waiting int8,
+-- returns: archived int8, queues text[]
+-- Batches newest first, by keyset cursor (issue 24): of the $5 newest batches after the cursor ($2, $3: only
+-- batches before (created_at, id) in this order; NULL: from the newest), those whose members still in `runs`
+-- are all in scope ($1; NULL: all), at most $4, each with its members counted by state. Paging by time alone
+-- (`before`) skipped the rest of the batches created in the same instant as the last one of a page. The scan
+-- is bounded ($5): a scoped token whose queues hold few batches gets a short page and a cursor of where the
+-- scan stopped (ops_batches_page_scanned) instead of a read of every batch's members.
+SELECT b.id, b.name, b.created_at, b.settled_at, b.on_complete, b.on_success, c.members, c.succeeded, c.failed,
+       c.cancelled, c.waiting, c.archived, c.queues
+FROM (SELECT * FROM batches
+      WHERE $2::timestamptz IS NULL OR (created_at <= $2 AND (created_at, id) < ($2, $3::uuid))
+      ORDER BY created_at DESC, id DESC LIMIT $5) b
+CROSS JOIN LATERAL (
+    SELECT count(*) AS members,
+           count(*) FILTER (WHERE r.status = 'SUCCEEDED') AS succeeded,
+           count(*) FILTER (WHERE r.status IN ('FAILED', 'TIMED_OUT')) AS failed,
+           count(*) FILTER (WHERE r.status = 'CANCELLED') AS cancelled,
+           count(*) FILTER (WHERE r.status NOT IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED')) AS waiting,
+           count(*) FILTER (WHERE r.id IS NULL) AS archived,
+           coalesce(array_agg(DISTINCT r.queue) FILTER (WHERE r.queue IS NOT NULL), '{}') AS queues
+    FROM batch_members m LEFT JOIN runs r ON r.id = m.run_id WHERE m.batch_id = b.id
+) c
+WHERE ($1::text[] IS NULL OR (cardinality(c.queues) > 0 AND c.queues <@ $1::text[]))
+ORDER BY b.created_at DESC, b.id DESC
+LIMIT $4;
+
+-- name: ops_batches_page_scanned
+-- params: after_created_at timestamptz, after_id uuid, scan int8
+-- returns: n int8, created_at timestamptz, id uuid
+-- How far ops_batches_page's bounded scan ($3 batches after the cursor $1, $2) reached: how many it read
+-- (fewer than $3: the end) and the key of the oldest, where the next page starts.
+SELECT count(*) AS n, (array_agg(created_at ORDER BY created_at, id))[1] AS created_at,
+       (array_agg(id ORDER BY created_at, id))[1] AS id
+FROM (SELECT created_at, id FROM batches
+      WHERE $1::timestamptz IS NULL OR (created_at <= $1 AND (created_at, id) < ($1, $2::uuid))
+      ORDER BY created_at DESC, id DESC LIMIT $3) s;

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from fencepost.api import ApiConfig
 from fencepost.client import Client
+from fencepost.core import cursors
 from fencepost.core.config import Settings
 from tests.test_api import Api, _make_api
 
@@ -398,3 +400,43 @@ async def test_the_cli_pages_ls_events_and_audit_with_cursor_and_all(settings: S
         assert "next page: --cursor " in page.stderr
     finally:
         stop([proc])
+
+
+async def test_batches_page_by_cursor_through_batches_created_in_one_instant(
+        api: Api, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET /v1/batches paged by time (`before` = the last batch's created_at): the other batches created in
+    that instant were skipped. Its `next` is a cursor now; a scoped token's short page (the bounded scan)
+    has one too, where the scan stopped."""
+    from fencepost.api import routes_ops
+
+    pg = await _pg(client)
+    tq = [await client.submit("t.echo", i, queue="tq") for i in range(10)]
+    other = [await client.submit("t.echo", i, queue="other") for i in range(8)]
+    t1 = await pg.fetchval("SELECT date_trunc('second', now()) - interval '1 minute'")
+    made: list[str] = []
+    for i, rid in enumerate(tq + other):  # 7 tq batches in one instant, 3 older; 8 of `other`, newest
+        at = t1 + timedelta(seconds=60) if rid in other else t1 if i < 7 else t1 - timedelta(seconds=i)
+        made.append(str(await pg.fetchval(
+            "WITH b AS (INSERT INTO batches (id, name, created_at) VALUES (gen_random_uuid(), $1, $2) RETURNING id) "
+            "INSERT INTO batch_members (run_id, batch_id) SELECT $3, id FROM b RETURNING batch_id", f"b{i}", at, rid)))
+    rows = await pg.fetch("SELECT id::text AS id, created_at FROM batches")
+    expected = [r["id"] for r in sorted(rows, key=lambda r: (r["created_at"], r["id"]), reverse=True)]
+
+    async def walk(who: str, limit: int) -> list[str]:
+        seen: list[str] = []
+        cursor = None
+        for _ in range(50):
+            r = await api.req("GET", "/v1/batches", who, params={"limit": limit, **({"cursor": cursor} if cursor else {})})
+            assert r.status_code == 200, r.text
+            seen += [b["id"] for b in r.json()["batches"]]
+            cursor = r.json()["next"]
+            if cursor is None:
+                return seen
+        raise AssertionError("no last page")
+
+    assert await walk("admin", 2) == expected
+    assert await walk("admin", 3) == expected
+    monkeypatch.setattr(routes_ops, "BATCH_SCAN", 4)  # a scoped page reads at most 4 batches' members
+    assert await walk("op_tq", 2) == [b for b in expected if b in made[:10]]
+    r = await api.req("GET", "/v1/batches", "admin", params={"cursor": cursors.encode("batches", [t1, "not-a-uuid"])})
+    assert r.status_code == 422 and r.json()["field"] == "cursor", r.text

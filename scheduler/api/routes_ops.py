@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -32,7 +33,7 @@ from msgspec import Meta
 from fencepost.api import bulk as bulk_
 from fencepost.api import schemas as S
 from fencepost.api.problems import ApiError, BulkTooLarge
-from fencepost.core import fairness, hotreads, states, stats, validate
+from fencepost.core import cursors, fairness, hotreads, states, stats, validate
 from fencepost.core import workers as fleet
 from fencepost.core.errors import InvalidInput
 from fencepost.core.states import TERMINAL, Status
@@ -208,6 +209,7 @@ class BatchSummary(msgspec.Struct, kw_only=True):
 class BatchPage(msgspec.Struct, kw_only=True):
     batches: list[BatchSummary]
     next: str | None = None
+    """The next page's cursor, sent back as `cursor` (null: the end)."""
 
 
 BulkSkip = S.BulkSkip
@@ -597,19 +599,33 @@ async def handler_stats(ctx: Ctx) -> Any:
 # -- batches ---------------------------------------------------------------------------------------
 async def list_batches(ctx: Ctx) -> Any:
     """Batches, newest first, whose members are all in the token's scope, each counted by state; `next`
-    (null: the end) pages on."""
-    before = ctx.q_time("before")
+    (null: the end) is the cursor of the next page, sent back as `cursor` (`before`, a time, is still taken:
+    it pages by time alone, which skips batches created in the same instant as a page's last)."""
+    key = cursors.decode("batches", ctx.q("cursor"))
+    at, bid = (key[0], _uuid_of(key[1])) if key is not None else (ctx.q_time("before"), _NIL)
     limit = ctx.q_int("limit", 50, 1, 1000)
     db, scope = ctx.client.stores.db, ctx.p.scope
     scan = limit + 1 if scope is None else max(limit + 1, BATCH_SCAN)
-    rows = await db.fetch("ops_batches", scope, before, limit + 1, scan)
+    rows = await db.fetch("ops_batches_page", scope, at, bid, limit + 1, scan)
     out = [BatchSummary(**{**dict(r), "id": str(r["id"]), "queues": sorted(r["queues"])}) for r in rows[:limit]]
-    nxt = out[-1].created_at if len(rows) > limit else None
+    nxt = [out[-1].created_at, out[-1].id] if len(rows) > limit else None
     if nxt is None and scope is not None:  # a short page: more may be older than the bounded scan reached
-        reached = await db.fetchrow("ops_batches_scanned", before, scan)
+        reached = await db.fetchrow("ops_batches_page_scanned", at, bid, scan)
         if reached is not None and reached["n"] == scan:
-            nxt = reached["oldest"]
-    return BatchPage(batches=out, next=None if nxt is None else nxt.isoformat())
+            nxt = [reached["created_at"], str(reached["id"])]
+    return BatchPage(batches=out, next=None if nxt is None else cursors.encode("batches", nxt))
+
+
+_NIL = uuid.UUID(int=0)
+"""With `before` (a time): every batch created before it, whatever its id (no id is below this one)."""
+
+
+def _uuid_of(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise InvalidInput(f"cursor {raw[:60]!r} is not a cursor of the batches (not a batch id); send back `next` "
+                           "unchanged", field="cursor") from None
 
 
 BATCH_SCAN = 200
@@ -653,6 +669,8 @@ def routes(spec: Callable[..., Any], *, run_for: Callable[..., Awaitable[dict[st
                  "Per handler: started, succeeded, failed, run-time p50 / p95 (with handler: per step)", roles=READ,
                  response=HandlerStats, params=[("window", "string", "1h", "1h, 24h or 7d"), _Q, _H], tag="queues"),
         spec("GET", "/v1/batches", list_batches, "Batches, newest first, counted by state", roles=READ,
-                 response=BatchPage, params=[("before", "string", None, "Created before (ISO 8601; paging: `next`)"),
+                 response=BatchPage, params=[("cursor", "string", None, "The previous page's `next`"),
+                                             ("before", "string", None, "Created before (ISO 8601; ties are skipped: "
+                                              "page with `cursor`)"),
                                              ("limit", "integer", 50, "At most this many (1-1000)")], tag="batches"),
     ]

@@ -32,6 +32,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "audit": ("t", "i", "s"),           # at, id, source ('run' before 'config' on equal at and id)
     "schedules": ("s",),                # name
     "workflows": ("t", "s"),            # created_at, id
+    "batches": ("t", "s"),              # created_at, id (a UUID): newest first
     **{f"runs/id/{o}": ("i",) for o in ("asc", "desc")},
     **{f"runs/created_at/{o}": ("t", "i") for o in ("asc", "desc")},
     **{f"runs/finished_at/{o}": ("t?", "i") for o in ("asc", "desc")},
@@ -44,6 +45,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "dead": ("finished_at", "id"), "review": ("finished_at", "id"),
     "events": ("at", "stream_id", "id", "run_id"), "run_events": ("at", "stream_id", "id"),
     "audit": ("at", "id", "source"), "schedules": ("name",), "workflows": ("created_at", "id"),
+    "batches": ("created_at", "id"),
 }
 """Which columns of a row make its key (a runs kind: its sort column, then id)."""
 
@@ -127,7 +129,7 @@ def key_of(kind: str, row: Any) -> list[Any]:
         key[1] = -1  # stream ids are positive: no stream id sorts after every one, as NULLS LAST does
     if kind == "events" and key[3] is None:
         key[3] = 0  # a queue's own event (no run): its id alone is unique
-    if kind == "workflows":
+    if kind in ("workflows", "batches"):
         key[1] = str(key[1])
     return key
 

@@ -281,19 +281,38 @@ const views = {
     const q = new URLSearchParams(params);
     for (const [k, v] of [...q.entries()]) if (!v) q.delete(k);
     const limit = Number(params.get("limit") || 50), offset = Number(params.get("offset") || 0);
-    const { data: runs, headers } = await api("GET", `/v1/runs?${q}`, undefined, { headers: true });
+    // A sort no index serves is refused (422 naming sort) when the filters match more than the count cap:
+    // the list is shown in id order then, with the server's reason.
+    let res, refused = "";
+    try {
+      res = await api("GET", `/v1/runs?${q}`, undefined, { headers: true });
+    } catch (e) {
+      if (!(e.problem && e.problem.field === "sort")) throw e;
+      refused = e.message;
+      q.delete("sort"); q.delete("order"); q.delete("offset");
+      res = await api("GET", `/v1/runs?${q}`, undefined, { headers: true });
+    }
+    const { data: runs, headers } = res;
     const total = Number(headers.get("X-Total-Count") || runs.length);
     const exact = headers.get("X-Total-Count-Exact") !== "false";
     const form = filterForm("runs-filter", "runs", params, [
       ["queue", "queue"], ["status", "state", "select", STATES], ["handler", "handler"], ["id", "run id", "number"],
       ["tenant", "tenant"], ["concurrency_key", "concurrency key"], ["idempotency_key", "idempotency key"],
       ["arg", "argument contains"], ["since", "since", "datetime-local"], ["until", "until", "datetime-local"]]);
-    const sortBy = params.get("sort") || "id", order = params.get("order") || "desc";
-    const head = (label, key) => el("button", { class: "link", "data-sort": key, "aria-label": `sort by ${label}`,
-      onclick: () => go("runs", params, { sort: key, order: sortBy === key && order === "desc" ? "asc" : "desc", offset: "" }) },
-    label, sortBy === key ? (order === "desc" ? " ▼" : " ▲") : "");
+    const sortBy = q.get("sort") || "id", order = q.get("order") || "desc";
+    // Offered only where the server serves it (GET /v1/runs): id and times always; state within a queue (a
+    // filter or the token's queues) or a state filter; handler with a handler filter; attempt, handler and
+    // state whenever the filters match at most the count cap (an exact count).
+    const served = { status: exact || !!q.get("queue") || !!q.get("status") || me.queues.length > 0,
+      handler: exact || !!q.get("handler"), attempt: exact };
+    const head = (label, key) => served[key] === false ? el("span", { "data-sort-off": key,
+      title: `Sorting by ${label.toLowerCase()} is offered within a queue or for at most 10000 matching runs: narrow the filters` }, label) :
+      el("button", { class: "link", "data-sort": key, "aria-label": `sort by ${label}`,
+        onclick: () => go("runs", params, { sort: key, order: sortBy === key && order === "desc" ? "asc" : "desc", offset: "" }) },
+      label, sortBy === key ? (order === "desc" ? " ▼" : " ▲") : "");
     const sel = selected.runs || new Set();
     return [el("h1", {}, "Runs"), form,
+      refused ? el("p", { id: "runs-sort-refused", class: "muted", role: "status" }, refused) : null,
       el("p", { id: "runs-count", class: "muted" }, runs.length
         ? `${offset + 1}–${offset + runs.length} of ${total}${exact ? "" : "+"}` : `0 of ${total}`),
       bulkBar(params),
@@ -527,7 +546,7 @@ const views = {
   // Batches (runs submitted together with on_complete / on_success callbacks), newest first.
   async batches(params) {
     const q = new URLSearchParams({ limit: "50" });
-    if (params.get("before")) q.set("before", params.get("before"));
+    if (params.get("cursor")) q.set("cursor", params.get("cursor"));
     const page = await api("GET", `/v1/batches?${q}`);
     return [el("h1", {}, "Batches"), table([
       ["Batch", (b) => el("a", { href: `#/batch/${b.id}` }, b.name ? jt(b.name) : b.id.slice(0, 8))],
@@ -540,7 +559,7 @@ const views = {
       ["Callbacks", (b) => [b.on_complete ? ["on complete ", runLink(b.on_complete)] : "", b.on_success ? [" on success ", runLink(b.on_success)] : ""]]],
     page.batches, "batches-table"),
     el("nav", { class: "pager", "aria-label": "pages" },
-      el("button", { id: "next-page", disabled: !page.next, onclick: () => go("batches", params, { before: page.next }) }, "Older →"))];
+      el("button", { id: "next-page", disabled: !page.next, onclick: () => go("batches", params, { cursor: page.next }) }, "Older →"))];
   },
 
   async batch(params, id) {
