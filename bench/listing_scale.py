@@ -143,10 +143,16 @@ ROUTES = [
     ("GET", "/v1/runs?sort=created_at&order=asc", "admin"),
     ("GET", "/v1/runs?arg=00999999", "admin"),
     ("GET", "/v1/runs?queue=payments", "scoped"),
+    ("GET", "/v1/runs?queue=payments&sort=status", "admin"),
+    ("GET", "/v1/runs?queue=payments&status=FAILED&sort=attempt", "admin"),  # a top-N sort of 2,500 matches
+    ("GET", "/v1/runs?sort=attempt", "admin"),  # 1,000,000 matches: refused (422 naming sort)
+    ("GET", "/v1/runs?sort=status", "scoped"),  # its queues: runs_queue_status range by range
     ("GET", "/v1/dead-letter", "admin"),
     ("GET", "/v1/dead-letter", "scoped"),
     ("GET", "/v1/review", "admin"),
     ("GET", "/v1/events", "admin"),
+    ("GET", "/v1/events", "scoped"),
+    ("GET", "/v1/events?queue=payments", "admin"),
     ("GET", "/v1/audit", "admin"),
     ("GET", "/v1/stats", "admin"),
     ("GET", "/v1/workers", "admin"),

@@ -296,11 +296,24 @@ WITH other AS MATERIALIZED (SELECT * FROM (
     (SELECT -r.id, r.id, r.queue, 'submitted', NULL::text, 'PENDING', NULL::integer, NULL::text, r.submitted_by,
             NULL::text, NULL::text, r.created_at, r.handler, r.workflow_id, r.trace_id, NULL::bigint
      FROM runs r
-     WHERE r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
-       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+     WHERE $3::text IS NULL AND $5::text[] IS NULL  -- every queue: runs_created_page
+       AND r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
        AND ($6::timestamptz IS NULL OR (r.created_at <= $6 AND (r.created_at, -1::bigint, -r.id, r.id)
                                                             < ($6, $7::bigint, $8::bigint, $9::bigint)))
      ORDER BY r.created_at DESC, r.id ASC LIMIT $4)
+    UNION ALL
+    -- a queue, or a scoped token's queues: runs_queue_created_page queue by queue (queue = ANY(scope) in
+    -- one scan cannot come in time order: it walked runs_created_page through every queue's runs)
+    (SELECT s.* FROM unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] ELSE $5::text[] END) q(queue)
+     CROSS JOIN LATERAL (
+        SELECT -r.id, r.id, r.queue, 'submitted', NULL::text, 'PENDING', NULL::integer, NULL::text, r.submitted_by,
+               NULL::text, NULL::text, r.created_at, r.handler, r.workflow_id, r.trace_id, NULL::bigint
+        FROM runs r
+        WHERE r.queue = q.queue AND ($5::text[] IS NULL OR r.queue = ANY($5))
+          AND r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
+          AND ($6::timestamptz IS NULL OR (r.created_at <= $6 AND (r.created_at, -1::bigint, -r.id, r.id)
+                                                               < ($6, $7::bigint, $8::bigint, $9::bigint)))
+        ORDER BY r.created_at DESC, r.id ASC LIMIT $4) s)
     UNION ALL
     (SELECT -r.id, r.id, r.queue, 'submitted', NULL::text, 'PENDING', NULL::integer, NULL::text, r.submitted_by,
             NULL::text, NULL::text, r.created_at, r.handler, r.workflow_id, r.trace_id, NULL::bigint
