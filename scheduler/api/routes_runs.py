@@ -108,11 +108,7 @@ async def list_runs(ctx: Ctx) -> Any:
     filter fixes is the id sort. Attempt, handler and status otherwise are a top-N sort of the matches, offered
     only when they are at most COUNT_CAP (the count is what says so), else a 422 naming `sort`."""
     p = ctx.p
-    sort, order = ctx.q("sort", "id"), ctx.q("order", "desc")
-    if sort not in _SORTS:
-        raise InvalidInput(f"sort must be one of {', '.join(_SORTS)}, not {sort!r}", field="sort")
-    if order not in ("asc", "desc"):
-        raise InvalidInput(f"order must be asc or desc, not {order!r}", field="order")
+    sort, order = _sort_and_order(ctx)
     rid = ctx.q_int("id", 0, 1, _BIGINT) or None
     before = ctx.q_int("before", _BIGINT, 1, _BIGINT)
     queue, status, handler = ctx.q_queue(), ctx.q_status(), _q_text(ctx, "handler")
@@ -127,9 +123,7 @@ async def list_runs(ctx: Ctx) -> Any:
     if key is not None and offset:
         raise InvalidInput("send either cursor or offset, not both", field="cursor")
     db = ctx.client.stores.db
-    floor = 0
-    if more[-1] is not None:  # the argument search reads the newest ARG_WINDOW runs' payloads, not the table
-        floor = max(0, int(await db.fetchval("runs_max_id")) - ARG_WINDOW)
+    floor = 0 if more[-1] is None else await _arg_floor(db)
     queues = [queue] if queue is not None else p.scope
     states = [status] if status is not None else [s.value for s in Status]
     ranges = queues is not None and len(queues) * len(states) <= QUEUE_RANGES
@@ -160,13 +154,32 @@ async def list_runs(ctx: Ctx) -> Any:
                               v if sort == "attempt" else None, v if sort in ("handler", "status") else None, after_id)
     if n is None:
         n = await db.fetchval("dashboard_runs_count", *filters, *who, *more, COUNT_CAP + 1, floor)
+    return Response(_enc.encode([_row(r, S.RunSummary) for r in rows]), media_type="application/json",
+                    headers=_list_headers(n, cursors.after(kind, rows, limit), searched=more[-1] is not None))
+
+
+def _sort_and_order(ctx: Ctx) -> tuple[str, str]:
+    sort, order = ctx.q("sort", "id"), ctx.q("order", "desc")
+    if sort not in _SORTS:
+        raise InvalidInput(f"sort must be one of {', '.join(_SORTS)}, not {sort!r}", field="sort")
+    if order not in ("asc", "desc"):
+        raise InvalidInput(f"order must be asc or desc, not {order!r}", field="order")
+    return sort, order
+
+
+async def _arg_floor(db: Any) -> int:
+    """The argument search reads the newest ARG_WINDOW runs' payloads, not the table: the id below them."""
+    return max(0, int(await db.fetchval("runs_max_id")) - ARG_WINDOW)
+
+
+def _list_headers(n: int, next_cursor: str | None, *, searched: bool) -> dict[str, str]:
+    """The count of matches (N, up to COUNT_CAP), the next page's cursor, and the argument search's window."""
     headers = {"X-Total-Count": str(min(n, COUNT_CAP)), "X-Total-Count-Exact": "true" if n <= COUNT_CAP else "false"}
-    nxt = cursors.after(kind, rows, limit)
-    if nxt is not None:
-        headers["X-Next-Cursor"] = nxt
-    if more[-1] is not None:
+    if next_cursor is not None:
+        headers["X-Next-Cursor"] = next_cursor
+    if searched:
         headers["X-Search-Window"] = str(ARG_WINDOW)
-    return Response(_enc.encode([_row(r, S.RunSummary) for r in rows]), media_type="application/json", headers=headers)
+    return headers
 
 
 ARGS_CAP = 64 * 1024
