@@ -105,7 +105,9 @@ def routes(deep: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
             out += [("/v1/runs", {"sort": s, "order": o}), ("/v1/runs", {"sort": s, "order": o, "cursor": deep[f"runs/{s}/{o}"]})]
     for s in ("finished_at", "attempt", "handler", "status"):  # within one queue (a tenth of the runs)
         out.append(("/v1/runs", {"sort": s, "order": "desc", "queue": "q3", "cursor": deep[f"runs/{s}/desc"]}))
-    out += [("/v1/runs", {"sort": "created_at", "queue": "q3", "cursor": deep["runs/created_at/desc"]}),
+    out += [("/v1/runs", {"queue": "q3"}), ("/v1/runs", {"queue": "q3", "cursor": deep["runs/id/desc"]}),
+            ("/v1/runs", {"queue": "q3", "status": "PENDING", "cursor": deep["runs/id/desc"]}),
+            ("/v1/runs", {"sort": "created_at", "queue": "q3", "cursor": deep["runs/created_at/desc"]}),
             ("/v1/events", {"since": since}), ("/v1/events", {"since": since, "cursor": deep["events"]}),
             ("/v1/events", {"since": since, "queue": "q3", "cursor": deep["events"]}),
             ("/v1/runs/400002/events", {}), ("/v1/audit", {}), ("/v1/audit", {"cursor": deep["audit"]}),
@@ -124,6 +126,8 @@ def _lit(v: Any) -> str:
         return str(v)
     if isinstance(v, dt.datetime):
         return f"'{v.isoformat()}'"
+    if isinstance(v, list):
+        return "ARRAY[" + ", ".join(_lit(x) for x in v) + "]"
     return "'" + str(v).replace("'", "''") + "'"
 
 
@@ -131,6 +135,7 @@ async def explain(dsn: str) -> None:
     """EXPLAIN ANALYZE of each page's statement as the route sends it (a custom plan, the deep cursor):
     its execution time and the indexes it reads (partitions' own index names left out)."""
     from fencepost.core.record import query
+    from fencepost.core.states import Status
 
     c = await asyncpg.connect(dsn)
     try:
@@ -151,6 +156,9 @@ async def explain(dsn: str) -> None:
         ind = [*f, "text", "text", "bigint", "boolean", "timestamptz", "bigint"]
         oth = [*f, "text", "text", "bigint", "boolean", "bigint", "text", "bigint"]
         fsh = [*f, "text", "bigint", "boolean", "timestamptz", "bigint"]
+        byq = ["text[]", "text[]", "text", "timestamptz", "timestamptz", "int", "text", "bigint", "bigint", "text", "text",
+               "text", "text", "bigint", "text", "text", "boolean", "text", "bigint"]
+        states = [s.value for s in Status]
         evt = ["timestamptz", "text", "text", "int", "text[]", "timestamptz", "bigint", "bigint", "bigint"]
         aud = ["text", "text", "timestamptz", "timestamptz", "int", "text[]", "jsonb"]
         cases: list[tuple[str, str, list[str], list[Any]]] = [
@@ -163,16 +171,26 @@ async def explain(dsn: str) -> None:
              [*filters(), "desc", 0, True, fin["finished_at"], fin["id"]]),
             ("runs finished_at desc (unfinished tail)", "api_runs_page_finished", fsh,
              [*filters(), "desc", 0, True, None, mid["id"]]),
-            ("runs status desc", "api_runs_page_other", oth,
+            # sorts no index serves: over every run the route answers 422 (sort) now; within a queue, and for
+            # the id sort too, it reads one range of runs_queue_status per state
+            ("runs status desc (refused: 422)", "api_runs_page_other", oth,
              [*filters(), "status", "desc", 0, True, None, mid["status"], mid["id"]]),
-            ("runs status desc queue=q3", "api_runs_page_other", oth,
-             [*filters("q3"), "status", "desc", 0, True, None, mid["status"], mid["id"]]),
+            ("runs status desc queue=q3", "api_runs_page_by_queue", byq,
+             [["q3"], states, *[None] * 3, 100, *[None] * 7, 0, "status", "desc", True, mid["status"], mid["id"]]),
+            ("runs id desc queue=q3", "api_runs_page_by_queue", byq,
+             [["q3"], states, *[None] * 3, 100, *[None] * 7, 0, "id", "desc", True, None, mid["id"]]),
+            ("runs id desc scoped q3,q4", "api_runs_page_by_queue", byq,
+             [["q3", "q4"], states, *[None] * 3, 100, *[None] * 7, 0, "id", "desc", True, None, mid["id"]]),
+            ("runs id desc queue=q3 PENDING", "api_runs_page_by_queue", byq,
+             [["q3"], ["PENDING"], *[None] * 3, 100, *[None] * 7, 0, "id", "desc", True, None, mid["id"]]),
             ("runs X-Total-Count", "dashboard_runs_count", [*f[:5], *f[6:], "bigint", "bigint"],
              [None] * 13 + [10001, 0]),
             ("events", "fleet_events_page", evt,
              [since, None, None, 100, None, ev["at"], ev["stream_id"] or -1, ev["id"], ev["run_id"]]),
             ("events queue=q3", "fleet_events_page", evt,
              [since, None, "q3", 100, None, ev["at"], ev["stream_id"] or -1, ev["id"], ev["run_id"]]),
+            ("events scoped q3", "fleet_events_page", evt,
+             [since, None, None, 100, ["q3"], ev["at"], ev["stream_id"] or -1, ev["id"], ev["run_id"]]),
             ("audit", "audit_list", aud, [None, None, None, None, 100, None, key]),
             ("audit queue=q3", "audit_list", aud, [None, "q3", None, None, 100, None, key]),
             ("dead letter", "api_dead_letter_page", ["text", "text[]", "int", "timestamptz", "bigint", "boolean"],
