@@ -195,7 +195,6 @@ a heuristic that misses a client kept under another attribute name, never a fals
 
 RAW_REDIS_OFFENDERS = {
     "fencepost.reconciler.drift": 11, "fencepost.reconciler.rebuild": 6,  # data and performance helpers
-    "fencepost.worker.checkpoints": 1, "fencepost.worker.runtime": 12,  # worker helper
 }
 """Known offenders (issue 25) with their count of raw calls today: each count may only go down, and a
 module not listed may have none. Remove an entry when its module reaches 0 (the test says so)."""
@@ -393,8 +392,6 @@ LONG_MARKER = "Long because"
 """A function over LONG_LINES lines says why in its docstring, on a line starting with this."""
 
 LONG_KNOWN = {
-    "fencepost.worker.runtime:Worker._wait_for_work": 69, "fencepost.worker.runtime:Worker._execute": 64,
-    "fencepost.worker.runtime:Worker._claim": 64, "fencepost.worker.procpool:ProcessPool.run": 69,  # worker helper
     "fencepost.reconciler.rebuild:_rebuild": 136,  # reconciler helper (recorder._fold, 132, is split)
 }
 """Functions being split right now (issue 25), with their length then: each may only shrink, and an

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, cast
+from typing import Any
 
 from redis.exceptions import RedisError
 
-from fencepost.core import metrics
+from fencepost.core import hotworker, metrics
 from fencepost.core.errors import DatabaseUnavailable, StoreUnavailable
 from fencepost.core.models import decode_result, encode_result
 from fencepost.core.registry import Registry
@@ -67,10 +67,8 @@ class Checkpoints:
                 delay = min(delay * 2, RETRY_MAX_S)
 
     async def _write_once(self, ctx: Context, raw: bytes, processed: int | None) -> int:
-        key = self.stores.keys(ctx.queue).run(ctx.run_id)
-        # Stores opens Redis with decode_responses=False: replies are bytes (redis-py types them bytes | str).
-        state, token, ctl = cast("list[bytes | None]", await self.stores.redis.hmget(key, "state", "token", "ctl"))
-        if token is None or int(token) != ctx.token or state is None or state.decode() not in ACTIVE:
+        holder = await hotworker.run_holder(self.stores.redis, self.stores.keys(ctx.queue), ctx.run_id)
+        if holder.token is None or holder.token != ctx.token or holder.state is None or holder.state not in ACTIVE:
             self.refused += 1
             ctx._stop = True
             raise LeaseLost(f"run {ctx.run_id}: token {ctx.token} no longer owns the run")
@@ -85,7 +83,7 @@ class Checkpoints:
         metrics.CHECKPOINTS.labels(ctx.handler).inc()
         ctx.checkpoint_version, ctx.processed = row["version"], processed
         ctx.checkpointed_at = time.time()
-        ctx._ctl = ctl.decode() if ctl else None
+        ctx._ctl = holder.ctl
         if ctx._ctl in ("pause", "stop", "cancel"):
             raise Interrupt(ctx._ctl)
         version: int = row["version"]

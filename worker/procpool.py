@@ -270,6 +270,30 @@ async def _results(ctx: Context, what: str) -> tuple[Any, ...]:
         return ("fail", type(exc).__name__, str(exc)[:2000])
 
 
+async def _checkpointed(ctx: Context, reply: tuple[Any, ...],
+                        on_checkpoint: Callable[[Context, bytes, int | None], Awaitable[int]]) -> tuple[Any, ...]:
+    """The parent's answer to a child's checkpoint: written (fenced, durable) with its version and the
+    control verb now pending, refused as interrupted, or refused as lost."""
+    try:
+        return ("ok", await on_checkpoint(ctx, reply[1], reply[2]), ctx._ctl)
+    except Interrupt as exc:
+        return ("ok", ctx.checkpoint_version, exc.kind)
+    except LeaseLost as exc:
+        return ("lost", str(exc))
+
+
+def _result(reply: tuple[Any, ...]) -> bytes:
+    """The child's last reply as the job's result, or the exception it stands for."""
+    if reply[0] == "ok":
+        result: bytes = reply[1]  # the child's encode_result(...)
+        return result
+    if reply[0] == "interrupted":
+        raise Interrupt(reply[1])
+    if reply[0] == "lost":
+        raise LeaseLost(reply[1])
+    raise RemoteError(reply[1], reply[2], reply[3], reply[4])
+
+
 class ProcessPool:
     def __init__(self, app: str, size: int) -> None:
         self.app, self.size = app, size
@@ -319,13 +343,7 @@ class ProcessPool:
                     continue
                 if reply[0] != "ckpt":
                     break
-                try:
-                    answer: tuple[Any, ...] = ("ok", await on_checkpoint(ctx, reply[1], reply[2]), ctx._ctl)
-                except Interrupt as exc:
-                    answer = ("ok", ctx.checkpoint_version, exc.kind)
-                except LeaseLost as exc:
-                    answer = ("lost", str(exc))
-                child.conn.send(answer)
+                child.conn.send(await _checkpointed(ctx, reply, on_checkpoint))
             healthy = True
         except TimeoutError:  # a subclass of OSError: must come first
             raise
@@ -338,22 +356,19 @@ class ProcessPool:
             if healthy:
                 self._idle.put_nowait(child)
             else:  # timed out, cancelled or crashed: this child cannot be trusted again
-                child.kill()
-                self._children.discard(child)
-                self.rebuilds += 1
+                await self._replace(child)
+        return _result(reply)
 
-                metrics.POOL_REBUILDS.inc()
-                replacement = await loop.run_in_executor(self._io, _Child, self.app)
-                self._children.add(replacement)
-                self._idle.put_nowait(replacement)
-        if reply[0] == "ok":
-            result: bytes = reply[1]  # the child's encode_result(...)
-            return result
-        if reply[0] == "interrupted":
-            raise Interrupt(reply[1])
-        if reply[0] == "lost":
-            raise LeaseLost(reply[1])
-        raise RemoteError(reply[1], reply[2], reply[3], reply[4])
+    async def _replace(self, child: _Child) -> None:
+        """Kill a child that timed out, was cancelled or crashed, and start a fresh one in its place."""
+        child.kill()
+        self._children.discard(child)
+        self.rebuilds += 1
+
+        metrics.POOL_REBUILDS.inc()
+        replacement = await asyncio.get_running_loop().run_in_executor(self._io, _Child, self.app)
+        self._children.add(replacement)
+        self._idle.put_nowait(replacement)
 
     def idle(self) -> int:
         return self._idle.qsize()
