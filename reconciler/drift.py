@@ -41,12 +41,12 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import asyncpg
 import msgspec
 
-from fencepost.core import metrics, states
+from fencepost.core import hotrepair, metrics, states
 from fencepost.core.bulkread import read_queue
 from fencepost.core.errors import InvalidInput
 from fencepost.core.fairness import due_and_held_sets, scan_queue
@@ -68,8 +68,6 @@ HELD = WAITING - {"BLOCKED"}
 LEASED = frozenset(s.value for s in ACTIVE)
 DONE = frozenset({s.value for s in TERMINAL})
 KNOWN = frozenset(s.value for s in Status)
-_FIELDS = ("state", "version", "run_at", "priority", "lease_until", "attempt", "token", "handler",
-           "error_class", "error", "reason")
 INSPECT_BATCH = 1000
 """Runs read per repair_inspect call (about a millisecond inside Redis)."""
 STREAM_SCAN_LIMIT = 200_000
@@ -102,7 +100,8 @@ class Drift:
     seen_version: str = ""
     """The hash's version field as read (compare-and-set for the Redis repairs)."""
     pg: dict[str, Any] | None = None
-    redis: dict[str, Any] | None = None
+    hot: Inspected | None = None
+    """The run's hash as repair_inspect read it (None: not read, or no hash)."""
 
     def line(self) -> str:
         return f"{self.queue}\t{self.kind}\t{self.run_id}\t{self.detail}"
@@ -113,10 +112,6 @@ class _Cursor:
     pg_last: int = 0
     zsets: dict[str, int] = field(default_factory=dict)
     scan: int = 0
-
-
-def _s(v: bytes | None) -> str | None:
-    return v.decode(errors="replace") if v is not None else None
 
 
 _LOOKUP_PAGE = 50_000
@@ -155,17 +150,13 @@ class DriftRepair:
         rows = {r["id"]: dict(r) for r in await self.stores.db.fetch("drift_runs_brief", ids, float(grace))}
         out: list[Drift] = []
         for rid, f in zip(ids, seen):
-            h: dict[str, Any] | None = None
-            if f.exists:
-                h = {name: getattr(f, name) for name in _FIELDS}
-                h["payload_len"] = f.payload_len
             members = [n for n in ("due", "delayed", "active") if getattr(f, n)]
-            d = self._classify(queue, rid, h, members, rows.get(rid), rebuild)
+            d = self._classify(queue, rid, f if f.exists else None, members, rows.get(rid), rebuild)
             if d is not None:
                 out.append(d)
         return out
 
-    def _classify(self, queue: str, rid: int, h: dict[str, Any] | None, members: list[str],
+    def _classify(self, queue: str, rid: int, h: Inspected | None, members: list[str],
                   p: dict[str, Any] | None, rebuild: bool) -> Drift | None:
         settled = p is not None and (p["settled"] or rebuild)
         if h is None:
@@ -177,34 +168,34 @@ class DriftRepair:
             if members and (p is None or p["status"] not in WAITING | LEASED or settled):
                 return Drift(queue, "orphan_member", rid, f"member of {','.join(members)} without a hash")
             return None
-        seen = h["version"] or ""
+        seen = h.version or ""
         if p is None or p["queue"] != queue:
-            return Drift(queue, "orphan_hash", rid, f"hash in state {h['state']} without a PostgreSQL row",
-                         seen_version=seen, redis=h)
-        state = h["state"]
+            return Drift(queue, "orphan_hash", rid, f"hash in state {h.state} without a PostgreSQL row",
+                         seen_version=seen, hot=h)
+        state = h.state
         corrupt = (state not in KNOWN or not seen.isdigit()
-                   or (state in WAITING | LEASED and (not h["handler"] or not h["payload_len"] or h["priority"] is None)))
+                   or (state in WAITING | LEASED and (not h.handler or not h.payload_len or h.priority is None)))
         if corrupt:
-            return Drift(queue, "corrupt", rid, f"hash unreadable (state={state!r}, version={h['version']!r})",
-                         seen_version=seen, pg=p, redis=h)
+            return Drift(queue, "corrupt", rid, f"hash unreadable (state={state!r}, version={h.version!r})",
+                         seen_version=seen, pg=p, hot=h)
         vr, vp, ps = int(seen), p["version"], p["status"]
         if settled and (vr < vp or (vr == vp and ps in DONE and (state != ps or members))):
             if ps in DONE or ps == "STOPPED":
                 if state == ps and not members:
                     return None
                 return Drift(queue, "terminal_in_pg", rid, f"PostgreSQL {ps} v{vp}, Redis {state} v{vr}",
-                             seen_version=seen, pg=p, redis=h)
+                             seen_version=seen, pg=p, hot=h)
             return Drift(queue, "stale_hash", rid, f"Redis {state} v{vr} is behind PostgreSQL {ps} v{vp}",
-                         seen_version=seen, pg=p, redis=h)
+                         seen_version=seen, pg=p, hot=h)
         if state in DONE and vr > vp:
             return Drift(queue, "unrecorded", rid, f"Redis {state} v{vr}, PostgreSQL {ps} v{vp}",
-                         seen_version=seen, pg=p, redis=h)
+                         seen_version=seen, pg=p, hot=h)
         if rebuild and state in LEASED:
-            return Drift(queue, "untrusted_lease", rid, f"leased in an untrusted dataset (token {h['token']})",
-                         seen_version=seen, pg=p, redis=h)
+            return Drift(queue, "untrusted_lease", rid, f"leased in an untrusted dataset (token {h.token})",
+                         seen_version=seen, pg=p, hot=h)
         if ((state == "PENDING" and not members) or (state == "RETRY_WAIT" and "delayed" not in members)
                 or (state in LEASED and "active" not in members)):
-            return Drift(queue, "unqueued", rid, f"{state} but in no sorted set for it", seen_version=seen, redis=h)
+            return Drift(queue, "unqueued", rid, f"{state} but in no sorted set for it", seen_version=seen, hot=h)
         return None
 
     async def unrecorded_confirmed(self, queue: str, cands: list[Drift]) -> list[Drift]:
@@ -223,22 +214,7 @@ class DriftRepair:
 
     async def stream_runs(self, queue: str) -> set[int] | None:
         """The runs with an entry left in the queue's stream (None: too long a stream to read)."""
-        stream = self.stores.keys(queue).events
-        if await self.stores.redis.xlen(stream) > STREAM_SCAN_LIMIT:
-            return None
-        pending: set[int] = set()
-        start = "-"
-        while True:
-            # bytes: Stores opens Redis with decode_responses=False (redis-py types replies bytes | str)
-            entries = cast("list[tuple[bytes, dict[bytes, bytes]]]",
-                           await self.stores.redis.xrange(stream, min=start, max="+", count=10_000))
-            for _eid, f in entries:
-                if b"run" in f:
-                    pending.add(int(f[b"run"]))
-            if len(entries) < 10_000:
-                break
-            start = "(" + entries[-1][0].decode()
-        return pending
+        return await hotrepair.stream_run_ids(self.stores, self.stores.keys(queue), limit=STREAM_SCAN_LIMIT)
 
     async def interrupt_lost(self, queue: str, ids: list[int]) -> list[Any]:
         """drift_interrupt_lost: interrupt in PostgreSQL leases Redis no longer holds. A run whose
@@ -253,17 +229,16 @@ class DriftRepair:
     async def tick(self, queue: str, *, repair: bool = True) -> list[Drift]:
         """One incremental step for one queue: bounded work whatever the queue's size."""
         c = self._cursors.setdefault(queue, _Cursor())
-        db, keys, r = self.stores.db, self.stores.keys(queue), self.stores.redis
+        db, keys = self.stores.db, self.stores.keys(queue)
         ids: set[int] = set()
         page = [x["id"] for x in await db.fetch("drift_active_ids", queue, c.pg_last, self.page)]
         c.pg_last = page[-1] if len(page) == self.page else 0
         ids.update(page)
         ids.update(x["id"] for x in await db.fetch("drift_recent_ids", queue, self.recent))
         for z in [*await due_and_held_sets(self.stores, queue), keys.delayed, keys.active]:
-            cur, members = cast("tuple[int, list[tuple[bytes, float]]]",  # bytes: decode_responses=False
-                                await r.zscan(z, c.zsets.get(z, 0), count=self.page))
-            c.zsets[z] = cur
-            ids.update(int(m) for m, _ in members if m.isdigit())
+            step = await hotrepair.member_page(self.stores, z, c.zsets.get(z, 0), self.page)
+            c.zsets[z] = step.cursor
+            ids.update(step.ids)
         c.scan, orphans = await self._scan_hashes(queue, c.scan)
         ids.update(orphans)
         found = await self.examine(queue, ids)
@@ -498,17 +473,17 @@ class DriftRepair:
         await self.quarantine_values(queue, [r["id"] for r in rows if r["id"] not in bad])
 
     async def _record(self, queue: str, drifts: list[Drift]) -> list[Drift]:
+        """Record in PostgreSQL the terminal states only Redis saw (`unrecorded`: their stream entries
+        are gone), with the result each hash holds, then let those hashes expire."""
         keys = self.stores.keys(queue)
-        pipe = self.stores.redis.pipeline(transaction=False)
-        for d in drifts:
-            pipe.hget(keys.run(d.run_id), "result")
-        results = await pipe.execute()
+        results = await hotrepair.run_results(self.stores, keys, [d.run_id for d in drifts])
         cols: list[list[Any]] = [[] for _ in range(9)]
-        for d, res in zip(drifts, results):
-            h = d.redis or {}
-            for i, v in enumerate((d.run_id, h["state"], int(d.seen_version), int(h["attempt"] or 0),
-                                   int(h["token"]) if h.get("token") else None, res, h.get("error_class"),
-                                   (h.get("error") or None) and h["error"][:4000], h.get("reason") or None)):
+        for d, res in zip(drifts, results, strict=True):
+            h = d.hot
+            assert h is not None  # an `unrecorded` drift is classified from its hash
+            for i, v in enumerate((d.run_id, h.state, int(d.seen_version), int(h.attempt or 0),
+                                   int(h.token) if h.token else None, res, h.error_class,
+                                   (h.error or None) and h.error[:4000], h.reason or None)):
                 cols[i].append(v)
         written = {r["id"]: r["from_status"] for r in await self.stores.db.fetch("drift_record_terminal", *cols)}
         out = [d for d in drifts if d.run_id in written]
@@ -520,12 +495,13 @@ class DriftRepair:
     async def _write_events(self, queue: str, done: list[Drift]) -> None:
         cols: list[list[Any]] = [[] for _ in range(6)]
         for d in done:
-            h, p = d.redis or {}, d.pg or {}
-            frm, to, ver = h.get("state"), p.get("status"), p.get("version")
+            p = d.pg or {}
+            state = d.hot.state if d.hot is not None else None
+            frm, to, ver = state, p.get("status"), p.get("version")
             if d.kind == "unrecorded":
-                frm, to, ver = p.get("status"), h.get("state"), int(d.seen_version)
+                frm, to, ver = p.get("status"), state, int(d.seen_version)
             elif d.kind in ("orphan_hash", "orphan_member", "unqueued"):
-                to = None if d.kind != "unqueued" else h.get("state")
+                to = None if d.kind != "unqueued" else state
             for i, v in enumerate((d.run_id, frm, to, ver, d.kind,
                                    json.dumps({"queue": queue, "detail": d.detail}))):
                 cols[i].append(v)

@@ -29,17 +29,15 @@ untrusted non-empty dataset holds for such runs are replaced from PostgreSQL aft
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from typing import Any, cast
+from typing import Any
 
 import asyncpg
 
-from fencepost.core import fairness, states
+from fencepost.core import fairness, hotrepair, states
 from fencepost.core.errors import FencepostError
 from fencepost.core.hot import Inspected, StampArgs, Versioned
-from fencepost.core.redisconn import read_twice
 from fencepost.core.stores import Stores
 from fencepost.reconciler.drift import Drift, DriftRepair
 from fencepost.reconciler.metrics import EPOCH, REBUILD_SECONDS, REBUILDS, RESTORED
@@ -82,66 +80,127 @@ async def rebuild_queue(stores: Stores, queue: str, *, page: int = PAGE, force: 
 
 
 async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
-    t0 = time.monotonic()
-    db, keys, r = stores.db, stores.keys(queue), stores.redis
-    try:  # a new epoch only if the current one may have been stamped (see sql/010_isolation.sql)
-        bumped = await db.fetchrow("rebuild_epoch", queue)
-        assert bumped is not None  # the queue's row exists: rebuilds run for queues PostgreSQL lists
-        epoch = bumped["epoch"]
-    except asyncpg.CheckViolationError:
-        raise EpochExhausted(queue) from None
-    EPOCH.labels(queue).set(epoch)
-    await r.delete(keys.token, keys.epoch)  # claims refuse from here until the stamp
-    sets = [*await fairness.due_and_held_sets(stores, queue, scan=True), keys.delayed, keys.active]
-    pipe = r.pipeline(transaction=False)
-    for z in sets:
-        pipe.zcard(z)
-    empty = not any(await pipe.execute())
-    current = await db.fetchrow("queue_epoch", queue)
-    assert current is not None  # as above
-    paused = current["paused"]
-    drift = DriftRepair(stores, page=page, loop="rebuild")
-    stats: dict[str, Any] = {"epoch": epoch, "restored": 0, "interrupted": 0, "synced": 0, "dropped": 0,
-                             "unknown": 0, "empty": int(empty)}
-    stamped_at: float | None = None
+    """The rebuild of one queue, under its lock: the steps of the module doc, in `_Rebuild`."""
+    return await _Rebuild(stores, queue, page).run()
 
-    async def stamp() -> None:
-        nonlocal stamped_at
-        if paused:
-            await r.set(keys.paused, 1)
-        await r.sadd(stores.queues_key, queue)
-        await fairness.apply(stores, queue)  # weights and limits, before claims may start
-        await db.execute("epoch_stamping", queue, epoch)  # from here tokens may exist under this epoch
-        await stores.scripts.stamp_queue(keys, StampArgs(epoch, force=1))
-        stamped_at = time.monotonic()
 
-    async def mark_unknown(seen: dict[int, tuple[int, int]]) -> set[int]:
-        """One `unknown` attempt per run the lost dataset may have run (see the module doc)."""
+_RESTORED_KINDS = ("missing", "lost_lease", "stale_hash", "corrupt")
+"""Drift a rebuild restores from PostgreSQL: each such run may have run in the lost dataset."""
+
+
+class _Rebuild:
+    """One queue's rebuild (module doc), one method per step: `begin` (a new epoch, claims refused),
+    `restore_active` (1. PostgreSQL's active runs, page by page), `check_members` (2. the dataset's
+    sorted-set members), `stamp` (3.), then `report`. `apply` repairs one page of drift, marking
+    the runs the lost dataset may have run (`mark_unknown`) before they can be claimed again."""
+
+    def __init__(self, stores: Stores, queue: str, page: int) -> None:
+        self.stores, self.queue, self.page = stores, queue, page
+        self.keys = stores.keys(queue)
+        self.drift = DriftRepair(stores, page=page, loop="rebuild")
+        self.t0 = time.monotonic()
+        self.epoch = 0
+        self.paused = False
+        self.empty = False
+        """The dataset holds none of the queue's sorted sets: nothing in it can be stale, so the stamp
+        is written after the first page and workers claim while the rest is restored."""
+        self.sets: list[str] = []
+        self.stamped_at: float | None = None
+        self.stats: dict[str, Any] = {"epoch": 0, "restored": 0, "interrupted": 0, "synced": 0, "dropped": 0,
+                                      "unknown": 0, "empty": 0}
+
+    async def run(self) -> dict[str, Any]:
+        await self.begin()
+        await self.restore_active()
+        if not self.empty:
+            await self.check_members()
+        if self.stamped_at is None:
+            await self.stamp()
+        return self.report()
+
+    async def begin(self) -> None:
+        """A new epoch in PostgreSQL, only if the current one may have been stamped (sql/010_isolation.sql),
+        so every token issued from here is above every token issued before; then the dataset's stamp
+        is removed (claims refuse the queue until `stamp`), and what the dataset holds is looked at."""
+        db, stores, queue = self.stores.db, self.stores, self.queue
+        try:
+            bumped = await db.fetchrow("rebuild_epoch", queue)
+            assert bumped is not None  # the queue's row exists: rebuilds run for queues PostgreSQL lists
+            self.epoch = self.stats["epoch"] = bumped["epoch"]
+        except asyncpg.CheckViolationError:
+            raise EpochExhausted(queue) from None
+        EPOCH.labels(queue).set(self.epoch)
+        await hotrepair.unstamp(stores, self.keys)
+        self.sets = [*await fairness.due_and_held_sets(stores, queue, scan=True), self.keys.delayed, self.keys.active]
+        self.empty = not await hotrepair.any_members(stores, self.sets)
+        self.stats["empty"] = int(self.empty)
+        current = await db.fetchrow("queue_epoch", queue)
+        assert current is not None  # as above
+        self.paused = current["paused"]
+
+    async def stamp(self) -> None:
+        """3. The queue-level pause restored, the queue listed, its weights and limits copied (before claims
+        may start), then the stamp: from here tokens may exist under this epoch."""
+        stores, queue = self.stores, self.queue
+        if self.paused:
+            await stores.scripts.set_queue_paused(self.keys, True)
+        await hotrepair.list_queue(stores, queue)
+        await fairness.apply(stores, queue)
+        await stores.db.execute("epoch_stamping", queue, self.epoch)
+        await stores.scripts.stamp_queue(self.keys, StampArgs(self.epoch, force=1))
+        self.stamped_at = time.monotonic()
+
+    async def restore_active(self) -> None:
+        """1. PostgreSQL's active runs in keyset pages. Before the stamp nothing in the dataset is trusted;
+        after an early stamp (an empty dataset) the runs are the ones restored here and workers may hold
+        them: normal rules."""
+        last = 0
+        while True:
+            ids = [x["id"] for x in await self.stores.db.fetch("drift_active_ids", self.queue, last, self.page)]
+            if not ids:
+                return
+            last = ids[-1]
+            await self.apply(await self.drift.examine(self.queue, ids, grace_s=0.0, rebuild=self.stamped_at is None),
+                             ids)
+            if self.empty and self.stamped_at is None:
+                await self.stamp()
+
+    async def check_members(self) -> None:
+        """2. Every member of the dataset's sorted sets: one PostgreSQL has as terminal (a replica that missed
+        the finish) leaves the sets, so a completed run is never claimed again; one without a hash or
+        a row is dropped."""
+        for z in self.sets:
+            cursor = 0
+            while True:
+                step = await hotrepair.member_page(self.stores, z, cursor, self.page)
+                await self.apply(await self.drift.examine(self.queue, step.ids, grace_s=0.0, rebuild=True))
+                cursor = step.cursor
+                if cursor == 0:
+                    break
+
+    async def mark_unknown(self, seen: dict[int, tuple[int, int]]) -> set[int]:
+        """One `unknown` attempt per run the lost dataset may have run (see the module doc); `seen`: run ->
+        (the dataset's attempt, its version), lower bounds of the new attempt's number."""
         if not seen:
             return set()
         ids = sorted(seen)
-        rows = await db.fetch("rebuild_mark_unknown", ids, [seen[i][0] for i in ids], [seen[i][1] for i in ids],
-                              epoch, queue)
-        stats["unknown"] += len(rows)
+        rows = await self.stores.db.fetch("rebuild_mark_unknown", ids, [seen[i][0] for i in ids],
+                                          [seen[i][1] for i in ids], self.epoch, self.queue)
+        self.stats["unknown"] += len(rows)
         return {r["id"] for r in rows}
 
-    async def apply(found: list[Any], page_ids: list[int] | None = None) -> None:
-        # Runs restored from PostgreSQL (no hash, or a hash dropped as stale or corrupt) are
-        # marked before drift.repair enqueues them; lost leases are interrupted first.
-        # A row an older version stored outside the bounds would fail these updates for the whole
-        # queue, every time: quarantined first (issue 22 item 8).
-        await drift.screen(queue, [d.run_id for d in found
-                                   if d.kind in ("missing", "lost_lease", "stale_hash", "corrupt")])
-        lost = [d.run_id for d in found if d.kind == "lost_lease"]
-        if lost:
-            await drift.interrupt_lost(queue, lost)
-        await mark_unknown({d.run_id: (_int((d.redis or {}).get("attempt")), _int(d.seen_version))
-                            for d in found if d.kind in ("missing", "lost_lease", "stale_hash", "corrupt")})
+    async def apply(self, found: list[Drift], page_ids: list[int] | None = None) -> None:
+        """Repair one page of drift: the runs to restore prepared first (`_prepare`), the leases the
+        untrusted dataset holds interrupted, then drift repair's usual repairs (a finish only the dataset
+        saw is history: its event is written), counted. `page_ids` (a page of PostgreSQL's active runs,
+        in an untrusted non-empty dataset): the waiting runs the dataset keeps are replaced too."""
+        queue, drift = self.queue, self.drift
+        await self._prepare(found)
         leases = [d for d in found if d.kind == "untrusted_lease"]
         if leases:
-            interrupted = await stores.scripts.repair_interrupt(
-                keys, [Versioned(d.run_id, d.seen_version) for d in leases])
-            stats["interrupted"] += len(interrupted)
+            interrupted = await self.stores.scripts.repair_interrupt(
+                self.keys, [Versioned(d.run_id, d.seen_version) for d in leases])
+            self.stats["interrupted"] += len(interrupted)
         # A run finished in Redis whose stream entry is still there is the recorder's to record (issue 22
         # item 11: recorded here as well, the transition was in the history twice), as in drift's own pass.
         unrec = [d for d in found if d.kind == "unrecorded"]
@@ -152,71 +211,67 @@ async def _rebuild(stores: Stores, queue: str, page: int) -> dict[str, Any]:
         recorded = [d for d in done if d.kind == "unrecorded"]
         if recorded:  # a terminal transition only the dataset saw: its event is history, not repair noise
             await drift._write_events(queue, recorded)
+        self._count(done)
+        if page_ids is not None and not self.empty and self.stamped_at is None:
+            await self._replace_kept(page_ids, {d.run_id for d in found if d.kind != "untrusted_lease"}, leases)
+
+    async def _prepare(self, found: list[Drift]) -> None:
+        """Before drift.repair enqueues the runs it restores: rows an older version stored outside the
+        bounds quarantined (they would fail these updates for the whole queue, every time: issue 22
+        item 8), lost leases interrupted in PostgreSQL, and each run marked with its `unknown` attempt."""
+        await self.drift.screen(self.queue, [d.run_id for d in found if d.kind in _RESTORED_KINDS])
+        lost = [d.run_id for d in found if d.kind == "lost_lease"]
+        if lost:
+            await self.drift.interrupt_lost(self.queue, lost)
+        await self.mark_unknown({d.run_id: (_int(d.hot.attempt if d.hot else None), _int(d.seen_version))
+                                 for d in found if d.kind in _RESTORED_KINDS})
+
+    def _count(self, done: list[Drift]) -> None:
         for d in done:
-            if d.kind in ("missing", "lost_lease", "stale_hash", "corrupt"):
-                stats["restored"] += 1
+            if d.kind in _RESTORED_KINDS:
+                self.stats["restored"] += 1
                 if d.kind == "lost_lease":
-                    stats["interrupted"] += 1
+                    self.stats["interrupted"] += 1
             elif d.kind == "terminal_in_pg":
-                stats["synced"] += 1
+                self.stats["synced"] += 1
             elif d.kind in ("orphan_hash", "orphan_member"):
-                stats["dropped"] += 1
-        if page_ids is None or empty or stamped_at is not None:
-            return
-        # An untrusted non-empty dataset: the hashes it keeps for waiting runs carry its attempt
-        # numbers, which a lost write may have passed. Mark, then replace them from PostgreSQL.
-        handled = {d.run_id for d in found if d.kind != "untrusted_lease"}
+                self.stats["dropped"] += 1
+
+    async def _replace_kept(self, page_ids: list[int], handled: set[int], leases: list[Drift]) -> None:
+        """An untrusted non-empty dataset: the hashes it keeps for waiting runs carry its attempt numbers,
+        which a lost write may have passed. Mark each such run, then replace its hash from PostgreSQL."""
+        queue, drift = self.queue, self.drift
         kept = [i for i in page_ids if i not in handled]
         seen: list[Inspected] = []
         for i in range(0, len(kept), PAGE):
-            seen += await stores.scripts.repair_inspect(keys, kept[i:i + PAGE])
+            seen += await self.stores.scripts.repair_inspect(self.keys, kept[i:i + PAGE])
         waiting = {rid: f for rid, f in zip(kept, seen) if f.exists and f.state in CLAIMABLE}
         await drift.screen(queue, sorted(waiting))
         was_leased = [d.run_id for d in leases if d.run_id in waiting]
         if was_leased:  # PostgreSQL may still hold the lease repair_interrupt just ended in Redis
             await drift.interrupt_lost(queue, was_leased)
-        marked = await mark_unknown({rid: (_int(f.attempt), _int(f.version)) for rid, f in waiting.items()})
+        marked = await self.mark_unknown({rid: (_int(f.attempt), _int(f.version)) for rid, f in waiting.items()})
         replace = [Drift(queue, "stale_hash", rid, "replaced after an unknown attempt", seen_version=f.version or "")
                    for rid, f in waiting.items() if rid in marked]
         if replace:
             await drift.repair(queue, replace, record=False)
 
-    last = 0
-    while True:
-        ids = [x["id"] for x in await db.fetch("drift_active_ids", queue, last, page)]
-        if not ids:
-            break
-        last = ids[-1]
-        # Before the stamp nothing in the dataset is trusted; after an early stamp (empty
-        # dataset) the runs are the ones we restored and workers may hold them: normal rules.
-        await apply(await drift.examine(queue, ids, grace_s=0.0, rebuild=stamped_at is None), ids)
-        if empty and stamped_at is None:
-            await stamp()
-    if not empty:
-        for z in sets:
-            cur = 0
-            while True:
-                # bytes: Stores opens Redis with decode_responses=False (redis-py types members bytes | str | float)
-                cur, members = cast("tuple[int, list[tuple[bytes, float]]]", await r.zscan(z, cur, count=page))
-                ids = [int(m) for m, _ in members if m.isdigit()]
-                await apply(await drift.examine(queue, ids, grace_s=0.0, rebuild=True))
-                if cur == 0:
-                    break
-    if stamped_at is None:
-        await stamp()
-    assert stamped_at is not None
-    stats["claimable_after_s"] = round(stamped_at - t0, 3)
-    stats["seconds"] = round(time.monotonic() - t0, 3)
-    REBUILDS.labels(queue).inc()
-    REBUILD_SECONDS.labels(queue).observe(stats["seconds"])
-    for action in ("restored", "interrupted", "synced", "dropped", "unknown"):
-        if stats[action]:
-            RESTORED.labels(queue, action).inc(stats[action])
-    log.warning("rebuilt queue %s from PostgreSQL at epoch %d: %d restored, %d interrupted, %d synced, "
-                "%d dropped, %d unknown attempts in %.2fs (claimable after %.2fs)", queue, epoch, stats["restored"],
-                stats["interrupted"], stats["synced"], stats["dropped"], stats["unknown"], stats["seconds"],
-                stats["claimable_after_s"], extra={"event": "queue_rebuilt", "queue": queue})
-    return stats
+    def report(self) -> dict[str, Any]:
+        """The stats (with when claims could start again, and the whole rebuild's time), counted and logged."""
+        stats, queue = self.stats, self.queue
+        assert self.stamped_at is not None
+        stats["claimable_after_s"] = round(self.stamped_at - self.t0, 3)
+        stats["seconds"] = round(time.monotonic() - self.t0, 3)
+        REBUILDS.labels(queue).inc()
+        REBUILD_SECONDS.labels(queue).observe(stats["seconds"])
+        for action in ("restored", "interrupted", "synced", "dropped", "unknown"):
+            if stats[action]:
+                RESTORED.labels(queue, action).inc(stats[action])
+        log.warning("rebuilt queue %s from PostgreSQL at epoch %d: %d restored, %d interrupted, %d synced, "
+                    "%d dropped, %d unknown attempts in %.2fs (claimable after %.2fs)", queue, self.epoch,
+                    stats["restored"], stats["interrupted"], stats["synced"], stats["dropped"], stats["unknown"],
+                    stats["seconds"], stats["claimable_after_s"], extra={"event": "queue_rebuilt", "queue": queue})
+        return stats
 
 
 def _int(v: Any) -> int:
@@ -235,36 +290,9 @@ async def untrusted_queues(stores: Stores) -> list[str]:
         return []
     for q in queues:
         EPOCH.labels(q["name"]).set(q["epoch"])
-    servers: dict[str, str] = {}  # queue -> run_id of the server its stamp must name
-    if stores.settings.redis_cluster:
-        # Redis Cluster: stamp_queue.lua recorded the run_id of the primary owning the queue's
-        # slot, so compare each queue with that node's run_id (a plain INFO reaches one arbitrary
-        # node). A promoted replica has its own run_id, so its queues read as untrusted.
-        by_node: dict[str, str] = {}
-        cluster: Any = stores.redis  # a RedisCluster here (Stores types it as Redis)
-        for q in queues:
-            node = cluster.get_node_from_key(stores.keys(q["name"]).epoch)
-            if node.name not in by_node:
-                info = await read_twice(functools.partial(cluster.info, "server", target_nodes=node))
-                by_node[node.name] = info["run_id"]
-            servers[q["name"]] = by_node[node.name]
-    else:
-        server = (await read_twice(lambda: stores.redis.info("server")))["run_id"]
-        servers = {q["name"]: server for q in queues}
-
-    async def read_stamps() -> list[Any]:
-        pipe = stores.redis.pipeline(transaction=False)
-        for q in queues:
-            pipe.hmget(stores.keys(q["name"]).epoch, "epoch", "server")
-        return await pipe.execute()
-
-    stamps = await read_twice(read_stamps)
-    out = []
-    for q, (epoch, stamped_on) in zip(queues, stamps):
-        if (epoch is None or int(epoch) < q["epoch"] or stamped_on is None
-                or stamped_on.decode() != servers[q["name"]]):
-            out.append(q["name"])
-    return out
+    stamps = await hotrepair.queue_stamps(stores, [q["name"] for q in queues])
+    return [q["name"] for q, st in zip(queues, stamps, strict=True)
+            if st.epoch is None or st.epoch < q["epoch"] or st.stamped_on is None or st.stamped_on != st.server]
 
 
 async def ensure_stamped(stores: Stores) -> list[str]:

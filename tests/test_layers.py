@@ -193,9 +193,7 @@ REDIS_COMMANDS = frozenset({
 the receiver (an expression ending in `redis`, or a name bound from one, `connect(...)`, `.pipeline()` or `.client()`):
 a heuristic that misses a client kept under another attribute name, never a false alarm on a dict."""
 
-RAW_REDIS_OFFENDERS = {
-    "fencepost.reconciler.drift": 11, "fencepost.reconciler.rebuild": 6,  # data and performance helpers
-}
+RAW_REDIS_OFFENDERS: dict[str, int] = {}
 """Known offenders (issue 25) with their count of raw calls today: each count may only go down, and a
 module not listed may have none. Remove an entry when its module reaches 0 (the test says so)."""
 
@@ -391,9 +389,7 @@ LONG_LINES = 60
 LONG_MARKER = "Long because"
 """A function over LONG_LINES lines says why in its docstring, on a line starting with this."""
 
-LONG_KNOWN = {
-    "fencepost.reconciler.rebuild:_rebuild": 136,  # reconciler helper (recorder._fold, 132, is split)
-}
+LONG_KNOWN: dict[str, int] = {}
 """Functions being split right now (issue 25), with their length then: each may only shrink, and an
 entry goes once its function is LONG_LINES or fewer, or says why it is long (the test says so)."""
 
