@@ -23,6 +23,9 @@
 local now = server_now_ms()
 local created = 0
 defer_seq = true
+-- due runs go into their tenant's due set in one ZADD per tenant at the end (score, id, ...), not one
+-- ZADD per run: in a sorted set of up to 128 members (a listpack) each ZADD call scans it
+local due, tenants = {}, {}  -- tenants in the order first seen: the writes do not depend on table order
 for i = 1, #ARGV, 19 do
   local id, state, run_at, priority = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3]
   local delay = tonumber(ARGV[i + 18])
@@ -34,27 +37,43 @@ for i = 1, #ARGV, 19 do
     held[1] = false
   end
   if not held[1] then
-    local due = state == 'PENDING' and run_at <= now
-    local pos = due and next_position(now) or 0
+    local is_due = state == 'PENDING' and run_at <= now
+    local pos = is_due and next_position(now) or 0
+    -- optional fields ride in the same HSET as the rest of the run's hash (one call per run)
+    local more = {}
+    if ARGV[i + 10] ~= '' then more[#more + 1], more[#more + 2] = 'fire_time', ARGV[i + 10] end
+    if ARGV[i + 11] ~= '' then more[#more + 1], more[#more + 2] = 'trace', ARGV[i + 11] end
+    if ARGV[i + 13] ~= '' then more[#more + 1], more[#more + 2] = 'tenant', ARGV[i + 13] end
+    if ARGV[i + 14] ~= '' then
+      more[#more + 1], more[#more + 2], more[#more + 3], more[#more + 4] = 'ckey', ARGV[i + 14], 'climit', ARGV[i + 15]
+      declare_limit(ARGV[i + 14], ARGV[i + 15])
+    end
+    if ARGV[i + 16] ~= '' then
+      more[#more + 1], more[#more + 2], more[#more + 3], more[#more + 4] = 'rkey', ARGV[i + 16], 'rlimit', ARGV[i + 17]
+    end
     redis.call('HSET', key, 'state', state, 'run_at', run_at, 'priority', priority, 'handler', ARGV[i + 4],
                'payload', ARGV[i + 5], 'max_retries', ARGV[i + 6], 'timeout_ms', ARGV[i + 7],
                'attempt', ARGV[i + 8], 'version', ARGV[i + 9], 'gen', ARGV[i + 12],
-               'qpos', pos)  -- an integer-valued double < 2^53: Redis writes its digits
-    if ARGV[i + 10] ~= '' then redis.call('HSET', key, 'fire_time', ARGV[i + 10]) end
-    if ARGV[i + 11] ~= '' then redis.call('HSET', key, 'trace', ARGV[i + 11]) end
-    if ARGV[i + 13] ~= '' then redis.call('HSET', key, 'tenant', ARGV[i + 13]) end
-    if ARGV[i + 14] ~= '' then
-      redis.call('HSET', key, 'ckey', ARGV[i + 14], 'climit', ARGV[i + 15])
-      declare_limit(ARGV[i + 14], ARGV[i + 15])
-    end
-    if ARGV[i + 16] ~= '' then redis.call('HSET', key, 'rkey', ARGV[i + 16], 'rlimit', ARGV[i + 17]) end
+               'qpos', pos, unpack(more))  -- qpos: an integer-valued double < 2^53: Redis writes its digits
     if state == 'RETRY_WAIT' or (state == 'PENDING' and run_at > now) then
       redis.call('ZADD', K_DELAYED, run_at, id)
-    elseif due then
-      due_at(id, priority, ARGV[i + 13], pos)
+    elseif is_due then
+      local tenant = ARGV[i + 13]
+      local z = due[tenant]
+      if not z then
+        z = {}
+        due[tenant] = z
+        tenants[#tenants + 1] = tenant
+      end
+      z[#z + 1], z[#z + 2] = pos + age_of(priority), id
     end
     created = created + 1
   end
+end
+for _, tenant in ipairs(tenants) do
+  local z, key = due[tenant], tenant_due(tenant)
+  for j = 1, #z, 1000 do redis.call('ZADD', key, unpack(z, j, math.min(j + 999, #z))) end
+  activate(tenant)
 end
 flush_seq()
 if created > 0 then nudge() end
