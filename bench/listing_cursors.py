@@ -157,7 +157,7 @@ async def explain(dsn: str) -> None:
         oth = [*f, "text", "text", "bigint", "boolean", "bigint", "text", "bigint"]
         fsh = [*f, "text", "bigint", "boolean", "timestamptz", "bigint"]
         byq = ["text[]", "text[]", "text", "timestamptz", "timestamptz", "int", "text", "bigint", "bigint", "text", "text",
-               "text", "text", "bigint", "text", "text", "boolean", "text", "bigint"]
+               "text", "text", "bigint", "text", "text", "boolean", "text", "bigint", "bigint"]
         states = [s.value for s in Status]
         evt = ["timestamptz", "text", "text", "int", "text[]", "timestamptz", "bigint", "bigint", "bigint"]
         aud = ["text", "text", "timestamptz", "timestamptz", "int", "text[]", "jsonb"]
@@ -176,13 +176,13 @@ async def explain(dsn: str) -> None:
             ("runs status desc (refused: 422)", "api_runs_page_other", oth,
              [*filters(), "status", "desc", 0, True, None, mid["status"], mid["id"]]),
             ("runs status desc queue=q3", "api_runs_page_by_queue", byq,
-             [["q3"], states, *[None] * 3, 100, *[None] * 7, 0, "status", "desc", True, mid["status"], mid["id"]]),
+             [["q3"], states, *[None] * 3, 100, *[None] * 7, 0, "status", "desc", True, mid["status"], mid["id"], 0]),
             ("runs id desc queue=q3", "api_runs_page_by_queue", byq,
-             [["q3"], states, *[None] * 3, 100, *[None] * 7, 0, "id", "desc", True, None, mid["id"]]),
+             [["q3"], states, *[None] * 3, 100, *[None] * 7, 0, "id", "desc", True, None, mid["id"], 0]),
             ("runs id desc scoped q3,q4", "api_runs_page_by_queue", byq,
-             [["q3", "q4"], states, *[None] * 3, 100, *[None] * 7, 0, "id", "desc", True, None, mid["id"]]),
+             [["q3", "q4"], states, *[None] * 3, 100, *[None] * 7, 0, "id", "desc", True, None, mid["id"], 0]),
             ("runs id desc queue=q3 PENDING", "api_runs_page_by_queue", byq,
-             [["q3"], ["PENDING"], *[None] * 3, 100, *[None] * 7, 0, "id", "desc", True, None, mid["id"]]),
+             [["q3"], ["PENDING"], *[None] * 3, 100, *[None] * 7, 0, "id", "desc", True, None, mid["id"], 0]),
             ("runs X-Total-Count", "dashboard_runs_count", [*f[:5], *f[6:], "bigint", "bigint"],
              [None] * 13 + [10001, 0]),
             ("events", "fleet_events_page", evt,

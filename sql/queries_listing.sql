@@ -132,7 +132,7 @@ LIMIT $6;
 -- params: queues text[], statuses text[], handler text, min_created_at timestamptz, max_created_at timestamptz,
 -- params: limit int8, submitted_by text, max_id int8, id int8, tenant text, concurrency_key text,
 -- params: idempotency_key text, arg text, arg_min_id int8, sort text, sort_order text, has_cursor bool,
--- params: after_status text, after_id int8
+-- params: after_status text, after_id int8, offset int8
 -- returns: id int8, handler text, queue text, status text, priority int2, attempt int4, run_at timestamptz,
 -- returns: created_at timestamptz, started_at timestamptz, finished_at timestamptz, last_error_class text,
 -- returns: last_error text, reason text, version int8, workflow_id uuid, schedule_id int8
@@ -144,7 +144,8 @@ LIMIT $6;
 -- $1 the queues, $2 the states (a status filter: one), $3-$5 handler and creation time, $6 limit,
 -- $7 submitter prefix, $8 below this id, $9 id, $10-$12 tenant, concurrency and idempotency key, $13 argument
 -- substring above id $14, $15 'id' or 'status', $16 'asc' / 'desc', $17 a cursor is given, then its
--- status ($18, status sort) and id ($19). Each range gets its id bounds here, so they are index conditions.
+-- status ($18, status sort) and id ($19), or $20 rows to skip (the dashboard's offset pages: each range
+-- then reads up to limit + offset). Each range gets its id bounds here, so they are index conditions.
 SELECT p.* FROM (
     SELECT s.status,
            CASE WHEN $17::boolean AND $16 = 'asc' AND ($15 = 'id' OR s.status = $18::text) THEN $19::bigint
@@ -178,12 +179,12 @@ CROSS JOIN LATERAL (
     -- (status, id): one state's ids in order, which runs_queue_status gives and the primary key does not
     ORDER BY CASE WHEN $16 = 'asc' THEN r.status END ASC, CASE WHEN $16 = 'asc' THEN r.id END ASC,
              r.status DESC, r.id DESC
-    LIMIT $6
+    LIMIT $6::bigint + $20::bigint
 ) p
 ORDER BY CASE WHEN $16 = 'asc' AND $15 = 'status' THEN p.status END ASC,
          CASE WHEN $16 = 'desc' AND $15 = 'status' THEN p.status END DESC,
          CASE WHEN $16 = 'asc' THEN p.id END ASC, p.id DESC
-LIMIT $6;
+LIMIT $6 OFFSET $20;
 
 -- name: api_runs_page_other
 -- params: queue text, status text, handler text, min_created_at timestamptz, max_created_at timestamptz,

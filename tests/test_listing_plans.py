@@ -112,6 +112,21 @@ async def test_a_queue_listing_reads_one_index_range_per_state_not_the_queue(
             assert read <= 11 * 50 + 50, (name, read)
 
 
+async def test_the_dashboards_offset_pages_of_a_queue_read_its_ranges_not_the_table(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dashboard pages the runs list by offset: within a queue those pages read the same ranges, each up to
+    limit + offset rows (the plain filter walked the primary key past every newer run of other queues)."""
+    await _fill(api)
+    sent = _record_statements(api, monkeypatch)
+    r = await api.req("GET", "/v1/runs", "admin", params={"queue": "tq", "status": "PENDING", "offset": 100, "limit": 50})
+    assert r.status_code == 200, r.text
+    assert [x["id"] for x in r.json()] == list(range(19_900, 19_850, -1))
+    (name, args), = [(n, a) for n, a in sent if n.startswith(("api_runs_page", "dashboard_runs"))
+                     and n != "dashboard_runs_count"]
+    read = _rows_read(await _explain(api, name, args), {"runs"})
+    assert read <= 150 + 50, (name, read)
+
+
 async def test_sorts_no_index_serves_are_offered_up_to_the_count_cap_else_a_422_naming_sort(
         api: Api, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sorting every run by attempt, handler or status was a sort of the table (200-920 ms at 1M). They are

@@ -134,13 +134,13 @@ async def list_runs(ctx: Ctx) -> Any:
         if n > COUNT_CAP:
             raise _unserved_sort(sort)
     after_id = None if key is None else key[-1]
-    if offset:
-        rows = await db.fetch("dashboard_runs", *filters, limit, *who, *more, sort, order, offset, floor)
-    elif ranges and (sort in ("id", "status") or fixed):
+    if ranges and (sort in ("id", "status") or fixed):
         by = "status" if sort == "status" and not fixed else "id"
         rows = await db.fetch("api_runs_page_by_queue", queues, states, *filters[2:], limit, owner, before, *more,
                               floor, by, order, key is not None, key[0] if key is not None and by == "status" else None,
-                              after_id)
+                              after_id, offset)
+    elif offset:
+        rows = await db.fetch("dashboard_runs", *filters, limit, *who, *more, sort, order, offset, floor)
     elif sort in ("id", "created_at") or fixed:
         at = key[0] if key is not None and sort == "created_at" else None
         rows = await db.fetch("api_runs_page_indexed", *filters, limit, *who, *more, "id" if fixed else sort, order,
