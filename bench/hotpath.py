@@ -4,6 +4,7 @@
     python bench/hotpath.py --lua-dir /tmp/old/lua   # the same scripts from another tree (A/B a Lua change)
     python bench/hotpath.py --ref-lua-dir /work/ref/lua --rounds 5   # this tree and another, interleaved
     python bench/hotpath.py --commands               # Redis commands per job inside each phase's scripts
+    python bench/hotpath.py --inspect                # also drift repair's repair_inspect, per run it reads
     python bench/hotpath.py --events                 # PostgreSQL: jsonb insert vs binary COPY of event rows
     python bench/hotpath.py --recorder               # the recorder: its own CPU, PostgreSQL's and Redis's per job
     python bench/hotpath.py --rate-keys 100          # every run with one of 100 rate keys (the rate check's cost)
@@ -79,7 +80,7 @@ _COMMANDS: dict[str, dict[str, tuple[float, float]]] = {}  # phase -> command ->
 
 
 async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool, rate_keys: int = 0,
-                       database_url: str = "", commands: bool = False) -> dict[str, float]:
+                       database_url: str = "", commands: bool = False, inspect: bool = False) -> dict[str, float]:
     # Stores needs both URLs (core/stores rule 3); these phases never connect to the database
     st = Stores(Settings(redis_url=url, database_url=database_url, prefix=prefix))
     r, k = st.redis, st.keys("q")
@@ -109,6 +110,13 @@ async def redis_phases(url: str, prefix: str, n: int, batch: int, xdel: bool, ra
         await st.scripts._call("enqueue_runs", k, None, items)
     t["enqueue"] = await _cpu(r) - c0
     await count("enqueue", s0)
+    if inspect:  # drift repair's read of due runs (reconciler/drift.py: repair_inspect, 1,000 ids a call)
+        s0 = await _commands(r) if commands else {}
+        c0 = await _cpu(r)
+        for i in range(0, n, 1000):
+            await st.scripts.repair_inspect(k, range(i + 1, min(i + 1000, n) + 1))
+        t["inspect"] = await _cpu(r) - c0
+        await count("inspect", s0)
     t["claim"] = t["finish"] = 0.0
     while True:
         s0 = await _commands(r) if commands else {}
@@ -173,7 +181,7 @@ async def redis_main(a: argparse.Namespace) -> None:
             for b, lua in builds:
                 _use_lua(lua)
                 runs[b].append(await redis_phases(f"redis://127.0.0.1:{port}/0", f"hp{b}{i}", a.jobs, a.batch,
-                                                  a.xdel, a.rate_keys, a.admin_url, a.commands))
+                                                  a.xdel, a.rate_keys, a.admin_url, a.commands, a.inspect))
                 commands[b] = dict(_COMMANDS)
     finally:
         server.kill()
@@ -325,6 +333,7 @@ def main() -> None:
     ap.add_argument("--lua-dir", default=None, help="lua/ of another tree (A/B a script change)")
     ap.add_argument("--ref-lua-dir", default=None, help="lua/ of another tree, run interleaved with this one")
     ap.add_argument("--commands", action="store_true", help="INFO commandstats per job of each phase")
+    ap.add_argument("--inspect", action="store_true", help="also drift repair's repair_inspect of every due run")
     ap.add_argument("--xdel", action="store_true", help="delete recorded entries one by one (the old way)")
     ap.add_argument("--rate-keys", type=int, default=0, help="every run carries one of this many rate keys")
     ap.add_argument("--events", action="store_true", help="PostgreSQL: event rows by jsonb insert vs COPY")
