@@ -32,7 +32,10 @@ def done() -> Redis:
     """One connection pool per process, made on first use (after the worker's event loop started)."""
     global _done
     if _done is None:
-        _done = Redis.from_url(DONE_URL)
+        # redis-py 8 caps a pool at 100 connections and raises MaxConnectionsError past it: a worker
+        # running a thousand long jobs that record their start at once would fail them (the peers'
+        # venv has redis-py 5, whose pool has no cap). No cap here either, so every system pays the same.
+        _done = Redis.from_url(DONE_URL, max_connections=2**31)
     return _done
 
 
