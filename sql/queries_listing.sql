@@ -145,8 +145,12 @@ LIMIT $6;
 -- $7 submitter prefix, $8 below this id, $9 id, $10-$12 tenant, concurrency and idempotency key, $13 argument
 -- substring above id $14, $15 'id' or 'status', $16 'asc' / 'desc', $17 a cursor is given, then its
 -- status ($18, status sort) and id ($19), or $20 rows to skip (the dashboard's offset pages: each range
--- then reads up to limit + offset). Each range gets its id bounds here, so they are index conditions.
-SELECT p.* FROM (
+-- then reads up to limit + offset ids). Each range gets its id bounds here, so they are index conditions;
+-- the ranges read ids (index-only where no other filter needs the row), the page's rows are read by id.
+SELECT r.id, r.handler, r.queue, r.status, r.priority, r.attempt, r.run_at, r.created_at, r.started_at,
+       r.finished_at, r.last_error_class, r.last_error, r.reason, r.version, r.workflow_id, r.schedule_id
+FROM (
+SELECT p.id, p.status FROM (
     SELECT s.status,
            CASE WHEN $17::boolean AND $16 = 'asc' AND ($15 = 'id' OR s.status = $18::text) THEN $19::bigint
                 ELSE 0 END AS lo,
@@ -158,8 +162,7 @@ SELECT p.* FROM (
 ) b
 CROSS JOIN unnest($1::text[]) q(queue)
 CROSS JOIN LATERAL (
-    SELECT r.id, r.handler, r.queue, r.status, r.priority, r.attempt, r.run_at, r.created_at, r.started_at,
-           r.finished_at, r.last_error_class, r.last_error, r.reason, r.version, r.workflow_id, r.schedule_id
+    SELECT r.id, r.status  -- the index's own columns: an index-only scan when no other filter needs the row
     FROM runs r
     -- status = b.status AND lo < id < hi, written as bounds on (status, id): the scan starts at one and stops
     -- at the other (an equality on status beside them made it start at the queue's first run of that state
@@ -184,7 +187,11 @@ CROSS JOIN LATERAL (
 ORDER BY CASE WHEN $16 = 'asc' AND $15 = 'status' THEN p.status END ASC,
          CASE WHEN $16 = 'desc' AND $15 = 'status' THEN p.status END DESC,
          CASE WHEN $16 = 'asc' THEN p.id END ASC, p.id DESC
-LIMIT $6 OFFSET $20;
+LIMIT $6 OFFSET $20
+) k JOIN runs r ON r.id = k.id  -- the page's rows only
+ORDER BY CASE WHEN $16 = 'asc' AND $15 = 'status' THEN k.status END ASC,
+         CASE WHEN $16 = 'desc' AND $15 = 'status' THEN k.status END DESC,
+         CASE WHEN $16 = 'asc' THEN k.id END ASC, k.id DESC;
 
 -- name: api_runs_page_other
 -- params: queue text, status text, handler text, min_created_at timestamptz, max_created_at timestamptz,
