@@ -24,7 +24,16 @@ try:
 except ImportError:  # pragma: no cover - hiredis is a declared dependency
     hiredis = None  # type: ignore[assignment]  # the module or None; checked before use
 
-__all__ = ["connect", "no_resend", "read_twice", "register_scheme"]
+__all__ = ["POOL_MAX", "POOL_WAIT_S", "connect", "no_resend", "read_twice", "register_scheme"]
+
+POOL_MAX = 100
+"""Connections one client opens at most. A burst of more concurrent commands (400 handlers that
+checkpoint in one instant) waits for a free connection: redis-py 8's plain pool has the same cap but
+raises MaxConnectionsError past it, which a lease renewal or a claim caught in the burst would take
+for Redis being down (tests/test_connection_bursts.py)."""
+POOL_WAIT_S = 20.0
+"""How long a command waits for a free connection before it fails as unavailable. The hot path's own
+waits are shorter and bound it first (a renewal's deadline, a claim's deadline on the server clock)."""
 
 T = TypeVar("T")
 
@@ -72,4 +81,8 @@ def connect(url: str, **kwargs: Any) -> aioredis.Redis:
         return factory(url, **kwargs)
     if hiredis is not None and url.startswith("redis://"):
         kwargs.setdefault("connection_class", _HiredisPackedConnection)
-    return aioredis.Redis.from_url(url, **kwargs)
+    kwargs.setdefault("max_connections", POOL_MAX)
+    kwargs.setdefault("timeout", POOL_WAIT_S)
+    client = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(url, **kwargs))
+    client.auto_close_connection_pool = True  # closed with the client, as Redis.from_url's pool is
+    return client
