@@ -177,12 +177,12 @@ def _cases():
     page = [None, None, None, None, None, 50, None, None, None, None, None, None, None, None, "created_at", "desc", 0,
             False, None, None]
     return {
-        "events_since, 10 min": ("events_since", [now - dt.timedelta(minutes=10), None, None, 100, None, None, None,
-                                                  None]),
-        "events_since, 1 day, submitted": ("events_since", [now - dt.timedelta(days=1), "submitted", None, 100, None,
-                                                            None, None, None]),
-        "events_since, 3 days, one queue": ("events_since", [now - dt.timedelta(days=3), None, "q3", 100, None, None,
-                                                             None, None]),
+        "fleet_events_page, 10 min": ("fleet_events_page", [now - dt.timedelta(minutes=10), None, None, 100, None,
+                                                            None, None, None, None]),
+        "fleet_events_page, 1 day, submitted": ("fleet_events_page", [now - dt.timedelta(days=1), "submitted", None,
+                                                                      100, None, None, None, None, None]),
+        "fleet_events_page, 3 days, one queue": ("fleet_events_page", [now - dt.timedelta(days=3), None, "q3", 100,
+                                                                       None, None, None, None, None]),
         "events_recorded_since, 5 s": ("events_recorded_since", [None, 5.0, 500]),
         "events_recorded_since, 1 h": ("events_recorded_since", [now - dt.timedelta(hours=1), 1.0, 500]),
         "ops_list_retries": ("ops_list_retries", [None, None, None, None, None, 50]),

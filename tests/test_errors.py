@@ -197,8 +197,8 @@ async def test_invalid_input_and_policy_fail_at_once_mapping_applies_unknown_exc
     assert _sample("fencepost_handler_info", handler="t.err.policy", queue="tq", owner="team-errors",
                    model="async") == 1
     # the fleet history answers `fencepost events --since 10m --type failed`
-    since = await stores.db.fetch("events_since", datetime.now(UTC) - timedelta(minutes=10), "failed",
-                                  "tq", 100, None, None, None, None)
+    since = await stores.db.fetch("fleet_events_page", datetime.now(UTC) - timedelta(minutes=10), "failed",
+                                  "tq", 100, None, None, None, None, None)
     assert {(e["run_id"], e["reason"]) for e in since} >= {(policy, "policy"), (invalid, "fatal")}
 
 
