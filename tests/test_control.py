@@ -8,8 +8,10 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,8 +22,10 @@ import pytest
 from fencepost.client import Client
 from fencepost.core.config import Settings
 from fencepost.core.errors import BulkNotConfirmed, ConcurrentModification, IllegalTransition, ResumeRefused
-from fencepost.core.models import JobSpec, decode_result, encode_result
+from fencepost.core.models import JobSpec, decode_result, encode_payload, encode_result
+from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
+from fencepost.worker import procpool
 from fencepost.worker.checkpoints import Checkpoints
 from fencepost.worker.context import Context, LeaseLost
 from fencepost.worker.runtime import Worker, WorkerOptions
@@ -33,6 +37,18 @@ pytestmark = pytest.mark.slow
 APP = "tests.apps:registry"
 WORKER = ("worker", "--app", APP, "--queue", "tq", "--concurrency", "4")
 N_ITEMS, EVERY = 10_000, 500
+
+MARKED_APP = "tests.test_control:marked_registry"
+marked_registry = Registry()
+"""A process handler that says when it runs: its child is spawned from MARKED_APP."""
+
+
+@marked_registry.job("t.marked", queue="tq", model="process", timeout=300, stop_grace=1, max_retries=0)
+def marked(ctx: Any, path: str) -> None:
+    """Ignores stop requests like t.stubborn, once it wrote "attempt pid" to `path` (the handler runs)."""
+    with open(path, "a") as f:
+        f.write(f"{ctx.attempt} {os.getpid()}\n")
+    time.sleep(3600)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -117,12 +133,13 @@ async def _spawn_worker(settings: Settings, log: Path) -> subprocess.Popen[bytes
 
 
 @contextlib.asynccontextmanager
-async def _worker(settings: Settings, **opts: Any) -> AsyncIterator[Worker]:
+async def _worker(settings: Settings, *, reg: Registry = registry, app: str = APP,
+                  **opts: Any) -> AsyncIterator[Worker]:
     """An in-process worker (where a separate OS process is not the point of the test)."""
     o: dict[str, Any] = dict(queues=["tq"], concurrency=4, processes=1, heartbeat_s=0.2, grace_s=2.0,
                              idle_wait_s=0.2, reap_every_s=0.5)
     o.update(opts)
-    w = Worker(registry, WorkerOptions(**o), settings=settings, app=APP)
+    w = Worker(reg, WorkerOptions(**o), settings=settings, app=app)
     task = asyncio.create_task(w.run())
     try:
         # the worker is up once it registered its handlers and its process pool is ready
@@ -135,6 +152,35 @@ async def _worker(settings: Settings, **opts: Any) -> AsyncIterator[Worker]:
         except TimeoutError:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+def _hold_first_child(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pool's first child is SIGSTOPped as soon as it is spawned, before it imports anything: it stays
+    "still starting" (as on a loaded machine, where its imports take seconds) until the test sends SIGCONT."""
+    held: list[int] = []
+    born = procpool._Child.__init__
+
+    def hold(self: procpool._Child, app: str) -> None:
+        born(self, app)
+        if not held and self.proc.pid is not None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            held.append(self.proc.pid)
+
+    monkeypatch.setattr(procpool._Child, "__init__", hold)
+    return held
+
+
+def _marks(path: Path) -> list[str]:
+    """What t.marked wrote: one "attempt pid" line per execution that reached the handler."""
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def _marked(path: Path) -> list[str]:
+    return _marks(path)
+
+
+async def _holds(value: bool) -> bool:
+    return value
 
 
 async def _ready(w: Worker, task: asyncio.Task[None]) -> bool:
@@ -292,14 +338,19 @@ async def test_sigkilled_worker_resumes_from_the_last_checkpoint_on_another_proc
 
 # -- 3. stop on a process job that ignores it: escalation, kill, STOPPED forced --------------------
 async def test_stop_of_a_non_cooperative_process_job_escalates_kills_it_and_is_forced(
-        client: Client, settings: Settings, stores: Stores) -> None:
-    async with _worker(settings) as w:
+        client: Client, settings: Settings, stores: Stores, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    await client.register(marked_registry)
+    async with _worker(settings, reg=marked_registry, app=MARKED_APP) as w:
         procs = w.executors.procs
         assert procs is not None
-        rid = await client.submit("t.stubborn")
+        rid = await client.submit("t.marked", str(marks))
         await wait_state(stores, rid, {"RUNNING"}, 20)
         (child,) = list(procs._children)
-        assert child.proc.is_alive()
+        # RUNNING is the claim: on a loaded machine the child may still be importing the app then, and a stop
+        # forced before the job reached it has no handler to kill (the next test). Stop the handler once it runs.
+        await wait_until(lambda: _marked(marks), 30, "the handler to run in the child")
+        assert _marks(marks) == [f"1 {child.proc.pid}"] and child.proc.is_alive()
         t0 = time.monotonic()
         assert await client.stop(rid, reason="taking too long") == "STOPPING"
         assert await run_state(stores, rid) == "STOPPING"
@@ -322,6 +373,111 @@ async def test_stop_of_a_non_cooperative_process_job_escalates_kills_it_and_is_f
     assert req["at"] < esc["at"] < stopped["at"]
     assert (esc["at"] - req["at"]).total_seconds() >= 1.0, "escalated before the grace period"
     assert [(x["attempt"], x["outcome"]) for x in await client.attempts(rid)] == [(1, "stopped")]
+
+
+async def test_a_stop_forced_while_the_process_child_still_starts_stops_a_run_whose_handler_never_ran(
+        client: Client, settings: Settings, stores: Stores, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window the test above raced on a loaded machine: the run is claimed while its child still imports
+    the app, and the stop is forced past its grace before the child is ready. The job is sent to a child only
+    once it is ready, so none was: the run is STOPPED with its handler nowhere, the child (never handed the
+    job) serves the next execution, and after resume the handler runs once, as attempt 2."""
+    marks = tmp_path / "marks"
+    held = _hold_first_child(monkeypatch)
+    await client.register(marked_registry)
+    async with _worker(settings, reg=marked_registry, app=MARKED_APP) as w:
+        procs = w.executors.procs
+        assert procs is not None
+        (child,) = list(procs._children)
+        assert held == [child.proc.pid]
+        rid = await client.submit("t.marked", str(marks))
+        await wait_state(stores, rid, {"RUNNING"}, 20)
+        await wait_until(lambda: _holds(procs.idle() == 0), 10, "the run to take the pool's child")
+        assert not child.started
+        assert await client.stop(rid, reason="taking too long") == "STOPPING"
+        await wait_state(stores, rid, {"STOPPED"}, 15, "the forced stop")
+        assert procs.rebuilds == 0 and procs.idle() == 1 and child.proc.is_alive()
+        os.kill(held[0], signal.SIGCONT)
+        await wait_until(lambda: _holds(child.started), 60, "the child to finish starting")
+        assert await client.resume(rid, reason="again") == "PENDING"
+        await wait_until(lambda: _marked(marks), 30, "attempt 2's handler to run")
+        assert _marks(marks) == [f"2 {held[0]}"], "attempt 1's handler reached the child after its run stopped"
+        assert await client.stop(rid, reason="still too long") == "STOPPING"
+        await wait_state(stores, rid, {"STOPPED"}, 15, "the second forced stop")
+        assert not child.proc.is_alive() and child.proc.exitcode == -9, "the job's process was not killed"
+        assert procs.rebuilds == 1 and _marks(marks) == [f"2 {held[0]}"]
+    await record_all(stores)
+    assert [(x["attempt"], x["outcome"]) for x in await client.attempts(rid)] == [(1, "stopped"), (2, "stopped")]
+    assert (await client.get(rid))["forced"] is True
+
+
+async def test_a_process_child_slower_to_start_than_its_wait_is_not_taken_back_while_its_handler_runs(
+        client: Client, settings: Settings, stores: Stores, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child that has not imported the app after _READY_S gets its job anyway (its timeout runs from then).
+    Its late "ready" is not the job's reply: taken as one, the run failed (IndexError on the reply) and the
+    child went back to the idle pool while it ran the handler, unkillable by any stop of the run."""
+    monkeypatch.setattr(procpool, "_READY_S", 0.5)
+    marks = tmp_path / "marks"
+    held = _hold_first_child(monkeypatch)
+    await client.register(marked_registry)
+    async with _worker(settings, reg=marked_registry, app=MARKED_APP) as w:
+        procs = w.executors.procs
+        assert procs is not None
+        (child,) = list(procs._children)
+        rid = await client.submit("t.marked", str(marks))
+        await wait_state(stores, rid, {"RUNNING"}, 20)
+        await wait_until(lambda: _holds(child.started), 20, "the pool to stop waiting for the child's start")
+        os.kill(held[0], signal.SIGCONT)
+        await wait_until(lambda: _marked(marks), 60, "the handler to run in the child")
+        assert _marks(marks) == [f"1 {held[0]}"]
+        assert procs.idle() == 0, "the child went back to the pool while its handler runs"
+        assert await run_state(stores, rid) == "RUNNING"
+        assert await client.stop(rid, reason="taking too long") == "STOPPING"
+        await wait_state(stores, rid, {"STOPPED"}, 15, "the forced stop")
+        assert not child.proc.is_alive() and child.proc.exitcode == -9, "the job's process was not killed"
+        assert procs.rebuilds == 1
+    await record_all(stores)
+    assert [(x["attempt"], x["outcome"]) for x in await client.attempts(rid)] == [(1, "stopped")]
+
+
+async def test_a_run_cancelled_again_while_its_killed_child_is_replaced_leaves_the_pool_full(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose child is killed (a forced stop, a timeout, a fence) can be cancelled again while the pool
+    spawns the child's replacement (a fence on top of a forced stop). The replacement joins the pool anyway:
+    lost with the cancelled await, it left a pool of one with no child, and every later process job of the
+    worker waiting for an idle one, RUNNING for good."""
+    marks = tmp_path / "marks"
+    spawning, release = threading.Event(), threading.Event()
+    pool = procpool.ProcessPool(MARKED_APP, 1)
+    await pool.start()
+    try:
+        (child,) = list(pool._children)
+
+        async def no_checkpoint(ctx: Context, state: bytes, processed: int | None) -> int:
+            raise AssertionError("t.marked does not checkpoint")
+
+        run = asyncio.ensure_future(pool.run("t.marked", encode_payload((str(marks),), {}),
+                                             Context(1, 1, 1, "tq", "t.marked"), 300, no_checkpoint))
+        await wait_until(lambda: _marked(marks), 60, "the handler to run in the child")
+        born = procpool._Child.__init__
+
+        def slow_spawn(self: procpool._Child, app: str) -> None:
+            spawning.set()
+            release.wait(30)
+            born(self, app)
+
+        monkeypatch.setattr(procpool._Child, "__init__", slow_spawn)
+        run.cancel()  # a forced stop: its child is killed, a replacement spawns
+        await wait_until(lambda: _holds(spawning.is_set()), 30, "the replacement to spawn")
+        assert not child.proc.is_alive() and child.proc.exitcode == -9
+        run.cancel()  # a fence on top: cancelled again while the replacement spawns
+        release.set()
+        (ended,) = await asyncio.gather(run, return_exceptions=True)
+        assert isinstance(ended, asyncio.CancelledError)
+        await wait_until(lambda: _holds(pool.idle() == 1), 20, "the replacement to join the pool")
+        assert len(pool._children) == 1 and pool.rebuilds == 1
+    finally:
+        release.set()
+        await pool.close()
 
 
 async def test_cooperative_stop_checkpoints_then_resume_continues_exactly_once(

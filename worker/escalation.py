@@ -1,6 +1,8 @@
 """Escalation: a handler asked to stop (an operator's stop or cancel) that ignores it for its whole
 grace period is stopped by force: the escalation is recorded on the run, then its task is cancelled,
-which kills a process-model child and gives a thread handler up as a leaked slot."""
+which kills a process-model child and gives a thread handler up as a leaked slot. A process job whose
+child is still starting has sent the child nothing yet (worker/procpool.py sends a job only to a ready
+child): the child stays in the pool, and no handler of the run is left anywhere."""
 
 from __future__ import annotations
 

@@ -225,7 +225,9 @@ class _Child:
     def wait_started(self) -> None:
         """Block until the child has imported the app (at most _READY_S): a job's timeout counts from
         then, as on a loaded machine the import alone can outlast it. A child that died starting up
-        (EOF) is found by the job sent to it, as before."""
+        (EOF) is found by the job sent to it, as before; one still starting after _READY_S gets its job
+        anyway, and run() skips its late "ready". A run cancelled here has sent no job: the child goes
+        back to the pool with no handler in it (tests/test_control.py, the stop forced while it starts)."""
         with self._starting:
             if not self.started and self.conn.poll(_READY_S):
                 with contextlib.suppress(EOFError, OSError):
@@ -300,6 +302,7 @@ class ProcessPool:
         self._idle: asyncio.Queue[_Child] = asyncio.Queue()
         self._io = ThreadPoolExecutor(max_workers=size + 1, thread_name_prefix="fencepost-proc")
         self._children: set[_Child] = set()
+        self._closed = False
         self.rebuilds = 0
 
     async def start(self) -> None:
@@ -338,6 +341,8 @@ class ProcessPool:
                 if reply[0] == "progress":  # one-way: recorded as the handler's, coalesced by the worker
                     _progress(ctx, reply)
                     continue
+                if reply[0] == "ready":  # a child that outlasted _READY_S: its job runs only now, and the
+                    continue  # reply is still to come (taken as the reply, the busy child went back idle)
                 if reply[0] in ("upstream", "batch"):
                     child.conn.send(await _results(ctx, reply[0]))
                     continue
@@ -360,20 +365,34 @@ class ProcessPool:
         return _result(reply)
 
     async def _replace(self, child: _Child) -> None:
-        """Kill a child that timed out, was cancelled or crashed, and start a fresh one in its place."""
+        """Kill a child that timed out, was cancelled or crashed, and start a fresh one in its place.
+
+        The replacement joins the pool even if the run is cancelled again while it spawns (a fence on
+        top of a forced stop): lost with the cancelled await, it left the pool one child short for good."""
         child.kill()
         self._children.discard(child)
         self.rebuilds += 1
 
         metrics.POOL_REBUILDS.inc()
-        replacement = await asyncio.get_running_loop().run_in_executor(self._io, _Child, self.app)
-        self._children.add(replacement)
-        self._idle.put_nowait(replacement)
+        spawned = asyncio.get_running_loop().run_in_executor(self._io, _Child, self.app)
+        spawned.add_done_callback(self._adopt)
+        await asyncio.shield(spawned)
+
+    def _adopt(self, spawned: asyncio.Future[_Child]) -> None:
+        if spawned.cancelled() or spawned.exception() is not None:
+            return
+        child = spawned.result()
+        if self._closed:  # spawned while the pool closed: nobody would ever kill it
+            child.kill()
+            return
+        self._children.add(child)
+        self._idle.put_nowait(child)
 
     def idle(self) -> int:
         return self._idle.qsize()
 
     async def close(self) -> None:
+        self._closed = True
         for child in list(self._children):
             child.kill()
         self._children.clear()
