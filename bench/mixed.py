@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -37,18 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.app import LONG_KEY
 from bench.measure import one_bench_at_a_time
-from bench.throughput import (
-    PRIVATE_PG,
-    Fencepost,
-    fmt,
-    lag_summary,
-    per_job_cpu,
-    pg_ctl,
-    private_pg,
-    private_redis,
-    produce,
-    run_peer,
-)
+from bench.throughput import Fencepost, fmt, lag_summary, per_job_cpu, private_servers, produce, run_peer
 from fencepost.client import Submit
 
 try:
@@ -127,38 +115,17 @@ def main() -> None:
     a = ap.parse_args()
     if a.long_s <= a.duration + 10:
         ap.error("--long-s must exceed --duration by more than 10 s: the long jobs hold their slots all along")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    server = pg = None
-    if a.private_pg:
-        pg, port, _ = private_pg()
-        a.admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    if a.private_redis:
-        server, rport = private_redis()
-        a.redis_url, a.done_url = f"redis://127.0.0.1:{rport}/14", f"redis://127.0.0.1:{rport}/15"
-    os.environ["BENCH_DONE_URL"] = a.done_url
     rows: list[dict[str, Any]] = []
-    try:
-        with one_bench_at_a_time():
-            for _ in range(a.repeats):
-                for system in a.systems:
-                    r = one(a, system)
-                    r["system"] = system
-                    print("  " + json.dumps(r, default=str), flush=True)
-                    rows.append(r)
-        report(rows, a)
-        if a.save:
-            Path(a.save).write_text(json.dumps(rows, default=str, indent=1))
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(10)
-        if pg is not None:
-            try:
-                pg_ctl("stop")
-            except Exception:
-                pg.terminate()
-            import shutil
-            shutil.rmtree(PRIVATE_PG.get("data", "/nonexistent"), ignore_errors=True)
+    with private_servers(a, pg=a.private_pg), one_bench_at_a_time():
+        for _ in range(a.repeats):
+            for system in a.systems:
+                r = one(a, system)
+                r["system"] = system
+                print("  " + json.dumps(r, default=str), flush=True)
+                rows.append(r)
+    report(rows, a)
+    if a.save:
+        Path(a.save).write_text(json.dumps(rows, default=str, indent=1))
 
 
 if __name__ == "__main__":

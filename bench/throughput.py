@@ -40,15 +40,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
@@ -1088,32 +1090,38 @@ def main() -> None:
     ap.add_argument("--enqueue-behind", action="store_true",
                     help="Fencepost single submits with Client.enqueue_behind (and the window it opens)")
     a = ap.parse_args()
+    with private_servers(a, pg=a.private_pg and not a.case):
+        if a.case:  # a --ref-python case: the parent run holds the lock
+            run_mode(a)
+        else:
+            with one_bench_at_a_time():
+                run_mode(a)
+
+
+@contextlib.contextmanager
+def private_servers(a: argparse.Namespace, *, pg: bool) -> Iterator[None]:
+    """A private PostgreSQL cluster (`pg`) and redis-server (`a.private_redis`) for the run, their URLs put
+    into `a` (admin_url, redis_url, done_url), stopped and removed on the way out (SIGTERM included)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the private servers on the way out
-    server = None
-    pg = None
-    if a.private_pg and not a.case:
-        pg, pg_port, _ = private_pg()
+    server = cluster = None
+    if pg:
+        cluster, pg_port, _ = private_pg()
         a.admin_url = f"postgresql://postgres@127.0.0.1:{pg_port}/postgres"
     if a.private_redis:
         server, port = private_redis()
         a.redis_url, a.done_url = f"redis://127.0.0.1:{port}/14", f"redis://127.0.0.1:{port}/15"
     os.environ["BENCH_DONE_URL"] = a.done_url  # the spawned workers' handlers write here
     try:
-        if a.case:  # a --ref-python case: the parent run holds the lock
-            run_mode(a)
-        else:
-            with one_bench_at_a_time():
-                run_mode(a)
+        yield
     finally:
         if server is not None:
             server.terminate()
             server.wait(10)
-        if pg is not None:
+        if cluster is not None:
             try:
                 pg_ctl("stop")
             except Exception:
-                pg.terminate()
-            import shutil
+                cluster.terminate()
             shutil.rmtree(PRIVATE_PG.get("data", "/nonexistent"), ignore_errors=True)
 
 
