@@ -38,6 +38,7 @@ from fencepost.core.views import (
     AuditEntry,
     Batch,
     BulkCount,
+    BulkResult,
     Checkpoint,
     Event,
     QueueStats,
@@ -45,6 +46,8 @@ from fencepost.core.views import (
     Reply,
     Run,
     RunSummary,
+    Schedule,
+    ScheduleRun,
     TokenInfo,
     Workflow,
     WorkflowSummary,
@@ -280,34 +283,30 @@ class AsyncApiClient:
         return _as(Batch, await self.request("GET", f"/v1/batches/{_quote(str(batch_id))}"))
 
     # -- schedules -----------------------------------------------------------------------------
-    async def add_schedule(self, spec: ScheduleSpec) -> dict[str, Any]:
+    async def add_schedule(self, spec: ScheduleSpec) -> Schedule:
         body = {k: v for k, v in msgspec.to_builtins(spec).items() if v is not None}
-        out: dict[str, Any] = await self.request("POST", "/v1/schedules", body)
-        return out
+        return _as(Schedule, await self.request("POST", "/v1/schedules", body))
 
-    async def update_schedule(self, name: str, fields: dict[str, Any], *, reason: str = "") -> dict[str, Any]:
-        out: dict[str, Any] = await self.request("PATCH", f"/v1/schedules/{_quote(name)}", {**fields, "reason": reason})
-        return out
+    async def update_schedule(self, name: str, fields: dict[str, Any], *, reason: str = "") -> Schedule:
+        return _as(Schedule, await self.request("PATCH", f"/v1/schedules/{_quote(name)}",
+                                                {**fields, "reason": reason}))
 
     async def run_schedule_now(self, name: str, *, reason: str = "") -> int:
         return int((await self.request("POST", f"/v1/schedules/{_quote(name)}/run-now", {"reason": reason}))["id"])
 
-    async def schedules(self, *, limit: int = 100) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = await self.request("GET", "/v1/schedules", query={"limit": limit})
-        return out
+    async def schedules(self, *, limit: int = 100) -> list[Schedule]:
+        return _as(list[Schedule], await self.request("GET", "/v1/schedules", query={"limit": limit}))
 
-    async def schedule(self, name: str) -> dict[str, Any]:
-        out: dict[str, Any] = await self.request("GET", f"/v1/schedules/{_quote(name)}")
-        return out
+    async def schedule(self, name: str) -> Schedule:
+        return _as(Schedule, await self.request("GET", f"/v1/schedules/{_quote(name)}"))
 
     async def schedule_fires(self, name: str, n: int) -> tuple[list[datetime], str]:
         out = await self.request("GET", f"/v1/schedules/{_quote(name)}/next", query={"n": n})
         return [datetime.fromisoformat(t) for t in out["fires"]], out.get("timezone") or "UTC"
 
-    async def schedule_runs(self, name: str, limit: int = 10) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = await self.request("GET", f"/v1/schedules/{_quote(name)}/runs",
-                                                       query={"limit": limit})
-        return out
+    async def schedule_runs(self, name: str, limit: int = 10) -> list[ScheduleRun]:
+        return _as(list[ScheduleRun], await self.request("GET", f"/v1/schedules/{_quote(name)}/runs",
+                                                         query={"limit": limit}))
 
     async def set_schedule_paused(self, name: str, paused: bool) -> None:
         await self.request("POST", f"/v1/schedules/{_quote(name)}/{'pause' if paused else 'resume'}")
@@ -353,11 +352,10 @@ class AsyncApiClient:
                              until_id=counted.until_id, handle=counted.handle)
         raise ApiProblem(200, {"detail": "the API acted on a bulk count (confirm 0)"})
 
-    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> dict[str, Any]:
+    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> BulkResult:
         """The confirm of a count: acts on the counted runs that have not moved (the filters are the count's)."""
         body = {"command": count.command, "handle": count.handle, "confirm": count.acting, "reason": reason}
-        out: dict[str, Any] = await self.request("POST", f"/v1/queues/{_quote(count.queue)}/bulk", body)
-        return out
+        return _as(BulkResult, await self.request("POST", f"/v1/queues/{_quote(count.queue)}/bulk", body))
 
     # -- audit and tokens ----------------------------------------------------------------------
     async def audit(self, *, actor: str | None = None, queue: str | None = None, since: datetime | None = None,

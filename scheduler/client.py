@@ -41,7 +41,9 @@ from fencepost.core.views import (
     Attempt,
     AuditEntry,
     Batch,
+    BatchRecord,
     BulkCount,
+    BulkResult,
     Checkpoint,
     Event,
     QueueStats,
@@ -51,6 +53,8 @@ from fencepost.core.views import (
     RunProgress,
     RunRecord,
     RunSummary,
+    Schedule,
+    ScheduleRun,
     TokenInfo,
     Workflow,
     WorkflowSummary,
@@ -640,33 +644,37 @@ class Client:
         await fleet.request_stop(self.stores, worker_id, actor=self.actor, reason=reason)
 
     # -- schedules (fencepost.schedules.Schedules; the operator protocol's side of them) --------------
-    async def add_schedule(self, spec: ScheduleSpec) -> dict[str, Any]:
-        return await self.schedule_book.add(spec)
+    async def add_schedule(self, spec: ScheduleSpec) -> Schedule:
+        """Store a schedule (validated first); the stored schedule, its arguments decoded as the API gives them."""
+        return (await self.schedule_book.add(spec)).decoded()
 
-    async def update_schedule(self, name: str, fields: dict[str, Any], *, reason: str = "") -> dict[str, Any]:
-        """Edit a schedule in place from FIELDS (the ScheduleUpdate fields to change)."""
+    async def update_schedule(self, name: str, fields: dict[str, Any], *, reason: str = "") -> Schedule:
+        """Edit a schedule in place from FIELDS (the ScheduleUpdate fields to change); the schedule as edited."""
         try:
             change = msgspec.convert(fields, ScheduleUpdate)
         except msgspec.ValidationError as exc:
             raise InvalidInput(str(exc), field="update") from exc
-        return await self.schedule_book.update(name, change, reason=reason)
+        return (await self.schedule_book.update(name, change, reason=reason)).decoded()
 
     async def run_schedule_now(self, name: str, *, reason: str = "") -> int:
         return await self.schedule_book.run_now(name, reason=reason)
 
-    async def schedules(self, *, limit: int = 100) -> list[dict[str, Any]]:
-        return await self.schedule_book.list(limit=limit)
+    async def schedules(self, *, limit: int = 100) -> list[Schedule]:
+        """Schedules by name (without their arguments, as the API lists them)."""
+        return await self.schedule_book.list_scoped(limit=limit)  # every queue's, each with its own queue
 
-    async def schedule(self, name: str) -> dict[str, Any]:
-        return await self.schedule_book.get(name)
+    async def schedule(self, name: str) -> Schedule:
+        """One schedule, its arguments decoded (`args_json`: {"args": [...], "kwargs": {...}})."""
+        return (await self.schedule_book.get(name)).decoded()
 
     async def schedule_fires(self, name: str, n: int) -> tuple[list[datetime], str]:
         """The schedule's next N fire times and its timezone."""
         store = self.schedule_book
-        zone_name = str((await store.get(name))["timezone"])
+        zone_name = (await store.get(name)).timezone
         return list(await store.upcoming(name, n)), zone_name
 
-    async def schedule_runs(self, name: str, limit: int = 10) -> list[dict[str, Any]]:
+    async def schedule_runs(self, name: str, limit: int = 10) -> list[ScheduleRun]:
+        """The runs the schedule fired, latest fire first."""
         return await self.schedule_book.runs(name, limit)
 
     async def set_schedule_paused(self, name: str, paused: bool) -> None:
@@ -723,13 +731,13 @@ class Client:
 
     async def bulk(self, command: str, *, queue: str, status: str | None = None, handler: str | None = None,
                    limit: int = BULK_DEFAULT_LIMIT, confirm: bool = False, reason: str = "",
-                   until_id: int | None = None) -> dict[str, Any]:
+                   until_id: int | None = None) -> BulkResult:
         """A command on the runs of a queue that match (Control.bulk: BulkNotConfirmed without `confirm`)."""
         return await self.control.bulk(command, queue=queue, status=status, handler=handler, limit=limit,
                                        confirm=confirm, reason=reason, until_id=until_id)
 
     async def act_on(self, command: str, ids: list[int], *, reason: str = "", queue: str | None = None,
-                     selection: dict[str, Any] | None = None) -> dict[str, Any]:
+                     selection: dict[str, Any] | None = None) -> BulkResult:
         """A command on exactly these runs, one compare-and-set each (Control.act_on)."""
         return await self.control.act_on(command, ids, reason=reason, queue=queue, selection=selection)
 
@@ -744,7 +752,8 @@ class Client:
         """Runs as one batch whose callbacks run exactly once when all of them are terminal."""
         return await self.flows.submit_batch(requests, on_complete=on_complete, on_success=on_success, name=name)
 
-    async def batch(self, batch_id: uuid.UUID | str) -> dict[str, Any]:
+    async def batch(self, batch_id: uuid.UUID | str) -> BatchRecord:
+        """The batch as recorded: its callbacks' run ids and every member's state (`batch_view` counts them)."""
         return await self.flows.batch(batch_id)
 
     async def batch_view(self, batch_id: uuid.UUID | str) -> Batch:
@@ -772,7 +781,7 @@ class Client:
         await require_queue(self.stores, queue)
         return await self.control.bulk_count(command, queue=queue, status=status, handler=handler, limit=limit)
 
-    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> dict[str, Any]:
+    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> BulkResult:
         """Act on exactly the runs COUNT counted (Control.bulk_confirm)."""
         return await self.control.bulk_confirm(count, reason=reason)
 

@@ -17,7 +17,7 @@ from fencepost.core.hot import CancelArgs, ControlArgs, ControlVerb, ResolveArgs
 from fencepost.core.models import JobSpec, decode_payload, decode_result, run_row
 from fencepost.core.states import WAITING, Status
 from fencepost.core.submit import SubmitPath
-from fencepost.core.views import BulkCount, Reply, RunSummary, view
+from fencepost.core.views import BulkCount, BulkResult, BulkSkip, Reply, RunSummary, view
 
 __all__ = ["BULK_DEFAULT_LIMIT", "COMMANDS", "Control", "explain_reply"]
 
@@ -133,11 +133,11 @@ class Control:
     # -- bulk ----------------------------------------------------------------------------------
     async def bulk(self, command: str, *, queue: str, status: str | None = None, handler: str | None = None,
                    limit: int = BULK_DEFAULT_LIMIT, confirm: bool = False, reason: str = "",
-                   until_id: int | None = None) -> dict[str, Any]:
+                   until_id: int | None = None) -> BulkResult:
         """Apply a command to the runs of a queue that match; without `confirm` nothing changes
         and BulkNotConfirmed says how many match. At most `limit` runs are touched: the lowest
         ids that match, read once, so the runs acted on are exactly those selected (a run that
-        changed state since is refused by its own compare-and-set and listed in `refused`).
+        changed state since is refused by its own compare-and-set and listed in `skipped` and `refused`).
         `until_id` bounds the selection to the ids a count saw (`bulk_count` gives it)."""
         audit.reason(reason)
         counted = await self.bulk_count(command, queue=queue, status=status, handler=handler, limit=limit,
@@ -148,8 +148,8 @@ class Control:
         bound = until_id if until_id is not None else counted.until_id
         ids = [r["id"] for r in await self.stores.db.fetch("bulk_select", queue, status, handler, bound, limit)]
         selection = {"status": status, "handler": handler, "until_id": bound, "matched": matched}
-        return {"matched": matched, **await self.act_on(command, ids, reason=reason, queue=queue,
-                                                          selection=selection)}
+        done = await self.act_on(command, ids, reason=reason, queue=queue, selection=selection)
+        return msgspec.structs.replace(done, matched=matched, until_id=bound)
 
     async def bulk_count(self, command: str, *, queue: str, status: str | None = None, handler: str | None = None,
                          limit: int = BULK_DEFAULT_LIMIT, until_id: int | None = None) -> BulkCount:
@@ -166,15 +166,16 @@ class Control:
         return BulkCount(command=command, queue=queue, status=status, handler=handler, matched=counted["matched"],
                          limit=limit, acting=min(counted["matched"], limit), until_id=counted["until_id"])
 
-    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> dict[str, Any]:
+    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> BulkResult:
         """Act on the runs COUNT counted (those still matching, at most its limit, none newer)."""
         return await self.bulk(count.command, queue=count.queue, status=count.status, handler=count.handler,
                                limit=count.limit, confirm=True, reason=reason, until_id=count.until_id)
 
     async def act_on(self, command: str, ids: list[int], *, reason: str = "", queue: str | None = None,
-                     selection: dict[str, Any] | None = None) -> dict[str, Any]:
+                     selection: dict[str, Any] | None = None) -> BulkResult:
         """Apply a command to exactly these runs, one compare-and-set each; what a run refuses
-        (its state changed, it is gone) is reported per run and does not stop the others.
+        (its state changed, it is gone) is reported per run (`skipped`, `refused`) and does not stop
+        the others. `matched` is the number of ids given, `acted` the number changed.
 
         One audit row (`bulk_<command>`: the filter, the count, the ids) is written before the
         first run is touched, so the operator's intent and its size are on record even if the
@@ -187,14 +188,18 @@ class Control:
             await audit.write(db, tx, self.actor, f"bulk_{command}", queue=queue, reason_=reason,
                               data={**(selection or {}), "runs": len(ids), "ids": ids[:1000]})
         done: dict[str, int] = {}
-        refused: dict[int, str] = {}
+        changed: list[int] = []
+        skipped: list[BulkSkip] = []
         for run_id in ids:
             try:
                 state = await getattr(self, command)(run_id, reason=reason)
-                done[state] = done.get(state, 0) + 1
             except Exception as exc:  # one run's refusal never stops the others
-                refused[run_id] = str(exc)
-        return {"acted": len(ids), "results": done, "refused": refused}
+                skipped.append(BulkSkip(id=run_id, reason=str(exc)))
+                continue
+            done[str(state)] = done.get(str(state), 0) + 1
+            changed.append(run_id)
+        return BulkResult(matched=len(ids), acted=len(changed), changed=changed, skipped=skipped, results=done,
+                          refused={str(s.id): s.reason for s in skipped})
 
     # -- internals -----------------------------------------------------------------------------
     async def _hot_run(self, run_id: int) -> dict[str, Any]:

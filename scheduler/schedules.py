@@ -25,6 +25,7 @@ from fencepost.core.schedules import (
     validated,
 )
 from fencepost.core.submit import SubmitPath, encode_arguments, fire_row
+from fencepost.core.views import Schedule, ScheduleRun, view
 
 __all__ = ["ScheduleUpdate", "Schedules"]
 
@@ -71,7 +72,7 @@ class Schedules:
         self.path = via if isinstance(via, SubmitPath) else via.submitter
         self.db = self.path.stores.db
 
-    async def add(self, spec: ScheduleSpec, *, now: datetime | None = None, reason: str = "") -> dict[str, Any]:
+    async def add(self, spec: ScheduleSpec, *, now: datetime | None = None, reason: str = "") -> Schedule:
         """Store a schedule; its audit row (actor, reason) commits with it."""
         validated(spec)
         if "/" in spec.name:  # /v1/schedules/{name} could never reach it
@@ -101,7 +102,7 @@ class Schedules:
         return await self.get(spec.name)
 
     async def update(self, name: str, change: ScheduleUpdate, *, now: datetime | None = None,
-                     reason: str = "") -> dict[str, Any]:
+                     reason: str = "") -> Schedule:
         """Edit a schedule in place (its id, history and counters stay): the merged definition is
         validated as a new one would be, then written with its audit row in one transaction."""
         audit.reason(reason)
@@ -204,21 +205,22 @@ class Schedules:
             spec.priority, spec.cron, spec.interval_s, spec.timezone, first, spread, spec.catchup, window,
             spec.allow_overlap, conn=tx)
 
-    async def get(self, name: str) -> dict[str, Any]:
+    async def get(self, name: str) -> Schedule:
+        """The stored schedule (`args_json` as PostgreSQL gives it, JSON text: `Schedule.decoded()` parses it)."""
         row = await self.db.fetchrow("schedule_get", name)
         if row is None:
             raise UnknownSchedule(name)
-        return dict(row)
+        return view(Schedule, row)
 
-    async def list(self, *, limit: int = 100) -> builtins.list[dict[str, Any]]:  # `list` here is this method
-        return [dict(r) for r in await self.db.fetch("schedule_list", limit)]
+    async def list(self, *, limit: int = 100) -> builtins.list[Schedule]:  # `list` here is this method
+        return [view(Schedule, r) for r in await self.db.fetch("schedule_list", limit)]
 
     async def set_paused(self, name: str, paused: bool, *, now: datetime | None = None,
-                         reason: str = "") -> dict[str, Any]:
+                         reason: str = "") -> Schedule:
         """Pause keeps next_fire_time; resume coalesces what was missed (or backfills with catchup)."""
         audit.reason(reason)
         if not paused:
-            why = (await self.get(name)).get("quarantined")
+            why = (await self.get(name)).quarantined
             if why is not None:  # resumed as it is, it would fail the trigger again (and be quarantined again)
                 raise InvalidInput(f"schedule {name!r} is quarantined ({why}); fix it with `fencepost schedule "
                                    "update`, which checks it and resumes it", field="name")
@@ -251,16 +253,17 @@ class Schedules:
         return self.path.defs[spec.handler].queue
 
     async def list_scoped(self, *, limit: int = 100, queues: builtins.list[str] | None = None
-                          ) -> builtins.list[dict[str, Any]]:
+                          ) -> builtins.list[Schedule]:
         """Schedules, only those firing into `queues` when given (a scoped token's view)."""
-        return [dict(r) for r in await self.db.fetch("schedule_list_scoped", limit, queues)]
+        return [view(Schedule, r) for r in await self.db.fetch("schedule_list_scoped", limit, queues)]
 
-    async def runs(self, name: str, limit: int = 10) -> builtins.list[dict[str, Any]]:
+    async def runs(self, name: str, limit: int = 10) -> builtins.list[ScheduleRun]:
+        """The runs the schedule fired, latest fire first."""
         s = await self.get(name)
-        return [dict(r) for r in await self.db.fetch("schedule_runs", s["id"], limit)]
+        return [view(ScheduleRun, r) for r in await self.db.fetch("schedule_runs", s.id, limit)]
 
     async def upcoming(self, name: str, n: int, *, now: datetime | None = None) -> Sequence[datetime]:
         s = await self.get(name)
-        start = s["next_fire_time"]
-        rest = next_fires(start, n - 1, cron=s["cron"], interval_s=s["interval_s"], tz=s["timezone"]) if n > 1 else []
+        start = s.next_fire_time
+        rest = next_fires(start, n - 1, cron=s.cron, interval_s=s.interval_s, tz=s.timezone) if n > 1 else []
         return [start, *rest][:n]

@@ -29,7 +29,18 @@ from fencepost.core.models import Outcome, RunRow, Submit
 from fencepost.core.states import LIVE, UNSUCCESSFUL, Status
 from fencepost.core.submit import SubmitPath
 from fencepost.core.views import Batch as BatchView
-from fencepost.core.views import BatchCallback, Reply, RunRecord, Workflow, WorkflowNode, WorkflowSummary, live_nodes, view
+from fencepost.core.views import (
+    BatchCallback,
+    BatchMember,
+    BatchRecord,
+    Reply,
+    RunRecord,
+    Workflow,
+    WorkflowNode,
+    WorkflowSummary,
+    live_nodes,
+    view,
+)
 
 __all__ = [
     "PURGED",
@@ -361,34 +372,35 @@ class Workflows:
         await self.path.deliver(ids, [i for i in created if i < len(requests)], rows, new_queues)
         return Batch(id=bid, run_ids=ids[:len(requests)], on_complete=complete_id, on_success=success_id)
 
-    async def batch(self, batch_id: uuid.UUID | str) -> dict[str, Any]:
+    async def batch(self, batch_id: uuid.UUID | str) -> BatchRecord:
         """A batch: callbacks, settled_at (None while members run) and each member's status."""
         bid = _uuid(batch_id, "batch")
         row = await self.stores.db.fetchrow("batch_get", bid)
         if row is None:
             raise UnknownBatch(batch_id)
-        out = dict(row)
-        out["members"] = [{"run_id": r, "status": st} for r, st in zip(out.pop("run_ids"), out.pop("statuses"))]
-        return out
+        members = [BatchMember(run_id=r, status=st) for r, st in zip(row["run_ids"], row["statuses"], strict=True)]
+        return BatchRecord(id=row["id"], name=row["name"], created_at=row["created_at"], settled_at=row["settled_at"],
+                           on_complete=row["on_complete"], on_success=row["on_success"], members=members)
 
     async def batch_view(self, batch_id: uuid.UUID | str) -> BatchView:
         """A batch as `batch show` and the API show it: its members counted by state (total, counts), when
         it settled, and each callback's run id, status and reason (None: not declared)."""
         batch = await self.batch(batch_id)
         counts: dict[str, int] = {}
-        for m in batch["members"]:
-            state = m["status"] or PURGED
+        for m in batch.members:
+            state = m.status or PURGED
             counts[state] = counts.get(state, 0) + 1
         callbacks: dict[str, BatchCallback | None] = {}
         for kind in ("on_complete", "on_success"):
-            if batch[kind] is None:
+            cb_id: int | None = batch[kind]
+            if cb_id is None:
                 callbacks[kind] = None
                 continue
-            run = await self.stores.db.fetchrow("get_run", batch[kind])
-            callbacks[kind] = BatchCallback(id=batch[kind], status=PURGED) if run is None else \
+            run = await self.stores.db.fetchrow("get_run", cb_id)
+            callbacks[kind] = BatchCallback(id=cb_id, status=PURGED) if run is None else \
                 BatchCallback(id=run["id"], status=run["status"], reason=run["reason"])
-        return BatchView(id=batch["id"], name=batch["name"], created_at=batch["created_at"],
-                         settled_at=batch["settled_at"], total=len(batch["members"]), counts=counts,
+        return BatchView(id=batch.id, name=batch.name, created_at=batch.created_at,
+                         settled_at=batch.settled_at, total=len(batch.members), counts=counts,
                          on_complete=callbacks["on_complete"], on_success=callbacks["on_success"])
 
     async def workflow(self, workflow_id: uuid.UUID | str) -> Workflow:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import msgspec
 import pytest
 import yaml
 
+from fencepost.api import ApiConfig
 from fencepost.api import schemas as S
 from fencepost.apiclient import AsyncApiClient
 from fencepost.client import Client
@@ -20,12 +23,25 @@ from fencepost.core import views
 from fencepost.core.config import Settings
 from fencepost.core.errors import InvalidInput, StoreUnavailable
 from fencepost.core.hot import RunPeek
-from fencepost.core.models import encode_result
+from fencepost.core.models import Submit, encode_result
+from fencepost.core.schedules import ScheduleSpec
 from fencepost.core.stores import Stores, resolve
-from fencepost.core.views import Attempt, Event, Operator, Reply, Run, RunRecord, RunSummary, overlay
+from fencepost.core.views import (
+    Attempt,
+    Event,
+    Operator,
+    Reply,
+    Run,
+    RunRecord,
+    RunSummary,
+    Schedule,
+    ScheduleRun,
+    overlay,
+)
 from fencepost.worker.runtime import Worker, WorkerOptions
 from tests.apps import registry as apps
 from tests.conftest import ROOT, record_all
+from tests.test_api import _make_api
 
 RECORDED = Run(id=7, handler="h", queue="tq", status="PENDING", attempt=0, version=1)
 
@@ -136,3 +152,76 @@ def test_views_module_names_no_raw_row() -> None:
         obj = getattr(views, name)
         if isinstance(obj, type) and name not in ("Operator", "Reply", "View"):
             assert issubclass(obj, views.View), name
+
+
+# -- schedules, batches and bulk results: typed from the stores and over HTTP alike (issue 25) -------------
+@pytest.fixture
+async def over_http(settings: Settings, client: Client) -> AsyncIterator[AsyncApiClient]:
+    """The API client (admin) of an in-process API on the same stores as `client`."""
+    async for api in _make_api(settings, client, ApiConfig(token_cache_s=0, rate_limit=0)):
+        transport = httpx.ASGITransport(app=api.app, client=("203.0.113.7", 4242))
+        async with AsyncApiClient("http://api", api.tokens["admin"][1], transport=transport) as op:
+            yield op
+
+
+async def test_schedule_reads_are_one_struct_from_the_stores_and_over_http(client: Client,
+                                                                           over_http: AsyncApiClient) -> None:
+    await client.register(apps)
+    spec = ScheduleSpec(name="nightly", handler="t.echo", args=("a",), kwargs={"k": 1}, cron="0 3 * * *", queue="tq")
+    added = await client.add_schedule(spec)
+    assert type(added) is Schedule and added.args_json == {"args": ["a"], "kwargs": {"k": 1}}
+    assert added["name"] == "nightly" and added.get("quarantined") is None  # still readable by name
+    over = await over_http.add_schedule(msgspec.structs.replace(spec, name="hourly", cron="0 * * * *"))
+    assert type(over) is Schedule and over.args_json == added.args_json
+
+    for name in ("nightly", "hourly"):  # the same schedule read both ways: equal, field by field
+        direct, api = await client.schedule(name), await over_http.schedule(name)
+        assert type(direct) is type(api) is Schedule and direct == api, (direct, api)
+    listed, listed_api = await client.schedules(), await over_http.schedules()
+    assert [type(s) for s in listed] == [Schedule] * 2 and listed == listed_api, (listed, listed_api)
+
+    edited = await client.update_schedule("nightly", {"priority": 7}, reason="typed")
+    edited_api = await over_http.update_schedule("hourly", {"priority": 7}, reason="typed")
+    assert type(edited) is type(edited_api) is Schedule and edited.priority == edited_api.priority == 7
+    assert edited == await over_http.schedule("nightly") and edited_api == await client.schedule("hourly")
+
+    rid = await client.run_schedule_now("nightly", reason="typed")
+    runs, runs_api = await client.schedule_runs("nightly"), await over_http.schedule_runs("nightly")
+    assert [type(r) for r in runs] == [ScheduleRun] and runs == runs_api, (runs, runs_api)
+    assert (runs[0].id, runs[0].queue, runs[0]["status"]) == (rid, "tq", "PENDING")
+
+
+async def test_a_bulk_confirm_is_one_struct_from_the_stores_and_over_http(client: Client, stores: Stores,
+                                                                          over_http: AsyncApiClient) -> None:
+    results = []
+    for op in (client, over_http):
+        ids = [await client.submit("t.noop", delay=3600) for _ in range(2)]
+        await record_all(stores)
+        count = await op.bulk_count("pause", queue="tq", status="PENDING")
+        assert count.acting == 2, count
+        out = await op.bulk_confirm(count, reason="typed")
+        assert type(out) is views.BulkResult, (op, out)
+        assert (out.matched, out.acted, out.changed, out.results, out.skipped, out.refused) == (
+            2, 2, ids, {"PAUSED": 2}, [], {}), out
+        assert out["acted"] == 2  # still readable by name
+        results.append(out)
+    direct, api = results
+    assert direct.__struct_fields__ == api.__struct_fields__
+
+
+async def test_a_batch_record_is_typed(client: Client, over_http: AsyncApiClient) -> None:
+    """`Client.batch` (the record: members and callback ids; the API has no such page) and `batch_view`
+    (counted: the API's GET /v1/batches/{id}, read both ways)."""
+    b = await client.submit_batch([Submit(handler="t.noop"), Submit(handler="t.noop")],
+                                  on_complete=Submit(handler="t.noop"))
+    record = await client.batch(b.id)
+    assert type(record) is views.BatchRecord and [type(m) for m in record.members] == [views.BatchMember] * 2
+    assert [m.run_id for m in record.members] == b.run_ids and record.on_complete == b.on_complete
+    assert record["settled_at"] is None and [m["status"] for m in record["members"]] == ["PENDING"] * 2
+    shown, shown_api = await client.batch_view(b.id), await over_http.batch_view(str(b.id))
+    assert type(shown) is type(shown_api) is views.Batch and shown == shown_api, (shown, shown_api)
+
+
+def test_the_api_schemas_of_schedules_and_bulk_results_are_the_core_views() -> None:
+    for name in ("Schedule", "ScheduleRun", "BulkResult", "BulkSkip"):
+        assert getattr(S, name) is getattr(views, name), name

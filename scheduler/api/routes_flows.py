@@ -26,12 +26,14 @@ from fencepost.api.routing import (
 from fencepost.core import cursors
 from fencepost.core.errors import InvalidInput
 from fencepost.core.schedules import UnknownSchedule
+from fencepost.core.views import Schedule
 from fencepost.schedules import Schedules, ScheduleUpdate
 from fencepost.workflows import PURGED, UnknownBatch, UnknownWorkflow
 
 
 # -- schedules ---------------------------------------------------------------------------------
-def _schedule(row: dict[str, Any]) -> Any:
+def _schedule(row: Schedule | dict[str, Any]) -> Any:
+    """A schedule (fencepost.schedules gives a core Schedule, a listing page its rows) as the API answers it."""
     if isinstance(row.get("args_json"), str):  # jsonb as PostgreSQL gives it: the arguments as an object
         row = {**row, "args_json": msgspec.json.decode(row["args_json"])}
     return _row(row, S.Schedule)

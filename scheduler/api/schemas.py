@@ -30,6 +30,10 @@ from fencepost.core.views import (
 )
 from fencepost.core.views import Batch as Batch  # named in the OpenAPI document, as before
 from fencepost.core.views import BatchCallback as BatchCallback
+from fencepost.core.views import BulkResult as BulkResult  # the same OpenAPI names as when declared here
+from fencepost.core.views import BulkSkip as BulkSkip
+from fencepost.core.views import Schedule as Schedule
+from fencepost.core.views import ScheduleRun as ScheduleRun
 from fencepost.core.workers import HeldRun, StopRequest, WorkerInfo
 from fencepost.schedules import ScheduleUpdate
 from fencepost.workflows import Node
@@ -259,64 +263,10 @@ class BulkCount(msgspec.Struct, kw_only=True):
     until_id: int | None = None
 
 
-class BulkSkip(msgspec.Struct, kw_only=True):
-    id: int
-    reason: str
+# BulkSkip, BulkResult: fencepost.core.views (what Client.bulk_confirm returns too)
 
 
-class BulkResult(msgspec.Struct, kw_only=True):
-    matched: int
-    """How many runs matched the filter when counted."""
-    acted: int
-    """How many runs the command changed (len(changed))."""
-    changed: list[int] = []
-    """The counted runs the command was applied to."""
-    skipped: list[BulkSkip] = []
-    """The counted runs left alone: they moved (state or version) since the count, or refused."""
-    results: dict[str, int] = {}
-    """The states the changed runs were left in, counted."""
-    refused: dict[str, str] = {}
-    """`skipped` as {id: reason} (what older clients read)."""
-    handle: str | None = None
-    until_id: int | None = None
-
-
-class Schedule(msgspec.Struct, kw_only=True):
-    id: int
-    name: str
-    handler: str
-    timezone: str
-    next_fire_time: datetime
-    cron: str | None = None
-    interval_s: float | None = None
-    queue: str | None = None
-    priority: int | None = None
-    spread_s: float = 0.0
-    offset_ms: int = 0
-    catchup: bool = False
-    allow_overlap: bool = False
-    paused: bool = False
-    last_fire_time: datetime | None = None
-    last_run_id: int | None = None
-    last_status: str | None = None
-    fires: int = 0
-    skipped: int = 0
-    args_json: Any = None
-    """The arguments as given: {"args": [...], "kwargs": {...}} (one schedule only, not in listings)."""
-    catchup_window_s: float | None = None
-    created_at: datetime | None = None
-
-
-class ScheduleRun(msgspec.Struct, kw_only=True):
-    """A run a schedule fired."""
-
-    id: int
-    status: str
-    attempt: int
-    fire_time: datetime | None = None
-    run_at: datetime | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+# Schedule, ScheduleRun: fencepost.core.views (what Client.schedule / schedule_runs return too)
 
 
 class NextFires(msgspec.Struct, kw_only=True):

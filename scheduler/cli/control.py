@@ -12,6 +12,7 @@ import click
 from fencepost.cli.common import actor, async_command, operator
 from fencepost.control import BULK_DEFAULT_LIMIT, explain_reply
 from fencepost.core.config import Settings
+from fencepost.core.views import BulkResult
 
 __all__ = ["RUN_COMMANDS", "cancel", "pause", "restart", "resume", "retry", "stop"]
 
@@ -106,8 +107,8 @@ async def _act(verb: str, settings: Settings, *, run_id: int | None, reason: str
     _print_bulk(out)
 
 
-def _print_bulk(out: dict[str, Any]) -> None:
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(out["results"].items())) or "none changed"
-    click.echo(f"{out['matched']} matched, {out['acted']} acted on: {summary}")
-    for rid, why in list(out["refused"].items())[:20]:
+def _print_bulk(out: BulkResult) -> None:
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(out.results.items())) or "none changed"
+    click.echo(f"{out.matched} matched, {out.acted} acted on: {summary}")
+    for rid, why in list(out.refused.items())[:20]:
         click.echo(f"  run {rid}: {why}")

@@ -26,6 +26,7 @@ from fencepost.cli.common import (
 from fencepost.core.config import Settings
 from fencepost.core.errors import FencepostError
 from fencepost.core.schedules import ScheduleSpec, next_fires, zone
+from fencepost.core.views import Schedule, ScheduleRun
 from fencepost.trigger import serve
 
 __all__ = ["schedule", "trigger"]
@@ -41,19 +42,18 @@ def _fmt_t(t: datetime | None, tz: str | None = None) -> str:
     return t.isoformat(timespec="seconds")
 
 
-def _print_added(s: dict[str, Any]) -> None:
+def _print_added(s: Schedule) -> None:
     click.echo(f"schedule {s['name']} (id {s['id']}): next fire {_fmt_t(s['next_fire_time'], s['timezone'])}"
                + (f", offset {s['offset_ms'] / 1000:.3f}s" if s["offset_ms"] else ""))
 
 
-def _print_list(rows: list[dict[str, Any]]) -> None:
-    for r in rows:
-        r["every"] = r["cron"] or f"{r['interval_s']:g}s"
-        r["state"] = "paused" if r["paused"] else "active"
-    table(rows, ["id", "name", "handler", "every", "timezone", "next_fire_time", "state", "fires", "skipped"])
+def _print_list(rows: list[Schedule]) -> None:
+    shown = [{**dict(r), "every": r.cron or f"{r.interval_s:g}s", "state": "paused" if r.paused else "active"}
+             for r in rows]
+    table(shown, ["id", "name", "handler", "every", "timezone", "next_fire_time", "state", "fires", "skipped"])
 
 
-def _print_show(s: dict[str, Any], upcoming: Any, runs: list[dict[str, Any]]) -> None:
+def _print_show(s: Schedule, upcoming: Any, runs: list[ScheduleRun]) -> None:
     for k in ("id", "name", "handler", "args_json", "queue", "priority", "cron", "interval_s", "timezone",
               "spread_s", "offset_ms", "catchup", "catchup_window_s", "allow_overlap", "paused",
               "last_fire_time", "last_run_id", "last_status", "fires", "skipped", "created_at", "quarantined"):

@@ -43,6 +43,11 @@ __all__ = [
     "Attempt",
     "Batch",
     "BatchCallback",
+    "BatchMember",
+    "BatchRecord",
+    "BulkCount",
+    "BulkResult",
+    "BulkSkip",
     "Checkpoint",
     "Event",
     "Operator",
@@ -53,6 +58,8 @@ __all__ = [
     "RunProgress",
     "RunRecord",
     "RunSummary",
+    "Schedule",
+    "ScheduleRun",
     "View",
     "Workflow",
     "WorkflowNode",
@@ -353,6 +360,95 @@ class BulkCount(View, kw_only=True):
     handle: str | None = None
 
 
+class BulkSkip(View, kw_only=True):
+    id: int
+    reason: str
+
+
+class BulkResult(View, kw_only=True):
+    matched: int
+    """How many runs matched the filter when counted."""
+    acted: int
+    """How many runs the command changed (len(changed))."""
+    changed: list[int] = []
+    """The counted runs the command was applied to."""
+    skipped: list[BulkSkip] = []
+    """The counted runs left alone: they moved (state or version) since the count, or refused."""
+    results: dict[str, int] = {}
+    """The states the changed runs were left in, counted."""
+    refused: dict[str, str] = {}
+    """`skipped` as {id: reason} (what older clients read)."""
+    handle: str | None = None
+    until_id: int | None = None
+
+
+class Schedule(View, kw_only=True):
+    id: int
+    name: str
+    handler: str
+    timezone: str
+    next_fire_time: datetime
+    cron: str | None = None
+    interval_s: float | None = None
+    queue: str | None = None
+    priority: int | None = None
+    spread_s: float = 0.0
+    offset_ms: int = 0
+    catchup: bool = False
+    allow_overlap: bool = False
+    paused: bool = False
+    last_fire_time: datetime | None = None
+    last_run_id: int | None = None
+    last_status: str | None = None
+    fires: int = 0
+    skipped: int = 0
+    args_json: Any = None
+    """The arguments as given: {"args": [...], "kwargs": {...}} (one schedule only, not in listings)."""
+    catchup_window_s: float | None = None
+    created_at: datetime | None = None
+    quarantined: str | None = None
+    """Why the trigger paused it: it could not fire (null: not quarantined); an update that checks lifts it."""
+
+    def decoded(self) -> Schedule:
+        """This schedule with `args_json` as the object (PostgreSQL's jsonb arrives as its text)."""
+        if not isinstance(self.args_json, str):
+            return self
+        return msgspec.structs.replace(self, args_json=msgspec.json.decode(self.args_json))
+
+
+class ScheduleRun(View, kw_only=True):
+    """A run a schedule fired."""
+
+    id: int
+    status: str
+    attempt: int
+    fire_time: datetime | None = None
+    run_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    queue: str | None = None
+    """The queue it was submitted to."""
+
+
+class BatchMember(View, kw_only=True):
+    run_id: int
+    status: str | None
+    """As recorded (the hot row, else the archived one); null: the run left the record."""
+
+
+class BatchRecord(View, kw_only=True):
+    """A batch as PostgreSQL records it (`Client.batch`): its callbacks' run ids and every member's state
+    (`Client.batch_view` counts them)."""
+
+    id: uuid.UUID
+    name: str | None
+    created_at: datetime
+    settled_at: datetime | None
+    on_complete: int | None = None
+    on_success: int | None = None
+    members: list[BatchMember]
+
+
 class RecorderSilence(View, kw_only=True):
     """A transition has waited in Redis for a recorder longer than the lag alert allows."""
 
@@ -596,21 +692,21 @@ class Operator(Protocol):
     async def stop_worker(self, worker_id: str, *, reason: str = "") -> None:
         """Ask WORKER_ID to stop claiming, drain within its grace period and exit (audited)."""
 
-    # schedules: rows as the record keeps them (dicts, times as datetimes; not yet typed views)
-    async def add_schedule(self, spec: ScheduleSpec) -> dict[str, Any]: ...
+    # schedules
+    async def add_schedule(self, spec: ScheduleSpec) -> Schedule: ...
 
-    async def update_schedule(self, name: str, fields: dict[str, Any], *, reason: str = "") -> dict[str, Any]: ...
+    async def update_schedule(self, name: str, fields: dict[str, Any], *, reason: str = "") -> Schedule: ...
 
     async def run_schedule_now(self, name: str, *, reason: str = "") -> int: ...
 
-    async def schedules(self, *, limit: int = 100) -> list[dict[str, Any]]: ...
+    async def schedules(self, *, limit: int = 100) -> list[Schedule]: ...
 
-    async def schedule(self, name: str) -> dict[str, Any]: ...
+    async def schedule(self, name: str) -> Schedule: ...
 
     async def schedule_fires(self, name: str, n: int) -> tuple[list[datetime], str]:
         """The schedule's next N fire times and its timezone."""
 
-    async def schedule_runs(self, name: str, limit: int = 10) -> list[dict[str, Any]]: ...
+    async def schedule_runs(self, name: str, limit: int = 10) -> list[ScheduleRun]: ...
 
     async def set_schedule_paused(self, name: str, paused: bool) -> None: ...
 
@@ -626,8 +722,9 @@ class Operator(Protocol):
                          limit: int = 100) -> BulkCount:
         """Count what a bulk command would act on; nothing changes."""
 
-    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> dict[str, Any]:
-        """Act on exactly the runs COUNT counted: {matched, acted, results (by state), refused (by run id)}."""
+    async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> BulkResult:
+        """Act on exactly the runs COUNT counted: matched, acted (changed), results (by state), skipped and
+        refused (the runs left alone, with why)."""
 
     async def audit(self, *, actor: str | None = None, queue: str | None = None, since: datetime | None = None,
                     until: datetime | None = None, limit: int = 100, cursor: str | None = None) -> list[AuditEntry]:
