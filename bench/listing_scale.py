@@ -2,7 +2,9 @@
 every listing route the dashboard uses (and the first call's), and of `fencepost reconcile --check --fast`
 (--full-check: the full one too). Beside the pending runs: 5,000 dead-lettered, 3,000 retrying and 3,000
 scheduled runs, 100,000 finished runs of five handlers with their attempts over the last day, and 2,000
-batches of 20 of them, for the operations views (/v1/ops/..., /v1/batches).
+batches of 20 of them, for the operations views (/v1/ops/..., /v1/batches); 20,000 audit rows (a tenth
+payments') and 4,000 operator commands on runs (--commands: those on bench runs), for the audit view's
+first and deep pages of a queue.
 
     .venv/bin/python bench/listing_scale.py [--runs 1000000] [--repeat 30] [--keep]
 
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -34,7 +37,7 @@ REDIS = os.environ.get("FENCEPOST_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 QUEUES = ("bench", "payments", "emails")
 
 
-async def build(dsn: str, prefix: str, runs: int) -> None:
+async def build(dsn: str, prefix: str, runs: int, commands: int = 2000) -> None:
     from fencepost.core.config import Settings
     from fencepost.core.record import upgrade
     from fencepost.core.stores import Stores
@@ -69,6 +72,20 @@ async def build(dsn: str, prefix: str, runs: int) -> None:
             SELECT {base} + i, 'retried', 'FAILED', 'PENDING', 1, 'token:1@127.0.0.1', 'bench',
                    now() - make_interval(secs => i)
             FROM generate_series(1, 2000) i""")
+        # the audit view at depth (issue 24): 20,000 audit rows over the last 50 minutes, a tenth of them
+        # payments' (the rest bench's), and COMMANDS operator commands on bench runs among them (2,000: as
+        # many as the retries above), so a page of payments' entries deep in the log has other queues' rows
+        # on both sides of the merge
+        await conn.execute("""
+            INSERT INTO audit_log (actor, action, queue, at)
+            SELECT 'token:2@127.0.0.1', 'queue_paused', CASE WHEN i % 10 = 0 THEN 'payments' ELSE 'bench' END,
+                   now() - make_interval(secs => i * 0.15)
+            FROM generate_series(1, 20000) i""")
+        await conn.execute(f"""
+            INSERT INTO events (run_id, type, actor, reason, at)
+            SELECT i * {max(1, runs // commands)}, 'paused', 'token:2@127.0.0.1', 'bench',
+                   now() - make_interval(secs => i * 3000.0 / {commands} + 0.07)
+            FROM generate_series(1, {commands}) i""")
         # the operations views' data (issue 24): retries waiting and scheduled runs (their lists page
         # through the partial index of waiting runs, which the 1,000,000 due PENDING runs also fill),
         # 100,000 finished runs of five handlers with their attempts over the last day (per-handler
@@ -135,6 +152,17 @@ async def build(dsn: str, prefix: str, runs: int) -> None:
         await stores.close()
 
 
+async def _upgrade(dsn: str) -> None:
+    from fencepost.core.record import upgrade
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        for name in await upgrade(conn):
+            print(f"applied {name}", flush=True)
+    finally:
+        await conn.close()
+
+
 ROUTES = [
     ("GET", "/v1/queues", "admin"),
     ("GET", "/v1/runs", "admin"),
@@ -193,10 +221,11 @@ async def measure(dsn: str, prefix: str, repeat: int, extra: list[str]) -> None:
         _, admin = await create_token(db, "admin", [], "bench", "bench")
         _, scoped = await create_token(db, "operator", ["payments"], "bench-op", "bench")
         tokens = {"admin": admin, "scoped": scoped}
+        deep = await _deep_audit(db)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
             print(f"{'route':58} {'as':7} {'status':>6} {'median ms':>10} {'max ms':>8} {'first ms':>9}")
-            for method, path, who in ROUTES + [("GET", p, "admin") for p in extra]:
+            for method, path, who in ROUTES + deep + [("GET", p, "admin") for p in extra]:
                 times, status, first = [], 0, 0.0
                 for i in range(repeat + 2):
                     t0 = time.perf_counter()
@@ -209,6 +238,20 @@ async def measure(dsn: str, prefix: str, repeat: int, extra: list[str]) -> None:
                         times.append(dt)
                 print(f"{path:58} {who:7} {status:>6} {statistics.median(times):>10.1f} {max(times):>8.1f} "
                       f"{first:>9.1f}", flush=True)
+
+
+async def _deep_audit(db: Any) -> list[tuple[str, str, str]]:
+    """The audit view's queue-filtered and scoped pages from the middle of the log (what page 100 of 100
+    would send: a cursor from audit row 10,000 of 20,000), beside its first page of one queue."""
+    from fencepost.core import cursors
+
+    row = await db.pool.fetchrow("SELECT at, id FROM audit_log WHERE id = 10000")
+    if row is None:  # a database built before the audit rows were
+        return []
+    cur = cursors.encode("audit", [row["at"], row["id"], "config"])
+    return [("GET", "/v1/audit?queue=payments", "admin"), ("GET", f"/v1/audit?queue=payments&cursor={cur}", "admin"),
+            ("GET", f"/v1/audit?queue=emails&cursor={cur}", "admin"), ("GET", f"/v1/audit?cursor={cur}", "scoped"),
+            ("GET", f"/v1/audit?cursor={cur}", "admin")]
 
 
 def reconcile_check(dsn: str, prefix: str, *flags: str) -> None:
@@ -226,6 +269,8 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--commands", type=int, default=2000,
+                    help="operator commands on bench runs over the 50 minutes, beside 2,000 retries (audit view)")
     ap.add_argument("--keep", action="store_true", help="keep the database and keys (prints their names)")
     ap.add_argument("--reuse", help="measure an existing database built with --keep (name), skip building")
     ap.add_argument("--prefix", help="with --reuse: its Redis prefix")
@@ -240,7 +285,9 @@ async def main() -> None:
     try:
         if not args.reuse:
             await admin.execute(f'CREATE DATABASE "{name}"')
-            await build(dsn, prefix, args.runs)
+            await build(dsn, prefix, args.runs, args.commands)
+        else:  # the code measured may have migrations newer than the database (an index added since)
+            await _upgrade(dsn)
         await measure(dsn, prefix, args.repeat, args.route)
         if not args.no_check:
             reconcile_check(dsn, prefix, "--fast")
