@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fencepost.core.record import query_names
 from fencepost.core.states import Status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -238,6 +239,84 @@ def test_no_raw_redis_calls_above_the_core() -> None:
     assert not new, f"raw redis-py calls above the core (use a typed method of core/hot.py): {new}"
     done = sorted(m for m in RAW_REDIS_OFFENDERS if m not in found)
     assert not done, f"no raw redis-py calls left in {done}: remove them from RAW_REDIS_OFFENDERS"
+
+
+RECORD_ROW_OFFENDERS: dict[str, int] = {
+    "fencepost.api.auth": 1,
+    "fencepost.api.bulk": 7,
+    "fencepost.api.routes_fleet": 4,
+    "fencepost.api.routes_flows": 2,
+    "fencepost.api.routes_ops": 15,
+    "fencepost.api.routes_runs": 10,
+    "fencepost.api.routing": 1,
+    "fencepost.api.stream": 1,
+    "fencepost.cli.reconcile": 1,
+    "fencepost.cli.scale": 1,
+    "fencepost.client": 11,
+    "fencepost.control": 7,
+    "fencepost.dev.chaos": 11,
+    "fencepost.dev.demo": 1,
+    "fencepost.dev.loadtest": 4,
+    "fencepost.reconciler.drift": 10,
+    "fencepost.reconciler.gauges": 3,
+    "fencepost.reconciler.outbox": 2,
+    "fencepost.reconciler.rebuild": 5,
+    "fencepost.reconciler.recorder": 5,
+    "fencepost.reconciler.retention": 2,
+    "fencepost.schedules": 11,
+    "fencepost.trigger": 3,
+    "fencepost.worker.checkpoints": 2,
+    "fencepost.worker.progress": 2,
+    "fencepost.workflows": 8,
+}
+"""Known untyped record reads (issue 25), per module: calls of `fetch` / `fetchrow`, which hand an
+asyncpg Record to be read by string key. Each count may only go down (use `Database.rows` / `row`,
+which return the query's Struct), a module not listed may have none, and an entry at 0 is removed."""
+
+
+def record_row_calls(tree: ast.AST) -> list[int]:
+    """Lines of `.fetch(` / `.fetchrow(` calls on the record gateway in a module: on a receiver named
+    `db` (`db`, `self.db`, `stores.db`...) or with a named query as the first argument (a Session,
+    a chaos ledger's Database): the gateway's untyped reads."""
+    names = query_names()
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("fetch", "fetchrow"):
+            recv = node.func.value
+            last = recv.attr if isinstance(recv, ast.Attribute) else recv.id if isinstance(recv, ast.Name) else ""
+            first = node.args[0] if node.args else None
+            if last == "db" or (isinstance(first, ast.Constant) and first.value in names):
+                lines.append(node.lineno)
+    return lines
+
+
+def record_rows_above_the_core() -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for module, path in sorted(_modules().items()):
+        if layer(module) != "core" and (lines := record_row_calls(ast.parse(path.read_text()))):
+            out[module] = lines
+    return out
+
+
+def test_no_new_untyped_record_reads_above_the_core() -> None:
+    """Rows above the core are the query's Struct (`Database.rows` / `row`), read by attribute: no new
+    `fetch` / `fetchrow` of a Record to read by string key, and the known ones only shrink."""
+    found = record_rows_above_the_core()
+    new = {m: lines for m, lines in found.items() if len(lines) > RECORD_ROW_OFFENDERS.get(m, 0)}
+    assert not new, f"untyped record reads above the core (use Database.rows / row): {new}"
+    done = sorted(m for m in RECORD_ROW_OFFENDERS if m not in found)
+    assert not done, f"no untyped record reads left in {done}: remove them from RECORD_ROW_OFFENDERS"
+
+
+def test_an_untyped_record_read_is_found() -> None:
+    planted = ast.parse(
+        "async def f(stores, db, s):\n"
+        "    a = await stores.db.fetch('run_events', 1)\n"
+        "    b = await db.fetchrow(name, 1)\n"
+        "    c = await s.fetch('run_events', 1)\n"
+        "    d = await stores.db.rows('run_events', 1)\n"
+        "    e = await cache.fetch('key')\n")
+    assert record_row_calls(planted) == [2, 3, 4]
 
 
 RESTATED_GROUP_OFFENDERS: dict[str, int] = {}
