@@ -5,8 +5,12 @@ lives in the SQL file, not in docstrings, and cannot drift from the schema."""
 from __future__ import annotations
 
 import re
+from datetime import datetime
 
-from fencepost.core.record import Column, Prepared, QuerySpec, describe_queries, query_specs
+import msgspec
+import pytest
+
+from fencepost.core.record import Column, Database, Prepared, QuerySpec, describe_queries, query_specs, row_type
 from fencepost.core.resources import resource_dir
 from fencepost.dev.sqlheaders import declared_mismatches, infer_names, with_headers
 
@@ -58,3 +62,51 @@ def test_headers_are_written_after_the_name_and_keep_names_given_by_hand() -> No
     spec = QuerySpec(name="q", params=(Column("queue", "text"), Column("after", "int8"), Column("limit", "int8")),
                      returns=found["q"].returns)
     assert "after int8" in with_headers(renamed, {"q": spec}, found, {"q": sql})
+
+
+NOT_A_ROW_TYPE = frozenset({"ping"})
+"""Queries with result columns that cannot be Struct fields (`?column?`): read with fetchval."""
+
+
+def test_each_row_struct_has_the_headers_columns() -> None:
+    """Database.rows / row return a Struct per query whose fields are its `-- returns:` columns, in
+    order (the decode is positional), each typed from the PostgreSQL type and optional."""
+    checked = {n: s for n, s in query_specs().items() if s is not None and s.returns and s.checked}
+    assert len(checked) > 100
+    for name, spec in checked.items():
+        if name in NOT_A_ROW_TYPE:
+            with pytest.raises(KeyError):
+                row_type(name)
+            continue
+        cls = row_type(name)
+        assert cls.__struct_fields__ == tuple(c.name for c in spec.returns), name
+        assert cls.__struct_config__.frozen and cls.__struct_config__.array_like, name
+        with pytest.raises(TypeError):
+            cls(*[None] * len(spec.returns))  # kw_only: built by name, or decoded from a row
+        assert row_type(name) is cls  # made once
+    types = msgspec.inspect.type_info(row_type("run_events"))
+    assert isinstance(types, msgspec.inspect.StructType)
+    by_name = {f.name: f.type for f in types.fields}
+    assert by_name["id"] == msgspec.inspect.UnionType(types=(msgspec.inspect.IntType(), msgspec.inspect.NoneType()))
+    with pytest.raises(KeyError):
+        row_type("no_such_query")
+
+
+async def test_a_row_decodes_into_its_struct(database_url: str) -> None:
+    db = await Database(database_url).connect()
+    try:
+        rows = await db.rows("history_partitions")
+        assert rows, "a migrated database has monthly partitions"
+        first = rows[0]
+        assert isinstance(first, row_type("history_partitions"))
+        assert isinstance(first.parent, str) and isinstance(first.upper_bound, datetime)
+        assert first.lower_bound < first.upper_bound
+        records = await db.fetch("history_partitions")
+        assert [tuple(r.values()) for r in records] == [tuple(msgspec.structs.astuple(r)) for r in rows]
+        one = await db.row("history_partitions")
+        assert one == first
+        async with db.session() as s:
+            assert await s.rows("history_partitions") == rows
+        assert await db.row("run_events", -1) is None
+    finally:
+        await db.close()

@@ -2,7 +2,8 @@
 
 Every statement is a named query of sql/queries*.sql (`-- name: x`); callers pass the name
 and parameters, never SQL. Connection loss becomes DatabaseUnavailable in one place
-(`_unavailable`), for pool calls, sessions, transactions and COPY alike; a refusal by
+(`_unavailable`), for pool calls, sessions, transactions and COPY alike; `rows` / `row`
+return each query's row Struct (`row_type`, made from its `-- returns:` header); a refusal by
 PostgreSQL (constraint, bad data) passes through as asyncpg raised it (see REFUSED).
 Migrations and their DDL are the one exception: they run here, from the numbered files.
 """
@@ -11,9 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import keyword
 import re
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
+from decimal import Decimal
 from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
@@ -130,6 +135,53 @@ def query_specs() -> dict[str, QuerySpec | None]:
             returns=_columns(", ".join(r for r in fields.get("returns", []) if r.strip())),
             checked="unchecked" not in fields, why=" ".join(fields.get("unchecked", [])))
     return out
+
+
+_PG_TYPES: dict[str, Any] = {
+    "int8": int, "int4": int, "int2": int, "text": str, "bool": bool, "float8": float, "timestamptz": datetime,
+    "jsonb": Any, "bytea": bytes, "uuid": uuid.UUID, "numeric": Decimal, "void": None,
+}
+"""Python types of the PostgreSQL types a `-- returns:` header names (another type reads as Any)."""
+
+
+def _py_type(pg: str) -> Any:
+    if pg.endswith("[]"):
+        return list[_py_type(pg[:-2])]  # type: ignore[misc]
+    return _PG_TYPES.get(pg, Any)
+
+
+def _optional(t: Any) -> Any:
+    return None if t is None else Any if t is Any else t | None
+
+
+def _struct_name(name: str) -> str:
+    return "".join(part.title() for part in name.split("_")) + "Row"
+
+
+@cache
+def row_type(name: str) -> type[msgspec.Struct]:
+    """The row Struct of a named query, made once from its `-- returns:` header: frozen, kw_only,
+    one field per column in header order, named as the column, every field `T | None` (a header
+    does not say NOT NULL). array_like, so a Record decodes positionally (`msgspec.convert` of its
+    values, no dict per row): tests/test_sql_contracts.py proves PostgreSQL returns the header's
+    columns in the header's order. A row is for reading: map it to an API schema to send it.
+    KeyError for a query without a header or without result columns, or whose column names are
+    not Python identifiers (`?column?`)."""
+    spec = query_specs().get(name)
+    if spec is None or not spec.returns:
+        raise KeyError(f"query {name!r} declares no result columns (-- returns:)")
+    bad = [c.name for c in spec.returns if not c.name.isidentifier() or keyword.iskeyword(c.name)
+           or c.name.startswith("_")]
+    if bad:
+        raise KeyError(f"query {name!r} returns columns that are not field names: {bad}")
+    fields = [(c.name, _optional(_py_type(c.type))) for c in spec.returns]
+    return msgspec.defstruct(_struct_name(name), fields, frozen=True, kw_only=True, array_like=True,
+                             module=__name__)
+
+
+def _typed(name: str, records: list[asyncpg.Record]) -> list[Any]:
+    cls = row_type(name)
+    return [msgspec.convert(tuple(r.values()), cls) for r in records]
 
 
 def query_names() -> frozenset[str]:
@@ -316,6 +368,15 @@ class Session:
         rows = await _fetch(self.conn, name, args)
         return rows[0] if rows else None
 
+    async def rows(self, name: str, *args: Any) -> list[Any]:
+        """The query's rows as its row Struct (`row_type(name)`), read by attribute."""
+        return _typed(name, await _fetch(self.conn, name, args))
+
+    async def row(self, name: str, *args: Any) -> Any:
+        """The first row as the query's row Struct, or None when there is no row."""
+        rows = await _fetch(self.conn, name, args)
+        return _typed(name, rows[:1])[0] if rows else None
+
     async def fetchval(self, name: str, *args: Any) -> Any:
         """First column of the first row (None when no row)."""
         rows = await _fetch(self.conn, name, args)
@@ -447,6 +508,17 @@ class Database:
     async def fetchrow(self, name: str, *args: Any, conn: Conn | None = None) -> asyncpg.Record | None:
         rows = await _fetch(self._on(conn), name, args)
         return rows[0] if rows else None
+
+    async def rows(self, name: str, *args: Any, conn: Conn | None = None) -> list[Any]:
+        """The query's rows as its row Struct (`row_type(name)`: fields the `-- returns:` columns),
+        read by attribute (`row.status`), never by string key. Typed Any statically: the Struct is
+        made at run time from the header, and a test holds its fields to the header."""
+        return _typed(name, await _fetch(self._on(conn), name, args))
+
+    async def row(self, name: str, *args: Any, conn: Conn | None = None) -> Any:
+        """The first row as the query's row Struct, or None when there is no row."""
+        rows = await _fetch(self._on(conn), name, args)
+        return _typed(name, rows[:1])[0] if rows else None
 
     async def fetchval(self, name: str, *args: Any, conn: Conn | None = None) -> Any:
         """First column of the first row (None when no row)."""
