@@ -250,8 +250,6 @@ RECORD_ROW_OFFENDERS: dict[str, int] = {
     "fencepost.api.routes_runs": 10,
     "fencepost.api.routing": 1,
     "fencepost.api.stream": 1,
-    "fencepost.cli.reconcile": 1,
-    "fencepost.cli.scale": 1,
     "fencepost.client": 11,
     "fencepost.control": 7,
     "fencepost.dev.chaos": 11,

@@ -39,7 +39,7 @@ async def reconcile(settings: Settings, mode: str | None, queues: tuple[str, ...
         raise click.UsageError("give --check or --repair")
     stores = await Stores(settings, db_pool_size=2).connect()
     try:
-        names = list(queues) or [r["name"] for r in await stores.db.fetch("queue_epochs")]
+        names = list(queues) or [r.name for r in await stores.db.rows("queue_epochs")]
         if mode == "check":
             for q in await untrusted_queues(stores):
                 if q in names:

@@ -38,7 +38,7 @@ async def scale_hint(settings: Settings, queue: str, target_lag: float, window: 
     require_store("scale-hint")
     db = await Database(settings.database_url, min_size=1, max_size=1).connect()
     try:
-        if await db.fetchrow("queue_row", queue) is None:  # no replicas for a queue that does not exist
+        if await db.row("queue_row", queue) is None:  # no replicas for a queue that does not exist
             raise UnknownQueue(queue)
         try:
             h = await hint(db, queue, window_s=window, target_lag_s=target_lag, concurrency=concurrency,
