@@ -101,7 +101,7 @@ class Tokens:
                  fail_limit: int = 20, fail_window_s: int = 60) -> None:
         self.db = db
         self.cache_s = cache_s
-        self._cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._cache: dict[str, tuple[float, Any]] = {}
         self.redis, self.prefix = redis, prefix
         self.fail_limit, self.fail_window_s = fail_limit, max(1, fail_window_s)
 
@@ -137,22 +137,21 @@ class Tokens:
         digest = hash_secret(secret)
         now = time.monotonic()
         hit = self._cache.get(digest)
-        row: dict[str, Any] | None
+        row: Any  # the api_token_by_hash row Struct
         if hit is not None and hit[0] > now:
             row = hit[1]
         else:
-            rec = await self.db.fetchrow("api_token_by_hash", digest)
-            row = dict(rec) if rec is not None else None
-            if row is not None and row["revoked_at"] is None and not row["expired"] and not row["maker_ended"]:
-                await self.db.execute("api_token_touch", row["id"])
+            row = await self.db.row("api_token_by_hash", digest)
+            if row is not None and row.revoked_at is None and not row.expired and not row.maker_ended:
+                await self.db.execute("api_token_touch", row.id)
                 if len(self._cache) >= 10_000:
                     self._cache.pop(next(iter(self._cache)))  # the oldest entry, not every entry
                 self._cache[digest] = (now + self.cache_s, row)
-        if row is None or row["revoked_at"] is not None or row["expired"] or row["maker_ended"]:
+        if row is None or row.revoked_at is not None or row.expired or row.maker_ended:
             await self._throttled(addr)
             raise await self._failed(addr, "unknown, expired or revoked token (or the token that made it is)")
-        return Principal(id=row["id"], role=row["role"], queues=tuple(row["queues"] or ()), name=row["name"],
-                         addr=addr, expires_at=row["expires_at"])
+        return Principal(id=row.id, role=row.role, queues=tuple(row.queues or ()), name=row.name,
+                         addr=addr, expires_at=row.expires_at)
 
 
 class RateLimiter:

@@ -92,8 +92,8 @@ async def revoke_token_route(ctx: Ctx) -> Any:
     if not _digits(raw) or not 0 < int(raw) <= _BIGINT:
         raise InvalidInput(f"token id must be a positive integer, not {raw!r}", field="token_id")
     db, p = ctx.client.stores.db, ctx.p
-    found = await db.fetchrow("api_token_get", int(raw))
-    if found is None or (p.queues and not (found["queues"] and set(found["queues"]) <= set(p.queues))):
+    found = await db.row("api_token_get", int(raw))
+    if found is None or (p.queues and not (found.queues and set(found.queues) <= set(p.queues))):
         raise NotFound(f"no token with id {raw}", token_id=int(raw))  # another scope's token is not revealed
     row = await revoke_token(db, int(raw), p.actor, reason=_reason_q(ctx))
     if row is None:
@@ -135,18 +135,18 @@ async def _stats(ctx: Ctx, queue: str | None) -> S.Stats:
     span, step = _WINDOWS[window]
     now = time.time()
     first = int((now - span) // step + 1) * step
-    rows = await ctx.client.stores.db.fetch("queue_stats", queue, datetime.fromtimestamp(first, _UTC),
-                                            timedelta(seconds=step), ctx.p.scope)
-    by_t = {int(r["t"].timestamp()): r for r in rows}
+    rows = await ctx.client.stores.db.rows("queue_stats", queue, datetime.fromtimestamp(first, _UTC),
+                                           timedelta(seconds=step), ctx.p.scope)
+    by_t = {int(r.t.timestamp()): r for r in rows}
     points = []
     for t in range(first, int(now) + 1, step):
         r = by_t.get(t)
         if r is None:
             points.append(S.StatsPoint(t=datetime.fromtimestamp(t, _UTC)))
             continue
-        lag, run = list(r["lag_hist"]), list(r["run_hist"])
-        points.append(S.StatsPoint(t=r["t"], started=r["started"], succeeded=r["succeeded"], failed=r["failed"],
-                                   retried=r["retried"], lag_p50_ms=stats.percentile(lag, 0.5),
+        lag, run = list(r.lag_hist), list(r.run_hist)
+        points.append(S.StatsPoint(t=r.t, started=r.started, succeeded=r.succeeded, failed=r.failed,
+                                   retried=r.retried, lag_p50_ms=stats.percentile(lag, 0.5),
                                    lag_p95_ms=stats.percentile(lag, 0.95), run_p50_ms=stats.percentile(run, 0.5),
                                    run_p95_ms=stats.percentile(run, 0.95)))
     return S.Stats(queue=queue, window=window, step_s=step, points=points)  # type: ignore[arg-type]

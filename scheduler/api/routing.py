@@ -171,8 +171,8 @@ async def _run_for(ctx: Ctx, run_id: int, *, act: bool = False) -> dict[str, Any
         p.require(*READ)
     run = dict(await ctx.client.get(run_id))  # the record as a dict: _live overlays it
     if p.role == "producer":
-        row = await ctx.client.stores.db.fetchrow("api_submitted_by", run_id)
-        actor = (row["actor"] if row else None) or ""
+        row = await ctx.client.stores.db.row("api_submitted_by", run_id)
+        actor = (row.actor if row else None) or ""
         if actor != p.owner and not actor.startswith(p.owner + "@"):
             raise UnknownRun(run_id)  # a producer sees only its own runs; another's is as good as missing
     if not p.in_scope(run["queue"]):

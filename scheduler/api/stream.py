@@ -101,7 +101,7 @@ class Subscription:
 
 
 def _item(row: Any) -> Item:
-    d = {k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in dict(row).items()}
+    d = {k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in msgspec.structs.asdict(row).items()}
     event = msgspec.convert(d, S.Event)
     return Item(event.id, event.queue, event.type,
                 b"id: %d\nevent: fleet\ndata: %s\n\n" % (event.id, _enc.encode(event)))
@@ -158,20 +158,20 @@ class EventHub:
 
     async def look(self) -> list[Item]:
         """One look: the events recorded since the last one, oldest first (a GAP first if some were skipped)."""
-        rows = await self.db.fetch("events_recorded_since", self._cursor, self.lookback_s, self.batch)
+        rows = await self.db.rows("events_recorded_since", self._cursor, self.lookback_s, self.batch)
         self.looks += 1
         out: list[Item] = []
         if len(rows) == self.batch and self._cursor is not None \
-                and rows[-1]["recorded_at"] > self._cursor - timedelta(seconds=self.lookback_s):
+                and rows[-1].recorded_at > self._cursor - timedelta(seconds=self.lookback_s):
             out.append(GAP)  # the batch did not reach back to what the last look saw
         for row in reversed(rows):
-            key = (row["id"], row["run_id"])
+            key = (row.id, row.run_id)
             if key in self._seen:
                 continue
-            self._seen[key] = row["recorded_at"]
+            self._seen[key] = row.recorded_at
             out.append(_item(row))
-        if rows and (self._cursor is None or rows[0]["recorded_at"] > self._cursor):
-            self._cursor = rows[0]["recorded_at"]
+        if rows and (self._cursor is None or rows[0].recorded_at > self._cursor):
+            self._cursor = rows[0].recorded_at
         if self._cursor is not None:
             horizon = self._cursor - timedelta(seconds=self.lookback_s)
             self._seen = {k: v for k, v in self._seen.items() if v >= horizon}
