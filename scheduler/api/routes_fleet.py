@@ -71,7 +71,7 @@ async def me(ctx: Ctx) -> Any:
 # -- tokens ------------------------------------------------------------------------------------
 async def list_tokens(ctx: Ctx) -> Any:
     """Every token for an unscoped admin; a scoped admin sees the tokens within its queues."""
-    return [_row(r, S.Token) for r in await ctx.client.stores.db.fetch("api_token_list_scoped", ctx.p.scope)]
+    return [_row(r, S.Token) for r in await ctx.client.stores.db.rows("api_token_list_scoped", ctx.p.scope)]
 
 
 async def add_token(ctx: Ctx) -> Any:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 from starlette.responses import Response
 
 from fencepost.api import schemas as S
@@ -221,12 +222,10 @@ async def run_events(ctx: Ctx) -> Any:
 async def run_checkpoint(ctx: Ctx) -> Any:
     run_id = ctx.run_id()
     await _run_for(ctx, run_id)
-    row = await ctx.client.stores.db.fetchrow("get_checkpoint", run_id)
-    if row is None or row["state"] is None:
+    row = await ctx.client.stores.db.row("get_checkpoint", run_id)
+    if row is None or row.state is None:
         return _json(None)
-    d = dict(row)
-    d["state"] = decode_result(d["state"])
-    return _row(d, S.Checkpoint)
+    return _row(msgspec.structs.replace(row, state=decode_result(row.state)), S.Checkpoint)
 
 
 async def fleet_events(ctx: Ctx) -> Any:
@@ -305,17 +304,17 @@ async def bulk(ctx: Ctx) -> Any:
 async def list_queues(ctx: Ctx) -> Any:
     p = ctx.p
     window = ctx.q_int("window", 300, 10, 86400)
-    rows = await ctx.client.stores.db.fetch("api_queue_figures", float(window), p.scope)
+    rows = await ctx.client.stores.db.rows("api_queue_figures", float(window), p.scope)
     now = time.time()
     out = []
     for row in rows:
-        due, age = await due_summary(ctx.client.stores, row["queue"], now=now)
-        depth = await hotreads.queue_depth(ctx.client.stores.redis, ctx.client.stores.keys(row["queue"]))
-        out.append(S.QueueStats(queue=row["queue"], paused=row["paused"], due=due, delayed=depth.delayed,
+        due, age = await due_summary(ctx.client.stores, row.queue, now=now)
+        depth = await hotreads.queue_depth(ctx.client.stores.redis, ctx.client.stores.keys(row.queue))
+        out.append(S.QueueStats(queue=row.queue, paused=row.paused, due=due, delayed=depth.delayed,
                                 active=depth.active,
-                                oldest_due_age_s=round(age, 3), finished_last_window=row["finished"],
-                                throughput_per_min=round(row["finished"] * 60 / window, 3),
-                                schedule_lag_s=None if row["lag_s"] is None else round(float(row["lag_s"]), 3),
+                                oldest_due_age_s=round(age, 3), finished_last_window=row.finished,
+                                throughput_per_min=round(row.finished * 60 / window, 3),
+                                schedule_lag_s=None if row.lag_s is None else round(float(row.lag_s), 3),
                                 window_s=window))
     return out
 

@@ -160,7 +160,9 @@ def _json(obj: Any, status: int = 200) -> Response:
 
 
 def _row(row: Any, typ: type) -> Any:
-    d = {k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in dict(row).items()}
+    """A row (a record gateway row Struct, a Record or a dict) as an API schema; uuids as text."""
+    items = msgspec.structs.asdict(row) if isinstance(row, msgspec.Struct) else dict(row)
+    d = {k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in items.items()}
     return msgspec.convert(d, typ)
 
 
