@@ -245,7 +245,7 @@ RECORD_ROW_OFFENDERS: dict[str, int] = {
     "fencepost.api.bulk": 7,
     "fencepost.api.routes_fleet": 1,
     "fencepost.api.routes_flows": 2,
-    "fencepost.api.routes_ops": 15,
+    "fencepost.api.routes_ops": 13,
     "fencepost.api.routes_runs": 8,
     "fencepost.client": 11,
     "fencepost.control": 7,

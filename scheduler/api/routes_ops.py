@@ -504,20 +504,20 @@ async def queues_ops(ctx: Ctx) -> Any:
     the queue-wide concurrency limit, and the workers serving it with their busy slots. The queues are
     read at once (their Redis round trips overlap): one after the other they were 50 ms at 1M runs."""
     stores, p = ctx.client.stores, ctx.p
-    rows, workers = await asyncio.gather(stores.db.fetch("ops_queue_rows", p.scope), fleet.list_workers(stores))
+    rows, workers = await asyncio.gather(stores.db.rows("ops_queue_rows", p.scope), fleet.list_workers(stores))
     now = time.time()
 
     async def one(row: Any) -> QueueOps:
-        name = row["name"]
+        name = row.name
         (due, age), backlog = await asyncio.gather(
             fairness.due_summary(stores, name, now=now),
             hotreads.queue_backlog(stores.redis, stores.keys(name), int(now * 1000)))
         serving = [QueueWorker(id=w.id, host=w.host, busy=sum(1 for r in w.running if r.queue == name),
                                held=len(w.running), concurrency=w.concurrency, stopping=w.stop_requested is not None)
                    for w in workers if name in w.queues]
-        return QueueOps(queue=name, paused=row["paused"], due=due, overdue=backlog.overdue,
+        return QueueOps(queue=name, paused=row.paused, due=due, overdue=backlog.overdue,
                         scheduled=backlog.scheduled, running=backlog.active,
-                        latency_s=round(age, 3), max_running=row["max_running"], workers=serving,
+                        latency_s=round(age, 3), max_running=row.max_running, workers=serving,
                         slots=sum(w.concurrency for w in serving))
 
     return list(await asyncio.gather(*(one(row) for row in rows)))  # the queues' round trips overlap
@@ -579,8 +579,8 @@ async def handler_stats(ctx: Ctx) -> Any:
         end = _ts((int(now) - _SETTLE_S) // _BUCKET_S * _BUCKET_S)
         if end > since:
             await db.fetch("ops_handler_rollup", since, end, _ts(now - _GIVE_UP_S))
-            row = await db.fetchrow("ops_handler_live_from", since, end)
-            live_from = row["live_from"] if row is not None else since
+            row = await db.row("ops_handler_live_from", since, end)
+            live_from = row.live_from if row is not None else since
     every = timedelta(seconds=step if handler is not None else span)  # totals only: one step, not the chart's
     rows = list(await db.fetch("ops_handler_live", live_from, every, scope, queue))
     if live_from > since:
