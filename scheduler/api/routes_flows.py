@@ -53,7 +53,7 @@ async def list_schedules(ctx: Ctx) -> Any:
     """Schedules by name in the caller's scope, a page at a time (`cursor`: X-Next-Cursor)."""
     key = cursors.decode("schedules", ctx.q("cursor")) or [None]
     limit = ctx.q_int("limit", 100, 1, 1000)
-    rows = await ctx.client.stores.db.fetch("schedule_page_scoped", limit, ctx.p.scope, *key)
+    rows = await ctx.client.stores.db.rows("schedule_page_scoped", limit, ctx.p.scope, *key)
     return _page(rows, limit, "schedules", S.Schedule, convert=_schedule)
 
 
@@ -135,7 +135,7 @@ async def list_workflows(ctx: Ctx) -> Any:
     key = cursors.decode("workflows", ctx.q("cursor"))
     limit = ctx.q_int("limit", 50, 1, 1000)
     at, wid = (None, None) if key is None else (key[0], _cursor_uuid(key[1]))
-    rows = await ctx.client.stores.db.fetch("api_list_workflows_scoped", limit, ctx.p.scope, at, wid)
+    rows = await ctx.client.stores.db.rows("api_list_workflows_scoped", limit, ctx.p.scope, at, wid)
     return _page(rows, limit, "workflows", S.WorkflowSummary)
 
 

@@ -215,7 +215,7 @@ async def run_events(ctx: Ctx) -> Any:
     key = cursors.decode("run_events", ctx.q("cursor")) or [None, None, None]
     limit = ctx.q_int("limit", 1000, 1, 1000)
     await _run_for(ctx, run_id)
-    rows = await ctx.client.stores.db.fetch("run_events_page", run_id, limit, *key)
+    rows = await ctx.client.stores.db.rows("run_events_page", run_id, limit, *key)
     return _page(rows, limit, "run_events", S.Event, {"run_id": run_id})
 
 
@@ -233,8 +233,8 @@ async def fleet_events(ctx: Ctx) -> Any:
     since = ctx.q_time("since") or datetime.now(_UTC) - timedelta(hours=1)
     key = cursors.decode("events", ctx.q("cursor")) or [None, None, None, None]
     limit = ctx.q_int("limit", 100, 1, 1000)
-    rows = await ctx.client.stores.db.fetch("fleet_events_page", since, _q_text(ctx, "type"), ctx.q_queue(), limit,
-                                            ctx.p.scope, *key)
+    rows = await ctx.client.stores.db.rows("fleet_events_page", since, _q_text(ctx, "type"), ctx.q_queue(), limit,
+                                           ctx.p.scope, *key)
     return _page(rows, limit, "events", S.Event)
 
 
@@ -326,7 +326,7 @@ async def _dead_or_review(ctx: Ctx, review: bool) -> Response:
     kind = "review" if review else "dead"
     raw = ctx.q("cursor")
     at, rid = _legacy_cursor(raw) or cursors.decode(kind, raw) or [None, None]
-    rows = await ctx.client.stores.db.fetch("api_dead_letter_page", ctx.q_queue(), ctx.p.scope, limit, at, rid, review)
+    rows = await ctx.client.stores.db.rows("api_dead_letter_page", ctx.q_queue(), ctx.p.scope, limit, at, rid, review)
     return _page(rows, limit, kind, S.RunSummary, {"status": "FAILED", "reason": "review"} if review else None)
 
 

@@ -279,7 +279,8 @@ def _page(rows: list[Any], limit: int, kind: str, typ: type, extra: dict[str, An
           convert: Callable[[dict[str, Any]], Any] | None = None) -> Response:
     """A page of a listing; when it is full, X-Next-Cursor is the key of its last row (fencepost.core.cursors):
     sent back as `cursor`, the next page starts right after it."""
-    items = [convert(dict(r)) if convert else _row({**dict(r), **(extra or {})}, typ) for r in rows]
+    dicts = (msgspec.structs.asdict(r) if isinstance(r, msgspec.Struct) else dict(r) for r in rows)
+    items = [convert(d) if convert else _row({**d, **(extra or {})}, typ) for d in dicts]
     headers = {}
     nxt = cursors.after(kind, rows, limit)
     if nxt is not None:
