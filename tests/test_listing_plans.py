@@ -35,13 +35,15 @@ def _record_statements(api: Api, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
     """The named queries the app sends from now on, with their arguments."""
     db = api.app.state.api.client.stores.db
     sent: list[tuple[str, tuple[Any, ...]]] = []
-    fetch = db.fetch
 
-    async def recording(name: str, *args: Any, **kw: Any) -> Any:
-        sent.append((name, args))
-        return await fetch(name, *args, **kw)
+    def recording(read: Any) -> Any:
+        async def recorded(name: str, *args: Any, **kw: Any) -> Any:
+            sent.append((name, args))
+            return await read(name, *args, **kw)
+        return recorded
 
-    monkeypatch.setattr(db, "fetch", recording)
+    for method in ("fetch", "rows"):  # a page of untyped Records or of typed rows
+        monkeypatch.setattr(db, method, recording(getattr(db, method)))
     return sent
 
 
