@@ -37,8 +37,10 @@ _SQL_LOWER = re.compile(
     r"^\s*(?:select\s+[\s\S]+?\s+from\s+\w+|select\s+\d|insert\s+into\s+\w+|update\s+\w+\s+set\s"
     r"|delete\s+from\s+\w+|(?:create|alter|drop)\s+(?:table|database|index|function)\s+\w+)",
 )
-_QUERY_METHODS = {"fetch", "fetchrow", "fetchval", "execute", "executemany"}
-"""Gateway methods whose first argument is a query name (asyncpg's take SQL there)."""
+_QUERY_METHODS = {"fetch", "fetchrow", "fetchval", "execute", "executemany", "rows"}
+"""Gateway methods whose first argument is a query name (asyncpg's take SQL there). `rows` is the typed
+read (core/record.row_type); its single-row twin `row` is left out: local helpers above the core take
+that name too."""
 _RAW_METHODS = {"copy_from_table", "copy_to_table", "copy_records_to_table", "copy_from_query", "add_listener",
                 "remove_listener", "set_type_codec", "executemany"}
 """asyncpg connection methods the gateway wraps (COPY, LISTEN...): callers use Session / Database."""
