@@ -10,6 +10,8 @@ reads) may go once more on a fresh connection: `read_twice`."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -17,7 +19,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError
+from redis.exceptions import DataError, MaxConnectionsError
 
 try:
     import hiredis
@@ -32,8 +34,8 @@ checkpoint in one instant) waits for a free connection: redis-py 8's plain pool 
 raises MaxConnectionsError past it, which a lease renewal or a claim caught in the burst would take
 for Redis being down (tests/test_connection_bursts.py)."""
 POOL_WAIT_S = 20.0
-"""How long a command waits for a free connection before it fails as unavailable. The hot path's own
-waits are shorter and bound it first (a renewal's deadline, a claim's deadline on the server clock)."""
+"""How long a command waits for a free connection before it fails (MaxConnectionsError). The hot path's
+own waits are shorter and bound it first (a renewal's deadline, a claim's deadline on the server clock)."""
 
 T = TypeVar("T")
 
@@ -50,6 +52,36 @@ class _HiredisPackedConnection(aioredis.Connection):
             return [hiredis.pack_command(args)]
         except TypeError as exc:
             raise DataError(str(exc)) from None
+
+
+class _WaitingPool(aioredis.ConnectionPool):
+    """redis-py's plain pool, whose fast path stays as it is (redis-py's BlockingConnectionPool wraps
+    every checkout in a timed wait: +20 us of worker CPU per job, bench/throughput.py), except that a
+    command finding all POOL_MAX connections in use waits, up to POOL_WAIT_S, for one to come back
+    instead of raising MaxConnectionsError."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._returned = asyncio.Event()
+
+    async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
+        deadline = time.monotonic() + POOL_WAIT_S
+        while True:
+            try:
+                return await super().get_connection(command_name, *keys, **options)  # type: ignore[no-untyped-call]
+            except MaxConnectionsError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                self._returned.clear()
+                try:
+                    await asyncio.wait_for(self._returned.wait(), left)
+                except TimeoutError:
+                    pass
+
+    async def release(self, connection: Any) -> None:
+        await super().release(connection)
+        self._returned.set()
 
 
 def register_scheme(scheme: str, factory: Callable[..., aioredis.Redis]) -> None:
@@ -82,7 +114,6 @@ def connect(url: str, **kwargs: Any) -> aioredis.Redis:
     if hiredis is not None and url.startswith("redis://"):
         kwargs.setdefault("connection_class", _HiredisPackedConnection)
     kwargs.setdefault("max_connections", POOL_MAX)
-    kwargs.setdefault("timeout", POOL_WAIT_S)
-    client = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(url, **kwargs))
+    client = aioredis.Redis(connection_pool=_WaitingPool.from_url(url, **kwargs))
     client.auto_close_connection_pool = True  # closed with the client, as Redis.from_url's pool is
     return client
