@@ -64,11 +64,11 @@ class _WaitingPool(aioredis.ConnectionPool):
         super().__init__(*args, **kwargs)
         self._returned = asyncio.Event()
 
-    async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
+    async def get_connection(self, *args: Any, **options: Any) -> Any:
         deadline = time.monotonic() + POOL_WAIT_S
         while True:
             try:
-                return await super().get_connection(command_name, *keys, **options)  # type: ignore[no-untyped-call]
+                return await super().get_connection(*args, **options)  # type: ignore[no-untyped-call]
             except MaxConnectionsError:
                 left = deadline - time.monotonic()
                 if left <= 0:
