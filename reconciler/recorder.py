@@ -56,8 +56,14 @@ def _ts(ms: Any) -> datetime:
 
 
 _EVENT_COLUMNS = ("run_id", "type", "from_status", "to_status", "version", "attempt", "token", "worker_id", "reason",
-                  "error_class", "error_message", "at", "stream", "stream_id", "actor")
-"""The event row as COPY writes it (the positions of insert_events_json, `at` a timestamp)."""
+                  "error_class", "error_message", "at", "stream", "stream_id", "actor", "queue")
+"""The event row as COPY writes it (the positions of insert_events_json, `at` a timestamp). `queue` is
+the stream's: each queue has its own stream, so the entry needs no field for it (047)."""
+
+
+def _queue_of(stream: str) -> str:
+    """The queue whose events stream this is: the stream key's hash tag (every key of a queue shares it)."""
+    return stream[stream.index("{") + 1: stream.index("}")]
 
 
 _TEXT_FIELDS = frozenset({b"actor", b"reason", b"error", b"error_class", b"worker"})
@@ -85,9 +91,9 @@ _LAG_HIST, _RUN_HIST = 6, 7
 """rollup_minutes' row: queue, minute, the four counts, the start-lag and run-time histograms."""
 
 _A_TOKEN, _A_WORKER, _A_STARTED, _A_FINISHED, _A_OUTCOME, _A_ERROR_CLASS, _A_ERROR, _A_CLAIM_V, _A_CLAIM_SID, \
-    _A_FTYPE, _A_FFROM, _A_FTO, _A_FV, _A_FSID, _A_REASON = range(2, 17)
-"""Slots of an attempt row (after run id and attempt): apply_attempts' parameters $1-$17, in order."""
-_ATTEMPT_WIDTH = 17
+    _A_FTYPE, _A_FFROM, _A_FTO, _A_FV, _A_FSID, _A_REASON, _A_QUEUE = range(2, 18)
+"""Slots of an attempt row (after run id and attempt): apply_attempts' parameters $1-$18, in order."""
+_ATTEMPT_WIDTH = 18
 
 _FINISHES = frozenset({b"succeeded", b"failed", b"timed_out", b"paused", b"cancelled", b"stopped", b"released"})
 """Entry types a worker's finish (finish_runs.lua, release_runs.lua) writes when it closes its attempt.
@@ -131,7 +137,11 @@ def _rows(entries: list[Entry], at_of: dict[bytes, datetime]) -> list[tuple[Any,
     per ts value into `at_of`: the entries of one script call share their ts). The statements and
     `_fold` reuse these rows: no entry is parsed twice."""
     rows = []
+    queues: dict[str, str] = {}  # a batch comes from a few streams: each one's queue parsed once
     for stream, entry_id, f in entries:
+        queue = queues.get(stream)
+        if queue is None:
+            queue = queues[stream] = _queue_of(stream)
         g = f.get
         a, t, w, r = g(b"attempt"), g(b"token"), g(b"worker"), g(b"reason") or g(b"outcome")
         ec, em, actor = g(b"error_class"), g(b"error"), g(b"actor")
@@ -144,7 +154,7 @@ def _rows(entries: list[Entry], at_of: dict[bytes, datetime]) -> list[tuple[Any,
                      int(a) if a else None, int(t) if t else None, w.decode() if w else None,
                      r.decode() if r else None, ec.decode() if ec else None,
                      em.decode(errors="replace") if em else None, at, stream,
-                     (int(ms) << 20) | int(seq), actor.decode() if actor else None))
+                     (int(ms) << 20) | int(seq), actor.decode() if actor else None, queue))
     return rows
 
 
@@ -233,7 +243,7 @@ class _Fold:
         if a is None or b"token" not in f or b"worker" not in f:
             raise KeyError(f"claim of run {run_id} without attempt, token or worker")
         self.atts[(run_id, a)] = [run_id, a, p[_R_TOKEN], p[_R_WORKER], at, None, None, None, None,
-                                  row[4], row[13], None, None, None, None, None, None]
+                                  row[4], row[13], None, None, None, None, None, None, row[15]]
         self.unstarted.discard((run_id, a))
 
     def close(self, row: tuple[Any, ...], f: dict[bytes, bytes], folded: bool, outcome: bytes) -> None:
@@ -250,7 +260,8 @@ class _Fold:
                 begun_at = None
                 self.unstarted.add((run_id, a))
             att = self.atts[(run_id, a)] = [run_id, a, int(f[b"token"]), f[b"worker"].decode(), begun_at,
-                                            None, None, None, None, None, None, None, None, None, None, None, None]
+                                            None, None, None, None, None, None, None, None, None, None, None, None,
+                                            row[15]]
         att[_A_FINISHED] = row[11]
         att[_A_OUTCOME] = outcome.decode()
         att[_A_ERROR_CLASS] = f[b"error_class"].decode() if b"error_class" in f else None
@@ -259,13 +270,13 @@ class _Fold:
             att[_A_FTYPE], att[_A_FFROM], att[_A_FTO], att[_A_FV], att[_A_FSID], att[_A_REASON] = (
                 row[1], row[2], row[3], row[4], row[13], row[8])
 
-    def count(self, stream: str, row: tuple[Any, ...], f: dict[bytes, bytes], kind: str) -> None:
+    def count(self, row: tuple[Any, ...], f: dict[bytes, bytes], kind: str) -> None:
         """The dashboard's per-minute counts and histograms (stats.BOUNDS_MS buckets): a start counts
         its lag behind the due time, a success or failure its run time (from the batch's claim, else
         the entry's `started`, else left to PostgreSQL: `looked`)."""
         run_id, a = row[0], row[5]
         t = int(f[b"ts"])
-        queue = stream[stream.index("{") + 1: stream.index("}")]
+        queue = row[15]
         grp = self.groups.get((queue, t // 60_000))
         if grp is None:
             grp = self.groups[(queue, t // 60_000)] = [queue, _ts(t - t % 60_000), 0, 0, 0, 0,
@@ -369,7 +380,7 @@ class Recorder:
             self._stream_failed(self.stores.queues_key, exc)
         if time.monotonic() - self._pg_queues_at >= self.queues_every_s:
             try:
-                self._pg_queues = {r["name"] for r in await self.stores.db.fetch("queue_epochs")}
+                self._pg_queues = {r.name for r in await self.stores.db.rows("queue_epochs")}
                 self._pg_queues_at = time.monotonic()
             except Exception as exc:  # PostgreSQL down: record what Redis lists; the batch's write will wait
                 log.debug("queue list from PostgreSQL unavailable: %s", exc)
@@ -487,12 +498,12 @@ class Recorder:
         stream, entry_id, fields = entry
         run = int(fields.get(b"run", b"0") or 0)
         if getattr(exc, "sqlstate", None) == "23514" and run:  # check_violation: a row an older version stored?
-            fixed = await self.stores.db.fetch("quarantine_run_values", [run], "recorder")
+            fixed = await self.stores.db.rows("quarantine_run_values", [run], "recorder")
             if fixed:  # its values put back inside the bounds (sql/017_quarantine_any_row.sql): record it now
                 QUARANTINED.labels("recorder", "run_value").inc()
                 log.error("run %s had values an older version stored outside the bounds (timeout_s %s, max_retries "
-                          "%s); put back inside them so its history can be recorded", run, fixed[0]["timeout_s"],
-                          fixed[0]["max_retries"], extra={"event": "run_values_quarantined", "run_id": run})
+                          "%s); put back inside them so its history can be recorded", run, fixed[0].timeout_s,
+                          fixed[0].max_retries, extra={"event": "run_values_quarantined", "run_id": run})
                 try:
                     await self._record([entry])
                     return
@@ -639,9 +650,9 @@ class Recorder:
         if first:
             keys = list(first)
             await tx.fetchval("lock_transitions", sorted({k[0] for k in keys}))  # replicas one at a time per run
-            for r in await tx.fetch("recorded_transitions", [k[0] for k in keys], [k[1] for k in keys],
-                                    [k[2] for k in keys]):
-                out.add(first[(r["run_id"], r["type"], r["version"])])
+            for r in await tx.rows("recorded_transitions", [k[0] for k in keys], [k[1] for k in keys],
+                                   [k[2] for k in keys]):
+                out.add(first[(r.run_id, r.type, r.version)])
         return out
 
     async def _unrecorded(self, tx: Any, entries: list[Entry],
@@ -651,11 +662,11 @@ class Recorder:
         not have (`repeated`: transitions it holds already), and return the (stream, stream id) of every
         entry not recorded before (None: all of them). An attempt's claim or finish is recorded when its
         attempt row holds that entry's stream id."""
-        written = await tx.fetch("insert_events_json", _json.encode(
+        written = await tx.rows("insert_events_json", _json.encode(
             [(*row[:11], int(f[b"ts"]), *row[12:])
              for i, (row, (_, _, f), fold) in enumerate(zip(rows, entries, folded, strict=True))
              if not fold and i not in repeated]).decode())
-        return await self._add_folded(tx, entries, rows, folded, {(r["stream"], r["stream_id"]) for r in written})
+        return await self._add_folded(tx, entries, rows, folded, {(r.stream, r.stream_id) for r in written})
 
     async def _add_folded(self, tx: Any, entries: list[Entry],
                           rows: Sequence[tuple[Any, ...]], folded: Sequence[bool],
@@ -664,10 +675,10 @@ class Recorder:
         runs = sorted({row[0] for row, fold in zip(rows, folded, strict=True) if fold})
         if runs:
             have: set[tuple[int, int | None, int]] = set()
-            for r in await tx.fetch("recorded_attempt_entries", runs):
-                for sid in (r["claim_stream_id"], r["finish_stream_id"]):
+            for r in await tx.rows("recorded_attempt_entries", runs):
+                for sid in (r.claim_stream_id, r.finish_stream_id):
                     if sid is not None:
-                        have.add((r["run_id"], r["attempt"], sid))
+                        have.add((r.run_id, r.attempt, sid))
             for row, (stream, _, _), fold in zip(rows, entries, folded, strict=True):
                 if fold and (row[0], row[5], row[13]) not in have:
                     new.add((stream, row[13]))
@@ -696,7 +707,7 @@ class Recorder:
                 close(row, f, in_row, outcome)
             kind = kinds.get(typ)
             if kind is not None:
-                count(stream, row, f, kind)
+                count(row, f, kind)
         # From every entry, not only fresh ones: a replayed batch was committed by the pass that died
         # before acknowledging it, and its finished runs still need their hashes to expire.
         self._versions = {row[0]: (row[12], row[4], row[3]) for row in rows}
@@ -716,7 +727,7 @@ class Recorder:
             typ = row[1]
             types[typ] = types.get(typ, 0) + 1
             if typ == "claimed":
-                queue = stream[stream.index("{") + 1: stream.index("}")]
+                queue = row[15]
                 ts = int(f[b"ts"])
                 due = f.get(b"due")
                 if due:
@@ -746,6 +757,6 @@ class Recorder:
                 finished.setdefault(stream, []).append(Versioned(rid, version))
         ttl = TtlArgs(self.stores.settings.terminal_ttl_s * 1000)
         for stream, runs_done in finished.items():  # before the ack: a crash in between replays the batch
-            queue = stream[stream.index("{") + 1: stream.index("}")]
+            queue = _queue_of(stream)
             await self.stores.scripts.expire_finished(self.stores.keys(queue), ttl, runs_done)
         await self.streams.acknowledge(by_stream)  # and trims what is recorded off each stream

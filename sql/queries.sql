@@ -234,7 +234,7 @@ WHERE r.id = u.id AND r.version < u.version;
 -- params: run_id int8[], attempt int4[], token int8[], worker_id text[], started_at timestamptz[],
 -- params: finished_at timestamptz[], outcome text[], error_class text[], error_message text[],
 -- params: claim_version int8[], claim_stream_id int8[], finish_type text[], finish_from text[],
--- params: finish_to text[], finish_version int8[], finish_stream_id int8[], reason text[]
+-- params: finish_to text[], finish_version int8[], finish_stream_id int8[], reason text[], queue text[]
 -- returns: nothing
 -- One row per attempt, one statement per batch, each attempt's row found by its whole key
 -- (run_id, attempt, started_at): every closing transition the recorder writes this way carries its
@@ -247,16 +247,17 @@ WHERE r.id = u.id AND r.version < u.version;
 -- not have (a batch recorded already) changes nothing: the statement's count tells the recorder.
 -- Closes whose start is not known, and the rows of a late batch, go to apply_attempts_by_run.
 -- $1-$9 run, attempt, token, worker, started, finished, outcome, error class, error message;
--- $10-$16 claim version, claim stream id, finish type / from / to / version / stream id; $17 reason.
+-- $10-$16 claim version, claim stream id, finish type / from / to / version / stream id; $17 reason;
+-- $18 the queue (the stream's the entry came from, 047: a queue's history reads its own rows).
 INSERT INTO attempts AS a (run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class,
                            error_message, claim_version, claim_stream_id, finish_type, finish_from, finish_to,
-                           finish_version, finish_stream_id, reason)
+                           finish_version, finish_stream_id, reason, queue)
 SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::text[], $5::timestamptz[],
                      $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::bigint[], $11::bigint[],
-                     $12::text[], $13::text[], $14::text[], $15::bigint[], $16::bigint[], $17::text[])
+                     $12::text[], $13::text[], $14::text[], $15::bigint[], $16::bigint[], $17::text[], $18::text[])
     AS u(run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message,
          claim_version, claim_stream_id, finish_type, finish_from, finish_to, finish_version, finish_stream_id,
-         reason)
+         reason, queue)
 ORDER BY 1, 2
 ON CONFLICT (run_id, attempt, started_at) DO UPDATE SET
     finished_at = COALESCE(excluded.finished_at, a.finished_at),
@@ -271,6 +272,7 @@ ON CONFLICT (run_id, attempt, started_at) DO UPDATE SET
     finish_version = COALESCE(excluded.finish_version, a.finish_version),
     finish_stream_id = COALESCE(excluded.finish_stream_id, a.finish_stream_id),
     reason = COALESCE(excluded.reason, a.reason),
+    queue = COALESCE(a.queue, excluded.queue),
     recorded_at = now()
 WHERE (a.claim_stream_id IS NULL AND excluded.claim_stream_id IS NOT NULL)
    OR (a.finished_at IS NULL AND excluded.finished_at IS NOT NULL);
@@ -279,7 +281,7 @@ WHERE (a.claim_stream_id IS NULL AND excluded.claim_stream_id IS NOT NULL)
 -- params: run_id int8[], attempt int4[], token int8[], worker_id text[], started_at timestamptz[],
 -- params: finished_at timestamptz[], outcome text[], error_class text[], error_message text[],
 -- params: claim_version int8[], claim_stream_id int8[], finish_type text[], finish_from text[],
--- params: finish_to text[], finish_version int8[], finish_stream_id int8[], reason text[]
+-- params: finish_to text[], finish_version int8[], finish_stream_id int8[], reason text[], queue text[]
 -- returns: nothing
 -- apply_attempts for the rows whose attempt row cannot be found by its whole key: closes that do not
 -- carry their attempt's start (a lease expiry, a release at shutdown, a run whose Redis hash was
@@ -292,10 +294,11 @@ WHERE (a.claim_stream_id IS NULL AND excluded.claim_stream_id IS NOT NULL)
 WITH input AS (
     SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::text[], $5::timestamptz[],
                          $6::timestamptz[], $7::text[], $8::text[], $9::text[], $10::bigint[], $11::bigint[],
-                         $12::text[], $13::text[], $14::text[], $15::bigint[], $16::bigint[], $17::text[])
+                         $12::text[], $13::text[], $14::text[], $15::bigint[], $16::bigint[], $17::text[],
+                         $18::text[])
         AS u(run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class, error_message,
              claim_version, claim_stream_id, finish_type, finish_from, finish_to, finish_version, finish_stream_id,
-             reason)
+             reason, queue)
     ORDER BY 1, 2
 ), found AS (
     SELECT a.run_id, a.attempt FROM attempts a JOIN input i ON a.run_id = i.run_id AND a.attempt = i.attempt
@@ -314,6 +317,7 @@ WITH input AS (
         finish_version = COALESCE(i.finish_version, a.finish_version),
         finish_stream_id = COALESCE(i.finish_stream_id, a.finish_stream_id),
         reason = COALESCE(i.reason, a.reason),
+        queue = COALESCE(a.queue, i.queue),
         recorded_at = now()
     FROM input i WHERE a.run_id = i.run_id AND a.attempt = i.attempt
       AND ((a.claim_stream_id IS NULL AND i.claim_stream_id IS NOT NULL)   -- what the row does not have yet
@@ -321,10 +325,10 @@ WITH input AS (
 )
 INSERT INTO attempts AS a (run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class,
                            error_message, claim_version, claim_stream_id, finish_type, finish_from, finish_to,
-                           finish_version, finish_stream_id, reason)
+                           finish_version, finish_stream_id, reason, queue)
 SELECT run_id, attempt, token, worker_id, COALESCE(started_at, finished_at), finished_at, outcome, error_class,
        error_message, claim_version, claim_stream_id, finish_type, finish_from, finish_to, finish_version,
-       finish_stream_id, reason
+       finish_stream_id, reason, queue
 FROM input i WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.run_id = i.run_id AND f.attempt = i.attempt)
 ON CONFLICT (run_id, attempt, started_at) DO NOTHING;
 
@@ -367,12 +371,12 @@ UPDATE runs SET outbox = false WHERE id = ANY($1::bigint[]) AND outbox;
 -- The recorder's events, as one jsonb array of arrays (decoded once by PostgreSQL instead
 -- of 15 typed arrays encoded element by element in Python). Positions: run, type, from,
 -- to, version, attempt, token, worker, reason, error class, error, ts (ms), stream,
--- stream id, actor. `at` is derived from the entry's ts only, so a redelivered entry hits
+-- stream id, actor, queue (the stream's, 047). `at` is derived from the entry's ts only, so a redelivered entry hits
 -- the (stream, stream_id, at) key (events are partitioned by `at`) and is skipped.
 INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, worker_id,
-                    reason, error_class, error_message, at, stream, stream_id, actor)
+                    reason, error_class, error_message, at, stream, stream_id, actor, queue)
 SELECT (e->>0)::bigint, e->>1, e->>2, e->>3, (e->>4)::bigint, (e->>5)::integer, (e->>6)::bigint, e->>7,
-       e->>8, e->>9, e->>10, to_timestamp((e->>11)::bigint / 1000.0), e->>12, (e->>13)::bigint, e->>14
+       e->>8, e->>9, e->>10, to_timestamp((e->>11)::bigint / 1000.0), e->>12, (e->>13)::bigint, e->>14, e->>15
 FROM jsonb_array_elements($1::jsonb) AS e
 ON CONFLICT (stream, stream_id, at) WHERE stream_id IS NOT NULL DO NOTHING
 RETURNING stream, stream_id;
