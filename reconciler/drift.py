@@ -99,7 +99,9 @@ class Drift:
     detail: str
     seen_version: str = ""
     """The hash's version field as read (compare-and-set for the Redis repairs)."""
-    pg: dict[str, Any] | None = None
+    pg: Any = None
+    """The run's PostgreSQL row as read (a drift_runs_brief or, once restored, a drift_runs row;
+    None: none read)."""
     hot: Inspected | None = None
     """The run's hash as repair_inspect read it (None: not read, or no hash)."""
 
@@ -147,7 +149,7 @@ class DriftRepair:
         for i in range(0, len(ids), INSPECT_BATCH):  # bounded time inside Redis per call
             seen += await self.stores.scripts.repair_inspect(self.stores.keys(queue), ids[i:i + INSPECT_BATCH])
         grace = self.grace_s if grace_s is None else grace_s
-        rows = {r["id"]: dict(r) for r in await self.stores.db.fetch("drift_runs_brief", ids, float(grace))}
+        rows = {r.id: r for r in await self.stores.db.rows("drift_runs_brief", ids, float(grace))}
         out: list[Drift] = []
         for rid, f in zip(ids, seen):
             members = [n for n in ("due", "delayed", "active") if getattr(f, n)]
@@ -157,19 +159,20 @@ class DriftRepair:
         return out
 
     def _classify(self, queue: str, rid: int, h: Inspected | None, members: list[str],
-                  p: dict[str, Any] | None, rebuild: bool) -> Drift | None:
-        settled = p is not None and (p["settled"] or rebuild)
+                  p: Any, rebuild: bool) -> Drift | None:
+        """`p`: the run's drift_runs_brief row (None: PostgreSQL has no row for it)."""
+        settled = p is not None and (p.settled or rebuild)
         if h is None:
-            if p is not None and p["queue"] == queue and settled:
-                if p["status"] in HELD:
-                    return Drift(queue, "missing", rid, f"PostgreSQL {p['status']} v{p['version']}, no Redis hash", pg=p)
-                if p["status"] in LEASED:
-                    return Drift(queue, "lost_lease", rid, f"PostgreSQL {p['status']}, no Redis hash", pg=p)
-            if members and (p is None or p["status"] not in WAITING | LEASED or settled):
+            if p is not None and p.queue == queue and settled:
+                if p.status in HELD:
+                    return Drift(queue, "missing", rid, f"PostgreSQL {p.status} v{p.version}, no Redis hash", pg=p)
+                if p.status in LEASED:
+                    return Drift(queue, "lost_lease", rid, f"PostgreSQL {p.status}, no Redis hash", pg=p)
+            if members and (p is None or p.status not in WAITING | LEASED or settled):
                 return Drift(queue, "orphan_member", rid, f"member of {','.join(members)} without a hash")
             return None
         seen = h.version or ""
-        if p is None or p["queue"] != queue:
+        if p is None or p.queue != queue:
             return Drift(queue, "orphan_hash", rid, f"hash in state {h.state} without a PostgreSQL row",
                          seen_version=seen, hot=h)
         state = h.state
@@ -178,7 +181,7 @@ class DriftRepair:
         if corrupt:
             return Drift(queue, "corrupt", rid, f"hash unreadable (state={state!r}, version={h.version!r})",
                          seen_version=seen, pg=p, hot=h)
-        vr, vp, ps = int(seen), p["version"], p["status"]
+        vr, vp, ps = int(seen), p.version, p.status
         if settled and (vr < vp or (vr == vp and ps in DONE and (state != ps or members))):
             if ps in DONE or ps == "STOPPED":
                 if state == ps and not members:
@@ -209,8 +212,8 @@ class DriftRepair:
         cands = [d for d in cands if d.run_id not in pending]
         if not cands:
             return []
-        fresh = {r["id"]: r for r in await self.stores.db.fetch("drift_runs_brief", [d.run_id for d in cands], 0.0)}
-        return [d for d in cands if d.run_id in fresh and fresh[d.run_id]["version"] < int(d.seen_version)]
+        fresh = {r.id: r for r in await self.stores.db.rows("drift_runs_brief", [d.run_id for d in cands], 0.0)}
+        return [d for d in cands if d.run_id in fresh and fresh[d.run_id].version < int(d.seen_version)]
 
     async def stream_runs(self, queue: str) -> set[int] | None:
         """The runs with an entry left in the queue's stream (None: too long a stream to read)."""
@@ -224,17 +227,17 @@ class DriftRepair:
         if not ids:
             return []
         pending = await self.stream_runs(queue) or set()
-        return list(await self.stores.db.fetch("drift_interrupt_lost", ids, [i for i in ids if i in pending]))
+        return await self.stores.db.rows("drift_interrupt_lost", ids, [i for i in ids if i in pending])
 
     async def tick(self, queue: str, *, repair: bool = True) -> list[Drift]:
         """One incremental step for one queue: bounded work whatever the queue's size."""
         c = self._cursors.setdefault(queue, _Cursor())
         db, keys = self.stores.db, self.stores.keys(queue)
         ids: set[int] = set()
-        page = [x["id"] for x in await db.fetch("drift_active_ids", queue, c.pg_last, self.page)]
+        page = [x.id for x in await db.rows("drift_active_ids", queue, c.pg_last, self.page)]
         c.pg_last = page[-1] if len(page) == self.page else 0
         ids.update(page)
-        ids.update(x["id"] for x in await db.fetch("drift_recent_ids", queue, self.recent))
+        ids.update(x.id for x in await db.rows("drift_recent_ids", queue, self.recent))
         for z in [*await due_and_held_sets(self.stores, queue), keys.delayed, keys.active]:
             step = await hotrepair.member_page(self.stores, z, c.zsets.get(z, 0), self.page)
             c.zsets[z] = step.cursor
@@ -354,7 +357,7 @@ class DriftRepair:
             items: list[Sync] = []
             for d in sync:
                 assert d.pg is not None
-                items.append(Sync(d.run_id, d.seen_version, d.pg["status"], d.pg["version"]))
+                items.append(Sync(d.run_id, d.seen_version, d.pg.status, d.pg.version))
             synced = set(await hot.repair_sync(keys, TtlArgs(stores.settings.terminal_ttl_s * 1000), items))
             done += [d for d in sync if d.run_id in synced]
 
@@ -383,24 +386,24 @@ class DriftRepair:
         there, and enqueue what is still waiting. enqueue_runs never overwrites a hash."""
         db = self.stores.db
         ids = [d.run_id for d in drifts]
-        fresh = {r["id"]: dict(r) for r in await db.fetch("drift_runs", ids, 0.0)}
-        leased = [i for i in ids if i in fresh and fresh[i]["status"] in LEASED]
+        fresh = {r.id: r for r in await db.rows("drift_runs", ids, 0.0)}
+        leased = [i for i in ids if i in fresh and fresh[i].status in LEASED]
         if leased:
             await self.quarantine_values(queue, leased)  # a row outside the bounds cannot be interrupted
             for r in await self.interrupt_lost(queue, leased):
-                fresh[r["id"]].update(status=r["status"], version=r["version"])
+                fresh[r.id] = msgspec.structs.replace(fresh[r.id], status=r.status, version=r.version)
         rows: list[RunRow] = []
         bad: dict[int, str] = {}
         for i in ids:
-            if i in fresh and fresh[i]["status"] in HELD:
+            if i in fresh and fresh[i].status in HELD:
                 try:
-                    rows.append(holdable(run_row(fresh[i])))
+                    rows.append(holdable(run_row(msgspec.structs.asdict(fresh[i]))))
                 except POISON as exc:
                     bad[i] = f"{type(exc).__name__}: {exc}"
         rows = await self.enqueue_isolated(queue, rows, bad)
         if bad:
             await self.quarantine(queue, bad)
-        ok = {r.id for r in rows} | {i for i in leased if fresh[i]["status"] == "STOPPED"}
+        ok = {r.id for r in rows} | {i for i in leased if fresh[i].status == "STOPPED"}
         out = []
         for d in drifts:
             if d.run_id in ok:
@@ -431,8 +434,8 @@ class DriftRepair:
     async def quarantine(self, queue: str, bad: dict[int, str]) -> list[int]:
         """Cancel runs Redis cannot hold (reason 'quarantined', the error kept), count and log them."""
         ids = sorted(bad)
-        done = [r["id"] for r in await self.stores.db.fetch("quarantine_runs", ids, [bad[i][:1000] for i in ids],
-                                                             self.loop)]
+        done = [r.id for r in await self.stores.db.rows("quarantine_runs", ids, [bad[i][:1000] for i in ids],
+                                                         self.loop)]
         if done:
             metrics.QUARANTINED.labels(self.loop, "run").inc(len(done))
         for i in done:
@@ -444,33 +447,33 @@ class DriftRepair:
         """Put back inside 010's bounds the values of those runs an older version stored outside
         them (any state: the run goes on), so their rows can be updated again; the stored values
         are kept in a 'quarantined' event (sql/017_quarantine_any_row.sql). Counted and logged."""
-        rows = await self.stores.db.fetch("quarantine_run_values", ids, self.loop) if ids else []
+        rows = await self.stores.db.rows("quarantine_run_values", ids, self.loop) if ids else []
         if rows:
             metrics.QUARANTINED.labels(self.loop, "run_value").inc(len(rows))
         for r in rows:
             log.error("run %s had values an older version stored outside the bounds (timeout_s %s, max_retries %s); "
-                      "put back inside them, the stored values kept in its 'quarantined' event", r["id"],
-                      r["timeout_s"], r["max_retries"],
-                      extra={"event": "run_values_quarantined", "run_id": r["id"], "queue": queue})
-        return [r["id"] for r in rows]
+                      "put back inside them, the stored values kept in its 'quarantined' event", r.id,
+                      r.timeout_s, r.max_retries,
+                      extra={"event": "run_values_quarantined", "run_id": r.id, "queue": queue})
+        return [r.id for r in rows]
 
     async def screen(self, queue: str, ids: list[int]) -> None:
         """Before a loop updates these runs' rows: quarantine (cancel) the waiting ones Redis cannot
         hold, and put the stored values of the others back inside the bounds (an UPDATE of a row
         outside a NOT VALID constraint is refused, and would fail the whole batch)."""
-        rows = await self.stores.db.fetch("unbounded_runs", ids) if ids else []
+        rows = await self.stores.db.rows("unbounded_runs", ids) if ids else []
         if not rows:  # nearly always: a row outside the bounds is one an older version wrote
             return
         bad: dict[int, str] = {}
         for r in rows:
-            if r["status"] in HELD:
+            if r.status in HELD:
                 try:
-                    holdable_timeout(r["timeout_s"])
+                    holdable_timeout(r.timeout_s)
                 except POISON as exc:
-                    bad[r["id"]] = f"{type(exc).__name__}: {exc}"
+                    bad[r.id] = f"{type(exc).__name__}: {exc}"
         if bad:
             await self.quarantine(queue, bad)
-        await self.quarantine_values(queue, [r["id"] for r in rows if r["id"] not in bad])
+        await self.quarantine_values(queue, [r.id for r in rows if r.id not in bad])
 
     async def _record(self, queue: str, drifts: list[Drift]) -> list[Drift]:
         """Record in PostgreSQL the terminal states only Redis saw (`unrecorded`: their stream entries
@@ -485,7 +488,7 @@ class DriftRepair:
                                    int(h.token) if h.token else None, res, h.error_class,
                                    (h.error or None) and h.error[:4000], h.reason or None)):
                 cols[i].append(v)
-        written = {r["id"]: r["from_status"] for r in await self.stores.db.fetch("drift_record_terminal", *cols)}
+        written = {r.id: r.from_status for r in await self.stores.db.rows("drift_record_terminal", *cols)}
         out = [d for d in drifts if d.run_id in written]
         if out:
             ttl = TtlArgs(self.stores.settings.terminal_ttl_s * 1000)
@@ -495,11 +498,11 @@ class DriftRepair:
     async def _write_events(self, queue: str, done: list[Drift]) -> None:
         cols: list[list[Any]] = [[] for _ in range(6)]
         for d in done:
-            p = d.pg or {}
+            pg_status, pg_version = (d.pg.status, d.pg.version) if d.pg is not None else (None, None)
             state = d.hot.state if d.hot is not None else None
-            frm, to, ver = state, p.get("status"), p.get("version")
+            frm, to, ver = state, pg_status, pg_version
             if d.kind == "unrecorded":
-                frm, to, ver = p.get("status"), state, int(d.seen_version)
+                frm, to, ver = pg_status, state, int(d.seen_version)
             elif d.kind in ("orphan_hash", "orphan_member", "unqueued"):
                 to = None if d.kind != "unqueued" else state
             for i, v in enumerate((d.run_id, frm, to, ver, d.kind,

@@ -88,24 +88,24 @@ class Gauges:
         if not db.connected:
             return
         # depth by priority band (the starvation signal), counted from the record
-        bands = {(r["queue"], r["band"]): r["n"] for r in await db.fetch("gauge_due_bands")}
+        bands = {(r.queue, r.band): r.n for r in await db.rows("gauge_due_bands")}
         for q in queues:
             for name, _, _ in BANDS:
                 DEPTH.labels(q, name, "due").set(bands.get((q, name), 0))
-        rows = await db.fetch("gauge_dead_and_review")
-        seen = {(r["queue"], bool(r["review"])): r["n"] for r in rows}
+        rows = await db.rows("gauge_dead_and_review")
+        seen = {(r.queue, bool(r.review)): r.n for r in rows}
         for gauge, review in ((DEAD, False), (REVIEW, True)):  # series that emptied go back to 0
             for (q,) in list(gauge._metrics):
                 if (q, review) not in seen:
                     gauge.labels(q).set(0)
         for (q, review), n in seen.items():
             (REVIEW if review else DEAD).labels(q).set(n)
-        stuck = await db.fetch("gauge_stuck_runs", self.sla["RUNNING"], self.sla["STOPPING"], self.sla["PAUSED"])
+        stuck = await db.rows("gauge_stuck_runs", self.sla["RUNNING"], self.sla["STOPPING"], self.sla["PAUSED"])
         counts: dict[tuple[str, str], int] = {}
         fresh = []
         for r in stuck:
-            counts[(r["queue"], r["status"])] = counts.get((r["queue"], r["status"]), 0) + 1
-            if r["id"] not in self._stuck_seen:
+            counts[(r.queue, r.status)] = counts.get((r.queue, r.status), 0) + 1
+            if r.id not in self._stuck_seen:
                 fresh.append(r)
         for labels in list(STUCK._metrics):  # reset series that are no longer stuck
             if labels not in counts:
@@ -113,11 +113,11 @@ class Gauges:
         for (q, st), n in counts.items():
             STUCK.labels(q, st).set(n)
         if fresh:  # one event per run that crossed its SLA: what the SLA alerts and runbooks point at
-            await db.execute("stuck_detected_events", [r["id"] for r in fresh], [r["queue"] for r in fresh],
-                             [r["status"] for r in fresh],
-                             [f"{r['status']} beyond its SLA of {self.sla[r['status']]:g}s" for r in fresh])
+            await db.execute("stuck_detected_events", [r.id for r in fresh], [r.queue for r in fresh],
+                             [r.status for r in fresh],
+                             [f"{r.status} beyond its SLA of {self.sla[r.status]:g}s" for r in fresh])
             for r in fresh:
-                STUCK_EVENTS.labels(r["queue"], r["status"]).inc()
-                log.warning("run %s stuck in %s beyond its SLA", r["id"], r["status"],
-                            extra={"event": "stuck_detected", "run_id": r["id"], "queue": r["queue"]})
-        self._stuck_seen = {r["id"] for r in stuck}
+                STUCK_EVENTS.labels(r.queue, r.status).inc()
+                log.warning("run %s stuck in %s beyond its SLA", r.id, r.status,
+                            extra={"event": "stuck_detected", "run_id": r.id, "queue": r.queue})
+        self._stuck_seen = {r.id for r in stuck}

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import msgspec
+
 from fencepost.core.models import RunRow, run_row
 from fencepost.core.record import Listener
 from fencepost.core.stores import Stores
@@ -45,23 +47,23 @@ class OutboxRelay:
     async def relay(self) -> int:
         db = self.stores.db
         moved = 0
-        for row in await db.fetch("outbox_queues"):
-            queue = row["queue"]
+        for row in await db.rows("outbox_queues"):
+            queue = row.queue
             while True:
-                rows = await db.fetch("outbox_runs", queue, 1000)
+                rows = await db.rows("outbox_runs", queue, 1000)
                 if not rows:
                     break
                 batch: list[RunRow] = []
                 bad: dict[int, str] = {}
                 for r in rows:
                     try:
-                        batch.append(holdable(run_row(r, queue=queue)))
+                        batch.append(holdable(run_row(msgspec.structs.asdict(r), queue=queue)))
                     except POISON as exc:
-                        bad[r["id"]] = f"{type(exc).__name__}: {exc}"
+                        bad[r.id] = f"{type(exc).__name__}: {exc}"
                 await self._isolation.enqueue_isolated(queue, batch, bad)
                 if bad:
                     await self._isolation.quarantine(queue, bad)
-                await db.execute("clear_outbox", [r["id"] for r in rows])
+                await db.execute("clear_outbox", [r.id for r in rows])
                 moved += len(rows)
         self.relayed += moved
         return moved

@@ -124,9 +124,9 @@ class _Rebuild:
         is removed (claims refuse the queue until `stamp`), and what the dataset holds is looked at."""
         db, stores, queue = self.stores.db, self.stores, self.queue
         try:
-            bumped = await db.fetchrow("rebuild_epoch", queue)
+            bumped = await db.row("rebuild_epoch", queue)
             assert bumped is not None  # the queue's row exists: rebuilds run for queues PostgreSQL lists
-            self.epoch = self.stats["epoch"] = bumped["epoch"]
+            self.epoch = self.stats["epoch"] = bumped.epoch
         except asyncpg.CheckViolationError:
             raise EpochExhausted(queue) from None
         EPOCH.labels(queue).set(self.epoch)
@@ -134,9 +134,9 @@ class _Rebuild:
         self.sets = [*await fairness.due_and_held_sets(stores, queue, scan=True), self.keys.delayed, self.keys.active]
         self.empty = not await hotrepair.any_members(stores, self.sets)
         self.stats["empty"] = int(self.empty)
-        current = await db.fetchrow("queue_epoch", queue)
+        current = await db.row("queue_epoch", queue)
         assert current is not None  # as above
-        self.paused = current["paused"]
+        self.paused = current.paused
 
     async def stamp(self) -> None:
         """3. The queue-level pause restored, the queue listed, its weights and limits copied (before claims
@@ -156,7 +156,7 @@ class _Rebuild:
         them: normal rules."""
         last = 0
         while True:
-            ids = [x["id"] for x in await self.stores.db.fetch("drift_active_ids", self.queue, last, self.page)]
+            ids = [x.id for x in await self.stores.db.rows("drift_active_ids", self.queue, last, self.page)]
             if not ids:
                 return
             last = ids[-1]
@@ -184,10 +184,10 @@ class _Rebuild:
         if not seen:
             return set()
         ids = sorted(seen)
-        rows = await self.stores.db.fetch("rebuild_mark_unknown", ids, [seen[i][0] for i in ids],
-                                          [seen[i][1] for i in ids], self.epoch, self.queue)
+        rows = await self.stores.db.rows("rebuild_mark_unknown", ids, [seen[i][0] for i in ids],
+                                         [seen[i][1] for i in ids], self.epoch, self.queue)
         self.stats["unknown"] += len(rows)
-        return {r["id"] for r in rows}
+        return {r.id for r in rows}
 
     async def apply(self, found: list[Drift], page_ids: list[int] | None = None) -> None:
         """Repair one page of drift: the runs to restore prepared first (`_prepare`), the leases the
@@ -285,14 +285,14 @@ def _int(v: Any) -> int:
 async def untrusted_queues(stores: Stores) -> list[str]:
     """Queues whose stamp is missing, older than PostgreSQL's epoch, or was written on
     another server process (a restart or a promoted replica)."""
-    queues = await stores.db.fetch("queue_epochs")
+    queues = await stores.db.rows("queue_epochs")
     if not queues:
         return []
     for q in queues:
-        EPOCH.labels(q["name"]).set(q["epoch"])
-    stamps = await hotrepair.queue_stamps(stores, [q["name"] for q in queues])
-    return [q["name"] for q, st in zip(queues, stamps, strict=True)
-            if st.epoch is None or st.epoch < q["epoch"] or st.stamped_on is None or st.stamped_on != st.server]
+        EPOCH.labels(q.name).set(q.epoch)
+    stamps = await hotrepair.queue_stamps(stores, [q.name for q in queues])
+    return [q.name for q, st in zip(queues, stamps, strict=True)
+            if st.epoch is None or st.epoch < q.epoch or st.stamped_on is None or st.stamped_on != st.server]
 
 
 async def ensure_stamped(stores: Stores) -> list[str]:

@@ -111,7 +111,7 @@ class Dropped(msgspec.Struct, frozen=True):
 
 async def ensure_partitions(conn: Conn, month: date, ahead: int = 2) -> list[str]:
     """Create `month` and the `ahead` months after it where missing; returns what was created."""
-    return [r["created"] for r in await Session.of(conn).fetch("ensure_partitions", month, ahead)]
+    return [r.created for r in await Session.of(conn).rows("ensure_partitions", month, ahead)]
 
 
 async def archive_runs(conn: Conn, cutoff: datetime, batch: int = 5000) -> int:
@@ -123,8 +123,8 @@ async def archive_runs(conn: Conn, cutoff: datetime, batch: int = 5000) -> int:
 async def expired_partitions(conn: Conn, cutoff: datetime, *, count: bool = False) -> list[Partition]:
     """Monthly partitions whose whole range is older than `cutoff`, oldest first."""
     s = Session.of(conn)
-    parts = [Partition(r["parent"], r["name"], r["lower_bound"], r["upper_bound"])
-             for r in await s.fetch("history_partitions") if r["upper_bound"] <= cutoff]
+    parts = [Partition(r.parent, r.name, r.lower_bound, r.upper_bound)
+             for r in await s.rows("history_partitions") if r.upper_bound <= cutoff]
     if count:
         parts = [msgspec.structs.replace(p, rows=await s.fetchval("partition_rows", p.name, False))
                  for p in parts]

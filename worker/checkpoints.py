@@ -72,8 +72,8 @@ class Checkpoints:
             self.refused += 1
             ctx._stop = True
             raise LeaseLost(f"run {ctx.run_id}: token {ctx.token} no longer owns the run")
-        row = await self.stores.db.fetchrow("write_checkpoint", ctx.run_id, ctx.token, ctx.attempt, ctx.gen,
-                                            self._schema_version(ctx.handler), raw, processed)
+        row = await self.stores.db.row("write_checkpoint", ctx.run_id, ctx.token, ctx.attempt, ctx.gen,
+                                       self._schema_version(ctx.handler), raw, processed)
         if row is None:
             self.refused += 1
             metrics.STALE.labels(ctx.queue, "checkpoint").inc()
@@ -81,12 +81,12 @@ class Checkpoints:
             raise LeaseLost(f"run {ctx.run_id}: checkpoint of token {ctx.token} fenced off by a newer attempt")
         self.written += 1
         metrics.CHECKPOINTS.labels(ctx.handler).inc()
-        ctx.checkpoint_version, ctx.processed = row["version"], processed
+        ctx.checkpoint_version, ctx.processed = row.version, processed
         ctx.checkpointed_at = time.time()
         ctx._ctl = holder.ctl
         if ctx._ctl in ("pause", "stop", "cancel"):
             raise Interrupt(ctx._ctl)
-        version: int = row["version"]
+        version: int = row.version
         return version
 
     async def load(self, ctx: Context) -> None:
@@ -96,15 +96,15 @@ class Checkpoints:
         """
         if ctx.attempt <= 1:
             return
-        row = await self.stores.db.fetchrow("fence_checkpoint", ctx.run_id, ctx.gen, ctx.token, ctx.attempt)
-        if row is None or row["state"] is None or row["gen"] != ctx.gen:
+        row = await self.stores.db.row("fence_checkpoint", ctx.run_id, ctx.gen, ctx.token, ctx.attempt)
+        if row is None or row.state is None or row.gen != ctx.gen:
             return
-        state = decode_result(row["state"])
+        state = decode_result(row.state)
         handler = self.registry.handlers.get(ctx.handler)
-        if handler is not None and row["schema_version"] != handler.spec.version:
-            if handler.migrate is None or row["schema_version"] > handler.spec.version:
-                raise ValueError(f"checkpoint schema version {row['schema_version']} is incompatible with "
+        if handler is not None and row.schema_version != handler.spec.version:
+            if handler.migrate is None or row.schema_version > handler.spec.version:
+                raise ValueError(f"checkpoint schema version {row.schema_version} is incompatible with "
                                  f"{ctx.handler} version {handler.spec.version}; restart the run")
-            state = handler.migrate(row["schema_version"], state)
+            state = handler.migrate(row.schema_version, state)
         ctx.checkpoint_data = state
-        ctx.checkpoint_version, ctx.processed = row["version"], row["processed"]
+        ctx.checkpoint_version, ctx.processed = row.version, row.processed

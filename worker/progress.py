@@ -59,10 +59,9 @@ class RunServicesImpl:
             await self.flush()
 
     async def upstream_results(self, ctx: Context) -> dict[str, RunResult]:
-        rows = await self.stores.db.fetch("wf_upstream_results", ctx.run_id)
-        return {r["name"]: RunResult(run_id=r["run_id"], status=r["status"], result=decode_result(r["result"]))
-                for r in rows}
+        rows = await self.stores.db.rows("wf_upstream_results", ctx.run_id)
+        return {r.name: RunResult(run_id=r.run_id, status=r.status, result=decode_result(r.result)) for r in rows}
 
     async def batch_results(self, ctx: Context) -> list[RunResult]:
-        rows = await self.stores.db.fetch("batch_results_of_callback", ctx.run_id)
-        return [RunResult(run_id=r["run_id"], status=r["status"], result=decode_result(r["result"])) for r in rows]
+        rows = await self.stores.db.rows("batch_results_of_callback", ctx.run_id)
+        return [RunResult(run_id=r.run_id, status=r.status, result=decode_result(r.result)) for r in rows]

@@ -471,10 +471,10 @@ class _Soak:
         return int(await self.ledger.fetchval("chaos_ledger_now"))
 
     async def _held(self, pids: list[int], at_ms: int) -> tuple[list[int], list[int]]:
-        rows = await self.ledger.fetch("chaos_ledger_open", self.soak_id, pids, at_ms)
+        rows = await self.ledger.rows("chaos_ledger_open", self.soak_id, pids, at_ms)
         best: dict[int, int] = {}
         for r in rows:
-            best[r["run_id"]] = max(best.get(r["run_id"], 0), r["token"])
+            best[r.run_id] = max(best.get(r.run_id, 0), r.token)
         return list(best), [best[k] for k in best]
 
     async def _busy_pid(self, plan: FaultPlan, names: list[str], model: str | None = None,
@@ -488,12 +488,12 @@ class _Soak:
                 p = self.procs.get(n)
                 if p is None or p.poll() is not None:
                     continue
-                rows = await self.ledger.fetch("chaos_ledger_open", self.soak_id, [p.pid], now)
+                rows = await self.ledger.rows("chaos_ledger_open", self.soak_id, [p.pid], now)
                 if model is not None:
-                    models = {(r["run_id"], r["token"]) for r in rows}
-                    got = await self.ledger.fetch("chaos_ledger_rows", self.soak_id, [m[0] for m in models])
-                    rows = [g for g in got if g["model"] == model and g["kind"] == "start"
-                            and (g["run_id"], g["token"]) in models]
+                    models = {(r.run_id, r.token) for r in rows}
+                    got = await self.ledger.rows("chaos_ledger_rows", self.soak_id, [m[0] for m in models])
+                    rows = [g for g in got if g.model == model and g.kind == "start"
+                            and (g.run_id, g.token) in models]
                 counts[n] = len(rows)
             if counts and (max(counts.values()) > 0 or time.monotonic() > deadline):
                 ranked = sorted(counts, key=lambda n: (-counts[n], n))
@@ -510,9 +510,9 @@ class _Soak:
             return 0.0
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
-            row = await self.ledger.fetchrow("chaos_ledger_settled", self.soak_id, runs, tokens)
-            settled = int(row["n"]) if row else 0
-            last = row["at_ms"] if row else None
+            row = await self.ledger.row("chaos_ledger_settled", self.soak_id, runs, tokens)
+            settled = int(row.n) if row else 0
+            last = row.at_ms if row else None
             if settled < len(runs):
                 finished = await self._finished(runs)
                 if finished and settled + len(finished) >= len(runs):
@@ -524,8 +524,8 @@ class _Soak:
 
     async def _finished(self, runs: list[int]) -> set[int]:
         with contextlib.suppress(Exception):
-            rows = await self.fp.fetch("chaos_run_status", runs)
-            return {r["id"] for r in rows if r["status"] in TERMINAL}
+            rows = await self.fp.rows("chaos_run_status", runs)
+            return {r.id for r in rows if r.status in TERMINAL}
         return set()
 
     async def _probe(self, client: Client, limit_s: float, t_from: float, queue: str | None = None) -> float | None:
@@ -540,8 +540,8 @@ class _Soak:
                         [Submit(handler="chaos.work", queue=queue or self.queue, args=(1, 10))]), 10))[0]
                     if queue is None:  # the checks read the soak queue's history
                         self.acked.append(rid)
-                rows = await self.fp.fetch("chaos_run_status", [rid])
-                if rows and rows[0]["status"] == "SUCCEEDED":
+                rows = await self.fp.rows("chaos_run_status", [rid])
+                if rows and rows[0].status == "SUCCEEDED":
                     return round(time.monotonic() - t_from, 3)
             except (FencepostError, TimeoutError, OSError, Exception):
                 pass
@@ -896,17 +896,18 @@ class _Soak:
         ids = sorted(set(self.acked))
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):
-                rows = await self.fp.fetch("chaos_run_status", ids)
-                if sum(1 for r in rows if r["status"] in TERMINAL) >= len(ids):
+                rows = await self.fp.rows("chaos_run_status", ids)
+                if sum(1 for r in rows if r.status in TERMINAL) >= len(ids):
                     return
             await asyncio.sleep(0.5)
 
     async def _collect(self, until_ms: int) -> tuple[cc.Ledger, cc.History]:
-        rows = [cc.LedgerRow(**dict(r)) for r in await self.ledger.fetch("chaos_ledger_rows", self.soak_id, None)]
+        asdict = msgspec.structs.asdict
+        rows = [cc.LedgerRow(**asdict(r)) for r in await self.ledger.rows("chaos_ledger_rows", self.soak_id, None)]
         queues = [q for q in (self.queue, self.other_queue) if q]  # the probes' queue's executions are in the ledger
-        runs = [cc.RunRow(**dict(r)) for r in await self.fp.fetch("chaos_history_runs", queues)]
-        attempts = [cc.AttemptRow(**dict(r)) for r in await self.fp.fetch("chaos_history_attempts", queues)]
-        events = [cc.EventRow(**dict(r)) for r in await self.fp.fetch("chaos_history_events", queues)]
+        runs = [cc.RunRow(**asdict(r)) for r in await self.fp.rows("chaos_history_runs", queues)]
+        attempts = [cc.AttemptRow(**asdict(r)) for r in await self.fp.rows("chaos_history_attempts", queues)]
+        events = [cc.EventRow(**asdict(r)) for r in await self.fp.rows("chaos_history_events", queues)]
         spans = []
         for sid in self.schedule_ids:
             fires = [r.fire_ms for r in runs if r.schedule_id == sid and r.fire_ms is not None]

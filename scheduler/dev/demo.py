@@ -117,8 +117,8 @@ async def run_demo(settings: Settings, jobs: int) -> DemoReport:
                        "waiting for them to finish and reach PostgreSQL ...")
             deadline = time.monotonic() + FINISH_WITHIN_S
             while True:
-                rows = await client.stores.db.fetch("run_status", ids)
-                if all(r["status"] in TERMINAL for r in rows):
+                rows = await client.stores.db.rows("run_status", ids)
+                if all(r.status in TERMINAL for r in rows):
                     break
                 if time.monotonic() > deadline or any(t.done() for t in services):
                     for t in services:
@@ -128,7 +128,7 @@ async def run_demo(settings: Settings, jobs: int) -> DemoReport:
                 await asyncio.sleep(0.2)
             counts: dict[str, int] = {}
             for r in rows:
-                counts[r["status"]] = counts.get(r["status"], 0) + 1
+                counts[r.status] = counts.get(r.status, 0) + 1
             table = [dict(await client.get(run_id)) for run_id in ids]
     finally:
         worker.request_stop()

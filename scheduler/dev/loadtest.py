@@ -108,9 +108,9 @@ class Harness:
         drops them. Returns the runs removed. Skipped with --keep."""
         if self.keep:
             return 0
-        row = await stores.db.fetchrow("loadtest_cleanup", self.queue)
+        row = await stores.db.row("loadtest_cleanup", self.queue)
         await hotreads.drop_queue(stores.redis, stores.queues_key, stores.keys(self.queue))
-        return int(row["runs"]) if row is not None else 0
+        return int(row.runs) if row is not None else 0
 
     # -- measuring --------------------------------------------------------------------------------
     async def sizes(self, conn: Session) -> int:
@@ -127,7 +127,7 @@ class Harness:
         counts: dict[str, int] = {}
         last_line = 0.0
         while True:
-            counts = {r["status"]: r["n"] for r in await conn.fetch("loadtest_status_counts", self.queue)}
+            counts = {r.status: r.n for r in await conn.rows("loadtest_status_counts", self.queue)}
             created = sum(counts.values())
             done = sum(counts.get(s, 0) for s in _DONE)
             pending = await self.pending_in_redis(stores)
@@ -153,27 +153,27 @@ class Harness:
         """The figures; CREATION_S is the creation time the caller measured (a bulk submit: its
         commit timestamps are one transaction's, so their spread says nothing)."""
         q = self.queue
-        r = await conn.fetchrow("loadtest_report", q)
+        r = await conn.row("loadtest_report", q)
         assert r is not None  # aggregates: always one row
-        span = (r["c1"] - r["c0"]).total_seconds() if r["runs"] > 1 else 0.0
+        span = (r.c1 - r.c0).total_seconds() if r.runs > 1 else 0.0
         if creation_s is not None:
             span = creation_s
         peak = max(self.samples, key=lambda s: s[2]) if self.samples else (0, base_mem, 0)
         pg_after = await self.sizes(conn)
-        lag = [round(float(x), 3) for x in (r["lag"] or [0, 0, 0])]
-        lag_due = [round(float(x), 3) for x in (r["lag_due"] or [0, 0, 0])]
+        lag = [round(float(x), 3) for x in (r.lag or [0, 0, 0])]
+        lag_due = [round(float(x), 3) for x in (r.lag_due or [0, 0, 0])]
         return {
-            "queue": q, "runs": r["runs"], "expected": total, "succeeded": r["ok"],
-            "runs_created_per_s": round(r["runs"] / span, 1) if span > 0 else None,
+            "queue": q, "runs": r.runs, "expected": total, "succeeded": r.ok,
+            "runs_created_per_s": round(r.runs / span, 1) if span > 0 else None,
             "creation_span_s": round(span, 3),
-            "created_in_one_transaction": span <= 0 and r["runs"] > 1,
-            "start_lag_s": {"p50": lag[0], "p95": lag[1], "p99": lag[2], "max": round(float(r["lag_max"] or 0), 3)},
+            "created_in_one_transaction": span <= 0 and r.runs > 1,
+            "start_lag_s": {"p50": lag[0], "p95": lag[1], "p99": lag[2], "max": round(float(r.lag_max or 0), 3)},
             "start_lag_after_due_s": {"p50": lag_due[0], "p95": lag_due[1], "p99": lag_due[2],
-                                      "max": round(float(r["lag_due_max"] or 0), 3)},
-            "drain_s": round((r["last_done"] - t_start).total_seconds(), 3) if r["last_done"] else None,
+                                      "max": round(float(r.lag_due_max or 0), 3)},
+            "drain_s": round((r.last_done - t_start).total_seconds(), 3) if r.last_done else None,
             "redis_peak_pending": peak[2],
             "redis_bytes_per_pending_run": round((peak[1] - base_mem) / peak[2]) if peak[2] else None,
-            "pg_bytes_per_run": round((pg_after - base_pg) / r["runs"]) if r["runs"] else None,
+            "pg_bytes_per_run": round((pg_after - base_pg) / r.runs) if r.runs else None,
             "errors": [],
         }
 
@@ -212,7 +212,7 @@ async def spike(settings: Settings, *, schedules: int, workers: int, spread_s: f
             made = 0
             while made < schedules:
                 n = min(10_000, schedules - made)
-                ids = [r[0] for r in await conn.fetch("loadtest_schedule_ids", n)]
+                ids = [r.nextval for r in await conn.rows("loadtest_schedule_ids", n)]
                 offs = [spread_offset_ms(i, spread_s) for i in ids]
                 await conn.execute("loadtest_insert_schedules", ids, h.queue, payload, cron, fire,
                                    float(spread_s), offs)
