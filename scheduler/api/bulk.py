@@ -63,8 +63,8 @@ async def live(client: Client, runs: Iterable[tuple[int, str]]) -> dict[int, Liv
                     out[rid] = Live(state=got.state, version=int(got.version))
     missing = [rid for ids in by_queue.values() for rid in ids if rid not in out]
     if missing:
-        for r in await client.stores.db.fetch("bulk_live_rows", missing):
-            out[r["id"]] = Live(state=r["status"], version=int(r["version"]))
+        for r in await client.stores.db.rows("bulk_live_rows", missing):
+            out[r.id] = Live(state=r.status, version=int(r.version))
     return out
 
 
@@ -89,7 +89,7 @@ async def store(client: Client, p: Principal, *, action: str, source: str, queue
                 selection: dict[str, Any], matched: int, chosen: list[tuple[int, str, Live]], ttl: float) -> str:
     """Store the runs a count chose ((id, queue, live state) each) under a new handle of this token."""
     handle = secrets.token_hex(16)
-    await client.stores.db.fetchrow(
+    await client.stores.db.row(
         "bulk_handle_insert", handle, p.id, queue, action, source, msgspec.json.encode(selection).decode(), matched,
         [i for i, _, _ in chosen], [q for _, q, _ in chosen], [v.state for _, _, v in chosen],
         [v.version for _, _, v in chosen], ttl)
@@ -98,15 +98,15 @@ async def store(client: Client, p: Principal, *, action: str, source: str, queue
 
 async def load(client: Client, p: Principal, handle: str, ttl: float) -> Counted:
     """The live counted set `handle` of this token; UnknownBulkHandle when it is not (any more)."""
-    row = await client.stores.db.fetchrow("bulk_handle_get", handle, p.id)
+    row = await client.stores.db.row("bulk_handle_get", handle, p.id)
     if row is None:
         raise UnknownBulkHandle(f"no live bulk handle {handle} of this token (unknown, expired after "
                                 f"{ttl:g} s, already used, or another token's); count again", field="handle",
                                 handle=handle)
-    return Counted(handle=handle, action=row["action"], source=row["list"], queue=row["queue"],
-                   selection=msgspec.json.decode(row["selection"]), matched=int(row["matched"]), ids=list(row["ids"]),
-                   queues=list(row["queues"]), states=list(row["states"]), versions=list(row["versions"]),
-                   expires_at=row["expires_at"])
+    return Counted(handle=handle, action=row.action, source=row.list, queue=row.queue,
+                   selection=msgspec.json.decode(row.selection), matched=int(row.matched), ids=list(row.ids),
+                   queues=list(row.queues), states=list(row.states), versions=list(row.versions),
+                   expires_at=row.expires_at)
 
 
 def seconds_left(counted: Counted) -> float:
@@ -146,7 +146,7 @@ async def confirm(client: Client, p: Principal, counted: Counted, *, reason: str
     queues = sorted(set(counted.queues))
     one = counted.queue or (queues[0] if len(queues) == 1 else None)
     async with db.transaction() as tx:  # the handle is used once, with the audit row of what is acted on
-        if await db.fetchrow("bulk_handle_take", counted.handle, p.id, conn=tx) is None:
+        if await db.row("bulk_handle_take", counted.handle, p.id, conn=tx) is None:
             raise UnknownBulkHandle(f"bulk handle {counted.handle} was used or expired meanwhile; count again",
                                     field="handle", handle=counted.handle)
         await audit.write(db, tx, client.actor, f"bulk_{counted.action}", queue=one, reason_=reason,
@@ -187,21 +187,21 @@ def _not_confirmed(matched: int, acting: int, handle: str, cap: int, confirm: in
 
 async def _count(client: Client, p: Principal, queue: str, body: S.BulkRequest, cap: int, ttl: float) -> Exception:
     db = client.stores.db
-    counted = await db.fetchrow("bulk_count", queue, body.status, body.handler, body.until_id)
+    counted = await db.row("bulk_count", queue, body.status, body.handler, body.until_id)
     assert counted is not None  # an aggregate answers one row
-    matched = int(counted["matched"])
+    matched = int(counted.matched)
     if body.limit is None and matched > cap:
         return BulkTooLarge(f"{matched} runs match; the server acts on at most {cap} at once. Narrow the selection "
                             "(status, handler) or count in chunks with limit; nothing changed", matched=matched,
                             limit=cap, field="limit")
-    rows = await db.fetch("bulk_candidates", queue, body.status, body.handler, body.until_id,
-                          min(matched, body.limit or cap))
-    now = await live(client, [(r["id"], queue) for r in rows])
+    rows = await db.rows("bulk_candidates", queue, body.status, body.handler, body.until_id,
+                         min(matched, body.limit or cap))
+    now = await live(client, [(r.id, queue) for r in rows])
     chosen: list[tuple[int, str, Live]] = []
     for r in rows:
-        got = now.get(r["id"]) or Live(state=r["status"], version=int(r["version"]))
+        got = now.get(r.id) or Live(state=r.status, version=int(r.version))
         if body.status is None or got.state == body.status:  # Redis is ahead of the record: it decides
-            chosen.append((r["id"], queue, got))
+            chosen.append((r.id, queue, got))
     selection = {"status": body.status, "handler": body.handler, "limit": body.limit, "until_id": body.until_id}
     handle = await store(client, p, action=body.command, source="queue", queue=queue, selection=selection,
                          matched=matched, chosen=chosen, ttl=ttl)
@@ -228,7 +228,7 @@ async def bulk(client: Client, p: Principal, queue: str, body: S.BulkRequest, *,
     if body.limit is not None and body.limit > cap:
         raise BulkTooLarge(f"limit {body.limit} is over the server's cap of {cap}", limit=cap, field="limit")
     db = client.stores.db
-    if await db.fetchrow("queue_row", queue) is None:
+    if await db.row("queue_row", queue) is None:
         raise UnknownQueue(queue)
     if body.handle is None:
         refusal = await _count(client, p, queue, body, cap, ttl)

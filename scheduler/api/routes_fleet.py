@@ -113,8 +113,8 @@ async def audit_log(ctx: Ctx) -> Any:
         key = [before, -_BIGINT - 1, ""]
     after = None if key is None else _enc.encode([key[0].isoformat(), key[1], key[2]]).decode()
     limit = ctx.q_int("limit", 100, 1, 1000)
-    rows = await ctx.client.stores.db.fetch("audit_list", actor, ctx.q_queue(), ctx.q_time("since"),
-                                            ctx.q_time("until"), limit, ctx.p.scope, after)
+    rows = await ctx.client.stores.db.rows("audit_list", actor, ctx.q_queue(), ctx.q_time("since"),
+                                           ctx.q_time("until"), limit, ctx.p.scope, after)
 
     def entry(d: dict[str, Any]) -> Any:
         d["data"] = msgspec.json.decode(d["data"]) if d["data"] else None

@@ -283,14 +283,14 @@ async def run_timeline(ctx: Ctx) -> Any:
     if from_id is not None and after is None:
         raise InvalidInput("from_id goes with the after of the same answer", field="from_id")
     limit = ctx.q_int("limit", 500, 1, 1000)
-    rows = await ctx.client.stores.db.fetch("ops_run_events_after", run_id, after, TIMELINE_LOOKBACK_S, from_id,
-                                            limit + 1)
+    rows = await ctx.client.stores.db.rows("ops_run_events_after", run_id, after, TIMELINE_LOOKBACK_S, from_id,
+                                           limit + 1)
     page = rows[:limit]
-    events = [_h.row({**r, "run_id": run_id}, S.Event) for r in page]
-    seen = max((r["recorded_at"] for r in page), default=after)
+    events = [_h.row({**msgspec.structs.asdict(r), "run_id": run_id}, S.Event) for r in page]
+    seen = max((r.recorded_at for r in page), default=after)
     more = len(rows) > limit
     return Timeline(run_id=run_id, events=events, cursor=None if seen is None else str(_to_micros(seen)),
-                    last_id=page[-1]["id"] if more else None, more=more)
+                    last_id=page[-1].id if more else None, more=more)
 
 
 TIMELINE_LOOKBACK_S = 5.0
@@ -336,8 +336,8 @@ async def _waiting(db: Any, name: str, *args: Any) -> list[Any]:
     """The retries-waiting or the scheduled list: two statements, each with its state written out (the
     partial indexes they page by are chosen when the statement is planned)."""
     if name == "retries":
-        return list(await db.fetch("ops_list_retries", *args))
-    return list(await db.fetch("ops_list_scheduled", *args))
+        return list(await db.rows("ops_list_retries", *args))
+    return list(await db.rows("ops_list_scheduled", *args))
 
 
 async def list_page(ctx: Ctx) -> Any:
@@ -351,14 +351,14 @@ async def list_page(ctx: Ctx) -> Any:
     at, rid = _cursor(ctx)
     db = ctx.client.stores.db
     if name in ("dead", "review"):
-        rows = await db.fetch("ops_list_finished", name, queue, handler, ctx.p.scope, at, rid, limit + 1)
+        rows = await db.rows("ops_list_finished", name, queue, handler, ctx.p.scope, at, rid, limit + 1)
     else:
         rows = await _waiting(db, name, queue, handler, ctx.p.scope, at, rid, limit + 1)
     runs = [_h.row(r, S.RunSummary) for r in rows[:limit]]
     nxt = None
     if len(rows) > limit:
         last = rows[limit - 1]
-        nxt = _next_cursor(last["finished_at"] if name in ("dead", "review") else last["run_at"], last["id"])
+        nxt = _next_cursor(last.finished_at if name in ("dead", "review") else last.run_at, last.id)
     return OpsPage(runs=runs, next=nxt)
 
 
@@ -378,17 +378,17 @@ async def _select(ctx: Ctx, body: OpsBulkRequest, cap: int) -> list[Any]:
     if body.source == "ids":
         if not body.ids:
             raise InvalidInput("list ids needs the ids of the runs", field="ids")
-        return list(await db.fetch("ops_runs_by_id", sorted(set(body.ids)), scope))
+        return list(await db.rows("ops_runs_by_id", sorted(set(body.ids)), scope))
     if body.ids:
         raise InvalidInput(f"ids apply to list ids only, not {body.source}", field="ids")
     if body.source == "runs":
-        return list(await db.fetch("ops_select_runs", f.queue, f.status, f.handler, f.since, f.until, scope, f.id,
-                                   f.tenant, f.concurrency_key, f.idempotency_key, f.arg, cap + 1))
+        return list(await db.rows("ops_select_runs", f.queue, f.status, f.handler, f.since, f.until, scope, f.id,
+                                  f.tenant, f.concurrency_key, f.idempotency_key, f.arg, cap + 1))
     for extra in ("status", "tenant", "concurrency_key", "idempotency_key", "arg", "since", "until", "id"):
         if getattr(f, extra) is not None:
             raise InvalidInput(f"the {body.source} list filters by queue and handler, not {extra}", field=extra)
     if body.source in ("dead", "review"):
-        return list(await db.fetch("ops_list_finished", body.source, f.queue, f.handler, scope, None, None, cap + 1))
+        return list(await db.rows("ops_list_finished", body.source, f.queue, f.handler, scope, None, None, cap + 1))
     return list(await _waiting(db, body.source, f.queue, f.handler, scope, None, None, cap + 1))
 
 
@@ -414,13 +414,13 @@ async def _count(ctx: Ctx, body: OpsBulkRequest) -> OpsBulkCount:
     resolving = body.action in _RESOLVE
     if resolving and body.source not in ("review", "ids"):
         raise InvalidInput(f"{body.action} closes review runs: list review or ids, not {body.source}", field="list")
-    now = await bulk_.live(ctx.client, [(r["id"], r["queue"]) for r in rows])
+    now = await bulk_.live(ctx.client, [(r.id, r.queue) for r in rows])
     takes = _TAKES[body.action]
     chosen = []
     for r in rows:
-        got = now.get(r["id"]) or bulk_.Live(state=r["status"], version=int(r["version"]))
-        if got.state in takes and (not resolving or r["reason"] == "review"):  # Redis is ahead: it decides
-            chosen.append((r["id"], r["queue"], got))
+        got = now.get(r.id) or bulk_.Live(state=r.status, version=int(r.version))
+        if got.state in takes and (not resolving or r.reason == "review"):  # Redis is ahead: it decides
+            chosen.append((r.id, r.queue, got))
     handle = await bulk_.store(ctx.client, ctx.p, action=body.action, source=body.source, queue=None,
                                selection=_selection(body), matched=len(rows), chosen=chosen, ttl=BULK_TTL_S)
     return OpsBulkCount(matched=len(rows), acting=len(chosen), handle=handle,
@@ -449,7 +449,7 @@ async def run_now(ctx: Ctx) -> Any:
 
 
 async def _delete(ctx: Ctx, rid: int, version: int) -> str:
-    row = await ctx.client.stores.db.fetchrow("ops_archive_run", rid, version)
+    row = await ctx.client.stores.db.row("ops_archive_run", rid, version)
     if row is None:
         raise InvalidInput(f"run {rid} moved (or is part of a workflow) since it was counted; not deleted", field="ids")
     return "ARCHIVED"
@@ -546,13 +546,14 @@ def _merged(rows: Iterable[Any], key: Callable[[Any], Any]) -> dict[Any, list[An
     out: dict[Any, list[Any]] = {}
     for r in rows:
         acc = out.setdefault(key(r), [0, 0, 0, [0] * (len(stats.BOUNDS_MS) + 1)])
-        acc[0] += r["started"]
-        acc[1] += r["succeeded"]
-        acc[2] += r["failed"]
-        if "run_hist" in r.keys():
-            acc[3] = [a + int(b) for a, b in zip(acc[3], r["run_hist"], strict=True)]
-        elif r["h"] is not None:
-            acc[3][r["h"]] += r["started"]
+        acc[0] += r.started
+        acc[1] += r.succeeded
+        acc[2] += r.failed
+        hist, h = getattr(r, "run_hist", None), getattr(r, "h", None)  # a rolled-up row has run_hist, a live one h
+        if hist is not None:
+            acc[3] = [a + int(b) for a, b in zip(acc[3], hist, strict=True)]
+        elif h is not None:
+            acc[3][h] += r.started
     return out
 
 
@@ -578,18 +579,18 @@ async def handler_stats(ctx: Ctx) -> Any:
     if step % _BUCKET_S == 0:
         end = _ts((int(now) - _SETTLE_S) // _BUCKET_S * _BUCKET_S)
         if end > since:
-            await db.fetch("ops_handler_rollup", since, end, _ts(now - _GIVE_UP_S))
+            await db.rows("ops_handler_rollup", since, end, _ts(now - _GIVE_UP_S))
             row = await db.row("ops_handler_live_from", since, end)
             live_from = row.live_from if row is not None else since
     every = timedelta(seconds=step if handler is not None else span)  # totals only: one step, not the chart's
-    rows = list(await db.fetch("ops_handler_live", live_from, every, scope, queue))
+    rows = list(await db.rows("ops_handler_live", live_from, every, scope, queue))
     if live_from > since:
-        rows += await db.fetch("ops_handler_rolled", since, every, scope, queue, live_from)
-    totals = sorted((HandlerTotal(handler=h, **_figures(acc)) for h, acc in _merged(rows, lambda r: r["handler"]).items()),
+        rows += await db.rows("ops_handler_rolled", since, every, scope, queue, live_from)
+    totals = sorted((HandlerTotal(handler=h, **_figures(acc)) for h, acc in _merged(rows, lambda r: r.handler).items()),
                     key=lambda t: (-t.started, t.handler))[:200]
     points: list[HandlerPoint] = []
     if handler is not None:
-        by_t = _merged((r for r in rows if r["handler"] == handler), lambda r: int(r["t"].timestamp()))
+        by_t = _merged((r for r in rows if r.handler == handler), lambda r: int(r.t.timestamp()))
         for t in range(first, int(now) + 1, step):
             acc = by_t.get(t)
             points.append(HandlerPoint(t=_ts(t)) if acc is None else HandlerPoint(t=_ts(t), **_figures(acc)))
@@ -606,13 +607,14 @@ async def list_batches(ctx: Ctx) -> Any:
     limit = ctx.q_int("limit", 50, 1, 1000)
     db, scope = ctx.client.stores.db, ctx.p.scope
     scan = limit + 1 if scope is None else max(limit + 1, BATCH_SCAN)
-    rows = await db.fetch("ops_batches_page", scope, at, bid, limit + 1, scan)
-    out = [BatchSummary(**{**dict(r), "id": str(r["id"]), "queues": sorted(r["queues"])}) for r in rows[:limit]]
+    rows = await db.rows("ops_batches_page", scope, at, bid, limit + 1, scan)
+    out = [BatchSummary(**{**msgspec.structs.asdict(r), "id": str(r.id), "queues": sorted(r.queues)})
+           for r in rows[:limit]]
     nxt = [out[-1].created_at, out[-1].id] if len(rows) > limit else None
     if nxt is None and scope is not None:  # a short page: more may be older than the bounded scan reached
-        reached = await db.fetchrow("ops_batches_page_scanned", at, bid, scan)
-        if reached is not None and reached["n"] == scan:
-            nxt = [reached["created_at"], str(reached["id"])]
+        reached = await db.row("ops_batches_page_scanned", at, bid, scan)
+        if reached is not None and reached.n == scan:
+            nxt = [reached.created_at, str(reached.id)]
     return BatchPage(batches=out, next=None if nxt is None else cursors.encode("batches", nxt))
 
 

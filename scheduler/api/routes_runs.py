@@ -137,22 +137,22 @@ async def list_runs(ctx: Ctx) -> Any:
     after_id = None if key is None else key[-1]
     if ranges and (sort in ("id", "status") or fixed):
         by = "status" if sort == "status" and not fixed else "id"
-        rows = await db.fetch("api_runs_page_by_queue", queues, states, *filters[2:], limit, owner, before, *more,
-                              floor, by, order, key is not None, key[0] if key is not None and by == "status" else None,
-                              after_id, offset)
+        rows = await db.rows("api_runs_page_by_queue", queues, states, *filters[2:], limit, owner, before, *more,
+                             floor, by, order, key is not None, key[0] if key is not None and by == "status" else None,
+                             after_id, offset)
     elif offset:
-        rows = await db.fetch("dashboard_runs", *filters, limit, *who, *more, sort, order, offset, floor)
+        rows = await db.rows("dashboard_runs", *filters, limit, *who, *more, sort, order, offset, floor)
     elif sort in ("id", "created_at") or fixed:
         at = key[0] if key is not None and sort == "created_at" else None
-        rows = await db.fetch("api_runs_page_indexed", *filters, limit, *who, *more, "id" if fixed else sort, order,
-                              floor, key is not None, at, after_id)
+        rows = await db.rows("api_runs_page_indexed", *filters, limit, *who, *more, "id" if fixed else sort, order,
+                             floor, key is not None, at, after_id)
     elif sort == "finished_at":
-        rows = await db.fetch("api_runs_page_finished", *filters, limit, *who, *more, order, floor,
-                              key is not None, None if key is None else key[0], after_id)
+        rows = await db.rows("api_runs_page_finished", *filters, limit, *who, *more, order, floor,
+                             key is not None, None if key is None else key[0], after_id)
     else:
         v = key[0] if key is not None else None
-        rows = await db.fetch("api_runs_page_other", *filters, limit, *who, *more, sort, order, floor, key is not None,
-                              v if sort == "attempt" else None, v if sort in ("handler", "status") else None, after_id)
+        rows = await db.rows("api_runs_page_other", *filters, limit, *who, *more, sort, order, floor, key is not None,
+                             v if sort == "attempt" else None, v if sort in ("handler", "status") else None, after_id)
     if n is None:
         n = await db.fetchval("dashboard_runs_count", *filters, *who, *more, COUNT_CAP + 1, floor)
     return Response(_enc.encode([_row(r, S.RunSummary) for r in rows]), media_type="application/json",
