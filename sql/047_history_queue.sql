@@ -14,14 +14,17 @@
 -- - events_queue_at: a queue's event rows by time. Event rows are not per job since 020 (claims and
 --   finishes are attempt columns, a PENDING submit is its run's row: 021): retries, expiries, commands.
 -- - events_operator_queue_at: the audit view's run commands of a queue, the rows of events_operator_at only.
+-- Each is ascending and read backwards: a queue's rows come in about time order, so its range grows at its
+-- right end and B-tree splits there leave full pages (a descending key inserts at the left end of each range,
+-- and those splits leave pages half empty).
 ALTER TABLE attempts ADD COLUMN queue text;
 
-CREATE INDEX attempts_queue_claim_page ON attempts (queue, started_at DESC, claim_stream_id DESC)
+CREATE INDEX attempts_queue_claim_page ON attempts (queue, started_at, claim_stream_id)
     WHERE claim_version IS NOT NULL;
-CREATE INDEX attempts_queue_finish_page ON attempts (queue, finished_at DESC, finish_stream_id DESC)
+CREATE INDEX attempts_queue_finish_page ON attempts (queue, finished_at, finish_stream_id)
     WHERE finish_type IS NOT NULL;
-CREATE INDEX events_queue_at ON events (queue, at DESC, id DESC);
-CREATE INDEX events_operator_queue_at ON events (queue, at DESC, id DESC)
+CREATE INDEX events_queue_at ON events (queue, at, id);
+CREATE INDEX events_operator_queue_at ON events (queue, at, id)
     WHERE run_id IS NOT NULL AND actor IS NOT NULL AND type <> 'submitted'
       AND actor NOT IN ('worker', 'recorder', 'reconciler', 'trigger');
 

@@ -42,10 +42,10 @@ WITH input AS MATERIALIZED (
            CASE WHEN status = 'PENDING' THEN $20::text END
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
-    RETURNING id, status, trace_id
-), ev AS (  -- a run submitted PENDING is its own submitted record (021); others keep the event row
-    INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
-    SELECT id, 'submitted', status, 0, $20, trace_id, now() FROM ins WHERE status <> 'PENDING' OR $20 IS NULL
+    RETURNING id, status, trace_id, queue
+), ev AS (  -- a run submitted PENDING is its own submitted record (021); others keep the event row (its queue: 047)
+    INSERT INTO events (run_id, queue, type, to_status, version, actor, trace_id, at)
+    SELECT id, queue, 'submitted', status, 0, $20, trace_id, now() FROM ins WHERE status <> 'PENDING' OR $20 IS NULL
 ), notify AS (
     SELECT pg_notify('fencepost_outbox', q.queue)
     FROM (SELECT DISTINCT queue FROM input WHERE outbox) q
@@ -100,9 +100,9 @@ WITH input AS MATERIALIZED (
            workflow_id, false, tenant, concurrency_key, concurrency_limit, rate_key, rate_limit,
            CASE WHEN status = 'PENDING' THEN $29::text END
     FROM input
-), ev AS (  -- a run submitted PENDING is its own submitted record (021); others keep the event row
-    INSERT INTO events (run_id, type, to_status, version, actor, trace_id, at)
-    SELECT id, 'submitted', status, 0, $29, trace_id, now() FROM input WHERE status <> 'PENDING' OR $29 IS NULL
+), ev AS (  -- a run submitted PENDING is its own submitted record (021); others keep the event row (its queue: 047)
+    INSERT INTO events (run_id, queue, type, to_status, version, actor, trace_id, at)
+    SELECT id, queue, 'submitted', status, 0, $29, trace_id, now() FROM input WHERE status <> 'PENDING' OR $29 IS NULL
 )
 SELECT ord, id, NULL::text AS queue, NULL::bigint AS epoch FROM input
 UNION ALL

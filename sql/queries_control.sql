@@ -16,8 +16,8 @@ WITH w AS (
     WHERE excluded.token >= c.token AND excluded.token >= c.fence_token AND excluded.gen >= c.gen
     RETURNING version
 ), e AS (
-    INSERT INTO events (run_id, type, attempt, token, actor, data, at)
-    SELECT $1, 'checkpointed', $3, $2, 'worker',
+    INSERT INTO events (run_id, queue, type, attempt, token, actor, data, at)  -- the run's queue (047)
+    SELECT $1, (SELECT queue FROM runs WHERE id = $1), 'checkpointed', $3, $2, 'worker',
            jsonb_build_object('version', version, 'processed', $7::bigint, 'gen', $4::integer), now()
     FROM w
 )

@@ -52,14 +52,14 @@ WITH r AS (
                     finished_at = CASE WHEN status = 'STOPPING' THEN now() END,
                     reason = 'redis_lost', updated_at = now()
     WHERE id = ANY($1::bigint[]) AND status IN ('RUNNING', 'STOPPING')
-    RETURNING id, status, attempt, version, token
+    RETURNING id, status, attempt, version, token, queue
 ), a AS (
     UPDATE attempts SET finished_at = now(), outcome = 'interrupted',
                         error_message = 'lease state lost from Redis'
     WHERE (run_id, attempt) IN (SELECT id, attempt FROM r) AND finished_at IS NULL
 ), e AS (
-    INSERT INTO events (run_id, type, from_status, to_status, version, attempt, token, actor, reason, at)
-    SELECT id, 'lease_expired', CASE WHEN status = 'PENDING' THEN 'RUNNING' ELSE 'STOPPING' END, status,
+    INSERT INTO events (run_id, queue, type, from_status, to_status, version, attempt, token, actor, reason, at)
+    SELECT id, queue, 'lease_expired', CASE WHEN status = 'PENDING' THEN 'RUNNING' ELSE 'STOPPING' END, status,
            version, attempt, token, 'reconciler', 'redis_lost', now() FROM r
     WHERE id <> ALL($2::bigint[])
 )
@@ -98,9 +98,9 @@ SELECT old.id, old.status AS from_status FROM old;
 -- name: drift_events
 -- params: id int8[], f text[], t text[], v int8[], k text[], d jsonb[]
 -- returns: nothing
--- One 'drift_repaired' event per repaired drift (reason = the kind of drift).
-INSERT INTO events (run_id, type, from_status, to_status, version, actor, reason, data, at)
-SELECT id, 'drift_repaired', f, t, v, 'reconciler', k, d, now()
+-- One 'drift_repaired' event per repaired drift (reason = the kind of drift), with its run's queue (047).
+INSERT INTO events (run_id, queue, type, from_status, to_status, version, actor, reason, data, at)
+SELECT id, (SELECT r.queue FROM runs r WHERE r.id = x.id), 'drift_repaired', f, t, v, 'reconciler', k, d, now()
 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::jsonb[]) AS x(id, f, t, v, k, d);
 
 -- name: rebuild_try_lock
