@@ -175,6 +175,23 @@ SELECT * FROM (
           AND ($4::timestamptz IS NULL OR e.at < $4)
           AND ($7::jsonb IS NULL OR (e.at, e.id) < (($7->>0)::timestamptz, ($7->>1)::bigint))
         ORDER BY e.queue DESC, e.at DESC, e.id DESC LIMIT $5) ev)
+    UNION ALL
+    -- and the commands whose row carries no queue, through their run (events_queue_unknown: about empty)
+    (SELECT ev.* FROM floor f CROSS JOIN LATERAL (
+        SELECT 'run' AS source, e.id, e.at, e.actor, NULL::text, e.type, q.queue, e.run_id::text, e.reason,
+               json_build_object('from', e.from_status, 'to', e.to_status, 'version', e.version)::text
+        FROM events e
+        CROSS JOIN LATERAL (SELECT COALESCE((SELECT r.queue FROM runs r WHERE r.id = e.run_id),
+                                            (SELECT ra.queue FROM runs_archive ra WHERE ra.id = e.run_id LIMIT 1)) AS queue) q
+        WHERE ($2::text IS NOT NULL OR $6::text[] IS NOT NULL) AND e.queue IS NULL AND e.run_id IS NOT NULL
+          AND e.actor IS NOT NULL AND e.type <> 'submitted' AND e.actor NOT IN ('worker', 'recorder', 'reconciler', 'trigger')
+          AND e.at >= COALESCE(f.at, $3, '-infinity')
+          AND ($1::text IS NULL OR e.actor = $1 OR (right($1, 1) IN (':', '@') AND starts_with(e.actor, $1)))
+          AND ($2::text IS NULL OR q.queue = $2) AND ($6::text[] IS NULL OR q.queue = ANY($6))
+          AND ($3::timestamptz IS NULL OR e.at >= $3) AND ($4::timestamptz IS NULL OR e.at < $4)
+          AND ($7::jsonb IS NULL OR (e.at <= ($7->>0)::timestamptz
+               AND (e.at, e.id) < (($7->>0)::timestamptz, ($7->>1)::bigint)))
+        ORDER BY e.at DESC, e.id DESC LIMIT $5) ev)
 ) x
 ORDER BY at DESC, id DESC, source DESC LIMIT $5;
 

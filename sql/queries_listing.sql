@@ -391,5 +391,17 @@ SELECT * FROM (
           AND ($6::timestamptz IS NULL OR (e.at <= $6 AND (e.at, COALESCE(e.stream_id, -1), e.id, COALESCE(e.run_id, 0))
                                                         < ($6, $7::bigint, $8::bigint, $9::bigint)))
         ORDER BY e.at DESC, COALESCE(e.stream_id, -1) DESC, e.id DESC LIMIT $4) ev)
+    UNION ALL
+    -- and the event rows that carry no queue, through their run (events_queue_unknown: about empty)
+    (SELECT ev.* FROM floor f CROSS JOIN LATERAL (
+        SELECT e.id, e.run_id, r.queue, e.type, e.from_status, e.to_status, e.attempt, e.worker_id,
+               e.actor, e.reason, e.error_class, e.at, r.handler, r.workflow_id, r.trace_id, e.stream_id
+        FROM events e JOIN runs r ON r.id = e.run_id
+        WHERE ($3::text IS NOT NULL OR $5::text[] IS NOT NULL) AND e.queue IS NULL AND e.run_id IS NOT NULL
+          AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+          AND e.at >= $1 AND e.at >= COALESCE(f.at, $1) AND ($2::text IS NULL OR e.type = $2)
+          AND ($6::timestamptz IS NULL OR (e.at <= $6 AND (e.at, COALESCE(e.stream_id, -1), e.id, COALESCE(e.run_id, 0))
+                                                        < ($6, $7::bigint, $8::bigint, $9::bigint)))
+        ORDER BY e.at DESC, COALESCE(e.stream_id, -1) DESC, e.id DESC LIMIT $4) ev)
 ) h
 ORDER BY at DESC, COALESCE(stream_id, -1) DESC, id DESC, COALESCE(run_id, 0) DESC LIMIT $4;
