@@ -14,9 +14,10 @@
 -- - events_queue_at: a queue's event rows by time. Event rows are not per job since 020 (claims and
 --   finishes are attempt columns, a PENDING submit is its run's row: 021): retries, expiries, commands.
 -- - events_operator_queue_at: the audit view's run commands of a queue, the rows of events_operator_at only.
--- - events_queue_unknown: the event rows of a run that carry no queue (a writer that does not name it, a row
---   whose run the backfill did not find): a queue's history finds them through their run, as before, without
---   walking the others. Every writer names the queue now, so it stays about empty and costs nothing per job.
+-- - events_queue_unknown, attempts_queue_unknown_claim / _finish: the history rows of a run that carry no queue
+--   (an older recorder still running during an upgrade, a writer that does not name it, a row whose run the
+--   backfill did not find): a queue's history finds them through their run, as before, without walking the
+--   others. Every writer names the queue now, so they stay about empty and cost nothing per job.
 -- Each is ascending and read backwards: a queue's rows come in about time order, so its range grows at its
 -- right end and B-tree splits there leave full pages (a descending key inserts at the left end of each range,
 -- and those splits leave pages half empty).
@@ -28,6 +29,10 @@ CREATE INDEX attempts_queue_finish_page ON attempts (queue, finished_at, finish_
     WHERE finish_type IS NOT NULL;
 CREATE INDEX events_queue_at ON events (queue, at, id);
 CREATE INDEX events_queue_unknown ON events (at, id) WHERE queue IS NULL AND run_id IS NOT NULL;
+CREATE INDEX attempts_queue_unknown_claim ON attempts (started_at, claim_stream_id)
+    WHERE queue IS NULL AND claim_version IS NOT NULL;
+CREATE INDEX attempts_queue_unknown_finish ON attempts (finished_at, finish_stream_id)
+    WHERE queue IS NULL AND finish_type IS NOT NULL;
 CREATE INDEX events_operator_queue_at ON events (queue, at, id)
     WHERE run_id IS NOT NULL AND actor IS NOT NULL AND type <> 'submitted'
       AND actor NOT IN ('worker', 'recorder', 'reconciler', 'trigger');

@@ -330,6 +330,27 @@ WITH other AS MATERIALIZED (SELECT * FROM (
                                                                  < ($6, $7::bigint, $8::bigint, $9::bigint)))
         ORDER BY a.finished_at DESC, a.finish_stream_id DESC, a.run_id DESC LIMIT $4) s)
     UNION ALL
+    -- and the attempts that carry no queue, through their run (attempts_queue_unknown_claim / _finish: about empty)
+    (SELECT -a.claim_stream_id, a.run_id, r.queue, 'claimed', 'PENDING', 'RUNNING', a.attempt, a.worker_id,
+            NULL::text, NULL::text, NULL::text, a.started_at, r.handler, r.workflow_id, r.trace_id, a.claim_stream_id
+     FROM attempts a JOIN runs r ON r.id = a.run_id
+     WHERE ($3::text IS NOT NULL OR $5::text[] IS NOT NULL) AND a.queue IS NULL
+       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+       AND a.claim_version IS NOT NULL AND a.started_at >= $1 AND ($2::text IS NULL OR $2 = 'claimed')
+       AND ($6::timestamptz IS NULL OR (a.started_at <= $6 AND (a.started_at, a.claim_stream_id, -a.claim_stream_id, a.run_id)
+                                                             < ($6, $7::bigint, $8::bigint, $9::bigint)))
+     ORDER BY a.started_at DESC, a.claim_stream_id DESC, a.run_id DESC LIMIT $4)
+    UNION ALL
+    (SELECT -a.finish_stream_id, a.run_id, r.queue, a.finish_type, a.finish_from, a.finish_to, a.attempt, a.worker_id,
+            NULL::text, a.reason, a.error_class, a.finished_at, r.handler, r.workflow_id, r.trace_id, a.finish_stream_id
+     FROM attempts a JOIN runs r ON r.id = a.run_id
+     WHERE ($3::text IS NOT NULL OR $5::text[] IS NOT NULL) AND a.queue IS NULL
+       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+       AND a.finish_type IS NOT NULL AND a.finished_at >= $1 AND ($2::text IS NULL OR a.finish_type = $2)
+       AND ($6::timestamptz IS NULL OR (a.finished_at <= $6 AND (a.finished_at, a.finish_stream_id, -a.finish_stream_id, a.run_id)
+                                                              < ($6, $7::bigint, $8::bigint, $9::bigint)))
+     ORDER BY a.finished_at DESC, a.finish_stream_id DESC, a.run_id DESC LIMIT $4)
+    UNION ALL
     (SELECT -r.id, r.id, r.queue, 'submitted', NULL::text, 'PENDING', NULL::integer, NULL::text, r.submitted_by,
             NULL::text, NULL::text, r.created_at, r.handler, r.workflow_id, r.trace_id, NULL::bigint
      FROM runs r
