@@ -17,6 +17,7 @@ const LIVE_REFRESH_MS = { queues: 5000, workers: 5000, dispatch: 5000, run: 5000
 // The run states, their groups and the states each command takes: fencepost.core.states, served by
 // GET /v1/states (filled in before the first view is drawn; never typed in here).
 let STATES = [];
+let GROUPS = {};
 let COMMANDS = {};
 let LISTS = {};
 const $ = (id) => document.getElementById(id);
@@ -61,7 +62,10 @@ function ago(t) {
   return s < 90 ? `${Math.round(s)}s ago` : s < 5400 ? `${Math.round(s / 60)}m ago` : `${Math.round(s / 3600)}h ago`;
 }
 
-const state = (s) => el("span", { class: `state ${s}`, "data-state": s }, s);
+// The named groups a state is in (GROUPS from /v1/states), space-separated: app.css colours a state by
+// its group (`[data-group~=ACTIVE]`), so a state added to a group in core/states.py takes its colour.
+const groupsOf = (s) => Object.keys(GROUPS).filter((g) => GROUPS[g].includes(s)).sort().join(" ");
+const state = (s) => el("span", { class: `state ${s}`, "data-state": s, "data-group": groupsOf(s) }, s);
 const runLink = (id) => el("a", { href: `#/run/${id}` }, String(id));
 const enc = encodeURIComponent;
 const isAdmin = () => me && me.role === "admin";
@@ -165,6 +169,7 @@ function selectBox(view, id) {
 async function loadStates() {
   const g = await api("GET", "/v1/states");
   STATES = g.states;
+  GROUPS = g.groups;
   COMMANDS = g.commands;
   LISTS = g.lists;
 }
@@ -409,7 +414,7 @@ const views = {
       ["Queues", (w) => w.queues.join(", ")], ["Busy", (w) => `${w.running.length} / ${w.concurrency}`],
       ["Runs held", (w) => w.running.length ? w.running.map((h) => [runLink(h.id), " ", jt(h.handler), " "]) : ""],
       ["Started", (w) => ago(w.started_at)], ["Last claim", (w) => w.last_claim_at ? ago(w.last_claim_at) : "never"],
-      ["State", (w) => w.stop_requested ? el("span", { class: "state STOPPING", "data-worker-state": "stopping" },
+      ["State", (w) => w.stop_requested ? el("span", { class: "state STOPPING", "data-group": groupsOf("STOPPING"), "data-worker-state": "stopping" },
         `stopping (${w.stop_requested.actor})`) : el("span", { "data-worker-state": "running" }, "running")],
       ["", (w) => w.stop_requested ? "" : el("button", { "data-stop-worker": w.id, onclick: () => confirmStopWorker(w) }, "Drain and stop…")],
     ], ws, "workers-table"), el("p", { id: "cmd-result", role: "status" }, lastResult.workers || "")];
@@ -757,7 +762,7 @@ function graph(nodes) {
     const a = s("a", { href: `#/run/${n.id}` });
     const label = `${n.name} · ${n.status}`;
     const shown = label.length > 24 ? `${label.slice(0, 23)}…` : label;
-    a.append(s("title", {}, label), s("rect", { x, y, width: BOX, height: 30, rx: 5, class: `node ${n.status}` }),
+    a.append(s("title", {}, label), s("rect", { x, y, width: BOX, height: 30, rx: 5, class: `node ${n.status}`, "data-group": groupsOf(n.status) }),
       s("text", { x: x + 6, y: y + 19 }, shown));
     svg.append(a);
   });
