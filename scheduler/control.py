@@ -17,7 +17,7 @@ from fencepost.core.hot import CancelArgs, ControlArgs, ControlVerb, ResolveArgs
 from fencepost.core.models import JobSpec, decode_payload, decode_result, run_row
 from fencepost.core.states import WAITING, Status
 from fencepost.core.submit import SubmitPath
-from fencepost.core.views import BulkCount, BulkResult, BulkSkip, Reply, RunSummary, view
+from fencepost.core.views import BulkCount, BulkResult, BulkSkip, Reply, RunSummary
 
 __all__ = ["BULK_DEFAULT_LIMIT", "COMMANDS", "Control", "explain_reply"]
 
@@ -66,7 +66,7 @@ class Control:
     async def cancel(self, run_id: int, *, reason: str = "", expected_version: int | None = None) -> Reply:
         """Not running: CANCELLED now. Running: stopped first, then CANCELLED ('STOPPING')."""
         run = await self._hot_run(run_id)
-        spec = (await self._specs([run["handler"]])).get(run["handler"])
+        spec = (await self._specs([run.handler])).get(run.handler)
         compensate = ""
         if spec is not None and spec.side_effects:
             compensate = spec.compensate or "!"  # '!': flag needs_compensation, nothing to enqueue
@@ -98,17 +98,19 @@ class Control:
             raise InvalidInput(f"resolve --as must be succeeded, failed or retry, not {as_!r}", field="as")
         audit.reason(reason)
         run = await self._hot_run(run_id)
-        if run["status"] != "FAILED" or run.get("reason") != "review":
-            raise InvalidInput(f"run {run_id} is not in the review queue (it is {run['status']}, "
-                               f"reason {run.get('reason')})", field="run_id")
+        if run.status != "FAILED" or run.reason != "review":
+            raise InvalidInput(f"run {run_id} is not in the review queue (it is {run.status}, "
+                               f"reason {run.reason})", field="run_id")
         if as_ == "retry":
             return await self.retry(run_id, reason=reason, expected_version=expected_version)
         return await self._command("resolve", run_id, reason, expected_version, run=run, outcome=as_)
 
     async def review_queue(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
         """FAILED runs with reason `review`, waiting for an operator's `resolve`."""
-        rows = await self.stores.db.fetch("review_queue", queue, limit)
-        return [view(RunSummary, {**dict(r), "status": "FAILED", "reason": "review"}) for r in rows]
+        return [RunSummary(id=r.id, handler=r.handler, queue=r.queue, status="FAILED", attempt=r.attempt,
+                           finished_at=r.finished_at, last_error_class=r.last_error_class, last_error=r.last_error,
+                           reason="review")
+                for r in await self.stores.db.rows("review_queue", queue, limit)]
 
     # -- queues --------------------------------------------------------------------------------
     async def pause_queue(self, queue: str, *, reason: str = "") -> None:
@@ -123,8 +125,8 @@ class Control:
         db = self.stores.db
         action = "queue_paused" if paused else "queue_resumed"
         async with db.transaction() as tx:  # the change and its audit row commit together, or neither
-            row = await db.fetchrow("pause_queue", queue, paused, conn=tx)  # PostgreSQL first: a rebuild restores it
-            if row is None or not row["n"]:
+            row = await db.row("pause_queue", queue, paused, conn=tx)  # PostgreSQL first: a rebuild restores it
+            if row is None or not row.n:
                 raise UnknownQueue(queue)
             await db.execute("queue_event", queue, action, self.actor, reason or None, conn=tx)
             await audit.write(db, tx, self.actor, action, queue=queue, reason_=reason)
@@ -146,7 +148,7 @@ class Control:
         if not confirm:
             raise BulkNotConfirmed(matched, limit)
         bound = until_id if until_id is not None else counted.until_id
-        ids = [r["id"] for r in await self.stores.db.fetch("bulk_select", queue, status, handler, bound, limit)]
+        ids = [r.id for r in await self.stores.db.rows("bulk_select", queue, status, handler, bound, limit)]
         selection = {"status": status, "handler": handler, "until_id": bound, "matched": matched}
         done = await self.act_on(command, ids, reason=reason, queue=queue, selection=selection)
         return msgspec.structs.replace(done, matched=matched, until_id=bound)
@@ -161,10 +163,10 @@ class Control:
             raise InvalidInput(f"unknown status {status!r}", field="status")
         if limit < 1:
             raise InvalidInput("limit must be at least 1", field="limit")
-        counted = await self.stores.db.fetchrow("bulk_count", queue, status, handler, until_id)
+        counted = await self.stores.db.row("bulk_count", queue, status, handler, until_id)
         assert counted is not None
-        return BulkCount(command=command, queue=queue, status=status, handler=handler, matched=counted["matched"],
-                         limit=limit, acting=min(counted["matched"], limit), until_id=counted["until_id"])
+        return BulkCount(command=command, queue=queue, status=status, handler=handler, matched=counted.matched,
+                         limit=limit, acting=min(counted.matched, limit), until_id=counted.until_id)
 
     async def bulk_confirm(self, count: BulkCount, *, reason: str = "") -> BulkResult:
         """Act on the runs COUNT counted (those still matching, at most its limit, none newer)."""
@@ -202,13 +204,13 @@ class Control:
                           refused={str(s.id): s.reason for s in skipped})
 
     # -- internals -----------------------------------------------------------------------------
-    async def _hot_run(self, run_id: int) -> dict[str, Any]:
-        """The run from the hot table only: an archived run (finished, moved to runs_archive) is
-        history, and re-enqueuing it would run it with no row to record into; UnknownRun."""
-        row = await self.stores.db.fetchrow("get_hot_run", run_id)
+    async def _hot_run(self, run_id: int) -> Any:
+        """The run from the hot table only (get_hot_run's row Struct): an archived run (finished, moved
+        to runs_archive) is history, and re-enqueuing it would run it with no row to record into; UnknownRun."""
+        row = await self.stores.db.row("get_hot_run", run_id)
         if row is None:
             raise UnknownRun(run_id)
-        return dict(row)
+        return row
 
     async def _specs(self, names: list[str]) -> dict[str, JobSpec]:
         try:
@@ -218,38 +220,38 @@ class Control:
         defs = self.path.defs
         return {n: defs[n] for n in names if n in defs}
 
-    async def _check_resumable(self, run: dict[str, Any]) -> None:
-        """Refuse, with the reason, what cannot be resumed safely; restart stays available."""
-        run_id, name = run["id"], run["handler"]
+    async def _check_resumable(self, run: Any) -> None:
+        """Refuse, with the reason, what cannot be resumed safely (RUN: `_hot_run`'s row); restart stays available."""
+        run_id, name = run.id, run.handler
         spec = (await self._specs([name])).get(name)
         if spec is None:
             raise ResumeRefused(run_id, f"handler {name!r} is not registered any more")
         if not spec.resumable:
             raise ResumeRefused(run_id, f"handler {name!r} declares itself not resumable")
-        ckpt = await self.stores.db.fetchrow("get_checkpoint", run_id)
-        (hot,) = await self.stores.scripts.peek(self.stores.keys(run["queue"]), [run_id])
+        ckpt = await self.stores.db.row("get_checkpoint", run_id)
+        (hot,) = await self.stores.scripts.peek(self.stores.keys(run.queue), [run_id])
         gen = hot.gen if hot is not None else 0
         state = None
-        if ckpt is not None and ckpt["state"] is not None and ckpt["gen"] == gen:
-            sv = ckpt["schema_version"]
+        if ckpt is not None and ckpt.state is not None and ckpt.gen == gen:
+            sv = ckpt.schema_version
             if sv != spec.version and not (spec.migrates and sv < spec.version):
                 raise ResumeRefused(run_id, f"its checkpoint has schema version {sv}, handler {name!r} is at "
                                             f"version {spec.version} and declares no migration from it")
-            state = decode_result(ckpt["state"])
+            state = decode_result(ckpt.state)
         registry = self.path.registry
         handler = registry.handlers.get(name) if registry is not None else None
         if handler is not None and handler.resume_check is not None:
-            args, kwargs = decode_payload(run["payload"])
+            args, kwargs = decode_payload(run.payload)
             problem = handler.resume_check(args, kwargs, state)
             if problem:
                 raise ResumeRefused(run_id, problem)
 
     async def _command(self, verb: ControlVerb, run_id: int, reason: str, expected_version: int | None,
-                       *, run: dict[str, Any] | None = None, compensate: str | None = None,
+                       *, run: Any = None, compensate: str | None = None,
                        outcome: str | None = None) -> Reply:
         audit.reason(reason)  # before anything takes effect: a reason the history cannot hold is refused
-        run = run or await self._hot_run(run_id)
-        keys = self.stores.keys(run["queue"])
+        run = run if run is not None else await self._hot_run(run_id)
+        keys = self.stores.keys(run.queue)
         base = ControlArgs(run_id, self.actor, reason or "",
                            "" if expected_version is None else expected_version)
         args = base
@@ -263,21 +265,21 @@ class Control:
             # Redis no longer holds the run (a finished run's hash expired, or drift): put
             # PostgreSQL's copy back, then ask again; the Lua still decides (compare-and-set).
             try:
-                await self.path.requeue(run_row(run))
+                await self.path.requeue(run_row(msgspec.structs.asdict(run)))
             except _UNHELD as exc:  # a row an older version stored, which Redis cannot hold (issue 22 item 8)
                 return Reply(await self._unheld(verb, run, reason, exc))
             return Reply(await self.stores.scripts.control_run(verb, keys, args))
 
-    async def _unheld(self, verb: str, run: dict[str, Any], reason: str, exc: BaseException) -> str:
+    async def _unheld(self, verb: str, run: Any, reason: str, exc: BaseException) -> str:
         """A command on a run Redis cannot hold (no script can apply it): a cancel of a waiting run
         is done in PostgreSQL alone, compare-and-set on the version read, with its event; any other
         command is a one-line InvalidInput naming what is wrong."""
         why = f"{type(exc).__name__}: {exc}"[:1000]
-        if verb == "cancel" and run["status"] in _WAITING:
-            row = await self.stores.db.fetchrow("cancel_unheld_run", run["id"], self.actor, reason or "",
-                                                f"stored values Redis cannot hold ({why})", "", run["version"])
+        if verb == "cancel" and run.status in _WAITING:
+            row = await self.stores.db.row("cancel_unheld_run", run.id, self.actor, reason or "",
+                                           f"stored values Redis cannot hold ({why})", "", run.version)
             if row is not None:
                 return Status.CANCELLED.value
-            raise InvalidInput(f"run {run['id']} changed while it was being cancelled; retry", field="run_id")
-        raise InvalidInput(f"run {run['id']} has stored values Redis cannot hold ({why}); cancel it, or let the "
+            raise InvalidInput(f"run {run.id} changed while it was being cancelled; retry", field="run_id")
+        raise InvalidInput(f"run {run.id} has stored values Redis cannot hold ({why}); cancel it, or let the "
                            "reconciler quarantine it", field="timeout")

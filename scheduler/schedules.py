@@ -7,7 +7,7 @@ import builtins
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, TypeVar
 
 import msgspec
 
@@ -25,13 +25,20 @@ from fencepost.core.schedules import (
     validated,
 )
 from fencepost.core.submit import SubmitPath, encode_arguments, fire_row
-from fencepost.core.views import Schedule, ScheduleRun, view
+from fencepost.core.views import Schedule, ScheduleRun, View
 
 __all__ = ["ScheduleUpdate", "Schedules"]
 
 _UTC = UTC
 
 _UNSET: Any = msgspec.UNSET
+_V = TypeVar("_V", bound=View)
+
+
+def _view(cls: type[_V], row: Any) -> _V:
+    """A record gateway row (`Database.rows` / `row`: the query's row Struct) as the view CLS, read by
+    attribute; columns the view does not name are left out, as `core.views.view` does for a Record."""
+    return msgspec.convert(row, cls, from_attributes=True, strict=False)
 
 
 class ScheduleUpdate(msgspec.Struct, kw_only=True, frozen=True):
@@ -93,9 +100,9 @@ class Schedules:
             row = await self._insert(tx, spec, payload, shown, first, spread, window)
             if row is None:
                 raise ScheduleExists(spec.name)
-            offset = spread_offset_ms(row["id"], spread)
+            offset = spread_offset_ms(row.id, spread)
             if offset:
-                await self.db.execute("schedule_set_offset", row["id"], offset, conn=tx)
+                await self.db.execute("schedule_set_offset", row.id, offset, conn=tx)
             await audit.write(self.db, tx, self.path.actor, "schedule_added", queue=await self.queue_of(spec),
                               target=spec.name, reason_=reason,
                               data={"handler": spec.handler, "cron": spec.cron, "interval_s": spec.interval_s})
@@ -113,39 +120,39 @@ class Schedules:
             raise InvalidInput("give exactly one of cron or interval", field="cron")
         now = now or await self.path.server_now()  # the server's clock, not this host's (docs/clock.md)
         async with self.db.transaction() as tx:
-            old = await self.db.fetchrow("schedule_lock", name, conn=tx)
+            old = await self.db.row("schedule_lock", name, conn=tx)
             if old is None:
                 raise UnknownSchedule(name)
-            args, kwargs = decode_payload(old["payload"])
+            args, kwargs = decode_payload(old.payload)
             spec = ScheduleSpec(
-                name=name, handler=changes.get("handler", old["handler"]),
+                name=name, handler=changes.get("handler", old.handler),
                 args=tuple(changes.get("args", args)), kwargs=dict(changes.get("kwargs", kwargs)),
-                cron=changes["cron"] if "cron" in changes else (None if "interval_s" in changes else old["cron"]),
+                cron=changes["cron"] if "cron" in changes else (None if "interval_s" in changes else old.cron),
                 interval_s=changes["interval_s"] if "interval_s" in changes else (
-                    None if "cron" in changes else old["interval_s"]),
-                timezone=changes.get("timezone", old["timezone"]), queue=changes.get("queue", old["queue"]),
-                priority=changes.get("priority", old["priority"]), spread_s=changes.get("spread_s", old["spread_s"]),
-                catchup=changes.get("catchup", old["catchup"]),
-                catchup_window_s=changes.get("catchup_window_s", old["catchup_window_s"]),
-                allow_overlap=changes.get("allow_overlap", old["allow_overlap"]), start_at=changes.get("start_at"))
+                    None if "cron" in changes else old.interval_s),
+                timezone=changes.get("timezone", old.timezone), queue=changes.get("queue", old.queue),
+                priority=changes.get("priority", old.priority), spread_s=changes.get("spread_s", old.spread_s),
+                catchup=changes.get("catchup", old.catchup),
+                catchup_window_s=changes.get("catchup_window_s", old.catchup_window_s),
+                allow_overlap=changes.get("allow_overlap", old.allow_overlap), start_at=changes.get("start_at"))
             validated(spec)
             await self.path.load_definitions({spec.handler})
             payload, shown = self._encoded(spec)
             timing = {"cron", "interval_s", "timezone", "start_at"} & changes.keys()
-            nxt = old["next_fire_time"]
-            if timing or old["quarantined"] is not None:
+            nxt = old.next_fire_time
+            if timing or old.quarantined is not None:
                 start = max(now, spec.start_at) if spec.start_at else now
                 nxt = (next_fire_after(start - timedelta(microseconds=1), cron=spec.cron, interval_s=None,
                                        tz=spec.timezone) if spec.cron is not None else start)
-            offset = spread_offset_ms(old["id"], spec.spread_s)
-            await self.db.fetchrow(
-                "schedule_update", old["id"], spec.handler, payload, shown, spec.queue, spec.priority, spec.cron,
+            offset = spread_offset_ms(old.id, spec.spread_s)
+            await self.db.row(
+                "schedule_update", old.id, spec.handler, payload, shown, spec.queue, spec.priority, spec.cron,
                 spec.interval_s, spec.timezone, nxt, spec.spread_s, offset, spec.catchup, spec.catchup_window_s,
                 spec.allow_overlap, conn=tx)
-            before = {"handler": old["handler"], "args": list(args), "kwargs": kwargs, "cron": old["cron"],
-                      "interval_s": old["interval_s"], "timezone": old["timezone"], "queue": old["queue"],
-                      "priority": old["priority"], "spread_s": old["spread_s"], "catchup": old["catchup"],
-                      "catchup_window_s": old["catchup_window_s"], "allow_overlap": old["allow_overlap"]}
+            before = {"handler": old.handler, "args": list(args), "kwargs": kwargs, "cron": old.cron,
+                      "interval_s": old.interval_s, "timezone": old.timezone, "queue": old.queue,
+                      "priority": old.priority, "spread_s": old.spread_s, "catchup": old.catchup,
+                      "catchup_window_s": old.catchup_window_s, "allow_overlap": old.allow_overlap}
             after = {k: (list(v) if isinstance(v, tuple) else v) for k, v in msgspec.structs.asdict(spec).items()}
             diff = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
             if "start_at" in changes:
@@ -163,23 +170,23 @@ class Schedules:
         audit.reason(reason)
         now = now or await self.path.server_now()  # the server's clock, not this host's (docs/clock.md)
         async with self.db.transaction() as tx:
-            s = await self.db.fetchrow("schedule_lock", name, conn=tx)
+            s = await self.db.row("schedule_lock", name, conn=tx)
             if s is None:
                 raise UnknownSchedule(name)
-            if s["busy"]:
-                raise IllegalTransition(s["last_run_id"], s["last_status"] or "active",
+            if s.busy:
+                raise IllegalTransition(s.last_run_id, s.last_status or "active",
                                         f"run schedule {name!r} now: its previous run is still active and "
                                         "allow_overlap is off")
-            if s["def_max_retries"] is None:
-                await self.path.load_definitions({s["handler"]})  # raises UnknownHandler
-            queue = s["fires_into"] or "default"
-            row = fire_row(schedule_id=s["id"], handler=s["handler"], queue=queue, payload=s["payload"],
-                           priority=s["fire_priority"], max_retries=s["def_max_retries"],
-                           timeout_s=s["def_timeout_s"], fire_time=now, run_at=now)
+            if s.def_max_retries is None:
+                await self.path.load_definitions({s.handler})  # raises UnknownHandler
+            queue = s.fires_into or "default"
+            row = fire_row(schedule_id=s.id, handler=s.handler, queue=queue, payload=s.payload,
+                           priority=s.fire_priority, max_retries=s.def_max_retries,
+                           timeout_s=s.def_timeout_s, fire_time=now, run_at=now)
             ids, created, new_queues = await self.path.insert(None, [row], tx)
             if not created:
                 raise InvalidInput(f"schedule {name!r} already fired at {now.isoformat()}; retry", field="name")
-            await self.db.execute("schedule_fired_now", s["id"], ids[0], now, conn=tx)
+            await self.db.execute("schedule_fired_now", s.id, ids[0], now, conn=tx)
             await audit.write(self.db, tx, self.path.actor, "schedule_run_now", queue=queue, target=name,
                               reason_=reason, data={"run_id": ids[0], "fire_time": now.isoformat()})
         await self.path.deliver(ids, created, [row], new_queues)
@@ -199,7 +206,7 @@ class Schedules:
 
     async def _insert(self, tx: Session, spec: ScheduleSpec, payload: bytes, shown: str, first: datetime,
                       spread: float, window: float | None) -> Any:
-        return await self.db.fetchrow(
+        return await self.db.row(
             "schedule_insert", spec.name, spec.handler, payload,
             shown, spec.queue,
             spec.priority, spec.cron, spec.interval_s, spec.timezone, first, spread, spec.catchup, window,
@@ -207,13 +214,13 @@ class Schedules:
 
     async def get(self, name: str) -> Schedule:
         """The stored schedule (`args_json` as PostgreSQL gives it, JSON text: `Schedule.decoded()` parses it)."""
-        row = await self.db.fetchrow("schedule_get", name)
+        row = await self.db.row("schedule_get", name)
         if row is None:
             raise UnknownSchedule(name)
-        return view(Schedule, row)
+        return _view(Schedule, row)
 
     async def list(self, *, limit: int = 100) -> builtins.list[Schedule]:  # `list` here is this method
-        return [view(Schedule, r) for r in await self.db.fetch("schedule_list", limit)]
+        return [_view(Schedule, r) for r in await self.db.rows("schedule_list", limit)]
 
     async def set_paused(self, name: str, paused: bool, *, now: datetime | None = None,
                          reason: str = "") -> Schedule:
@@ -225,7 +232,7 @@ class Schedules:
                 raise InvalidInput(f"schedule {name!r} is quarantined ({why}); fix it with `fencepost schedule "
                                    "update`, which checks it and resumes it", field="name")
         async with self.db.transaction() as tx:
-            if await self.db.fetchrow("schedule_pause", name, paused, conn=tx) is None:
+            if await self.db.row("schedule_pause", name, paused, conn=tx) is None:
                 raise UnknownSchedule(name)
             await audit.write(self.db, tx, self.path.actor, "schedule_paused" if paused else "schedule_resumed",
                               queue=await self.queue_named(name, tx), target=name, reason_=reason)
@@ -235,15 +242,15 @@ class Schedules:
         audit.reason(reason)
         async with self.db.transaction() as tx:
             queue = await self.queue_named(name, tx)
-            if await self.db.fetchrow("schedule_delete", name, conn=tx) is None:
+            if await self.db.row("schedule_delete", name, conn=tx) is None:
                 raise UnknownSchedule(name)
             await audit.write(self.db, tx, self.path.actor, "schedule_removed", queue=queue, target=name,
                               reason_=reason)
 
     async def queue_named(self, name: str, conn: Session | None = None) -> str | None:
         """The queue a stored schedule fires into (its own, else its handler's), None if unknown."""
-        row = await self.db.fetchrow("schedule_queues", [name], conn=conn)
-        return None if row is None else row["queue"]
+        row = await self.db.row("schedule_queues", [name], conn=conn)
+        return None if row is None else row.queue
 
     async def queue_of(self, spec: ScheduleSpec) -> str:
         """The queue a schedule fires into: its own, else its handler's declared queue."""
@@ -255,12 +262,12 @@ class Schedules:
     async def list_scoped(self, *, limit: int = 100, queues: builtins.list[str] | None = None
                           ) -> builtins.list[Schedule]:
         """Schedules, only those firing into `queues` when given (a scoped token's view)."""
-        return [view(Schedule, r) for r in await self.db.fetch("schedule_list_scoped", limit, queues)]
+        return [_view(Schedule, r) for r in await self.db.rows("schedule_list_scoped", limit, queues)]
 
     async def runs(self, name: str, limit: int = 10) -> builtins.list[ScheduleRun]:
         """The runs the schedule fired, latest fire first."""
         s = await self.get(name)
-        return [view(ScheduleRun, r) for r in await self.db.fetch("schedule_runs", s.id, limit)]
+        return [_view(ScheduleRun, r) for r in await self.db.rows("schedule_runs", s.id, limit)]
 
     async def upcoming(self, name: str, n: int, *, now: datetime | None = None) -> Sequence[datetime]:
         s = await self.get(name)
