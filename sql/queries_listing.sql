@@ -306,17 +306,22 @@ WITH other AS MATERIALIZED (SELECT * FROM (
      ORDER BY a.finished_at DESC, a.finish_stream_id DESC, a.run_id DESC LIMIT $4)
     UNION ALL
     -- a queue, or a scoped token's queues: attempts_queue_claim_page and attempts_queue_finish_page (047) queue
-    -- by queue, the range (queue, the cursor's time) down to (queue, since)
+    -- by queue, one range from (queue, the cursor's time) down to (queue, since). The range is two row
+    -- comparisons, not queue = q: with an equality the queue is a constant to the planner, which then read the
+    -- time-ordered index (037) and filtered on the queue, every other queue's row of the window (as 046 found
+    -- for the audit log).
     (SELECT s.* FROM unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] ELSE $5::text[] END) q(queue)
      CROSS JOIN LATERAL (
         SELECT -a.claim_stream_id, a.run_id, a.queue, 'claimed', 'PENDING', 'RUNNING', a.attempt, a.worker_id,
                NULL::text, NULL::text, NULL::text, a.started_at, r.handler, r.workflow_id, r.trace_id, a.claim_stream_id
         FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
-        WHERE a.queue = q.queue AND ($5::text[] IS NULL OR q.queue = ANY($5))
-          AND a.claim_version IS NOT NULL AND a.started_at >= $1 AND ($2::text IS NULL OR $2 = 'claimed')
-          AND ($6::timestamptz IS NULL OR (a.started_at <= $6 AND (a.started_at, a.claim_stream_id, -a.claim_stream_id, a.run_id)
-                                                                < ($6, $7::bigint, $8::bigint, $9::bigint)))
-        ORDER BY a.started_at DESC, a.claim_stream_id DESC, a.run_id DESC LIMIT $4) s)
+        WHERE ($5::text[] IS NULL OR q.queue = ANY($5))
+          AND (a.queue, a.started_at) >= (q.queue, $1::timestamptz)
+          AND (a.queue, a.started_at) <= (q.queue, COALESCE($6::timestamptz, 'infinity'))
+          AND a.claim_version IS NOT NULL AND ($2::text IS NULL OR $2 = 'claimed')
+          AND ($6::timestamptz IS NULL OR (a.started_at, a.claim_stream_id, -a.claim_stream_id, a.run_id)
+                                          < ($6, $7::bigint, $8::bigint, $9::bigint))
+        ORDER BY a.queue DESC, a.started_at DESC, a.claim_stream_id DESC, a.run_id DESC LIMIT $4) s)
     UNION ALL
     (SELECT s.* FROM unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] ELSE $5::text[] END) q(queue)
      CROSS JOIN LATERAL (
@@ -324,11 +329,13 @@ WITH other AS MATERIALIZED (SELECT * FROM (
                a.worker_id, NULL::text, a.reason, a.error_class, a.finished_at, r.handler, r.workflow_id, r.trace_id,
                a.finish_stream_id
         FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
-        WHERE a.queue = q.queue AND ($5::text[] IS NULL OR q.queue = ANY($5))
-          AND a.finish_type IS NOT NULL AND a.finished_at >= $1 AND ($2::text IS NULL OR a.finish_type = $2)
-          AND ($6::timestamptz IS NULL OR (a.finished_at <= $6 AND (a.finished_at, a.finish_stream_id, -a.finish_stream_id, a.run_id)
-                                                                 < ($6, $7::bigint, $8::bigint, $9::bigint)))
-        ORDER BY a.finished_at DESC, a.finish_stream_id DESC, a.run_id DESC LIMIT $4) s)
+        WHERE ($5::text[] IS NULL OR q.queue = ANY($5))
+          AND (a.queue, a.finished_at) >= (q.queue, $1::timestamptz)
+          AND (a.queue, a.finished_at) <= (q.queue, COALESCE($6::timestamptz, 'infinity'))
+          AND a.finish_type IS NOT NULL AND ($2::text IS NULL OR a.finish_type = $2)
+          AND ($6::timestamptz IS NULL OR (a.finished_at, a.finish_stream_id, -a.finish_stream_id, a.run_id)
+                                          < ($6, $7::bigint, $8::bigint, $9::bigint))
+        ORDER BY a.queue DESC, a.finished_at DESC, a.finish_stream_id DESC, a.run_id DESC LIMIT $4) s)
     UNION ALL
     -- and the attempts that carry no queue, through their run (attempts_queue_unknown_claim / _finish: about empty)
     (SELECT -a.claim_stream_id, a.run_id, r.queue, 'claimed', 'PENDING', 'RUNNING', a.attempt, a.worker_id,
@@ -400,18 +407,21 @@ SELECT * FROM (
                                                      < ($6, $7::bigint, $8::bigint, $9::bigint)))
      ORDER BY e.at DESC, COALESCE(e.stream_id, -1) DESC, e.id DESC LIMIT $4) ev)
     UNION ALL
-    -- a queue, or a scoped token's queues: events_queue_at (047) queue by queue, from the cursor down to the floor
+    -- a queue, or a scoped token's queues: events_queue_at (047) queue by queue, one range from (queue, the
+    -- cursor's time) down to (queue, the floor or since), as the attempts' ranges above
     (SELECT ev.* FROM floor f
      CROSS JOIN unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] ELSE $5::text[] END) q(queue)
      CROSS JOIN LATERAL (
         SELECT e.id, e.run_id, e.queue, e.type, e.from_status, e.to_status, e.attempt, e.worker_id,
                e.actor, e.reason, e.error_class, e.at, r.handler, r.workflow_id, r.trace_id, e.stream_id
         FROM events e LEFT JOIN runs r ON r.id = e.run_id
-        WHERE e.queue = q.queue AND ($5::text[] IS NULL OR q.queue = ANY($5))
-          AND e.at >= $1 AND e.at >= COALESCE(f.at, $1) AND ($2::text IS NULL OR e.type = $2)
-          AND ($6::timestamptz IS NULL OR (e.at <= $6 AND (e.at, COALESCE(e.stream_id, -1), e.id, COALESCE(e.run_id, 0))
-                                                        < ($6, $7::bigint, $8::bigint, $9::bigint)))
-        ORDER BY e.at DESC, COALESCE(e.stream_id, -1) DESC, e.id DESC LIMIT $4) ev)
+        WHERE ($5::text[] IS NULL OR q.queue = ANY($5))
+          AND (e.queue, e.at) >= (q.queue, GREATEST($1::timestamptz, f.at))
+          AND (e.queue, e.at) <= (q.queue, COALESCE($6::timestamptz, 'infinity'))
+          AND ($2::text IS NULL OR e.type = $2)
+          AND ($6::timestamptz IS NULL OR (e.at, COALESCE(e.stream_id, -1), e.id, COALESCE(e.run_id, 0))
+                                          < ($6, $7::bigint, $8::bigint, $9::bigint))
+        ORDER BY e.queue DESC, e.at DESC, COALESCE(e.stream_id, -1) DESC, e.id DESC LIMIT $4) ev)
     UNION ALL
     -- and the event rows that carry no queue, through their run (events_queue_unknown: about empty)
     (SELECT ev.* FROM floor f CROSS JOIN LATERAL (

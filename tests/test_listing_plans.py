@@ -216,9 +216,9 @@ async def test_a_queue_filter_on_the_fleet_history_reads_the_pages_time_span_not
         FROM generate_series(1, 200) i""")
     await _pool(api).execute("""
         INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome, claim_version,
-                              claim_stream_id, finish_type, finish_from, finish_to, finish_version, finish_stream_id)
+                              claim_stream_id, finish_type, finish_from, finish_to, finish_version, finish_stream_id, queue)
         SELECT 100000 + i, 1, 1, 'w', now() - make_interval(secs => i * 0.05), now() - make_interval(secs => i * 0.05),
-               'succeeded', 1, 9000000 + 2 * i, 'succeeded', 'RUNNING', 'SUCCEEDED', 2, 9000000 + 2 * i + 1
+               'succeeded', 1, 9000000 + 2 * i, 'succeeded', 'RUNNING', 'SUCCEEDED', 2, 9000000 + 2 * i + 1, 'tq'
         FROM generate_series(1, 200) i""")
     await _pool(api).execute("ANALYZE events")
     await _pool(api).execute("ANALYZE runs")
@@ -254,9 +254,9 @@ async def test_a_queue_filter_on_the_audit_view_reads_its_pages_rows_not_other_q
                now() - make_interval(secs => i * 0.36)
         FROM generate_series(1, 5000) i""")
     await _pool(api).execute("""
-        INSERT INTO events (run_id, type, actor, at)
-        SELECT 300000 + CASE WHEN i % 100 = 50 THEN 0 ELSE 1 + i % 9 END, 'paused', 'token:2@x',
-               now() - make_interval(secs => i * 0.36 + 0.1)
+        INSERT INTO events (run_id, queue, type, actor, at)  -- each with its run's queue, as written since 047
+        SELECT 300000 + CASE WHEN i % 100 = 50 THEN 0 ELSE 1 + i % 9 END, CASE WHEN i % 100 = 50 THEN 'tq' ELSE 'other' END,
+               'paused', 'token:2@x', now() - make_interval(secs => i * 0.36 + 0.1)
         FROM generate_series(2, 5000, 2) i""")
     await _pool(api).execute("ANALYZE audit_log")
     await _pool(api).execute("ANALYZE events")
@@ -283,3 +283,111 @@ async def test_a_queue_filter_on_the_audit_view_reads_its_pages_rows_not_other_q
             assert log <= 2 * 50 and commands <= 300, (
                 f"page {page}: {name} read {log} log entries and {commands} run commands for a page of tq's")
     assert seen == want
+
+
+async def _other_queues_history(api: Api) -> None:
+    """The last hour of queue `other` as the recorder writes it since 047 (each row with its queue): 5,000 event
+    rows of its runs (retries, operator commands) and 5,000 claims and finishes, and submits of its runs."""
+    await _pool(api).execute("""
+        INSERT INTO runs (id, handler, queue, status, payload, max_retries, timeout_s, attempt, created_at, run_at,
+                          finished_at, submitted_by)
+        SELECT 400000 + i, 't.echo', 'other', 'SUCCEEDED', '\\x929180'::bytea, 3, 60, 1,
+               now() - make_interval(secs => i * 0.7), now(), now(), 'token:1@x'
+        FROM generate_series(1, 5000) i""")
+    await _pool(api).execute("""
+        INSERT INTO events (run_id, queue, type, from_status, to_status, version, actor, at)
+        SELECT 400000 + i, 'other', 'paused', 'PENDING', 'PAUSED', 1, 'token:2@x', now() - make_interval(secs => i * 0.7)
+        FROM generate_series(1, 5000) i""")
+    await _pool(api).execute("""
+        INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome, claim_version,
+                              claim_stream_id, finish_type, finish_from, finish_to, finish_version, finish_stream_id, queue)
+        SELECT 400000 + i, 1, 1, 'w', now() - make_interval(secs => i * 0.7), now() - make_interval(secs => i * 0.7 - 0.1),
+               'succeeded', 2, 8000000 + 2 * i, 'succeeded', 'RUNNING', 'SUCCEEDED', 3, 8000000 + 2 * i + 1, 'other'
+        FROM generate_series(1, 5000) i""")
+    for table in ("events", "attempts", "runs"):
+        await _pool(api).execute(f"ANALYZE {table}")
+
+
+@pytest.mark.parametrize("who,params", [("admin", {"queue": "tq"}), ("op_tq", {})])
+async def test_the_history_of_a_queue_with_nothing_in_the_window_reads_no_other_queues_rows(
+        api: Api, monkeypatch: pytest.MonkeyPatch, who: str, params: dict[str, str]) -> None:
+    """GET /v1/events of a queue that had nothing in the window (and a scoped token's history) read every event,
+    claim and finish of the window to find none of its own: a row's queue was its run's (0.3-1.1 s at 1M with
+    20,000 commands in the hour). Each half now reads the queue's own range of 047's indexes: nothing here."""
+    await _other_queues_history(api)
+    sent = _record_statements(api, monkeypatch)
+    r = await api.req("GET", "/v1/events", who, params={**params, "limit": 50})
+    assert r.status_code == 200, r.text
+    assert r.json() == []
+    (name, args), = [(n, a) for n, a in sent if n == "fleet_events_page"]
+    plan = await _explain(api, name, args, no_seqscan=True)
+    read = {t: _rows_read(plan, {t}) for t in ("events", "attempts")}
+    assert all(n <= 5 for n in read.values()), f"{name} read {read} rows for a queue with no history in the window"
+
+
+async def test_a_queues_history_pages_read_its_own_rows_whatever_the_other_queues_hold(
+        api: Api, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page of a queue with a few rows among another queue's thousands reads about a page of rows, first page
+    and deep, and a row written without its queue (an older recorder during an upgrade) is found through its run."""
+    await _other_queues_history(api)
+    rid = await client.submit("t.echo", 1, queue="tq")
+    await _pool(api).execute("""
+        INSERT INTO events (run_id, queue, type, from_status, to_status, version, actor, at)
+        SELECT $1, 'tq', 'paused', 'PENDING', 'PAUSED', i, 'token:2@x', now() - make_interval(secs => i * 7.1)
+        FROM generate_series(1, 120) i""", rid)
+    await _pool(api).execute("""
+        INSERT INTO events (run_id, type, from_status, to_status, version, actor, at)
+        VALUES ($1, 'resumed', 'PAUSED', 'PENDING', 999, 'token:2@x', now() - interval '1 second')""", rid)
+    sent = _record_statements(api, monkeypatch)
+    seen: list[int] = []
+    cursor: str | None = None
+    for page in range(4):
+        sent.clear()
+        r = await api.req("GET", "/v1/events", "admin",
+                          params={"queue": "tq", "limit": 50, **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200, r.text
+        assert {e["queue"] for e in r.json()} <= {"tq"}
+        seen += [e["id"] for e in r.json()]
+        (name, args), = [(n, a) for n, a in sent if n == "fleet_events_page"]
+        plan = await _explain(api, name, args, no_seqscan=True)
+        read = _rows_read(plan, {"events", "attempts"})
+        assert read <= 4 * 50, f"page {page}: {name} read {read} history rows for a page of tq's"
+        cursor = r.headers.get("x-next-cursor")
+        if cursor is None:
+            break
+    want = [r["id"] for r in await _pool(api).fetch(
+        "SELECT id FROM events WHERE run_id = $1 ORDER BY at DESC, id DESC", rid)]
+    assert [i for i in seen if i > 0] == want and len(want) == 121, "every row of tq, the queue-less one too"
+
+
+async def test_the_audit_view_of_a_queue_of_run_commands_reads_its_own_commands_deep_in_the_log(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue whose audit page is mostly commands on its runs (no log rows to bound the span) looked each
+    command's run up and read other queues' commands from the cursor down (55-227 ms deep at 1M with 20,000
+    commands); its commands are now one range of events_operator_queue_at."""
+    await _other_queues_history(api)
+    await _pool(api).execute("""
+        INSERT INTO runs (id, handler, queue, status, payload, max_retries, timeout_s, created_at, run_at)
+        VALUES (500000, 't.echo', 'tq', 'PENDING', '\\x929180'::bytea, 3, 60, now(), now())""")
+    await _pool(api).execute("""
+        INSERT INTO events (run_id, queue, type, actor, at)
+        SELECT 500000, 'tq', 'paused', 'token:2@x', now() - make_interval(secs => i * 29.3) FROM generate_series(1, 120) i""")
+    await _pool(api).execute("ANALYZE events")
+    sent = _record_statements(api, monkeypatch)
+    seen = 0
+    cursor: str | None = None
+    for page in range(4):
+        sent.clear()
+        r = await api.req("GET", "/v1/audit", "admin",
+                          params={"queue": "tq", "limit": 50, **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200, r.text
+        assert {x["queue"] for x in r.json()} <= {"tq"}
+        seen += len(r.json())
+        (name, args), = [(n, a) for n, a in sent if n == "audit_list"]
+        plan = await _explain(api, name, args, no_seqscan=True)
+        read = _rows_read(plan, {"events"})
+        assert read <= 2 * 50, f"page {page}: {name} read {read} run commands for a page of tq's"
+        cursor = r.headers.get("x-next-cursor")
+        if cursor is None:
+            break
+    assert seen == 120
