@@ -95,7 +95,7 @@ async def test_history_an_older_version_stored_gets_its_runs_queue_from_047(empt
             "INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome, claim_version, "
             "claim_stream_id, finish_type, finish_from, finish_to, finish_version, finish_stream_id) VALUES "
             "($1, 1, 7, 'w', $2, $2, 'succeeded', 2, 101, 'succeeded', 'RUNNING', 'SUCCEEDED', 3, 102)", live, t0)
-        assert [name for name in await upgrade(conn)][0].startswith("047_"), "047 applied over the planted history"
+        assert (await upgrade(conn))[0].startswith("047_"), "047 applied over the planted history"
         events = {r["run_id"]: r["queue"] for r in await conn.fetch("SELECT run_id, queue FROM events")}
         assert events == {live: "tq", 900001: "qa", 900002: None}, "a run's queue, from the archive if archived"
         assert await conn.fetchval("SELECT queue FROM attempts WHERE run_id = $1", live) == "tq"
