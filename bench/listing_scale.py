@@ -58,7 +58,8 @@ async def build(dsn: str, prefix: str, runs: int, commands: int = 2000) -> None:
                    now() - make_interval(secs => ({runs} - i) * 3000.0 / {runs}),
                    now() - make_interval(secs => ({runs} - i) * 3000.0 / {runs}), 'token:1@127.0.0.1'
             FROM generate_series(1, {runs}) i""")
-        # dead letter and review in the other queues, some operator commands for the audit view
+        # dead letter and review in the other queues, some operator commands for the audit view; history rows
+        # carry their queue as written since 047 (a database built before has them without: 047 fills them)
         base = runs + 1
         await conn.execute(f"""
             INSERT INTO runs (id, handler, queue, status, payload, max_retries, timeout_s, attempt, finished_at,
@@ -68,9 +69,9 @@ async def build(dsn: str, prefix: str, runs: int, commands: int = 2000) -> None:
                    CASE WHEN i % 10 = 0 THEN 'review' ELSE 'max_retries' END, 'ValueError', 'boom'
             FROM generate_series(1, 5000) i""")
         await conn.execute(f"""
-            INSERT INTO events (run_id, type, from_status, to_status, version, actor, reason, at)
-            SELECT {base} + i, 'retried', 'FAILED', 'PENDING', 1, 'token:1@127.0.0.1', 'bench',
-                   now() - make_interval(secs => i)
+            INSERT INTO events (run_id, queue, type, from_status, to_status, version, actor, reason, at)
+            SELECT {base} + i, CASE WHEN i % 2 = 0 THEN 'payments' ELSE 'emails' END, 'retried', 'FAILED', 'PENDING',
+                   1, 'token:1@127.0.0.1', 'bench', now() - make_interval(secs => i)
             FROM generate_series(1, 2000) i""")
         # the audit view at depth (issue 24): 20,000 audit rows over the last 50 minutes, a tenth of them
         # payments' (the rest bench's), and COMMANDS operator commands on bench runs among them (2,000: as
@@ -82,8 +83,8 @@ async def build(dsn: str, prefix: str, runs: int, commands: int = 2000) -> None:
                    now() - make_interval(secs => i * 0.15)
             FROM generate_series(1, 20000) i""")
         await conn.execute(f"""
-            INSERT INTO events (run_id, type, actor, reason, at)
-            SELECT i * {max(1, runs // commands)}, 'paused', 'token:2@127.0.0.1', 'bench',
+            INSERT INTO events (run_id, queue, type, actor, reason, at)
+            SELECT i * {max(1, runs // commands)}, 'bench', 'paused', 'token:2@127.0.0.1', 'bench',
                    now() - make_interval(secs => i * 3000.0 / {commands} + 0.07)
             FROM generate_series(1, {commands}) i""")
         # the operations views' data (issue 24): retries waiting and scheduled runs (their lists page
@@ -111,9 +112,9 @@ async def build(dsn: str, prefix: str, runs: int, commands: int = 2000) -> None:
             FROM (SELECT i, now() - make_interval(secs => i * 86400.0 / 100000) AS t
                   FROM generate_series(1, 100000) i) x""")
         await conn.execute(f"""
-            INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome)
+            INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome, queue)
             SELECT id, 1, id, 'bench-worker', started_at, finished_at,
-                   CASE WHEN id % 20 = 0 THEN 'error' ELSE 'succeeded' END
+                   CASE WHEN id % 20 = 0 THEN 'error' ELSE 'succeeded' END, queue
             FROM runs WHERE id > {done}""")
         await conn.execute("""
             INSERT INTO batches (id, name, created_at, settled_at)
