@@ -276,73 +276,64 @@ ORDER BY s.name LIMIT $1;
 -- is the last part because an attempt's claim or finish has minus its stream id for id and two queues'
 -- streams hand out the same ids: two such rows at one time were one key, and a page ending on one skipped
 -- the other (issue 24). Each half is filtered, cut at the cursor and limited on its own, then merged.
--- Every queue: each half on its time-ordered index. A queue, or a scoped token's queues: each half queue by
--- queue on its queue-leading index (047: attempts and event rows carry their queue), one range from the
--- cursor down per queue, so a page reads at most queues x limit rows of each half whatever the other queues
--- hold. (Before 047 a row's queue was its run's: the halves walked the window's rows of every queue, 0.3-1.1 s
+-- The attempts' claims and finishes are read queue by queue (every queue's, or the filter's), the submits and
+-- the event rows on their time-ordered indexes for every queue and queue by queue for a queue or a scoped
+-- token's (047: attempts and event rows carry their queue), one range from the cursor down per queue, so a
+-- page reads at most queues x limit rows of each half whatever the other queues hold. (Before 047 a row's queue was its run's: the halves walked the window's rows of every queue, 0.3-1.1 s
 -- at 1,000,000 runs with 20,000 operator commands in the hour; a queue with no rows read the whole window.)
 -- The attempts and submits halves are read first; when they fill a page, the event rows older than its
 -- oldest cannot be on it, so the events half stops there.
 WITH other AS MATERIALIZED (SELECT * FROM (
-    (SELECT -a.claim_stream_id AS id, a.run_id, COALESCE(a.queue, r.queue) AS queue, 'claimed' AS type,
-            'PENDING' AS from_status, 'RUNNING' AS to_status, a.attempt, a.worker_id, NULL::text AS actor,
-            NULL::text AS reason, NULL::text AS error_class, a.started_at AS at, r.handler, r.workflow_id, r.trace_id,
+    -- the attempts' claims and finishes queue by queue (attempts_queue_claim_page / _finish_page, 047): the
+    -- queue, a scoped token's queues, or every queue, each one range from (queue, the cursor's time) down to
+    -- (queue, since), each limited, merged and limited, and only then joined to their runs. The range is two row
+    -- comparisons, not queue = q: with an equality the queue is a constant to the planner, which then preferred
+    -- a time-ordered index filtered on the queue (as 046 found for the audit log). 047 replaced 037's
+    -- time-ordered indexes with these (one index entry per claim and per finish, not two): every queue's page
+    -- reads at most queues x limit index entries.
+    (SELECT -a.claim_stream_id AS id, a.run_id, a.queue, 'claimed' AS type, 'PENDING' AS from_status,
+            'RUNNING' AS to_status, a.attempt, a.worker_id, NULL::text AS actor, NULL::text AS reason,
+            NULL::text AS error_class, a.started_at AS at, r.handler, r.workflow_id, r.trace_id,
             a.claim_stream_id AS stream_id
-     FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
-     WHERE $3::text IS NULL AND $5::text[] IS NULL  -- every queue: attempts_claim_page
-       AND a.claim_version IS NOT NULL AND a.started_at >= $1 AND ($2::text IS NULL OR $2 = 'claimed')
-       AND ($6::timestamptz IS NULL OR (a.started_at <= $6 AND (a.started_at, a.claim_stream_id, -a.claim_stream_id, a.run_id)
-                                                             < ($6, $7::bigint, $8::bigint, $9::bigint)))
-     ORDER BY a.started_at DESC, a.claim_stream_id DESC, a.run_id DESC LIMIT $4)
+     FROM (SELECT s.* FROM unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] WHEN $5::text[] IS NOT NULL
+                                       THEN $5::text[] ELSE ARRAY(SELECT name FROM queues) END) q(queue)
+           CROSS JOIN LATERAL (
+              SELECT a.run_id, a.queue, a.attempt, a.worker_id, a.started_at, a.claim_stream_id
+              FROM attempts a
+              WHERE ($5::text[] IS NULL OR q.queue = ANY($5))
+                AND (a.queue, a.started_at) >= (q.queue, $1::timestamptz)
+                AND (a.queue, a.started_at) <= (q.queue, COALESCE($6::timestamptz, 'infinity'))
+                AND a.claim_version IS NOT NULL AND ($2::text IS NULL OR $2 = 'claimed')
+                AND ($6::timestamptz IS NULL OR (a.started_at, a.claim_stream_id, -a.claim_stream_id, a.run_id)
+                                                < ($6, $7::bigint, $8::bigint, $9::bigint))
+              ORDER BY a.queue DESC, a.started_at DESC, a.claim_stream_id DESC, a.run_id DESC LIMIT $4) s
+           ORDER BY s.started_at DESC, s.claim_stream_id DESC, s.run_id DESC LIMIT $4) a
+     LEFT JOIN runs r ON r.id = a.run_id)
     UNION ALL
-    (SELECT -a.finish_stream_id, a.run_id, COALESCE(a.queue, r.queue), a.finish_type, a.finish_from, a.finish_to,
-            a.attempt, a.worker_id, NULL::text, a.reason, a.error_class, a.finished_at, r.handler, r.workflow_id,
-            r.trace_id, a.finish_stream_id
-     FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
-     WHERE $3::text IS NULL AND $5::text[] IS NULL  -- every queue: attempts_finish_page
-       AND a.finish_type IS NOT NULL AND a.finished_at >= $1 AND ($2::text IS NULL OR a.finish_type = $2)
-       AND ($6::timestamptz IS NULL OR (a.finished_at <= $6 AND (a.finished_at, a.finish_stream_id, -a.finish_stream_id, a.run_id)
-                                                              < ($6, $7::bigint, $8::bigint, $9::bigint)))
-     ORDER BY a.finished_at DESC, a.finish_stream_id DESC, a.run_id DESC LIMIT $4)
+    (SELECT -a.finish_stream_id, a.run_id, a.queue, a.finish_type, a.finish_from, a.finish_to, a.attempt, a.worker_id,
+            NULL::text, a.reason, a.error_class, a.finished_at, r.handler, r.workflow_id, r.trace_id, a.finish_stream_id
+     FROM (SELECT s.* FROM unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] WHEN $5::text[] IS NOT NULL
+                                       THEN $5::text[] ELSE ARRAY(SELECT name FROM queues) END) q(queue)
+           CROSS JOIN LATERAL (
+              SELECT a.run_id, a.queue, a.finish_type, a.finish_from, a.finish_to, a.attempt, a.worker_id, a.reason,
+                     a.error_class, a.finished_at, a.finish_stream_id
+              FROM attempts a
+              WHERE ($5::text[] IS NULL OR q.queue = ANY($5))
+                AND (a.queue, a.finished_at) >= (q.queue, $1::timestamptz)
+                AND (a.queue, a.finished_at) <= (q.queue, COALESCE($6::timestamptz, 'infinity'))
+                AND a.finish_type IS NOT NULL AND ($2::text IS NULL OR a.finish_type = $2)
+                AND ($6::timestamptz IS NULL OR (a.finished_at, a.finish_stream_id, -a.finish_stream_id, a.run_id)
+                                                < ($6, $7::bigint, $8::bigint, $9::bigint))
+              ORDER BY a.queue DESC, a.finished_at DESC, a.finish_stream_id DESC, a.run_id DESC LIMIT $4) s
+           ORDER BY s.finished_at DESC, s.finish_stream_id DESC, s.run_id DESC LIMIT $4) a
+     LEFT JOIN runs r ON r.id = a.run_id)
     UNION ALL
-    -- a queue, or a scoped token's queues: attempts_queue_claim_page and attempts_queue_finish_page (047) queue
-    -- by queue, one range from (queue, the cursor's time) down to (queue, since). The range is two row
-    -- comparisons, not queue = q: with an equality the queue is a constant to the planner, which then read the
-    -- time-ordered index (037) and filtered on the queue, every other queue's row of the window (as 046 found
-    -- for the audit log).
-    (SELECT s.* FROM unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] ELSE $5::text[] END) q(queue)
-     CROSS JOIN LATERAL (
-        SELECT -a.claim_stream_id, a.run_id, a.queue, 'claimed', 'PENDING', 'RUNNING', a.attempt, a.worker_id,
-               NULL::text, NULL::text, NULL::text, a.started_at, r.handler, r.workflow_id, r.trace_id, a.claim_stream_id
-        FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
-        WHERE ($5::text[] IS NULL OR q.queue = ANY($5))
-          AND (a.queue, a.started_at) >= (q.queue, $1::timestamptz)
-          AND (a.queue, a.started_at) <= (q.queue, COALESCE($6::timestamptz, 'infinity'))
-          AND a.claim_version IS NOT NULL AND ($2::text IS NULL OR $2 = 'claimed')
-          AND ($6::timestamptz IS NULL OR (a.started_at, a.claim_stream_id, -a.claim_stream_id, a.run_id)
-                                          < ($6, $7::bigint, $8::bigint, $9::bigint))
-        ORDER BY a.queue DESC, a.started_at DESC, a.claim_stream_id DESC, a.run_id DESC LIMIT $4) s)
-    UNION ALL
-    (SELECT s.* FROM unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] ELSE $5::text[] END) q(queue)
-     CROSS JOIN LATERAL (
-        SELECT -a.finish_stream_id, a.run_id, a.queue, a.finish_type, a.finish_from, a.finish_to, a.attempt,
-               a.worker_id, NULL::text, a.reason, a.error_class, a.finished_at, r.handler, r.workflow_id, r.trace_id,
-               a.finish_stream_id
-        FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
-        WHERE ($5::text[] IS NULL OR q.queue = ANY($5))
-          AND (a.queue, a.finished_at) >= (q.queue, $1::timestamptz)
-          AND (a.queue, a.finished_at) <= (q.queue, COALESCE($6::timestamptz, 'infinity'))
-          AND a.finish_type IS NOT NULL AND ($2::text IS NULL OR a.finish_type = $2)
-          AND ($6::timestamptz IS NULL OR (a.finished_at, a.finish_stream_id, -a.finish_stream_id, a.run_id)
-                                          < ($6, $7::bigint, $8::bigint, $9::bigint))
-        ORDER BY a.queue DESC, a.finished_at DESC, a.finish_stream_id DESC, a.run_id DESC LIMIT $4) s)
-    UNION ALL
-    -- and the attempts that carry no queue, through their run (attempts_queue_unknown_claim / _finish: about empty)
+    -- and the attempts that carry no queue (an older recorder during an upgrade), through their run
+    -- (attempts_queue_unknown_claim / _finish: about empty)
     (SELECT -a.claim_stream_id, a.run_id, r.queue, 'claimed', 'PENDING', 'RUNNING', a.attempt, a.worker_id,
             NULL::text, NULL::text, NULL::text, a.started_at, r.handler, r.workflow_id, r.trace_id, a.claim_stream_id
-     FROM attempts a JOIN runs r ON r.id = a.run_id
-     WHERE ($3::text IS NOT NULL OR $5::text[] IS NOT NULL) AND a.queue IS NULL
-       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+     FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
+     WHERE a.queue IS NULL AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
        AND a.claim_version IS NOT NULL AND a.started_at >= $1 AND ($2::text IS NULL OR $2 = 'claimed')
        AND ($6::timestamptz IS NULL OR (a.started_at <= $6 AND (a.started_at, a.claim_stream_id, -a.claim_stream_id, a.run_id)
                                                              < ($6, $7::bigint, $8::bigint, $9::bigint)))
@@ -350,9 +341,8 @@ WITH other AS MATERIALIZED (SELECT * FROM (
     UNION ALL
     (SELECT -a.finish_stream_id, a.run_id, r.queue, a.finish_type, a.finish_from, a.finish_to, a.attempt, a.worker_id,
             NULL::text, a.reason, a.error_class, a.finished_at, r.handler, r.workflow_id, r.trace_id, a.finish_stream_id
-     FROM attempts a JOIN runs r ON r.id = a.run_id
-     WHERE ($3::text IS NOT NULL OR $5::text[] IS NOT NULL) AND a.queue IS NULL
-       AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
+     FROM attempts a LEFT JOIN runs r ON r.id = a.run_id
+     WHERE a.queue IS NULL AND ($3::text IS NULL OR r.queue = $3) AND ($5::text[] IS NULL OR r.queue = ANY($5))
        AND a.finish_type IS NOT NULL AND a.finished_at >= $1 AND ($2::text IS NULL OR a.finish_type = $2)
        AND ($6::timestamptz IS NULL OR (a.finished_at <= $6 AND (a.finished_at, a.finish_stream_id, -a.finish_stream_id, a.run_id)
                                                               < ($6, $7::bigint, $8::bigint, $9::bigint)))
