@@ -56,6 +56,7 @@ from fencepost.core.views import (
     Schedule,
     ScheduleRun,
     TokenInfo,
+    View,
     Workflow,
     WorkflowSummary,
     ending_event,
@@ -77,6 +78,14 @@ __all__ = ["Client", "SyncClient", "idempotency_scope", "request_fingerprint"]
 log = logging.getLogger("fencepost.client")
 
 T = TypeVar("T")
+_V = TypeVar("_V", bound=View)
+
+
+def _view(cls: type[_V], row: Any) -> _V:
+    """A record gateway row (`Database.rows` / `row`: the query's row Struct) as the view CLS, read by
+    attribute; columns the view does not name are left out, as `core.views.view` does for a Record."""
+    return msgspec.convert(row, cls, from_attributes=True, strict=False)
+
 
 def _outcome_from_event(run_id: int, status: str, result: Any, f: dict[bytes, bytes]) -> Outcome:
     """The outcome from the event that ended the run: its error is that transition's own."""
@@ -91,13 +100,13 @@ def _outcome_from_event(run_id: int, status: str, result: Any, f: dict[bytes, by
 def _outcome_from_row(run_id: int, status: str, result: Any, row: RunRecord, hot_error: str | None) -> Outcome:
     """The outcome from PostgreSQL's row once the ending event was recorded. The row keeps the last
     error of any attempt, so it is reported only where the final attempt is the one that failed."""
-    if row["status"] != status:  # the projection is behind (a very busy stream): no reason to give
+    if row.status != status:  # the projection is behind (a very busy stream): no reason to give
         failed = status in DEAD
         return Outcome(run_id, status, result, hot_error if failed else None, None, None)
-    reason = None if status == Status.SUCCEEDED else row.get("reason")
+    reason = None if status == Status.SUCCEEDED else row.reason
     failed = status in DEAD or reason == "paused_after_error"
-    return Outcome(run_id, status, result, row["last_error"] if failed else None,
-                   row["last_error_class"] if failed else None, reason)
+    return Outcome(run_id, status, result, row.last_error if failed else None,
+                   row.last_error_class if failed else None, reason)
 
 
 class _Pending(msgspec.Struct):
@@ -524,12 +533,12 @@ class Client:
     async def get(self, run_id: int) -> RunRecord:
         """The run as PostgreSQL records it (hot or archived), with its latest progress report
         (ctx.progress()); `run()` gives the live view an operator sees."""
-        row = await self.stores.db.fetchrow("get_run", run_id)
+        row = await self.stores.db.row("get_run", run_id)
         if row is None:
             raise UnknownRun(run_id)
-        out = view(RunRecord, row)
-        prog = await self.stores.db.fetchrow("progress_get", [run_id])  # ctx.progress(): the latest attempt's
-        out.progress = None if prog is None else view(RunProgress, prog)
+        out = _view(RunRecord, row)
+        prog = await self.stores.db.row("progress_get", [run_id])  # ctx.progress(): the latest attempt's
+        out.progress = None if prog is None else _view(RunProgress, prog)
         return out
 
     async def run(self, run_id: int) -> Run:
@@ -579,25 +588,27 @@ class Client:
         CURSOR (fencepost.core.cursors, `runs/id/desc`: the key of the previous page's last row) when given."""
         key = cursors.decode("runs/id/desc", cursor)
         if key is None:
-            rows = await self.stores.db.fetch("list_runs", queue, status_filter(status), handler, limit)
+            rows = await self.stores.db.rows("list_runs", queue, status_filter(status), handler, limit)
         else:
-            rows = await self.stores.db.fetch("api_runs_page_indexed", queue, status_filter(status), handler, None,
-                                              None, limit, *([None] * 8), "id", "desc", 0, True, None, key[0])
-        return await live_summaries(self.stores, [view(RunSummary, r) for r in rows])
+            rows = await self.stores.db.rows("api_runs_page_indexed", queue, status_filter(status), handler, None,
+                                             None, limit, *([None] * 8), "id", "desc", 0, True, None, key[0])
+        return await live_summaries(self.stores, [_view(RunSummary, r) for r in rows])
 
     async def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
-        rows = await self.stores.db.fetch("dead_letter", queue, limit)
-        return await live_summaries(self.stores, [view(RunSummary, r) for r in rows])
+        rows = await self.stores.db.rows("dead_letter", queue, limit)
+        return await live_summaries(self.stores, [_view(RunSummary, r) for r in rows])
 
     async def events(self, run_id: int, *, limit: int | None = None, cursor: str | None = None) -> list[Event]:
         """The run's timeline in the order recorded: all of it, or LIMIT events after CURSOR (a `run_events`
         cursor: the key of the previous page's last event)."""
         await self.get(run_id)
         if limit is None and cursor is None:
-            return [view(Event, r) for r in await self.stores.db.fetch("run_events", run_id)]
+            return [_view(Event, r) for r in await self.stores.db.rows("run_events", run_id)]
         key = cursors.decode("run_events", cursor) or [None, None, None]
-        return [view(Event, {**r, "run_id": run_id})
-                for r in await self.stores.db.fetch("run_events_page", run_id, limit or 1000, *key)]
+        page = [_view(Event, r) for r in await self.stores.db.rows("run_events_page", run_id, limit or 1000, *key)]
+        for event in page:  # the page's rows do not repeat the run id
+            event.run_id = run_id
+        return page
 
     async def fleet_events(self, since: datetime, type_: str | None = None, queue: str | None = None,
                            limit: int = 100, *, cursor: str | None = None) -> list[Event]:
@@ -606,18 +617,18 @@ class Client:
         if queue is not None:
             await require_queue(self.stores, queue)
         key = cursors.decode("events", cursor) or [None, None, None, None]
-        return [view(Event, r) for r in await self.stores.db.fetch("fleet_events_page", since, type_, queue, limit,
+        return [_view(Event, r) for r in await self.stores.db.rows("fleet_events_page", since, type_, queue, limit,
                                                                    None, *key)]
 
     async def attempts(self, run_id: int) -> list[Attempt]:
-        return [view(Attempt, r) for r in await self.stores.db.fetch("run_attempts", run_id)]
+        return [_view(Attempt, r) for r in await self.stores.db.rows("run_attempts", run_id)]
 
     async def checkpoint(self, run_id: int) -> Checkpoint | None:
         """The run's latest committed checkpoint (its state decoded), or None."""
-        row = await self.stores.db.fetchrow("get_checkpoint", run_id)
-        if row is None or row["state"] is None:
+        row = await self.stores.db.row("get_checkpoint", run_id)
+        if row is None or row.state is None:
             return None
-        return view(Checkpoint, {**dict(row), "state": decode_result(row["state"])})
+        return _view(Checkpoint, msgspec.structs.replace(row, state=decode_result(row.state)))
 
     async def queues(self, *, window_s: int = 300) -> list[QueueStats]:
         """Every queue, its depth counted in Redis (the live store), its throughput from the record."""
@@ -791,8 +802,8 @@ class Client:
         after CURSOR (an `audit` cursor: the key of the previous page's last entry) when given."""
         key = cursors.decode("audit", cursor)
         after = None if key is None else msgspec.json.encode([key[0].isoformat(), key[1], key[2]]).decode()
-        rows = await self.stores.db.fetch("audit_list", actor, queue, since, until, limit, None, after)
-        return [view(AuditEntry, {**dict(r), "data": msgspec.json.decode(r["data"]) if r["data"] else None})
+        rows = await self.stores.db.rows("audit_list", actor, queue, since, until, limit, None, after)
+        return [_view(AuditEntry, msgspec.structs.replace(r, data=msgspec.json.decode(r.data) if r.data else None))
                 for r in rows]
 
     async def tokens(self) -> list[TokenInfo]:

@@ -107,13 +107,13 @@ class _Batch:
 
     def advance(self, rows: list[Any]) -> list[list[Any]]:
         """trigger_advance's columns: id, the next fire time read, the new one, last fire, last run, fired,
-        skipped."""
+        skipped (ROWS: the batch's trigger_due rows)."""
         fired: dict[int, int] = defaultdict(int)
         for k in self.created_rows:
             fired[self.owner[k]] += 1
         adv: list[list[Any]] = [[] for _ in range(7)]
         for i, s in enumerate(rows):
-            for c, v in zip(adv, (s["id"], s["next_fire_time"], self.nexts[i], self.last_fire.get(i),
+            for c, v in zip(adv, (s.id, s.next_fire_time, self.nexts[i], self.last_fire.get(i),
                                   self.last_run.get(i), fired[i], self.skipped[i]), strict=True):
                 c.append(v)
         return adv
@@ -161,17 +161,17 @@ def _latest_fire(nft: datetime, limit: datetime, cron: str | None, iv: float | N
 
 def plan_fires(s: Any, now: datetime, lookahead: timedelta, max_catchup: int
                ) -> tuple[list[datetime], datetime, int | None]:
-    """(fire times to create, the next fire time after them, fires coalesced away)."""
-    cron, iv, tz, nft = s["cron"], s["interval_s"], s["timezone"], s["next_fire_time"]
-    limit = now + lookahead - timedelta(milliseconds=s["offset_ms"])
+    """(fire times to create, the next fire time after them, fires coalesced away) of S, a trigger_due row."""
+    cron, iv, tz, nft = s.cron, s.interval_s, s.timezone, s.next_fire_time
+    limit = now + lookahead - timedelta(milliseconds=s.offset_ms)
     if nft > limit:
         return [], nft, 0
 
     def nxt(t: datetime) -> datetime:
         return next_fire_after(t, cron=cron, interval_s=iv, tz=tz, anchor=nft)
 
-    if s["catchup"]:
-        oldest = now - timedelta(seconds=s["catchup_window_s"] or 86400)
+    if s.catchup:
+        oldest = now - timedelta(seconds=s.catchup_window_s or 86400)
         start = nft
         if start < oldest:  # fires older than the window are not backfilled
             start = nxt(oldest - timedelta(microseconds=1))
@@ -192,8 +192,8 @@ is quarantined and the other schedules fire on."""
 
 def _fire_row(s: Any, queue: str, f: datetime, offset: timedelta) -> RunRow:
     """One fire as a run (core.submit.fire_row: its values checked as run-now's are)."""
-    return fire_row(schedule_id=s["id"], handler=s["handler"], queue=queue, payload=s["payload"],
-                    priority=s["priority"], max_retries=s["max_retries"], timeout_s=s["timeout_s"], fire_time=f,
+    return fire_row(schedule_id=s.id, handler=s.handler, queue=queue, payload=s.payload,
+                    priority=s.priority, max_retries=s.max_retries, timeout_s=s.timeout_s, fire_time=f,
                     run_at=f + offset)
 
 
@@ -230,11 +230,11 @@ class Trigger:
     # -- leadership ------------------------------------------------------------------------------
     async def acquire(self) -> bool:
         """Take or renew the lease; False while another live holder has it."""
-        row = await self.stores.db.fetchrow("lease_acquire", LEASE_NAME, self.holder,
-                                            self.clock.now() if self.clock is not None else None,
-                                            float(self.lease_s))
+        row = await self.stores.db.row("lease_acquire", LEASE_NAME, self.holder,
+                                       self.clock.now() if self.clock is not None else None,
+                                       float(self.lease_s))
         was = self.lease_token
-        self.lease_token = row["token"] if row else None
+        self.lease_token = row.token if row is not None else None
         if self.lease_token is not None and was is None:
             log.info("trigger leader (lease token %s)", self.lease_token, extra={"event": "trigger_leader"})
         return self.lease_token is not None
@@ -301,9 +301,9 @@ class Trigger:
         async with self.stores.db.transaction() as tx:
             # the fire times' clock: PostgreSQL's, once per batch (its transaction's now()), unless injected
             now: datetime = self.clock.now() if self.clock is not None else await tx.fetchval("db_now")
-            rows = await tx.fetch("trigger_due", now + self.lookahead, limit or self.batch)
+            rows = await tx.rows("trigger_due", now + self.lookahead, limit or self.batch)
             res.schedules = len(rows)
-            self._reading = [s["id"] for s in rows]
+            self._reading = [s.id for s in rows]
             if not rows:
                 return res
             batch = _Batch()
@@ -322,15 +322,15 @@ class Trigger:
         """Schedule S (row I of the batch): its fires up to now + lookahead as runs to insert, or as skip
         events (coalesced, unknown handler, overlapping its last run); a schedule that cannot be planned
         is quarantined and keeps its next fire time."""
-        queue = s["queue"] or "default"
+        queue = s.queue or "default"
         try:
             fires, nxt, coalesced = plan_fires(s, now, self.lookahead, self.max_catchup)
-            if fires and s["max_retries"] is not None:
-                offset = timedelta(milliseconds=s["offset_ms"])
+            if fires and s.max_retries is not None:
+                offset = timedelta(milliseconds=s.offset_ms)
                 fire_rows = [_fire_row(s, queue, f, offset) for f in fires]
         except POISON as exc:  # this schedule only: paused with the reason, the batch goes on
-            await self._quarantine(s["id"], queue, exc, tx)
-            batch.nexts.append(s["next_fire_time"])
+            await self._quarantine(s.id, queue, exc, tx)
+            batch.nexts.append(s.next_fire_time)
             return
         batch.nexts.append(nxt)
         if not fires:
@@ -338,16 +338,16 @@ class Trigger:
         if coalesced != 0:
             res.coalesced += coalesced or 1
             batch.skip(queue, "fires_coalesced", "missed",
-                       {"schedule_id": s["id"], "fire_time": fires[-1].isoformat(), "missed": coalesced})
-        if s["max_retries"] is None:  # handler no longer declared anywhere
+                       {"schedule_id": s.id, "fire_time": fires[-1].isoformat(), "missed": coalesced})
+        if s.max_retries is None:  # handler no longer declared anywhere
             batch.skip(queue, "fire_skipped", "unknown_handler",
-                       {"schedule_id": s["id"], "handler": s["handler"], "fire_time": fires[-1].isoformat()})
+                       {"schedule_id": s.id, "handler": s.handler, "fire_time": fires[-1].isoformat()})
             res.skipped += len(fires)
             batch.skipped[i] += len(fires)
             return
-        if s["busy"]:
+        if s.busy:
             batch.skip(queue, "fire_skipped", "overlap",
-                       {"schedule_id": s["id"], "blocking_run": s["last_run_id"],
+                       {"schedule_id": s.id, "blocking_run": s.last_run_id,
                         "fire_times": [f.isoformat() for f in fires[-10:]], "count": len(fires)})
             res.skipped += len(fires)
             batch.skipped[i] += len(fires)
@@ -363,7 +363,7 @@ class Trigger:
         ids: list[int | None] = list(got)
         missing = [k for k, v in enumerate(ids) if v is None]
         if missing:  # another leader made these fires: point at its runs
-            found = {(r["schedule_id"], r["fire_time"]): r["id"] for r in await tx.fetch(
+            found = {(r.schedule_id, r.fire_time): r.id for r in await tx.rows(
                 "runs_by_fire", [runs[k].schedule_id for k in missing], [runs[k].fire_time for k in missing])}
             for k in missing:
                 ids[k] = found.get((runs[k].schedule_id, runs[k].fire_time))

@@ -18,7 +18,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import msgspec
 
@@ -35,11 +35,11 @@ from fencepost.core.views import (
     BatchRecord,
     Reply,
     RunRecord,
+    View,
     Workflow,
     WorkflowNode,
     WorkflowSummary,
     live_nodes,
-    view,
 )
 
 __all__ = [
@@ -61,6 +61,13 @@ _UTC = UTC
 PURGED = "PURGED"
 """A batch member's or callback's state in batch_view once its run left the record (neither in runs
 nor in runs_archive: a dropped archive partition, a load test's cleanup)."""
+_V = TypeVar("_V", bound=View)
+
+
+def _view(cls: type[_V], row: Any) -> _V:
+    """A record gateway row (`Database.rows` / `row`: the query's row Struct) as the view CLS, read by
+    attribute; columns the view does not name are left out, as `core.views.view` does for a Record."""
+    return msgspec.convert(row, cls, from_attributes=True, strict=False)
 
 
 class Node(msgspec.Struct, kw_only=True, frozen=True):
@@ -375,12 +382,12 @@ class Workflows:
     async def batch(self, batch_id: uuid.UUID | str) -> BatchRecord:
         """A batch: callbacks, settled_at (None while members run) and each member's status."""
         bid = _uuid(batch_id, "batch")
-        row = await self.stores.db.fetchrow("batch_get", bid)
+        row = await self.stores.db.row("batch_get", bid)
         if row is None:
             raise UnknownBatch(batch_id)
-        members = [BatchMember(run_id=r, status=st) for r, st in zip(row["run_ids"], row["statuses"], strict=True)]
-        return BatchRecord(id=row["id"], name=row["name"], created_at=row["created_at"], settled_at=row["settled_at"],
-                           on_complete=row["on_complete"], on_success=row["on_success"], members=members)
+        members = [BatchMember(run_id=r, status=st) for r, st in zip(row.run_ids, row.statuses, strict=True)]
+        return BatchRecord(id=row.id, name=row.name, created_at=row.created_at, settled_at=row.settled_at,
+                           on_complete=row.on_complete, on_success=row.on_success, members=members)
 
     async def batch_view(self, batch_id: uuid.UUID | str) -> BatchView:
         """A batch as `batch show` and the API show it: its members counted by state (total, counts), when
@@ -396,9 +403,9 @@ class Workflows:
             if cb_id is None:
                 callbacks[kind] = None
                 continue
-            run = await self.stores.db.fetchrow("get_run", cb_id)
+            run = await self.stores.db.row("get_run", cb_id)
             callbacks[kind] = BatchCallback(id=cb_id, status=PURGED) if run is None else \
-                BatchCallback(id=run["id"], status=run["status"], reason=run["reason"])
+                BatchCallback(id=run.id, status=run.status, reason=run.reason)
         return BatchView(id=batch.id, name=batch.name, created_at=batch.created_at,
                          settled_at=batch.settled_at, total=len(batch.members), counts=counts,
                          on_complete=callbacks["on_complete"], on_success=callbacks["on_success"])
@@ -406,25 +413,24 @@ class Workflows:
     async def workflow(self, workflow_id: uuid.UUID | str) -> Workflow:
         """The workflow and its current nodes (name, run id, live status, upstream names)."""
         wid = _uuid(workflow_id)
-        row = await self.stores.db.fetchrow("wf_get", wid)
+        row = await self.stores.db.row("wf_get", wid)
         if row is None:
             raise UnknownWorkflow(workflow_id)
-        nodes = [view(WorkflowNode, {**dict(r), "depends_on": list(r["depends_on"])})
-                 for r in await self.stores.db.fetch("wf_nodes", wid)]
-        return Workflow(id=row["id"], name=row["name"], created_at=row["created_at"],
+        nodes = [_view(WorkflowNode, r) for r in await self.stores.db.rows("wf_nodes", wid)]
+        return Workflow(id=row.id, name=row.name, created_at=row.created_at,
                         nodes=await live_nodes(self.stores, nodes))
 
     async def workflows(self, *, limit: int = 50) -> list[WorkflowSummary]:
         """Recent workflows, newest first, with their number of nodes."""
-        return [view(WorkflowSummary, r) for r in await self.stores.db.fetch("api_list_workflows", limit)]
+        return [_view(WorkflowSummary, r) for r in await self.stores.db.rows("api_list_workflows", limit)]
 
     async def workflow_id(self, prefix: str) -> str:
         """The full id of the one workflow whose id starts with PREFIX (4 to 36 hex digits and dashes);
         anything else is returned as it is (the other calls say what is wrong with it)."""
         if len(prefix) == 36 or not WORKFLOW_ID_PREFIX.fullmatch(prefix):
             return prefix
-        rows = await self.stores.db.fetch("workflow_ids_by_prefix", prefix.lower())
-        return one_workflow(prefix, [str(r["id"]) for r in rows])
+        rows = await self.stores.db.rows("workflow_ids_by_prefix", prefix.lower())
+        return one_workflow(prefix, [str(r.id) for r in rows])
 
     async def retry_workflow(self, workflow_id: uuid.UUID | str, *, recompute: Sequence[str] = (),
                              reason: str = "") -> dict[str, list[str]]:
@@ -454,7 +460,7 @@ class Workflows:
 
     async def _reblock(self, reblock: list[dict[str, Any]]) -> list[str]:
         """Cancelled nodes back to BLOCKED (compare-and-set on their versions): the names moved."""
-        got = {r["id"] for r in await self.stores.db.fetch(
+        got = {r.id for r in await self.stores.db.rows(
             "wf_reblock", [n["id"] for n in reblock], [n["version"] for n in reblock], self.actor)}
         # A stale copy in Redis (a cancelled hash) must not answer for the run any more: dropped
         # only at the version just read (compare-and-set; a run that moved since keeps its hash).
@@ -501,7 +507,7 @@ class Workflows:
         if busy:
             raise IllegalTransition(nodes[busy[0]]["id"], nodes[busy[0]]["status"],
                                     f"recompute node {busy[0]!r} (cancel or wait for it first)")
-        old = {r["id"]: dict(r) for r in await self.stores.db.fetch("wf_runs_full", [nodes[n]["id"] for n in sub])}
+        old = {r.id: r for r in await self.stores.db.rows("wf_runs_full", [nodes[n]["id"] for n in sub])}
         order = [n for n in _check_graph([Node(name=k, handler="", depends_on=tuple(
             u for u in nodes[k]["depends_on"] if u in sub)) for k in sub])]
         now = await self.path.server_now()  # due now on the server's clock, not this host's (docs/clock.md)
@@ -511,12 +517,12 @@ class Workflows:
             outside_ok = all(nodes[u]["status"] == "SUCCEEDED" for u in nodes[name]["depends_on"] if u not in sub)
             inside = any(u in sub for u in nodes[name]["depends_on"])
             pending = outside_ok and not inside
-            rows.append(RunRow(handler=o["handler"], queue=o["queue"], priority=o["priority"], payload=o["payload"],
-                               run_at=now, max_retries=o["max_retries"], timeout_s=o["timeout_s"],
-                               trace_id=o["trace_id"], status="PENDING" if pending else "BLOCKED", workflow_id=wid,
-                               outbox=pending, tenant=o.get("tenant") or "", concurrency_key=o.get("concurrency_key"),
-                               concurrency_limit=o.get("concurrency_limit"), rate_key=o.get("rate_key"),
-                               rate_limit=o.get("rate_limit")))
+            rows.append(RunRow(handler=o.handler, queue=o.queue, priority=o.priority, payload=o.payload,
+                               run_at=now, max_retries=o.max_retries, timeout_s=o.timeout_s,
+                               trace_id=o.trace_id, status="PENDING" if pending else "BLOCKED", workflow_id=wid,
+                               outbox=pending, tenant=o.tenant or "", concurrency_key=o.concurrency_key,
+                               concurrency_limit=o.concurrency_limit, rate_key=o.rate_key,
+                               rate_limit=o.rate_limit))
         async with self.stores.db.transaction() as tx:
             await tx.execute("wf_supersede", [nodes[n]["id"] for n in sub], self.actor)
             ids, created, new_queues = await self.path.insert(None, rows, tx)
