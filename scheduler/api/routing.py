@@ -33,7 +33,8 @@ from fencepost.core import cursors, validate
 from fencepost.core.errors import InvalidInput, UnknownRun
 from fencepost.core.keys import valid_queue_name
 from fencepost.core.models import Submit, decode_result
-from fencepost.core.states import RESTING, Status
+from fencepost.core.states import Status
+from fencepost.core.views import Run, overlay
 
 log = logging.getLogger("fencepost.api")
 
@@ -183,29 +184,17 @@ async def _run_for(ctx: Ctx, run_id: int, *, act: bool = False) -> dict[str, Any
 
 
 async def _live(ctx: Ctx, run: dict[str, Any]) -> dict[str, Any]:
-    """Overlay the hot state Redis holds when it is newer than what PostgreSQL recorded."""
-    out = dict(run)
-    out["recorded_status"] = run["status"]
+    """The run (a record as a dict, `_run_for`) with its result decoded and the hot state Redis holds
+    when it is newer than what PostgreSQL recorded, by the one overlay rule (fencepost.core.views.overlay);
+    `recorded_status` keeps what PostgreSQL says."""
     stores = ctx.client.stores
     hot = (await stores.scripts.peek(stores.keys(run["queue"]), [run["id"]]))[0]
-    out["result"] = decode_result(run.get("result"))
-    if hot is not None and hot.version is not None and hot.version > int(run["version"]):
-        out["status"] = hot.state
-        out["version"] = hot.version
-        if hot.attempt is not None:
-            out["attempt"] = hot.attempt
-        if hot.token:
-            out["token"] = hot.token
-        if hot.worker:
-            out["lease_owner"] = hot.worker
-        if out["status"] in RESTING:  # its outcome too, as Client.wait reads it (`submit --wait` over the API)
-            if hot.result is not None:
-                out["result"] = decode_result(hot.result)
-            if hot.error:
-                out["last_error"] = hot.error
-            if hot.error_class:
-                out["last_error_class"] = hot.error_class
-    return out
+    record = Run(**{k: v for k, v in run.items() if k in _RUN_FIELDS}, result=decode_result(run.get("result")))
+    return {**run, **msgspec.structs.asdict(overlay(record, hot))}
+
+
+_RUN_FIELDS = frozenset(Run.__struct_fields__) - {"result"}
+"""The record's columns a Run (the overlay's input) takes; result is decoded on the way."""
 
 
 async def _queue_of(client: Client, handler: str, queue: str | None) -> str:
