@@ -382,12 +382,14 @@ class Workflows:
     async def batch(self, batch_id: uuid.UUID | str) -> BatchRecord:
         """A batch: callbacks, settled_at (None while members run) and each member's status."""
         bid = _uuid(batch_id, "batch")
-        row = await self.stores.db.row("batch_get", bid)
+        # Untyped (a Record) until row_type allows NULL array elements: `statuses` holds NULL for a member
+        # that left the record, and core/record._py_type types text[] as list[str] (msgspec refuses it).
+        row = await self.stores.db.fetchrow("batch_get", bid)
         if row is None:
             raise UnknownBatch(batch_id)
-        members = [BatchMember(run_id=r, status=st) for r, st in zip(row.run_ids, row.statuses, strict=True)]
-        return BatchRecord(id=row.id, name=row.name, created_at=row.created_at, settled_at=row.settled_at,
-                           on_complete=row.on_complete, on_success=row.on_success, members=members)
+        members = [BatchMember(run_id=r, status=st) for r, st in zip(row["run_ids"], row["statuses"], strict=True)]
+        return BatchRecord(id=row["id"], name=row["name"], created_at=row["created_at"], settled_at=row["settled_at"],
+                           on_complete=row["on_complete"], on_success=row["on_success"], members=members)
 
     async def batch_view(self, batch_id: uuid.UUID | str) -> BatchView:
         """A batch as `batch show` and the API show it: its members counted by state (total, counts), when
