@@ -56,7 +56,6 @@ from fencepost.core.views import (
     Schedule,
     ScheduleRun,
     TokenInfo,
-    View,
     Workflow,
     WorkflowSummary,
     ending_event,
@@ -78,13 +77,7 @@ __all__ = ["Client", "SyncClient", "idempotency_scope", "request_fingerprint"]
 log = logging.getLogger("fencepost.client")
 
 T = TypeVar("T")
-_V = TypeVar("_V", bound=View)
 
-
-def _view(cls: type[_V], row: Any) -> _V:
-    """A record gateway row (`Database.rows` / `row`: the query's row Struct) as the view CLS, read by
-    attribute; columns the view does not name are left out, as `core.views.view` does for a Record."""
-    return msgspec.convert(row, cls, from_attributes=True, strict=False)
 
 
 def _outcome_from_event(run_id: int, status: str, result: Any, f: dict[bytes, bytes]) -> Outcome:
@@ -536,9 +529,9 @@ class Client:
         row = await self.stores.db.row("get_run", run_id)
         if row is None:
             raise UnknownRun(run_id)
-        out = _view(RunRecord, row)
+        out = view(RunRecord, row)
         prog = await self.stores.db.row("progress_get", [run_id])  # ctx.progress(): the latest attempt's
-        out.progress = None if prog is None else _view(RunProgress, prog)
+        out.progress = None if prog is None else view(RunProgress, prog)
         return out
 
     async def run(self, run_id: int) -> Run:
@@ -592,20 +585,20 @@ class Client:
         else:
             rows = await self.stores.db.rows("api_runs_page_indexed", queue, status_filter(status), handler, None,
                                              None, limit, *([None] * 8), "id", "desc", 0, True, None, key[0])
-        return await live_summaries(self.stores, [_view(RunSummary, r) for r in rows])
+        return await live_summaries(self.stores, [view(RunSummary, r) for r in rows])
 
     async def dead_letter(self, *, queue: str | None = None, limit: int = 50) -> list[RunSummary]:
         rows = await self.stores.db.rows("dead_letter", queue, limit)
-        return await live_summaries(self.stores, [_view(RunSummary, r) for r in rows])
+        return await live_summaries(self.stores, [view(RunSummary, r) for r in rows])
 
     async def events(self, run_id: int, *, limit: int | None = None, cursor: str | None = None) -> list[Event]:
         """The run's timeline in the order recorded: all of it, or LIMIT events after CURSOR (a `run_events`
         cursor: the key of the previous page's last event)."""
         await self.get(run_id)
         if limit is None and cursor is None:
-            return [_view(Event, r) for r in await self.stores.db.rows("run_events", run_id)]
+            return [view(Event, r) for r in await self.stores.db.rows("run_events", run_id)]
         key = cursors.decode("run_events", cursor) or [None, None, None]
-        page = [_view(Event, r) for r in await self.stores.db.rows("run_events_page", run_id, limit or 1000, *key)]
+        page = [view(Event, r) for r in await self.stores.db.rows("run_events_page", run_id, limit or 1000, *key)]
         for event in page:  # the page's rows do not repeat the run id
             event.run_id = run_id
         return page
@@ -617,18 +610,18 @@ class Client:
         if queue is not None:
             await require_queue(self.stores, queue)
         key = cursors.decode("events", cursor) or [None, None, None, None]
-        return [_view(Event, r) for r in await self.stores.db.rows("fleet_events_page", since, type_, queue, limit,
+        return [view(Event, r) for r in await self.stores.db.rows("fleet_events_page", since, type_, queue, limit,
                                                                    None, *key)]
 
     async def attempts(self, run_id: int) -> list[Attempt]:
-        return [_view(Attempt, r) for r in await self.stores.db.rows("run_attempts", run_id)]
+        return [view(Attempt, r) for r in await self.stores.db.rows("run_attempts", run_id)]
 
     async def checkpoint(self, run_id: int) -> Checkpoint | None:
         """The run's latest committed checkpoint (its state decoded), or None."""
         row = await self.stores.db.row("get_checkpoint", run_id)
         if row is None or row.state is None:
             return None
-        return _view(Checkpoint, msgspec.structs.replace(row, state=decode_result(row.state)))
+        return view(Checkpoint, msgspec.structs.replace(row, state=decode_result(row.state)))
 
     async def queues(self, *, window_s: int = 300) -> list[QueueStats]:
         """Every queue, its depth counted in Redis (the live store), its throughput from the record."""
@@ -803,7 +796,7 @@ class Client:
         key = cursors.decode("audit", cursor)
         after = None if key is None else msgspec.json.encode([key[0].isoformat(), key[1], key[2]]).decode()
         rows = await self.stores.db.rows("audit_list", actor, queue, since, until, limit, None, after)
-        return [_view(AuditEntry, msgspec.structs.replace(r, data=msgspec.json.decode(r.data) if r.data else None))
+        return [view(AuditEntry, msgspec.structs.replace(r, data=msgspec.json.decode(r.data) if r.data else None))
                 for r in rows]
 
     async def tokens(self) -> list[TokenInfo]:

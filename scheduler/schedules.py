@@ -7,7 +7,7 @@ import builtins
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol
 
 import msgspec
 
@@ -25,20 +25,14 @@ from fencepost.core.schedules import (
     validated,
 )
 from fencepost.core.submit import SubmitPath, encode_arguments, fire_row
-from fencepost.core.views import Schedule, ScheduleRun, View
+from fencepost.core.views import Schedule, ScheduleRun, view
 
 __all__ = ["ScheduleUpdate", "Schedules"]
 
 _UTC = UTC
 
 _UNSET: Any = msgspec.UNSET
-_V = TypeVar("_V", bound=View)
 
-
-def _view(cls: type[_V], row: Any) -> _V:
-    """A record gateway row (`Database.rows` / `row`: the query's row Struct) as the view CLS, read by
-    attribute; columns the view does not name are left out, as `core.views.view` does for a Record."""
-    return msgspec.convert(row, cls, from_attributes=True, strict=False)
 
 
 class ScheduleUpdate(msgspec.Struct, kw_only=True, frozen=True):
@@ -217,10 +211,10 @@ class Schedules:
         row = await self.db.row("schedule_get", name)
         if row is None:
             raise UnknownSchedule(name)
-        return _view(Schedule, row)
+        return view(Schedule, row)
 
     async def list(self, *, limit: int = 100) -> builtins.list[Schedule]:  # `list` here is this method
-        return [_view(Schedule, r) for r in await self.db.rows("schedule_list", limit)]
+        return [view(Schedule, r) for r in await self.db.rows("schedule_list", limit)]
 
     async def set_paused(self, name: str, paused: bool, *, now: datetime | None = None,
                          reason: str = "") -> Schedule:
@@ -262,12 +256,12 @@ class Schedules:
     async def list_scoped(self, *, limit: int = 100, queues: builtins.list[str] | None = None
                           ) -> builtins.list[Schedule]:
         """Schedules, only those firing into `queues` when given (a scoped token's view)."""
-        return [_view(Schedule, r) for r in await self.db.rows("schedule_list_scoped", limit, queues)]
+        return [view(Schedule, r) for r in await self.db.rows("schedule_list_scoped", limit, queues)]
 
     async def runs(self, name: str, limit: int = 10) -> builtins.list[ScheduleRun]:
         """The runs the schedule fired, latest fire first."""
         s = await self.get(name)
-        return [_view(ScheduleRun, r) for r in await self.db.rows("schedule_runs", s.id, limit)]
+        return [view(ScheduleRun, r) for r in await self.db.rows("schedule_runs", s.id, limit)]
 
     async def upcoming(self, name: str, n: int, *, now: datetime | None = None) -> Sequence[datetime]:
         s = await self.get(name)

@@ -18,7 +18,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, cast
 
 import msgspec
 
@@ -35,11 +35,11 @@ from fencepost.core.views import (
     BatchRecord,
     Reply,
     RunRecord,
-    View,
     Workflow,
     WorkflowNode,
     WorkflowSummary,
     live_nodes,
+    view,
 )
 
 __all__ = [
@@ -61,13 +61,7 @@ _UTC = UTC
 PURGED = "PURGED"
 """A batch member's or callback's state in batch_view once its run left the record (neither in runs
 nor in runs_archive: a dropped archive partition, a load test's cleanup)."""
-_V = TypeVar("_V", bound=View)
 
-
-def _view(cls: type[_V], row: Any) -> _V:
-    """A record gateway row (`Database.rows` / `row`: the query's row Struct) as the view CLS, read by
-    attribute; columns the view does not name are left out, as `core.views.view` does for a Record."""
-    return msgspec.convert(row, cls, from_attributes=True, strict=False)
 
 
 class Node(msgspec.Struct, kw_only=True, frozen=True):
@@ -382,14 +376,12 @@ class Workflows:
     async def batch(self, batch_id: uuid.UUID | str) -> BatchRecord:
         """A batch: callbacks, settled_at (None while members run) and each member's status."""
         bid = _uuid(batch_id, "batch")
-        # Untyped (a Record) until row_type allows NULL array elements: `statuses` holds NULL for a member
-        # that left the record, and core/record._py_type types text[] as list[str] (msgspec refuses it).
-        row = await self.stores.db.fetchrow("batch_get", bid)
+        row = await self.stores.db.row("batch_get", bid)  # statuses: NULL for a member that left the record
         if row is None:
             raise UnknownBatch(batch_id)
-        members = [BatchMember(run_id=r, status=st) for r, st in zip(row["run_ids"], row["statuses"], strict=True)]
-        return BatchRecord(id=row["id"], name=row["name"], created_at=row["created_at"], settled_at=row["settled_at"],
-                           on_complete=row["on_complete"], on_success=row["on_success"], members=members)
+        members = [BatchMember(run_id=r, status=st) for r, st in zip(row.run_ids or (), row.statuses or (), strict=True)]
+        return BatchRecord(id=row.id, name=row.name, created_at=row.created_at, settled_at=row.settled_at,
+                           on_complete=row.on_complete, on_success=row.on_success, members=members)
 
     async def batch_view(self, batch_id: uuid.UUID | str) -> BatchView:
         """A batch as `batch show` and the API show it: its members counted by state (total, counts), when
@@ -418,13 +410,13 @@ class Workflows:
         row = await self.stores.db.row("wf_get", wid)
         if row is None:
             raise UnknownWorkflow(workflow_id)
-        nodes = [_view(WorkflowNode, r) for r in await self.stores.db.rows("wf_nodes", wid)]
+        nodes = [view(WorkflowNode, r) for r in await self.stores.db.rows("wf_nodes", wid)]
         return Workflow(id=row.id, name=row.name, created_at=row.created_at,
                         nodes=await live_nodes(self.stores, nodes))
 
     async def workflows(self, *, limit: int = 50) -> list[WorkflowSummary]:
         """Recent workflows, newest first, with their number of nodes."""
-        return [_view(WorkflowSummary, r) for r in await self.stores.db.rows("api_list_workflows", limit)]
+        return [view(WorkflowSummary, r) for r in await self.stores.db.rows("api_list_workflows", limit)]
 
     async def workflow_id(self, prefix: str) -> str:
         """The full id of the one workflow whose id starts with PREFIX (4 to 36 hex digits and dashes);

@@ -57,12 +57,12 @@ class QueueSettings(msgspec.Struct, kw_only=True):
 
 
 async def load(stores: Stores, queue: str, *, conn: Session | None = None) -> QueueSettings:
-    row = await stores.db.fetchrow("queue_settings", queue, conn=conn)
+    row = await stores.db.row("queue_settings", queue, conn=conn)
     if row is None:
         raise UnknownQueue(queue)
-    return QueueSettings(queue=queue, weights=_obj(row["weights"]), limits=_obj(row["limits"]),
-                         max_running=row["max_running"], priority_age_ms=row["priority_age_ms"],
-                         rate=row["rate_limit"], rates=_obj(row["rate_limits"]))
+    return QueueSettings(queue=queue, weights=_obj(row.weights), limits=_obj(row.limits),
+                         max_running=row.max_running, priority_age_ms=row.priority_age_ms,
+                         rate=row.rate_limit, rates=_obj(row.rate_limits))
 
 
 def _obj(v: Any) -> dict[str, Any]:
@@ -76,7 +76,7 @@ async def apply(stores: Stores, queue: str, *, rescore_from_ms: int | None = Non
     The queue's row stays locked (FOR UPDATE) until Redis holds the copy, so two changes
     at once cannot leave Redis with the older one."""
     async with stores.db.transaction() as tx:
-        if await tx.fetchrow("lock_queue_settings", queue) is None:
+        if await tx.row("lock_queue_settings", queue) is None:
             raise UnknownQueue(queue)
         s = await load(stores, queue, conn=tx)
         await _copy(stores, queue, s)
@@ -253,7 +253,7 @@ async def _update(stores: Stores, queue: str, name: str, *args: Any,
     actor, reason, data = audit_
     audit.reason(reason)
     async with stores.db.transaction() as tx:
-        row = await stores.db.fetchrow(name, queue, *args, conn=tx)
+        row = await stores.db.row(name, queue, *args, conn=tx)
         if row is None:
             raise UnknownQueue(queue)
         await audit.write(stores.db, tx, actor, f"dispatch_{name.removeprefix('set_queue_')}", queue=queue,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import msgspec
+
 from fencepost.core.errors import InvalidInput, UnknownQueue
 from fencepost.core.hot import StampArgs
 from fencepost.core.keys import valid_queue_name
@@ -31,8 +33,8 @@ async def declare_queues(stores: Stores, names: Iterable[str]) -> list[str]:
         check_queue_name(name)
     if not wanted:
         return []
-    rows = await stores.db.fetch("declare_queues", wanted)
-    created = {r["name"]: r["epoch"] for r in rows}
+    rows = await stores.db.rows("declare_queues", wanted)
+    created = {r.name: r.epoch for r in rows}
     await stamp_created(stores, created)
     return sorted(created)
 
@@ -50,7 +52,7 @@ async def stamp_created(stores: Stores, created: dict[str, int]) -> None:
 async def require_queue(stores: Stores, name: str) -> dict[str, object]:
     """The queue's row (name, epoch, paused, created_at), or UnknownQueue: read and admin commands
     refuse a queue nobody declared or submitted to instead of answering about nothing."""
-    row = await stores.db.fetchrow("queue_row", name)
+    row = await stores.db.row("queue_row", name)
     if row is None:
         raise UnknownQueue(name)
-    return dict(row)
+    return msgspec.structs.asdict(row)

@@ -146,7 +146,7 @@ _PG_TYPES: dict[str, Any] = {
 
 def _py_type(pg: str) -> Any:
     if pg.endswith("[]"):
-        return list[_py_type(pg[:-2])]  # type: ignore[misc]
+        return list[_optional(_py_type(pg[:-2]))]  # type: ignore[misc]  # an array may hold NULLs
     return _PG_TYPES.get(pg, Any)
 
 

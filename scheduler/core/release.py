@@ -25,10 +25,10 @@ async def release_dependents(tx: Session, succeeded: Sequence[int], *,
     """Make PENDING the BLOCKED dependents of `succeeded` whose upstreams all SUCCEEDED."""
     if not succeeded:
         return []
-    cands = [r["id"] for r in await tx.fetch("wf_lock_dependents", list(succeeded))]
+    cands = [r.id for r in await tx.rows("wf_lock_dependents", list(succeeded))]
     if not cands:
         return []
-    return [r["id"] for r in await tx.fetch("wf_release", cands, actor)]
+    return [r.id for r in await tx.rows("wf_release", cands, actor)]
 
 
 async def cancel_descendants(tx: Session, failed: Sequence[int], *,
@@ -36,7 +36,7 @@ async def cancel_descendants(tx: Session, failed: Sequence[int], *,
     """CANCELLED (upstream_failed) for every BLOCKED descendant of runs that failed for good."""
     if not failed:
         return []
-    return [r["id"] for r in await tx.fetch("wf_cancel_descendants", list(failed), actor)]
+    return [r.id for r in await tx.rows("wf_cancel_descendants", list(failed), actor)]
 
 
 async def on_recorded(tx: Session, run_ids: Sequence[int], statuses: Sequence[str]) -> None:
@@ -59,33 +59,33 @@ async def settle_batches(tx: Session, ended: Sequence[int], *, actor: str = "rec
 
     Exactly once: the batch row is locked and marked settled in this transaction, and a
     callback moves only from BLOCKED. A failed transaction is redelivered and does it again."""
-    ids = list(locked) if locked is not None else [r["id"] for r in await tx.fetch("batch_lock_open", list(ended))]
+    ids = list(locked) if locked is not None else [r.id for r in await tx.rows("batch_lock_open", list(ended))]
     if not ids:
         return 0
-    settled = await tx.fetch("batch_settling", ids)
-    release = [r["on_complete"] for r in settled if r["on_complete"] is not None]
-    release += [r["on_success"] for r in settled if r["on_success"] is not None and r["all_ok"]]
-    cancel = [r["on_success"] for r in settled if r["on_success"] is not None and not r["all_ok"]]
+    settled = await tx.rows("batch_settling", ids)
+    release = [r.on_complete for r in settled if r.on_complete is not None]
+    release += [r.on_success for r in settled if r.on_success is not None and r.all_ok]
+    cancel = [r.on_success for r in settled if r.on_success is not None and not r.all_ok]
     if release:
-        await tx.fetch("batch_release", release, actor)
+        await tx.rows("batch_release", release, actor)
     if cancel:
-        await tx.fetch("batch_cancel_callbacks", cancel, actor)
+        await tx.rows("batch_cancel_callbacks", cancel, actor)
     return len(settled)
 
 
 async def sweep_blocked(tx: Session, *, settled_s: float = 5.0, limit: int = 1000) -> int:
     """Safety net (run by the trigger leader): BLOCKED runs whose upstreams settled without
     the hook seeing it (a terminal state written by drift repair, not by the recorder)."""
-    rows = await tx.fetch("wf_blocked_settled", float(settled_s), limit)
-    ok = [r["id"] for r in rows if r["all_ok"]]
-    failed = sorted({u for r in rows if not r["all_ok"] for u in r["failed"] or []})
+    rows = await tx.rows("wf_blocked_settled", float(settled_s), limit)
+    ok = [r.id for r in rows if r.all_ok]
+    failed = sorted({u for r in rows if not r.all_ok for u in r.failed or []})
     n = 0
     if ok:
-        locked = [r["id"] for r in await tx.fetch("wf_lock_blocked", ok)]
-        n += len(await tx.fetch("wf_release", locked, "sweeper")) if locked else 0
+        locked = [r.id for r in await tx.rows("wf_lock_blocked", ok)]
+        n += len(await tx.rows("wf_release", locked, "sweeper")) if locked else 0
     if failed:
         n += len(await cancel_descendants(tx, failed, actor="sweeper"))
-    open_ = [r["id"] for r in await tx.fetch("batch_unsettled", float(settled_s), limit)]
+    open_ = [r.id for r in await tx.rows("batch_unsettled", float(settled_s), limit)]
     if open_:
         n += await settle_batches(tx, (), actor="sweeper", locked=open_)
     await tx.execute("progress_prune", limit)  # ctx.progress() rows of archived runs

@@ -87,10 +87,10 @@ def recommend(*, arrival_per_s: float, mean_run_s: float, backlog: int, target_l
 
 async def measure(db: Database, queue: str, window_s: float) -> Measured:
     """Arrival rate, mean run time and backlog of one queue from PostgreSQL (query scale_measure)."""
-    row = await db.fetchrow("scale_measure", queue, float(window_s), list(EXECUTED))
+    row = await db.row("scale_measure", queue, float(window_s), list(EXECUTED))
     assert row is not None  # one row of aggregates, always
-    return Measured(queue, float(window_s), int(row["created"]), int(row["attempts"]), row["mean_run_s"],
-                    int(row["backlog"]))
+    return Measured(queue, float(window_s), int(row.created), int(row.attempts), row.mean_run_s,
+                    int(row.backlog))
 
 
 def hint_from(m: Measured, *, target_lag_s: float, concurrency: int, utilisation: float = 0.8,

@@ -136,11 +136,11 @@ def _inserted(rows: Sequence[Any], n: int) -> tuple[list[int | None], list[int],
     created: list[int] = []
     new_queues: dict[str, int] = {}
     for r in rows:
-        if r["ord"] is None:
-            new_queues[r["queue"]] = r["epoch"]
-        elif r["created"]:
-            ids[r["ord"] - 1] = r["id"]
-            created.append(r["ord"] - 1)
+        if r.ord is None:
+            new_queues[r.queue] = r.epoch
+        elif r.created:
+            ids[r.ord - 1] = r.id
+            created.append(r.ord - 1)
     return ids, created, new_queues
 
 
@@ -199,7 +199,7 @@ def request_fingerprint(req: Submit, row: RunRow) -> str:
 
 def _spec(row: Any) -> JobSpec:
     """A definitions row as the JobSpec it declares (its options merged in)."""
-    data = dict(row)
+    data = msgspec.structs.asdict(row)
     options = data.pop("options", None) or {}
     if isinstance(options, str):
         options = json.loads(options)
@@ -225,8 +225,8 @@ class SubmitPath:
     async def load_definitions(self, names: set[str]) -> None:
         """Refresh the cached declarations once if a handler is not known yet."""
         if names - self.defs.keys():
-            rows = await self.stores.db.fetch("definitions")
-            self.defs = {r["name"]: _spec(r) for r in rows}
+            rows = await self.stores.db.rows("definitions")
+            self.defs = {r.name: _spec(r) for r in rows}
             for name in sorted(names - self.defs.keys()):
                 raise UnknownHandler(name)
 
@@ -299,7 +299,7 @@ class SubmitPath:
             fresh = await self.stores.db.fetch("insert_runs_fresh", *_fresh_columns(rows_in), self.actor,
                                                conn=connection)
             return _fresh(fresh, len(rows_in))
-        rows = await self.stores.db.fetch("insert_runs", *run_columns(rows_in), self.actor, conn=connection)
+        rows = await self.stores.db.rows("insert_runs", *run_columns(rows_in), self.actor, conn=connection)
         ids, created, new_queues = _inserted(rows, len(rows_in))
         return ids, created, new_queues  # type: ignore[return-value]
 
@@ -317,11 +317,11 @@ class SubmitPath:
             if scope is not None and row.idempotency_key is not None and fp is not None:
                 if seen.setdefault((scope, row.idempotency_key), fp) != fp:
                     raise IdempotencyConflict(row.idempotency_key, scope, 0)
-        rows = await db.fetch("insert_runs_keyed", *run_columns(rows_in), self.actor, prints, scopes, conn=conn)
+        rows = await db.rows("insert_runs_keyed", *run_columns(rows_in), self.actor, prints, scopes, conn=conn)
         ids, created, new_queues = _inserted(rows, len(requests))
         missing = [i for i, v in enumerate(ids) if v is None]
         if missing:
-            found = {(r["scope"], r["key"]): r for r in await db.fetch(
+            found = {(r.scope, r.key): r for r in await db.rows(
                 "idempotency_lookup", [scopes[i] for i in missing], [rows_in[i].idempotency_key for i in missing],
                 conn=conn)}
             for i in missing:
@@ -330,9 +330,9 @@ class SubmitPath:
                 if hit is None:  # a concurrent submit with this key has not committed yet
                     raise InvalidInput(f"idempotency key {key!r} is being submitted concurrently and is not "
                                        "committed yet; retry", field="idempotency_key")
-                if hit["request_sha256"] and hit["request_sha256"] != prints[i]:
-                    raise IdempotencyConflict(key or "", scopes[i] or "", hit["run_id"])
-                ids[i] = hit["run_id"]
+                if hit.request_sha256 and hit.request_sha256 != prints[i]:
+                    raise IdempotencyConflict(key or "", scopes[i] or "", hit.run_id)
+                ids[i] = hit.run_id
         return ids, created, new_queues  # type: ignore[return-value]
 
     async def enqueue(self, created: Sequence[int], ids: Sequence[int | None], rows: Sequence[RunRow]) -> set[str]:

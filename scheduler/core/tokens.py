@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import msgspec
+
 from fencepost.core import audit, validate
 from fencepost.core.errors import InvalidInput
 from fencepost.core.keys import valid_queue_name
@@ -54,29 +56,29 @@ async def insert(db: Database, role: str, queues: Sequence[str], name: str | Non
     check_new(role, queues, name, expires_in)
     secret = new_secret()
     async with db.transaction() as tx:
-        row = await db.fetchrow("api_token_insert", name, role, sorted(set(queues)), hash_secret(secret), created_by,
+        row = await db.row("api_token_insert", name, role, sorted(set(queues)), hash_secret(secret), created_by,
                                 None if expires_in is None else float(expires_in), parent_id, parent_expires_at,
                                 conn=tx)
         assert row is not None
-        await audit.write(db, tx, created_by or "unknown", "token_created", target=str(row["id"]),
+        await audit.write(db, tx, created_by or "unknown", "token_created", target=str(row.id),
                           data={"role": role, "queues": sorted(set(queues)), "name": name, "parent": parent_id,
-                                "expires_at": None if row["expires_at"] is None else row["expires_at"].isoformat()})
-    return dict(row), secret
+                                "expires_at": None if row.expires_at is None else row.expires_at.isoformat()})
+    return msgspec.structs.asdict(row), secret
 
 
 async def revoke(db: Database, token_id: int, actor: str, *, reason: str = "") -> dict[str, Any] | None:
     """Revoke a token (idempotent), audited in the same transaction; None if there is no such token."""
     audit.reason(reason)
     async with db.transaction() as tx:
-        row = await db.fetchrow("api_token_revoke", token_id, conn=tx)
+        row = await db.row("api_token_revoke", token_id, conn=tx)
         if row is None:
             return None
         await audit.write(db, tx, actor, "token_revoked", target=str(token_id), reason_=reason,
-                          data={"role": row["role"], "queues": list(row["queues"] or ()),
-                                "descendants_revoked": row["descendants"]})
-    return dict(row)
+                          data={"role": row.role, "queues": list(row.queues or ()),
+                                "descendants_revoked": row.descendants})
+    return msgspec.structs.asdict(row)
 
 
 async def list_all(db: Database) -> list[dict[str, Any]]:
     """Every token, newest first as api_token_list orders them (never a secret)."""
-    return [dict(r) for r in await db.fetch("api_token_list")]
+    return [msgspec.structs.asdict(r) for r in await db.rows("api_token_list")]

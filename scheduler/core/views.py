@@ -102,7 +102,10 @@ class View(msgspec.Struct, kw_only=True):
 
 
 def view(cls: type[V], row: Any) -> V:
-    """A record row (asyncpg Record or dict) as the view CLS; columns the view does not name are left out."""
+    """A record row as the view CLS: a row Struct of the gateway (`Database.rows` / `row`, read by
+    attribute), or a dict; columns the view does not name are left out."""
+    if isinstance(row, msgspec.Struct):
+        return msgspec.convert(row, cls, from_attributes=True, strict=False)
     return msgspec.convert(dict(row), cls, from_attributes=False, strict=False)
 
 
@@ -613,21 +616,21 @@ async def queue_stats(stores: Stores, *, window_s: int = 300, scope: list[str] |
     """Every queue (of SCOPE, when given): due, delayed and active runs as Redis holds them now,
     the age of the oldest due run, and finished runs and schedule lag over the last WINDOW_S
     seconds from the record."""
-    from_record = await stores.db.fetch("api_queue_figures", float(window_s), scope)
+    from_record = await stores.db.rows("api_queue_figures", float(window_s), scope)
     r = stores.redis
     now = time.time()
     out = []
     for row in from_record:
-        k = stores.keys(row["queue"])
-        due, age = await due_summary(stores, row["queue"], now=now)
+        k = stores.keys(row.queue)
+        due, age = await due_summary(stores, row.queue, now=now)
         pipe = r.pipeline(transaction=False)
         pipe.zcard(k.delayed)
         pipe.zcard(k.active)
         delayed, active = await pipe.execute()
-        out.append(QueueStats(queue=row["queue"], paused=row["paused"], due=due, delayed=delayed, active=active,
-                              oldest_due_age_s=round(age, 3), finished_last_window=row["finished"],
-                              throughput_per_min=round(row["finished"] * 60 / window_s, 3),
-                              schedule_lag_s=None if row["lag_s"] is None else round(float(row["lag_s"]), 3),
+        out.append(QueueStats(queue=row.queue, paused=row.paused, due=due, delayed=delayed, active=active,
+                              oldest_due_age_s=round(age, 3), finished_last_window=row.finished,
+                              throughput_per_min=round(row.finished * 60 / window_s, 3),
+                              schedule_lag_s=None if row.lag_s is None else round(float(row.lag_s), 3),
                               window_s=window_s))
     return out
 
