@@ -45,9 +45,7 @@ from fencepost.core.hot import ClaimArgs, EnqueueItem, Finish, FinishArgs, Stamp
 from fencepost.core.models import encode_payload
 from fencepost.core.record import Database, upgrade
 from fencepost.core.stores import Stores
-
-_EVENT_COLUMNS = ("run_id", "type", "from_status", "to_status", "version", "attempt", "token", "worker_id", "reason",
-                  "error_class", "error_message", "at", "stream", "stream_id", "actor")
+from fencepost.reconciler.recorder import _EVENT_COLUMNS  # the row COPY writes, as the recorder writes it
 
 
 def _free_port() -> int:
@@ -241,7 +239,7 @@ async def events_main(a: argparse.Namespace) -> None:
                 b0, p0 = _backend_cpu(pid), time.process_time()
                 for i in range(0, n, batch):
                     rows = [(i + j, "claimed", "PENDING", "RUNNING", 2, 1, 1099511627777 + j, "host:123:abcdef", None,
-                             None, None, ts if mode == "jsonb insert" else at, "fp:{q}:events", sid + j, None)
+                             None, None, ts if mode == "jsonb insert" else at, "fp:{q}:events", sid + j, None, "q")
                             for j in range(batch)]
                     sid += batch
                     async with db.transaction() as tx:
