@@ -2,7 +2,7 @@
 retention by partition drop (never a DELETE); and the dashboard's per-minute chart rollup
 (queue_minutes, migration 013) pruned past FENCEPOST_CHART_RETENTION, a bounded batch at a time.
 
-The SQL lives in sql/007_history_partitions.sql (functions) and sql/queries_retention.sql.
+The SQL lives in sql/007_history_partitions.sql (functions) and sql/queries_maintenance.sql.
 `fencepost retention` (fencepost/cli/retention.py) drops old partitions; the reconciler runs
 `Maintenance.tick` each tick, which does real work about once an hour.
 """

@@ -1,4 +1,6 @@
--- Named queries for batches with callbacks, results through workflows, and progress (issue 16).
+-- Named queries: Batches with callbacks and their lists.
+-- One file per noun (issue 25); fencepost/core/record.py is the only module that runs
+-- SQL and loads these by name; every name is used and every used name exists (tests/test_gateways.py).
 
 -- name: batch_insert
 -- params: id uuid, name text, on_complete int8, on_success int8, p5 int8[]
@@ -109,39 +111,6 @@ FROM batches b JOIN batch_members m ON m.batch_id = b.id
 LEFT JOIN runs r ON r.id = m.run_id LEFT JOIN runs_archive a ON a.id = m.run_id AND r.id IS NULL
 WHERE b.on_complete = $1 OR b.on_success = $1
 ORDER BY m.run_id;
-
--- name: wf_upstream_results
--- params: run_id int8
--- returns: name text, run_id int8, status text, result bytea
--- A workflow run's direct upstreams by node name, with status and result.
-SELECT n.name, u.id AS run_id, u.status, u.result
-FROM workflow_edges e JOIN workflow_nodes n ON n.run_id = e.depends_on JOIN runs u ON u.id = e.depends_on
-WHERE e.run_id = $1
-ORDER BY n.name;
-
--- name: progress_upsert
--- params: run_id int8[], attempt int4[], done float8[], total float8[], message text[]
--- returns: nothing
--- The latest progress of running attempts, coalesced by the worker (one statement per flush).
--- An older attempt never overwrites a newer one's progress.
-INSERT INTO run_progress AS p (run_id, attempt, done, total, message, updated_at)
-SELECT * , now() FROM unnest($1::bigint[], $2::integer[], $3::float8[], $4::float8[], $5::text[])
-ON CONFLICT (run_id) DO UPDATE SET attempt = EXCLUDED.attempt, done = EXCLUDED.done, total = EXCLUDED.total,
-                                   message = EXCLUDED.message, updated_at = EXCLUDED.updated_at
-WHERE p.attempt <= EXCLUDED.attempt;
-
--- name: progress_get
--- params: run_id int8[]
--- returns: run_id int8, attempt int4, done float8, total float8, message text, updated_at timestamptz
-SELECT run_id, attempt, done, total, message, updated_at FROM run_progress WHERE run_id = ANY($1::bigint[]);
-
--- name: progress_prune
--- params: limit int8
--- returns: nothing
--- Progress of runs that left `runs` (archived by retention): dropped, at most $1 per pass.
-DELETE FROM run_progress p
-WHERE p.run_id IN (SELECT q.run_id FROM run_progress q
-                   WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = q.run_id) LIMIT $1);
 
 -- name: api_batch_queues
 -- params: batch_id uuid

@@ -1,5 +1,13 @@
--- Named queries run by psql, not asyncpg (fencepost.core.record.psql_script): the embedded
--- server's first start creates the database before any pool can connect to it.
+-- Named queries: Connection check, and the statement psql runs before any pool can connect (the embedded
+-- server's first start creates the database).
+-- One file per noun (issue 25); fencepost/core/record.py is the only module that runs
+-- SQL and loads these by name; every name is used and every used name exists (tests/test_gateways.py).
+
+-- name: ping
+-- params: none
+-- returns: ?column? int4
+-- Readiness probe of the HTTP API.
+SELECT 1;
 
 -- name: bootstrap_create_database
 -- unchecked: a psql script (psql variables and meta-commands), run before any database exists

@@ -1,16 +1,6 @@
--- Named queries of bulk actions (scheduler/api/bulk.py, issue 24 item 1), the queue bulk of the API and
--- the dashboard's list bulk alike: a count stores the runs it selected under a handle; the confirm
--- takes the handle once.
-
--- name: bulk_candidates
--- params: queue text, status text, handler text, max_id int8, limit int8
--- returns: id int8, status text, version int8
--- The runs a bulk count selects: $1 queue, $2 status, $3 handler, $4 only ids <= this (NULL: none),
--- $5 at most this many, lowest ids first; with their recorded state and version.
-SELECT id, status, version FROM runs
-WHERE queue = $1 AND ($2::text IS NULL OR status = $2) AND ($3::text IS NULL OR handler = $3)
-  AND ($4::bigint IS NULL OR id <= $4)
-ORDER BY id LIMIT $5;
+-- Named queries: Bulk-action handles: a count stores the runs it selected; the confirm takes the handle once.
+-- One file per noun (issue 25); fencepost/core/record.py is the only module that runs
+-- SQL and loads these by name; every name is used and every used name exists (tests/test_gateways.py).
 
 -- name: bulk_handle_insert
 -- params: handle text, token_id int8, queue text, action text, list text, selection jsonb, matched int8,
@@ -43,9 +33,3 @@ FROM bulk_handles WHERE handle = $1 AND token_id = $2 AND expires_at > now();
 -- Use a handle once (in the transaction of the bulk action's audit row): no row when a concurrent
 -- confirm took it first or it expired meanwhile.
 DELETE FROM bulk_handles WHERE handle = $1 AND token_id = $2 AND expires_at > now() RETURNING handle;
-
--- name: bulk_live_rows
--- params: id int8[]
--- returns: id int8, status text, version int8
--- The recorded state and version of these runs ($1 ids), for those Redis no longer holds.
-SELECT id, status, version FROM runs WHERE id = ANY($1::bigint[]);

@@ -1,4 +1,97 @@
--- Named queries for recurring schedules and the trigger service.
+-- Named queries: Schedules and the trigger that fires them (its lease, its fires, in-place edits).
+-- One file per noun (issue 25); fencepost/core/record.py is the only module that runs
+-- SQL and loads these by name; every name is used and every used name exists (tests/test_gateways.py).
+
+-- name: schedule_queues
+-- params: name text[]
+-- returns: name text, queue text
+-- The queue each schedule fires into (its own, else its handler's declared queue).
+SELECT s.name, COALESCE(s.queue, d.queue, 'default') AS queue
+FROM schedules s LEFT JOIN job_definitions d ON d.name = s.handler
+WHERE $1::text[] IS NULL OR s.name = ANY($1);
+
+-- name: schedule_list_scoped
+-- params: limit int8, scope text[]
+-- returns: id int8, name text, handler text, cron text, interval_s float8, timezone text,
+-- returns: next_fire_time timestamptz, spread_s float8, offset_ms int4, catchup bool, allow_overlap bool,
+-- returns: paused bool, last_fire_time timestamptz, fires int8, skipped int8, queue text
+-- schedule_list filtered to the caller's queues ($2; NULL: all).
+SELECT s.id, s.name, s.handler, s.cron, s.interval_s, s.timezone, s.next_fire_time, s.spread_s, s.offset_ms,
+       s.catchup, s.allow_overlap, s.paused, s.last_fire_time, s.fires, s.skipped, s.queue
+FROM schedules s LEFT JOIN job_definitions d ON d.name = s.handler
+WHERE $2::text[] IS NULL OR COALESCE(s.queue, d.queue, 'default') = ANY($2)
+ORDER BY s.name LIMIT $1;
+
+-- name: quarantine_schedule
+-- params: id int8, quarantined text, every_queue text
+-- returns: name text
+-- A schedule the trigger cannot fire: paused with the reason, and an event (run_id NULL).
+WITH s AS (
+    UPDATE schedules SET paused = true, quarantined = $2, updated_at = now()
+    WHERE id = $1 RETURNING id, name, queue
+)
+INSERT INTO events (run_id, queue, type, actor, reason, error_message, data, at)
+SELECT NULL, COALESCE(s.queue, $3), 'schedule_quarantined', 'trigger', 'quarantined', $2,
+       jsonb_build_object('schedule_id', s.id, 'schedule', s.name), now() FROM s
+RETURNING data->>'schedule' AS name;
+
+-- name: schedule_page_scoped
+-- params: limit int8, scope text[], after_name text
+-- returns: id int8, name text, handler text, cron text, interval_s float8, timezone text,
+-- returns: next_fire_time timestamptz, spread_s float8, offset_ms int4, catchup bool, allow_overlap bool,
+-- returns: paused bool, last_fire_time timestamptz, fires int8, skipped int8, queue text
+-- Schedules by name, filtered to the caller's queues ($2; NULL: all) before the limit ($1), after the
+-- cursor's name ($3; NULL: from the first). schedule_list_scoped with a cursor.
+SELECT s.id, s.name, s.handler, s.cron, s.interval_s, s.timezone, s.next_fire_time, s.spread_s, s.offset_ms,
+       s.catchup, s.allow_overlap, s.paused, s.last_fire_time, s.fires, s.skipped, s.queue
+FROM schedules s LEFT JOIN job_definitions d ON d.name = s.handler
+WHERE ($2::text[] IS NULL OR COALESCE(s.queue, d.queue, 'default') = ANY($2))
+  AND ($3::text IS NULL OR s.name > $3)
+ORDER BY s.name LIMIT $1;
+
+-- name: schedule_lock
+-- params: name text
+-- returns: id int8, name text, handler text, payload bytea, args_json jsonb, queue text, priority int2,
+-- returns: cron text, interval_s float8, timezone text, next_fire_time timestamptz, spread_s float8,
+-- returns: offset_ms int4, due_at timestamptz, catchup bool, catchup_window_s float8, allow_overlap bool,
+-- returns: paused bool, last_fire_time timestamptz, last_run_id int8, fires int8, skipped int8,
+-- returns: created_at timestamptz, updated_at timestamptz, quarantined text, fires_into text,
+-- returns: fire_priority int2, def_max_retries int4, def_timeout_s float8, busy bool, last_status text
+-- The stored schedule with its handler's declared defaults, locked for an edit or a manual
+-- fire (the trigger skips it meanwhile: trigger_due uses SKIP LOCKED).
+SELECT s.*, COALESCE(s.queue, d.queue) AS fires_into, COALESCE(s.priority, d.priority) AS fire_priority,
+       d.max_retries AS def_max_retries, d.timeout_s AS def_timeout_s,
+       (s.last_run_id IS NOT NULL AND NOT s.allow_overlap AND EXISTS (
+           SELECT 1 FROM runs r WHERE r.id = s.last_run_id
+           AND r.status IN ('PENDING', 'RETRY_WAIT', 'RUNNING', 'STOPPING', 'PAUSED', 'BLOCKED'))) AS busy,
+       (SELECT r.status FROM runs r WHERE r.id = s.last_run_id) AS last_status
+FROM schedules s LEFT JOIN job_definitions d ON d.name = s.handler
+WHERE s.name = $1
+FOR UPDATE OF s;
+
+-- name: schedule_update
+-- params: id int8, handler text, payload bytea, args_json jsonb, queue text, priority int2, cron text,
+-- params: interval_s float8, timezone text, next_fire_time timestamptz, spread_s float8, offset_ms int4,
+-- params: catchup bool, catchup_window_s float8, allow_overlap bool
+-- returns: id int8
+-- Every editable column at once (the caller merged the change into the stored values and
+-- validated the result). An edit fixes a quarantined schedule: the quarantine (and the pause
+-- it imposed) is lifted.
+UPDATE schedules SET handler = $2, payload = $3, args_json = $4::jsonb, queue = $5, priority = $6, cron = $7,
+                     interval_s = $8, timezone = $9, next_fire_time = $10::timestamptz,
+                     due_at = $10::timestamptz + make_interval(secs => $12::integer / 1000.0),
+                     spread_s = $11, offset_ms = $12, catchup = $13, catchup_window_s = $14, allow_overlap = $15,
+                     paused = CASE WHEN quarantined IS NOT NULL THEN false ELSE paused END,
+                     quarantined = NULL, updated_at = now()
+WHERE id = $1
+RETURNING id;
+
+-- name: schedule_fired_now
+-- params: id int8, last_run_id int8, last_fire_time timestamptz
+-- returns: nothing
+-- A manual fire: the run counts as the schedule's latest (overlap checks see it); the next
+-- scheduled fire time does not move.
+UPDATE schedules SET last_run_id = $2, last_fire_time = $3, fires = fires + 1, updated_at = now() WHERE id = $1;
 
 -- name: schedule_insert
 -- params: name text, handler text, payload bytea, args_json jsonb, queue text, priority int2, cron text,
@@ -129,50 +222,3 @@ SELECT now();
 -- params: name text, holder text
 -- returns: nothing
 DELETE FROM trigger_leases WHERE name = $1 AND holder = $2;
-
--- name: loadtest_schedule_ids
--- params: p1 int4
--- returns: nextval int8
-SELECT nextval(pg_get_serial_sequence('schedules', 'id')) FROM generate_series(1, $1);
-
--- name: loadtest_insert_schedules
--- params: i int8[], name text, payload bytea, cron text, next_fire_time timestamptz, spread_s float8,
--- params: o int4[]
--- returns: nothing
--- Bulk schedules for `fencepost loadtest spike` ($1 ids, $7 offsets computed by spread_offset_ms).
-INSERT INTO schedules (id, name, handler, payload, queue, cron, timezone, next_fire_time, spread_s, offset_ms, due_at)
-SELECT i, $2::text || '-' || i, 'loadtest.noop', $3::bytea, $2::text, $4::text, 'UTC', $5::timestamptz,
-       $6::double precision, o, $5::timestamptz + make_interval(secs => o / 1000.0)
-FROM unnest($1::bigint[], $7::integer[]) AS t(i, o);
-
--- name: loadtest_delete_schedules
--- params: queue text
--- returns: nothing
-DELETE FROM schedules WHERE queue = $1;
-
--- name: loadtest_status_counts
--- params: queue text
--- returns: status text, n int8
-SELECT status, count(*) AS n FROM runs WHERE queue = $1 GROUP BY status;
-
--- name: loadtest_relation_size
--- params: p1 text[]
--- returns: sum int8
-SELECT sum(pg_total_relation_size(t::regclass))::bigint FROM unnest($1::text[]) AS t;
-
--- name: loadtest_report
--- params: queue text
--- returns: runs int8, c0 timestamptz, c1 timestamptz, ok int8, last_done timestamptz, lag float8[],
--- returns: lag_max numeric, lag_due float8[], lag_due_max numeric
--- Start lag is measured from the logical fire time (schedules) or the submit time (bursts),
--- and from run_at (when the run was due: the fire time plus the schedule's spread offset).
-SELECT count(*) AS runs, min(created_at) AS c0, max(created_at) AS c1,
-       count(*) FILTER (WHERE status = 'SUCCEEDED') AS ok,
-       max(finished_at) AS last_done,
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
-           (ORDER BY extract(epoch FROM started_at - COALESCE(fire_time, run_at))) AS lag,
-       max(extract(epoch FROM started_at - COALESCE(fire_time, run_at))) AS lag_max,
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
-           (ORDER BY extract(epoch FROM started_at - run_at)) AS lag_due,
-       max(extract(epoch FROM started_at - run_at)) AS lag_due_max
-FROM runs WHERE queue = $1;

@@ -1,4 +1,43 @@
--- Named queries for DAG workflows (submit, release, cancel, retry, show).
+-- Named queries: Workflows (DAGs): submit, release, cancel, retry, show.
+-- One file per noun (issue 25); fencepost/core/record.py is the only module that runs
+-- SQL and loads these by name; every name is used and every used name exists (tests/test_gateways.py).
+
+-- name: api_list_workflows
+-- params: limit int8
+-- returns: id uuid, name text, created_at timestamptz, nodes int8
+SELECT w.id, w.name, w.created_at,
+       (SELECT count(*) FROM workflow_nodes n WHERE n.workflow_id = w.id AND n.current) AS nodes
+FROM workflows w ORDER BY w.created_at DESC LIMIT $1;
+
+-- name: api_list_workflows_scoped
+-- params: limit int8, scope text[], after_created_at timestamptz, after_id uuid
+-- returns: id uuid, name text, created_at timestamptz, nodes int8
+-- Recent workflows; with $2 (a token's queues), only those whose every node is in scope; newest first,
+-- after the cursor's ($3 created_at, $4 id; NULL: from the newest).
+SELECT w.id, w.name, w.created_at,
+       (SELECT count(*) FROM workflow_nodes n WHERE n.workflow_id = w.id AND n.current) AS nodes
+FROM workflows w
+WHERE ($2::text[] IS NULL OR NOT EXISTS (
+    SELECT 1 FROM workflow_nodes n JOIN runs r ON r.id = n.run_id
+    WHERE n.workflow_id = w.id AND NOT (r.queue = ANY($2))))
+  AND ($3::timestamptz IS NULL OR (w.created_at, w.id) < ($3, $4::uuid))
+ORDER BY w.created_at DESC, w.id DESC LIMIT $1;
+
+-- name: wf_upstream_results
+-- params: run_id int8
+-- returns: name text, run_id int8, status text, result bytea
+-- A workflow run's direct upstreams by node name, with status and result.
+SELECT n.name, u.id AS run_id, u.status, u.result
+FROM workflow_edges e JOIN workflow_nodes n ON n.run_id = e.depends_on JOIN runs u ON u.id = e.depends_on
+WHERE e.run_id = $1
+ORDER BY n.name;
+
+-- name: workflow_ids_by_prefix
+-- params: text text
+-- returns: id uuid
+-- The workflows whose id starts with $1 (a shortened id as `workflow ls` prints it); at most 2,
+-- enough to tell "unique" from "ambiguous".
+SELECT id FROM workflows WHERE id::text LIKE $1 || '%' ORDER BY id LIMIT 2;
 
 -- name: wf_insert
 -- params: id uuid, name text, run_id int8[], name text[], run_id_2 int8[], depends_on int8[]

@@ -253,12 +253,12 @@ async def test_review_runs_are_resolved_in_bulk_by_the_server_acting_only_on_wha
 
 
 def test_the_handler_rollups_histogram_bounds_are_the_ones_percentiles_read() -> None:
-    """sql/queries_ops.sql buckets run times in SQL; stats.percentile reads them back with BOUNDS_MS."""
+    """sql/queries_handlers.sql buckets run times in SQL; stats.percentile reads them back with BOUNDS_MS."""
     from pathlib import Path
 
     from fencepost.core.stats import BOUNDS_MS
 
-    sql = (Path(__file__).resolve().parent.parent / "sql" / "queries_ops.sql").read_text()
+    sql = (Path(__file__).resolve().parent.parent / "sql" / "queries_handlers.sql").read_text()
     arrays = re.findall(r"width_bucket\([^;]*?'\{([\d,]+)\}'::float8\[\]\)", sql)
     assert len(arrays) == 2, arrays
     assert all(tuple(int(x) for x in a.split(",")) == BOUNDS_MS for a in arrays)

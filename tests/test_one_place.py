@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_rollups_histogram_bounds_are_the_ones_percentiles_read() -> None:
     """The recorder's rollup buckets lag and run time in SQL; stats.percentile reads the buckets
     back with BOUNDS_MS. A bound changed on one side only would shift every chart's percentiles."""
-    sql = (ROOT / "sql" / "queries_dashboard.sql").read_text()
+    sql = (ROOT / "sql" / "queries_queues.sql").read_text()  # rollup_minutes, queue_stats
     arrays = re.findall(r"width_bucket\(\w+,\s*ARRAY\[([\d,\s]+)\]", sql)
     assert arrays, "no width_bucket arrays found"
     for arr in arrays:

@@ -59,7 +59,7 @@ _MIGRATION_LOCK = 0x46454E43  # "FENC": one upgrade at a time across replicas
 
 @cache
 def _queries() -> dict[str, str]:
-    """Named queries from sql/queries*.sql (one file per area: core, control, reconciler...)."""
+    """Named queries from sql/queries*.sql (one file per noun: runs, history, queues, schedules, tokens...)."""
     out: dict[str, str] = {}
     for path in sorted(resource_dir("sql").glob("queries*.sql")):
         parts = _NAME.split(path.read_text())

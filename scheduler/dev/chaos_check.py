@@ -381,7 +381,7 @@ def _harness(ledger: Ledger) -> list[Verdict]:
 
 
 class LedgerRow(msgspec.Struct, frozen=True, kw_only=True):
-    """One row the jobs wrote (see sql/queries_chaos.sql chaos_ledger_write)."""
+    """One row the jobs wrote (see sql/queries_dev.sql chaos_ledger_write)."""
 
     run_id: int
     attempt: int

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fencepost.dev.sqlheaders", description=__doc__.splitlines()[0])
     ap.add_argument("--database-url", required=True, help="a database this command may migrate")
     ap.add_argument("--write", action="store_true", help="rewrite the headers from the database (else check)")
-    ap.add_argument("files", nargs="*", help="with --write: only these files (e.g. queries.sql)")
+    ap.add_argument("files", nargs="*", help="with --write: only these files (e.g. queries_runs.sql)")
     args = ap.parse_args(argv)
     return asyncio.run(_run(args.database_url, args.write, set(args.files) or None))
 

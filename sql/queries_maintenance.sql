@@ -1,5 +1,38 @@
--- Named queries of the reconciler (drift repair, rebuild, gauges, scale hint). Loaded by
--- fencepost/core/record.py.
+-- Named queries: The reconciler's maintenance: drift repair, rebuild locks, gauges, the scale hint, retention
+-- (monthly partitions of events, attempts and runs_archive; functions in 007_history_partitions.sql).
+-- One file per noun (issue 25); fencepost/core/record.py is the only module that runs
+-- SQL and loads these by name; every name is used and every used name exists (tests/test_gateways.py).
+
+-- name: rebuild_mark_unknown
+-- params: id int8[], seen_attempt int4[], seen_version int8[], token int8, queue text
+-- returns: id int8, attempt int4, version int8
+-- Runs an untrusted or lost Redis dataset may have claimed (PENDING, RETRY_WAIT or PAUSED in
+-- PostgreSQL, after lost leases were interrupted): one attempt with outcome 'unknown' each,
+-- numbered above both PostgreSQL's attempt and the dataset's ($2, 0 when it had no hash), so
+-- the next claim takes a number no execution used. The version moves above both too ($3): an
+-- unrecorded stream entry of the old dataset never moves the projection back. One event each.
+-- The row's token is the new epoch's floor ($4 * 2^40): above any token the lost execution
+-- could hold, below every token issued after the rebuild (the floor a downstream fence may take).
+WITH u AS (
+    SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[]) AS u(id, seen_attempt, seen_version)
+), r AS (
+    UPDATE runs SET attempt = GREATEST(runs.attempt, u.seen_attempt) + 1,
+                    version = GREATEST(runs.version, u.seen_version) + 1, updated_at = now()
+    FROM u WHERE runs.id = u.id AND runs.queue = $5 AND runs.status IN ('PENDING', 'RETRY_WAIT', 'PAUSED')
+    RETURNING runs.id, runs.status, runs.attempt, runs.version
+), a AS (
+    INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class,
+                          error_message)
+    SELECT id, attempt, $4::bigint * 1099511627776, '', now(), now(), 'unknown', 'RedisLost',
+           'redis_lost: the Redis dataset that may have run this attempt was lost (rebuilt at epoch ' || $4::integer || ')'
+    FROM r
+), e AS (
+    INSERT INTO events (run_id, queue, type, from_status, to_status, version, attempt, actor, reason, at, data)
+    SELECT id, $5, 'attempt_unknown', status, status, version, attempt, 'reconciler', 'redis_lost', now(),
+           jsonb_build_object('epoch', $4::integer)
+    FROM r
+)
+SELECT id, attempt, version FROM r;
 
 -- name: drift_active_ids
 -- params: queue text, min_id int8, limit int8
@@ -95,14 +128,6 @@ WITH u AS (
 )
 SELECT old.id, old.status AS from_status FROM old;
 
--- name: drift_events
--- params: id int8[], f text[], t text[], v int8[], k text[], d jsonb[]
--- returns: nothing
--- One 'drift_repaired' event per repaired drift (reason = the kind of drift), with its run's queue (047).
-INSERT INTO events (run_id, queue, type, from_status, to_status, version, actor, reason, data, at)
-SELECT id, (SELECT r.queue FROM runs r WHERE r.id = x.id), 'drift_repaired', f, t, v, 'reconciler', k, d, now()
-FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::jsonb[]) AS x(id, f, t, v, k, d);
-
 -- name: rebuild_try_lock
 -- params: p1 text
 -- returns: locked bool
@@ -113,11 +138,6 @@ SELECT pg_try_advisory_lock(hashtext('fencepost_rebuild:' || $1::text)) AS locke
 -- params: p1 text
 -- returns: unlocked bool
 SELECT pg_advisory_unlock(hashtext('fencepost_rebuild:' || $1::text)) AS unlocked;
-
--- name: queue_epoch
--- params: name text
--- returns: epoch int8, paused bool
-SELECT epoch, paused FROM queues WHERE name = $1;
 
 -- name: gauge_due_bands
 -- params: none
@@ -145,14 +165,6 @@ SELECT id, queue, status FROM runs WHERE
     (status = 'PAUSED' AND updated_at < now() - make_interval(secs => $3))
 LIMIT 10000;
 
--- name: stuck_detected_events
--- params: id int8[], queue text[], status text[], reason text[]
--- returns: nothing
--- One 'stuck_detected' event per run that crossed its SLA (one statement per pass).
-INSERT INTO events (run_id, queue, type, to_status, actor, reason, at)
-SELECT id, queue, 'stuck_detected', status, 'reconciler', reason, now()
-FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS s(id, queue, status, reason);
-
 -- name: scale_measure
 -- params: queue text, p2 float8, outcome text[]
 -- returns: created int8, attempts int8, mean_run_s float8, backlog int8
@@ -171,37 +183,88 @@ SELECT
   (SELECT count(*) FROM runs
     WHERE queue = $1 AND status = 'PENDING' AND run_at <= now())                         AS backlog;
 
--- name: lock_transitions
--- params: run_id int8[]
--- returns: locked int8
--- Recorder replicas serialise on the runs whose event rows they are about to check and write
--- (recorded_transitions, then insert_events_json): a transaction-scoped advisory lock per run, the
--- first statement of the batch's transaction, taken in run order so two replicas cannot deadlock.
--- Without it two replicas could each be handed one copy of a repeated transition and both find
--- nothing recorded. Key: (the recorder's class 1179796292 'FENR', the run id's low 31 bits).
-SELECT count(pg_advisory_xact_lock(1179796292, (r & 2147483647)::integer)) AS locked
-FROM (SELECT DISTINCT r FROM unnest($1::bigint[]) AS r ORDER BY r) AS runs;
+-- name: retention_try_lock
+-- params: none
+-- returns: locked bool
+-- One maintainer at a time across reconciler replicas and the CLI (same key as
+-- fencepost_ensure_partitions takes); released at the end of the transaction.
+SELECT pg_try_advisory_xact_lock(1179668052) AS locked;
 
--- name: recorded_transitions
--- params: run_id int8[], type text[], version int8[]
--- returns: run_id int8, type text, version int8
--- Of the recorder's event rows $1-$3 (run, type, version), those PostgreSQL holds already, from
--- any stream entry or written directly: a Redis that lost a write (a lagging replica promoted)
--- repeats the transition at the same version under a new stream id, which the (stream, stream_id,
--- at) key does not catch. Only the partitions from the oldest run's creation on are read (pruned at
--- execution from the initplan's value; a day's margin for the Redis server's clock, which stamps
--- `at`), so the cost follows the runs in the batch, not the history's length. Runs no longer in
--- `runs` (archived) bound nothing: the last day only.
-SELECT e.run_id, e.type, e.version
-FROM events e
-JOIN unnest($1::bigint[], $2::text[], $3::bigint[]) AS u(run_id, type, version)
-  ON e.run_id = u.run_id AND e.type = u.type AND e.version = u.version
-WHERE e.at >= (SELECT COALESCE(min(created_at), now()) - interval '1 day'
-               FROM runs WHERE id = ANY($1::bigint[]));
+-- name: retention_lock
+-- params: none
+-- returns: pg_advisory_xact_lock void
+-- The same lock, waited for (the CLI: another maintainer finishes first).
+SELECT pg_advisory_xact_lock(1179668052);
 
--- name: flag_compensation
--- params: run_id int8[]
+-- name: retention_lock_timeout
+-- params: none
+-- returns: set_config text
+-- DETACH needs an exclusive lock on the parent: give up rather than queue every history
+-- write behind a long query that holds it.
+SELECT set_config('lock_timeout', '10s', true);
+
+-- name: ensure_partitions
+-- params: p1 date, p2 int4
+-- returns: created text
+-- $1 first month, $2 months after it; returns the partitions it created.
+SELECT fencepost_ensure_partitions($1::date, $2::integer) AS created;
+
+-- name: archive_runs
+-- params: max_finished_at timestamptz, limit int8
 -- returns: nothing
--- Cancelled runs with irreversible side effects, flagged in the recorder's transaction; their
--- compensation runs are submitted through the one submit path (fencepost/core/submit.py).
-UPDATE runs SET needs_compensation = true WHERE id = ANY($1::bigint[]);
+-- Moves up to $2 terminal runs finished before $1 from runs to runs_archive, oldest first,
+-- with their checkpoints (the FK forbids the run going first; a finished run's checkpoint
+-- can no longer be resumed from: commands refuse an archived run). Workflow runs stay:
+-- workflow_nodes/edges reference them and a workflow retry may still re-run them. Rows a
+-- concurrent command holds are skipped; FOR UPDATE re-checks a row that changed meanwhile
+-- (a retried run is no longer terminal).
+WITH picked AS (
+    SELECT id FROM runs
+    WHERE finished_at < $1 AND status IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'STOPPED')
+      AND workflow_id IS NULL
+    ORDER BY finished_at LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), ckpt AS (
+    DELETE FROM checkpoints c USING picked p WHERE c.run_id = p.id
+), moved AS (
+    DELETE FROM runs r USING picked p WHERE r.id = p.id RETURNING r.*
+)
+INSERT INTO runs_archive SELECT * FROM moved;
+
+-- name: history_partitions
+-- params: none
+-- returns: parent text, name text, lower_bound timestamptz, upper_bound timestamptz
+-- The monthly partitions of the history tables with their bounds (DEFAULT excluded).
+SELECT parent, name, bounds[1]::timestamptz AS lower_bound, bounds[2]::timestamptz AS upper_bound
+FROM (
+    SELECT i.inhparent::regclass::text AS parent, c.relname::text AS name,
+           regexp_match(pg_get_expr(c.relpartbound, c.oid), '^FOR VALUES FROM \(''([^'']+)''\) TO \(''([^'']+)''\)$')
+               AS bounds
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+    WHERE i.inhparent IN ('events'::regclass, 'attempts'::regclass, 'runs_archive'::regclass) AND c.relkind = 'r'
+) p
+WHERE bounds IS NOT NULL
+ORDER BY upper_bound, parent;
+
+-- name: partition_rows
+-- params: p1 text, p2 bool
+-- returns: n int8
+-- $1 partition, $2 lock it against writes until the transaction ends (see 007); NULL when
+-- the partition does not exist (any more).
+SELECT fencepost_partition_rows(to_regclass($1::text), $2::boolean) AS n;
+
+-- name: drop_partition
+-- params: p1 text, p2 text[]
+-- returns: kept int8
+-- $2 the finished states: the rows of runs in any other state are kept (018); returns how many.
+SELECT fencepost_drop_partition($1::text::regclass, $2::text[]) AS kept;
+
+-- name: rollup_prune
+-- params: max_minute timestamptz, limit int8
+-- returns: nothing
+-- The dashboard's per-minute rollup (013_queue_minutes) older than $1, at most $2 rows, oldest first
+-- (the primary key starts with minute: an index range scan, never the whole table).
+WITH old AS (
+    SELECT minute, queue FROM queue_minutes WHERE minute < $1 ORDER BY minute LIMIT $2
+)
+DELETE FROM queue_minutes q USING old WHERE (q.minute, q.queue) = (old.minute, old.queue);

@@ -1,5 +1,6 @@
--- Named queries of the HTTP API (scheduler/api/): tokens, run listings with time and
--- owner filters, queue figures for the dashboard.
+-- Named queries: API tokens: create, look up, list, revoke.
+-- One file per noun (issue 25); fencepost/core/record.py is the only module that runs
+-- SQL and loads these by name; every name is used and every used name exists (tests/test_gateways.py).
 
 -- name: api_token_insert
 -- params: name text, role text, queues text[], secret_sha256 text, created_by text, expires_in_s float8,
@@ -62,35 +63,19 @@ SELECT *, (SELECT count(*) FROM done) - 1 AS descendants FROM done WHERE id = $1
 UPDATE api_tokens SET last_used_at = now()
 WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute');
 
--- name: api_submitted_by
--- params: run_id int8
--- returns: actor text
-SELECT actor FROM history WHERE run_id = $1 AND type = 'submitted' ORDER BY id LIMIT 1;  -- row or event (021)
+-- name: api_token_list_scoped
+-- params: scope text[]
+-- returns: id int8, name text, role text, queues text[], created_by text, created_at timestamptz,
+-- returns: revoked_at timestamptz, last_used_at timestamptz, expires_at timestamptz
+-- Tokens a caller may see: all (NULL), or those scoped within $1's queues.
+SELECT id, name, role, queues, created_by, created_at, revoked_at, last_used_at, expires_at
+FROM api_tokens
+WHERE $1::text[] IS NULL OR (cardinality(queues) > 0 AND queues <@ $1::text[])
+ORDER BY id;
 
--- name: api_queue_figures
--- params: window_s float8, scope text[]
--- returns: queue text, paused bool, finished int8, lag_s float8
--- Per queue over the last $1 seconds (whole minutes): finished runs (throughput) and the mean delay between
--- a run being due and its attempt starting (schedule lag), from the per-minute rollup the recorder
--- maintains (queue_minutes): counters, not a scan of runs or attempts, at any table size. The mean is
--- taken over the start-lag histogram's bucket midpoints (fencepost.core.stats.BOUNDS_MS).
-WITH m AS (
-    SELECT queue, succeeded + failed AS finished, lag_hist FROM queue_minutes
-    WHERE minute >= date_trunc('minute', now() - make_interval(secs => $1)) AND ($2::text[] IS NULL OR queue = ANY($2))
-), lag AS (
-    SELECT m.queue, sum(u.n) AS n,
-           sum(u.n * (ARRAY[5, 17.5, 37.5, 75, 175, 375, 750, 1750, 3750, 7500, 20000, 45000, 180000, 600000,
-                            2250000, 3600000]::double precision[])[u.i]) AS ms
-    FROM m, unnest(m.lag_hist) WITH ORDINALITY AS u(n, i) GROUP BY m.queue
-)
-SELECT q.name AS queue, q.paused,
-       COALESCE((SELECT sum(finished) FROM m WHERE m.queue = q.name), 0)::bigint AS finished,
-       (SELECT CASE WHEN lag.n > 0 THEN lag.ms / lag.n / 1000 END FROM lag WHERE lag.queue = q.name) AS lag_s
-FROM queues q WHERE ($2::text[] IS NULL OR q.name = ANY($2)) ORDER BY q.name;
-
--- name: api_list_workflows
--- params: limit int8
--- returns: id uuid, name text, created_at timestamptz, nodes int8
-SELECT w.id, w.name, w.created_at,
-       (SELECT count(*) FROM workflow_nodes n WHERE n.workflow_id = w.id AND n.current) AS nodes
-FROM workflows w ORDER BY w.created_at DESC LIMIT $1;
+-- name: api_token_get
+-- params: id int8
+-- returns: id int8, name text, role text, queues text[], created_by text, created_at timestamptz,
+-- returns: revoked_at timestamptz, last_used_at timestamptz, expires_at timestamptz
+SELECT id, name, role, queues, created_by, created_at, revoked_at, last_used_at, expires_at
+FROM api_tokens WHERE id = $1;

@@ -1,38 +1,6 @@
--- Named queries of failover-exact executions (the rebuild's unknown attempts) and of the
--- chaos soak (`fencepost loadtest chaos`: the jobs' ledger, and the history its checks read;
--- the checks themselves are Python, fencepost/dev/chaos_check.py).
--- Loaded by fencepost/core/record.py.
-
--- name: rebuild_mark_unknown
--- params: id int8[], seen_attempt int4[], seen_version int8[], token int8, queue text
--- returns: id int8, attempt int4, version int8
--- Runs an untrusted or lost Redis dataset may have claimed (PENDING, RETRY_WAIT or PAUSED in
--- PostgreSQL, after lost leases were interrupted): one attempt with outcome 'unknown' each,
--- numbered above both PostgreSQL's attempt and the dataset's ($2, 0 when it had no hash), so
--- the next claim takes a number no execution used. The version moves above both too ($3): an
--- unrecorded stream entry of the old dataset never moves the projection back. One event each.
--- The row's token is the new epoch's floor ($4 * 2^40): above any token the lost execution
--- could hold, below every token issued after the rebuild (the floor a downstream fence may take).
-WITH u AS (
-    SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[]) AS u(id, seen_attempt, seen_version)
-), r AS (
-    UPDATE runs SET attempt = GREATEST(runs.attempt, u.seen_attempt) + 1,
-                    version = GREATEST(runs.version, u.seen_version) + 1, updated_at = now()
-    FROM u WHERE runs.id = u.id AND runs.queue = $5 AND runs.status IN ('PENDING', 'RETRY_WAIT', 'PAUSED')
-    RETURNING runs.id, runs.status, runs.attempt, runs.version
-), a AS (
-    INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome, error_class,
-                          error_message)
-    SELECT id, attempt, $4::bigint * 1099511627776, '', now(), now(), 'unknown', 'RedisLost',
-           'redis_lost: the Redis dataset that may have run this attempt was lost (rebuilt at epoch ' || $4::integer || ')'
-    FROM r
-), e AS (
-    INSERT INTO events (run_id, queue, type, from_status, to_status, version, attempt, actor, reason, at, data)
-    SELECT id, $5, 'attempt_unknown', status, status, version, attempt, 'reconciler', 'redis_lost', now(),
-           jsonb_build_object('epoch', $4::integer)
-    FROM r
-)
-SELECT id, attempt, version FROM r;
+-- Named queries: The dev harnesses: the chaos soak's ledger and the history its checks read, the load test.
+-- One file per noun (issue 25); fencepost/core/record.py is the only module that runs
+-- SQL and loads these by name; every name is used and every used name exists (tests/test_gateways.py).
 
 -- name: chaos_create_ledger
 -- unchecked: several statements, run by execute (fencepost.dev.sqlheaders runs it before the check)
@@ -132,3 +100,72 @@ FROM history e WHERE e.run_id IN (SELECT id FROM runs WHERE queue = ANY($1::text
 -- Runs of these schedules whose fire time is at least $2 (ms): how far the trigger caught up.
 SELECT count(*) AS n FROM runs WHERE schedule_id = ANY($1::bigint[]) AND fire_time >= to_timestamp($2::bigint / 1000.0)
   AND fire_time <= to_timestamp($3::bigint / 1000.0);
+
+-- name: loadtest_cleanup
+-- params: queue text
+-- returns: runs int8
+-- Remove a load test's synthetic queue from the record: its runs (hot and archived), their
+-- attempts and checkpoints, and the queue itself, so they never show up in `fencepost ls`. Their
+-- events stay: history is append-only (a trigger refuses DELETE) and expires with retention.
+-- One statement: the foreign keys are checked at its end, when every referencing row is gone.
+WITH gone AS (
+    SELECT id FROM runs WHERE queue = $1 UNION ALL SELECT id FROM runs_archive WHERE queue = $1
+), ck AS (
+    DELETE FROM checkpoints WHERE run_id IN (SELECT id FROM gone)
+), at AS (
+    DELETE FROM attempts WHERE run_id IN (SELECT id FROM gone)
+), ar AS (
+    DELETE FROM runs_archive WHERE queue = $1
+), r AS (
+    DELETE FROM runs WHERE queue = $1 RETURNING id
+), q AS (
+    DELETE FROM queues WHERE name = $1
+)
+SELECT count(*) AS runs FROM r;
+
+-- name: loadtest_schedule_ids
+-- params: p1 int4
+-- returns: nextval int8
+SELECT nextval(pg_get_serial_sequence('schedules', 'id')) FROM generate_series(1, $1);
+
+-- name: loadtest_insert_schedules
+-- params: i int8[], name text, payload bytea, cron text, next_fire_time timestamptz, spread_s float8,
+-- params: o int4[]
+-- returns: nothing
+-- Bulk schedules for `fencepost loadtest spike` ($1 ids, $7 offsets computed by spread_offset_ms).
+INSERT INTO schedules (id, name, handler, payload, queue, cron, timezone, next_fire_time, spread_s, offset_ms, due_at)
+SELECT i, $2::text || '-' || i, 'loadtest.noop', $3::bytea, $2::text, $4::text, 'UTC', $5::timestamptz,
+       $6::double precision, o, $5::timestamptz + make_interval(secs => o / 1000.0)
+FROM unnest($1::bigint[], $7::integer[]) AS t(i, o);
+
+-- name: loadtest_delete_schedules
+-- params: queue text
+-- returns: nothing
+DELETE FROM schedules WHERE queue = $1;
+
+-- name: loadtest_status_counts
+-- params: queue text
+-- returns: status text, n int8
+SELECT status, count(*) AS n FROM runs WHERE queue = $1 GROUP BY status;
+
+-- name: loadtest_relation_size
+-- params: p1 text[]
+-- returns: sum int8
+SELECT sum(pg_total_relation_size(t::regclass))::bigint FROM unnest($1::text[]) AS t;
+
+-- name: loadtest_report
+-- params: queue text
+-- returns: runs int8, c0 timestamptz, c1 timestamptz, ok int8, last_done timestamptz, lag float8[],
+-- returns: lag_max numeric, lag_due float8[], lag_due_max numeric
+-- Start lag is measured from the logical fire time (schedules) or the submit time (bursts),
+-- and from run_at (when the run was due: the fire time plus the schedule's spread offset).
+SELECT count(*) AS runs, min(created_at) AS c0, max(created_at) AS c1,
+       count(*) FILTER (WHERE status = 'SUCCEEDED') AS ok,
+       max(finished_at) AS last_done,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
+           (ORDER BY extract(epoch FROM started_at - COALESCE(fire_time, run_at))) AS lag,
+       max(extract(epoch FROM started_at - COALESCE(fire_time, run_at))) AS lag_max,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
+           (ORDER BY extract(epoch FROM started_at - run_at)) AS lag_due,
+       max(extract(epoch FROM started_at - run_at)) AS lag_due_max
+FROM runs WHERE queue = $1;
