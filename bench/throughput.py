@@ -813,7 +813,11 @@ def outage(a: argparse.Namespace) -> None:
                 time.sleep(0.02)
             mark["stop_t"], mark["stop_n"] = time.time(), n
             pg_ctl("stop")
-            time.sleep(a.pg_outage)
+            mark["last_t"], last = mark["stop_t"], n  # when the count last grew: the work may run out first
+            while time.time() < mark["stop_t"] + a.pg_outage:
+                time.sleep(0.05)
+                if (n := int(done.hlen(DONE_KEY))) > last:
+                    mark["last_t"], last = time.time(), n
             mark["restart_t"], mark["restart_n"] = time.time(), int(done.hlen(DONE_KEY))
             pg_ctl("start")
             mark["back_t"] = time.time()
@@ -825,7 +829,9 @@ def outage(a: argparse.Namespace) -> None:
         r["system"], r["outage"] = s, dict(mark)
         if "stop_t" in mark and "restart_n" in mark:
             before = mark["stop_n"] / max(1e-6, mark["stop_t"] - mark["t0"])
-            during = (mark["restart_n"] - mark["stop_n"]) / a.pg_outage
+            # over the time jobs kept finishing: the outage's length when they did throughout, less when the
+            # queue ran dry during it (dividing by the whole outage would make finishing early look slow)
+            during = (mark["restart_n"] - mark["stop_n"]) / max(1e-6, mark["last_t"] - mark["stop_t"])
             r["outage"].update(started_during=mark["restart_n"] - mark["stop_n"], rate_before=before,
                                rate_during=during)
             if r.get("history_done_at"):
@@ -838,7 +844,9 @@ def outage(a: argparse.Namespace) -> None:
     for r in rows:
         o = r.get("outage", {})
         print(f"  {r['system']:15} started during the outage {o.get('started_during', '?')}, "
-              f"rate during/before {fmt(o.get('rate_during'))}/{fmt(o.get('rate_before'))} jobs/s, "
+              f"rate during/before {fmt(o.get('rate_during'))}/{fmt(o.get('rate_before'))} jobs/s"
+              + (f" (the queue ran dry {o['restart_t'] - o['last_t']:.1f} s before the return)"
+                 if o.get("restart_n", 0) >= a.jobs and "last_t" in o else "") + ", "
               f"history complete {fmt(o.get('history_complete_after_return_s'), 1)} s after the return, "
               f"processes alive {r.get('procs_alive', '?')}/{r.get('procs', '?')}"
               + (f"  error: {str(r['error'])[:200]}" if "error" in r else ""))
