@@ -397,7 +397,7 @@ class DriftRepair:
         for i in ids:
             if i in fresh and fresh[i].status in HELD:
                 try:
-                    rows.append(holdable(run_row(msgspec.structs.asdict(fresh[i]))))
+                    rows.append(holdable(run_row(fresh[i])))
                 except POISON as exc:
                     bad[i] = f"{type(exc).__name__}: {exc}"
         rows = await self.enqueue_isolated(queue, rows, bad)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import msgspec
-
 from fencepost.core.models import RunRow, run_row
 from fencepost.core.record import Listener
 from fencepost.core.stores import Stores
@@ -57,7 +55,7 @@ class OutboxRelay:
                 bad: dict[int, str] = {}
                 for r in rows:
                     try:
-                        batch.append(holdable(run_row(msgspec.structs.asdict(r), queue=queue)))
+                        batch.append(holdable(run_row(r, queue=queue)))
                     except POISON as exc:
                         bad[r.id] = f"{type(exc).__name__}: {exc}"
                 await self._isolation.enqueue_isolated(queue, batch, bad)

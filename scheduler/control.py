@@ -265,7 +265,7 @@ class Control:
             # Redis no longer holds the run (a finished run's hash expired, or drift): put
             # PostgreSQL's copy back, then ask again; the Lua still decides (compare-and-set).
             try:
-                await self.path.requeue(run_row(msgspec.structs.asdict(run)))
+                await self.path.requeue(run_row(run))
             except _UNHELD as exc:  # a row an older version stored, which Redis cannot hold (issue 22 item 8)
                 return Reply(await self._unheld(verb, run, reason, exc))
             return Reply(await self.stores.scripts.control_run(verb, keys, args))

@@ -148,10 +148,14 @@ _SQL_WIDTH = _ROW_FIELDS.index("rate_limit") + 1
 _TENANT, _CKEY, _RKEY = _ROW_FIELDS.index("tenant"), _ROW_FIELDS.index("concurrency_key"), _ROW_FIELDS.index("rate_key")
 
 
-def run_row(record: Mapping[str, Any], **fields: Any) -> RunRow:
-    """A RunRow from a PostgreSQL row (drift_runs, outbox_runs, get_hot_run: columns it
-    lacks take their defaults, columns RunRow lacks are ignored), with `fields` on top."""
-    data = {name: record[name] for name in record.keys() if name in _ROW_NAMES}
+def run_row(record: msgspec.Struct | Mapping[str, Any], **fields: Any) -> RunRow:
+    """A RunRow from a PostgreSQL row, the gateway's row Struct or a mapping (drift_runs, outbox_runs,
+    get_hot_run: columns it lacks take their defaults, columns RunRow lacks are ignored), with `fields`
+    on top."""
+    if isinstance(record, msgspec.Struct):
+        data = {name: getattr(record, name) for name in record.__struct_fields__ if name in _ROW_NAMES}
+    else:
+        data = {name: record[name] for name in record.keys() if name in _ROW_NAMES}
     data.update(fields)
     if data.get("tenant") is None:
         data["tenant"] = ""
