@@ -391,3 +391,77 @@ async def test_the_audit_view_of_a_queue_of_run_commands_reads_its_own_commands_
         if cursor is None:
             break
     assert seen == 120
+
+
+async def _many_queues_history(api: Api, queues: int, per_queue: int, *, busy: int = 0) -> None:
+    """QUEUES queues (q0, q1, ...) with PER_QUEUE claims and finishes each in the last 20 minutes, times
+    interleaved across queues and on whole seconds (rows of several queues share a time), every fifth queue
+    empty; BUSY claims and finishes of queue `busy` besides; each run a submit."""
+    await _pool(api).execute("INSERT INTO queues (name) SELECT 'q' || i FROM generate_series(0, $1 - 1) i "
+                             "UNION ALL SELECT 'busy' ON CONFLICT DO NOTHING", queues)
+    await _pool(api).execute("""
+        INSERT INTO runs (id, handler, queue, status, payload, max_retries, timeout_s, attempt, created_at, run_at,
+                          finished_at, submitted_by)
+        SELECT 600000 + n, 't.echo', queue, 'SUCCEEDED', '\\x929180'::bytea, 3, 60, 1, at - interval '2 seconds',
+               now(), now(), 'token:1@x'
+        FROM (SELECT row_number() OVER () AS n, queue, at FROM (
+                  SELECT 'q' || i AS queue, date_trunc('second', now()) - make_interval(secs => (j * $1 + i) * 7 % 1200) AS at
+                  FROM generate_series(0, $1 - 1) i, generate_series(1, $2) j WHERE i % 5 <> 0
+                  UNION ALL
+                  SELECT 'busy', date_trunc('second', now()) - make_interval(secs => k * 1200 / $3) FROM generate_series(1, $3) k
+              ) x) y""", queues, per_queue, busy)
+    await _pool(api).execute("""
+        INSERT INTO attempts (run_id, attempt, token, worker_id, started_at, finished_at, outcome, claim_version,
+                              claim_stream_id, finish_type, finish_from, finish_to, finish_version, finish_stream_id, queue)
+        SELECT id, 1, 1, 'w', created_at + interval '2 seconds', created_at + make_interval(secs => 2 + id % 3),
+               'succeeded', 2, 1000 + 2 * (id % 97), 'succeeded', 'RUNNING', 'SUCCEEDED', 3, 1001 + 2 * (id % 97), queue
+        FROM runs WHERE id > 600000""")
+    for table in ("attempts", "runs", "queues"):
+        await _pool(api).execute(f"ANALYZE {table}")
+
+
+async def test_an_unfiltered_fleet_history_page_reads_about_a_page_whatever_the_number_of_queues(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unfiltered GET /v1/events read the attempts' claims and finishes queue by queue, up to a page from
+    each queue: queues x limit rows of each half (395 ms at 500 queues). A probe per queue now finds its newest
+    row, and only rows at or after the limit-th newest of those are read: one index entry per queue and about a
+    page of rows, first page and deep."""
+    await _many_queues_history(api, queues=200, per_queue=10)
+    sent = _record_statements(api, monkeypatch)
+    cursor: str | None = None
+    for page in range(3):
+        sent.clear()
+        r = await api.req("GET", "/v1/events", "admin", params={"limit": 50, **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200, r.text
+        assert len(r.json()) == 50
+        cursor = r.headers["x-next-cursor"]
+        (name, args), = [(n, a) for n, a in sent if n == "fleet_events_page"]
+        read = _rows_read(await _explain(api, name, args, no_seqscan=True), {"attempts"})
+        # claims and finishes: a probe per queue, and the rows at or after the threshold (604 here)
+        assert read <= 2 * (201 + 4 * 50), f"page {page}: {name} read {read} attempt rows for a page of 50"
+
+
+@pytest.mark.parametrize("limit", [50, 7])
+async def test_the_unfiltered_fleet_history_pages_are_the_history_in_order_with_a_busy_queue_and_empty_ones(
+        api: Api, limit: int) -> None:
+    """The threshold reads fewer rows, not other ones: paging the unfiltered history of one busy queue, many quiet
+    ones, empty ones and rows of several queues at one time gives every row of the window once, in the page order
+    (at, stream id, id, run id, newest first), as sorting the whole history gives it."""
+    await _many_queues_history(api, queues=40, per_queue=3, busy=300)
+    since = await _pool(api).fetchval("SELECT now() - interval '1 hour'")
+    want = sorted(((h["at"], -1 if h["stream_id"] is None else h["stream_id"], h["id"], h["run_id"] or 0)
+                   for h in await _pool(api).fetch(
+                       "SELECT id, run_id, at, stream_id FROM history WHERE at >= $1", since)), reverse=True)
+    assert len(want) > 3 * 300
+    seen: list[tuple[int, int]] = []
+    cursor: str | None = None
+    for _ in range(12 if limit == 7 else 100):  # limit 7: the first pages; 50: every page
+        r = await api.req("GET", "/v1/events", "admin", params={"since": since.isoformat(), "limit": limit,
+                                                               **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200, r.text
+        seen += [(e["id"], e["run_id"]) for e in r.json()]
+        cursor = r.headers.get("x-next-cursor")
+        if cursor is None:
+            break
+    expected = [(i, run) for _, _, i, run in want]
+    assert seen == (expected if limit == 50 else expected[:len(seen)]) and len(seen) >= min(len(want), 12 * limit)
