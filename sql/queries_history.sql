@@ -212,6 +212,28 @@ WITH claim_tops AS MATERIALIZED (
           AND ($6::timestamptz IS NULL OR (a.finished_at, a.finish_stream_id, -a.finish_stream_id, a.run_id)
                                           < ($6, $7::bigint, $8::bigint, $9::bigint))
         ORDER BY a.queue DESC, a.finished_at DESC LIMIT 1) t
+), submit_tops AS MATERIALIZED (
+    -- a queue's or a scoped token's queues' newest submit (runs_queue_created_page) and event row
+    -- (events_queue_at) after the cursor, as above (nothing for every queue: those halves read in time order)
+    SELECT q.queue, t.at FROM unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] ELSE $5::text[] END) q(queue)
+    CROSS JOIN LATERAL (
+        SELECT r.created_at AS at FROM runs r
+        WHERE r.queue = q.queue AND ($5::text[] IS NULL OR r.queue = ANY($5))
+          AND r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
+          AND ($6::timestamptz IS NULL OR (r.created_at <= $6 AND (r.created_at, -1::bigint, -r.id, r.id)
+                                                               < ($6, $7::bigint, $8::bigint, $9::bigint)))
+        ORDER BY r.created_at DESC LIMIT 1) t
+), event_tops AS MATERIALIZED (
+    SELECT q.queue, t.at FROM unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] ELSE $5::text[] END) q(queue)
+    CROSS JOIN LATERAL (
+        SELECT e.at FROM events e
+        WHERE ($5::text[] IS NULL OR q.queue = ANY($5))
+          AND (e.queue, e.at) >= (q.queue, $1::timestamptz)
+          AND (e.queue, e.at) <= (q.queue, COALESCE($6::timestamptz, 'infinity'))
+          AND ($2::text IS NULL OR e.type = $2)
+          AND ($6::timestamptz IS NULL OR (e.at, COALESCE(e.stream_id, -1), e.id, COALESCE(e.run_id, 0))
+                                          < ($6, $7::bigint, $8::bigint, $9::bigint))
+        ORDER BY e.queue DESC, e.at DESC LIMIT 1) t
 ), other AS MATERIALIZED (SELECT * FROM (
     -- the attempts' claims and finishes queue by queue (attempts_queue_claim_page / _finish_page, 047), above
     -- a threshold: the limit-th newest of the queues' newest rows (since when fewer queues have one). Those
@@ -289,13 +311,15 @@ WITH claim_tops AS MATERIALIZED (
     UNION ALL
     -- a queue, or a scoped token's queues: runs_queue_created_page queue by queue (queue = ANY(scope) in
     -- one scan cannot come in time order: it walked runs_created_page through every queue's runs)
-    (SELECT s.* FROM unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] ELSE $5::text[] END) q(queue)
+    (SELECT s.* FROM (SELECT GREATEST($1::timestamptz, (SELECT at FROM submit_tops ORDER BY at DESC
+                                                        OFFSET GREATEST($4::bigint - 1, 0) LIMIT 1)) AS at) f
+     JOIN submit_tops t ON t.at >= f.at
      CROSS JOIN LATERAL (
         SELECT -r.id, r.id, r.queue, 'submitted', NULL::text, 'PENDING', NULL::integer, NULL::text, r.submitted_by,
                NULL::text, NULL::text, r.created_at, r.handler, r.workflow_id, r.trace_id, NULL::bigint
         FROM runs r
-        WHERE r.queue = q.queue AND ($5::text[] IS NULL OR r.queue = ANY($5))
-          AND r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
+        WHERE r.queue = t.queue
+          AND r.submitted_by IS NOT NULL AND r.created_at >= f.at AND ($2::text IS NULL OR $2 = 'submitted')
           AND ($6::timestamptz IS NULL OR (r.created_at <= $6 AND (r.created_at, -1::bigint, -r.id, r.id)
                                                                < ($6, $7::bigint, $8::bigint, $9::bigint)))
         ORDER BY r.created_at DESC, r.id ASC LIMIT $4) s)
@@ -329,15 +353,16 @@ SELECT * FROM (
     UNION ALL
     -- a queue, or a scoped token's queues: events_queue_at (047) queue by queue, one range from (queue, the
     -- cursor's time) down to (queue, the floor or since), as the attempts' ranges above
-    (SELECT ev.* FROM floor f
-     CROSS JOIN unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] ELSE $5::text[] END) q(queue)
+    (SELECT ev.* FROM (SELECT GREATEST($1::timestamptz, fl.at, (SELECT at FROM event_tops ORDER BY at DESC
+                                                                 OFFSET GREATEST($4::bigint - 1, 0) LIMIT 1)) AS at
+                       FROM floor fl) f
+     JOIN event_tops t ON t.at >= f.at
      CROSS JOIN LATERAL (
         SELECT e.id, e.run_id, e.queue, e.type, e.from_status, e.to_status, e.attempt, e.worker_id,
                e.actor, e.reason, e.error_class, e.at, r.handler, r.workflow_id, r.trace_id, e.stream_id
         FROM events e LEFT JOIN runs r ON r.id = e.run_id
-        WHERE ($5::text[] IS NULL OR q.queue = ANY($5))
-          AND (e.queue, e.at) >= (q.queue, GREATEST($1::timestamptz, f.at))
-          AND (e.queue, e.at) <= (q.queue, COALESCE($6::timestamptz, 'infinity'))
+        WHERE (e.queue, e.at) >= (t.queue, f.at)
+          AND (e.queue, e.at) <= (t.queue, COALESCE($6::timestamptz, 'infinity'))
           AND ($2::text IS NULL OR e.type = $2)
           AND ($6::timestamptz IS NULL OR (e.at, COALESCE(e.stream_id, -1), e.id, COALESCE(e.run_id, 0))
                                           < ($6, $7::bigint, $8::bigint, $9::bigint))

@@ -465,3 +465,34 @@ async def test_the_unfiltered_fleet_history_pages_are_the_history_in_order_with_
             break
     expected = [(i, run) for _, _, i, run in want]
     assert seen == (expected if limit == 50 else expected[:len(seen)]) and len(seen) >= min(len(want), 12 * limit)
+
+
+@pytest.mark.parametrize("limit", [50, 7])
+async def test_a_scoped_fleet_history_of_many_queues_pages_through_every_row_of_its_queues_in_order(
+        api: Api, limit: int) -> None:
+    """A scoped token's history of many queues (and a queue's) reads its claims, finishes, submits and event rows
+    queue by queue above the same threshold: every page is the history of those queues sorted, whatever the
+    other queues hold."""
+    await _many_queues_history(api, queues=40, per_queue=3, busy=300)
+    await _pool(api).execute("""
+        INSERT INTO events (run_id, queue, type, actor, at)
+        SELECT id, queue, 'paused', 'token:2@x', created_at + interval '1 second' FROM runs WHERE id > 600000 AND id % 4 = 0""")
+    await _pool(api).execute("ANALYZE events")
+    since = await _pool(api).fetchval("SELECT now() - interval '1 hour'")
+    history = await _pool(api).fetch("SELECT id, run_id, queue, at, stream_id FROM history WHERE at >= $1", since)
+    for queue, scope in ((None, ["busy"] + [f"q{i}" for i in range(0, 40, 2)]), ("busy", None), ("q3", None)):
+        want = [(h["id"], h["run_id"]) for h in sorted(
+            (h for h in history if h["queue"] == queue or (scope and h["queue"] in scope)),
+            key=lambda h: (h["at"], -1 if h["stream_id"] is None else h["stream_id"], h["id"], h["run_id"] or 0),
+            reverse=True)]
+        assert want
+        seen: list[tuple[int, int]] = []
+        key: list[Any] = [None, None, None, None]
+        for _ in range(200):
+            rows = await _pool(api).fetch(query("fleet_events_page"), since, None, queue, limit, scope, *key)
+            seen += [(r["id"], r["run_id"]) for r in rows]
+            if len(rows) < limit:
+                break
+            last = rows[-1]
+            key = [last["at"], -1 if last["stream_id"] is None else last["stream_id"], last["id"], last["run_id"] or 0]
+        assert seen == want, (queue, scope, limit)
