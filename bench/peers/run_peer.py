@@ -456,7 +456,7 @@ async def done_map(cfg: Cfg, key: str = DONE_KEY) -> dict[str, float]:
     from redis.asyncio import Redis
 
     r = Redis.from_url(cfg.done_url)
-    raw = await r.hgetall(key)
+    raw = {k: v async for k, v in r.hscan_iter(key, count=20_000)}  # in slices, as bench/throughput.starts
     await r.aclose()
     return {k.decode(): float(v) for k, v in raw.items()}
 
