@@ -218,7 +218,7 @@ WITH claim_tops AS MATERIALIZED (
     SELECT q.queue, t.at FROM unnest(CASE WHEN $3::text IS NOT NULL THEN ARRAY[$3::text] ELSE $5::text[] END) q(queue)
     CROSS JOIN LATERAL (
         SELECT r.created_at AS at FROM runs r
-        WHERE r.queue = q.queue AND ($5::text[] IS NULL OR r.queue = ANY($5))
+        WHERE r.queue = q.queue AND ($5::text[] IS NULL OR q.queue = ANY($5))
           AND r.submitted_by IS NOT NULL AND r.created_at >= $1 AND ($2::text IS NULL OR $2 = 'submitted')
           AND ($6::timestamptz IS NULL OR (r.created_at <= $6 AND (r.created_at, -1::bigint, -r.id, r.id)
                                                                < ($6, $7::bigint, $8::bigint, $9::bigint)))
