@@ -75,6 +75,7 @@ __all__ = [
     "Sync",
     "TtlArgs",
     "Versioned",
+    "closed_under_write",
     "enqueue_item",
     "guarded",
     "render",
@@ -547,6 +548,22 @@ def _script_error(exc: ResponseError, keys: Keys | Sequence[str]) -> Exception:
     return decode_lua_error(msg)
 
 
+def closed_under_write(exc: BaseException) -> bool:
+    """redis-py's asyncio connection raises AttributeError / TypeError ('NoneType' ...) instead of
+    ConnectionError when the connection is closed under a write (redis-py #3546, #4287: a cluster
+    failover disconnects a node's connections while a command is on its way). It bypasses redis-py's own
+    retries, so the gateway reads it as what it is, a lost connection (RedisUnavailable: the caller backs
+    off and the next command reconnects), and not as a bug: only when the error was raised inside
+    redis-py's or asyncio's transport code and names a None."""
+    if not isinstance(exc, (AttributeError, TypeError)) or "NoneType" not in str(exc):
+        return False
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    module = last.tb_frame.f_globals.get("__name__", "") if last is not None else ""
+    return module.startswith(("redis.asyncio.", "asyncio."))
+
+
 class ServerClock:
     """This process's view of the Redis server's clock, for one thing only: the deadline a claim
     carries (docs/clock.md). No decision is taken on it; the scripts read the server's clock.
@@ -637,6 +654,10 @@ class Scripts:
             raise err from (exc if isinstance(err, RedisUnavailable) else None)
         except (RedisConnectionError, RedisTimeoutError, ClusterError, OSError) as exc:
             raise RedisUnavailable(f"redis unreachable: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            if not closed_under_write(exc):
+                raise
+            raise RedisUnavailable(f"redis unreachable: the connection closed under a write ({exc})") from exc
 
     async def claim_due_replicated(self, keys: Keys, args: ClaimArgs, replicas: int, timeout_ms: int) -> ReplicatedClaims:
         """claim_due, then `WAIT replicas timeout_ms` pipelined on the same connection (WAIT
