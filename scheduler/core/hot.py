@@ -564,6 +564,12 @@ def closed_under_write(exc: BaseException) -> bool:
     return module.startswith(("redis.asyncio.", "asyncio."))
 
 
+def _closed(exc: BaseException) -> RedisUnavailable:
+    """The gateway's one error for a connection closed under a write (`closed_under_write`), for script
+    calls and pipelines alike."""
+    return RedisUnavailable(f"redis unreachable: the connection closed under a write ({exc})")
+
+
 class ServerClock:
     """This process's view of the Redis server's clock, for one thing only: the deadline a claim
     carries (docs/clock.md). No decision is taken on it; the scripts read the server's clock.
@@ -656,8 +662,8 @@ class Scripts:
             raise RedisUnavailable(f"redis unreachable: {exc}") from exc
         except (AttributeError, TypeError) as exc:
             if not closed_under_write(exc):
-                raise
-            raise RedisUnavailable(f"redis unreachable: the connection closed under a write ({exc})") from exc
+                raise  # a bug of ours, as it was raised
+            raise _closed(exc) from exc
 
     async def claim_due_replicated(self, keys: Keys, args: ClaimArgs, replicas: int, timeout_ms: int) -> ReplicatedClaims:
         """claim_due, then `WAIT replicas timeout_ms` pipelined on the same connection (WAIT
@@ -673,6 +679,10 @@ class Scripts:
             raise _script_error(exc, keys) from None
         except (RedisConnectionError, RedisTimeoutError, ClusterError, OSError) as exc:
             raise RedisUnavailable(f"redis unreachable: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            if not closed_under_write(exc):
+                raise  # a bug of ours, as it was raised
+            raise _closed(exc) from exc
         if isinstance(raw, ResponseError):
             raise _script_error(raw, keys)
         if isinstance(acked, Exception):
@@ -781,6 +791,10 @@ class Scripts:
             await pipe.execute()
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise RedisUnavailable(f"redis unavailable: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            if not closed_under_write(exc):
+                raise  # a bug of ours, as it was raised
+            raise _closed(exc) from exc
 
     # -- typed reads: no Lua, one pipeline of HMGETs ------------------------------------------------
     async def peek(self, keys: Keys, ids: Sequence[int]) -> list[RunPeek | None]:
@@ -795,6 +809,10 @@ class Scripts:
             replies = await pipe.execute()
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise RedisUnavailable(f"redis unavailable: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            if not closed_under_write(exc):
+                raise  # a bug of ours, as it was raised
+            raise _closed(exc) from exc
         return [None if raw[0] is None else _peek(raw) for raw in replies]
 
 
