@@ -312,6 +312,15 @@ def split_apply():
     return q.replace("UPDATE runs r SET", "UPDATE run_state r SET")
 
 
+def claim_args(ids):
+    """apply_runs' arguments for a batch of claims (RUNNING, leased): the first of two updates when a run's claim
+    and finish fall in different recorder batches."""
+    n, now = len(ids), dt.datetime.now(dt.UTC)
+    return [ids, ["RUNNING"] * n, [2] * n, [1] * n, ids, ["w-1"] * n, [now + dt.timedelta(seconds=60)] * n,
+            [now] * n, [None] * n, [None] * n, [None] * n, [None] * n, [None] * n, [None] * n, [now] * n, [None] * n,
+            [None] * n, [None] * n]
+
+
 def finish_args(ids):
     """apply_runs' arguments for a batch of successes (claim and finish folded into one row, as one batch writes)."""
     n, now = len(ids), dt.datetime.now(dt.UTC)
@@ -354,7 +363,7 @@ async def table_stats(c):
         "WHERE relname IN ('runs', 'run_state')")}
 
 
-async def narrow_case(admin, variant, n, batch, hold):
+async def narrow_case(admin, variant, n, batch, hold, claim=False):
     """One scratch database: n runs inserted in calls of 1,000, then finished in apply_runs batches of `batch`."""
     name = f"fp_narrow_{variant}_{int(hold)}"
     await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -387,11 +396,24 @@ async def narrow_case(admin, variant, n, batch, hold):
         r["size_ins"] = await sizes(c)
         ids = [x["id"] for x in await c.fetch("SELECT id FROM runs ORDER BY id")]
         assert len(ids) == n
+        # statistics as a live table has them: ANALYZEd while empty, the planner hashes the whole table per batch
+        # (85 us per run at 50,000 runs) where a live recorder reads the primary key (3 index levels per run)
+        await c.execute("ANALYZE runs" + (", run_state" if variant != "migrated" else ""))
         holder = None
         if hold:
             holder = await asyncpg.connect(url)
             await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             await holder.fetchval("SELECT 1")
+        if claim:  # the claim recorded in an earlier batch than the finish: a RUNNING update first
+            cpu, wal = 0, 0
+            for i in range(0, n, batch):
+                args = claim_args(ids[i:i + batch])
+                t0 = on_core_ns(pid)
+                w, _ = await explain_wal(c, fin, args)
+                cpu += on_core_ns(pid) - t0
+                wal += w
+            r["clm_cpu"], r["clm_wal"] = cpu / n / 1e3, wal / n
+            r["size_clm"] = await sizes(c)
         cpu, wal, fpi = 0, 0, 0
         lsn0 = await c.fetchval("SELECT pg_current_wal_insert_lsn()")
         for i in range(0, n, batch):
@@ -432,14 +454,14 @@ async def narrow_write(a):
     for rnd in range(a.rounds):
         for hold in (False, True):
             for v in (VARIANTS if rnd % 2 == 0 else list(VARIANTS)[::-1]):  # interleaved, order flipped per round
-                got[(v, hold)].append(await narrow_case(admin, v, n, a.batch, hold))
+                got[(v, hold)].append(await narrow_case(admin, v, n, a.batch, hold, a.claim))
                 print(f"  round {rnd + 1} {'held snapshot' if hold else 'no hold':13} {VARIANTS[v]:26} done",
                       file=sys.stderr, flush=True)
     await admin.close()
     with open("/proc/loadavg") as f:
         load1 = f.read().split()[:3]
     print(f"--narrow: {n:,} runs per scratch database (fp_narrow_*), insert_runs_fresh in calls of 1,000, then "
-          f"apply_runs SUCCEEDED in batches of {a.batch}; {a.rounds} rounds, variants interleaved; medians "
+          f"{'apply_runs RUNNING (claim), then ' if a.claim else ''}apply_runs SUCCEEDED in batches of {a.batch}; {a.rounds} rounds, variants interleaved; medians "
           f"[min-max]; load average {' '.join(load0)} at start, {' '.join(load1)} at end")
 
     def med(v, hold, f):
@@ -461,6 +483,9 @@ async def narrow_write(a):
         ("finish WAL B/run (cluster LSN)", lambda r: r["fin_lsn"], False, 0),
         ("insert backend CPU us/run", lambda r: r["ins_cpu"], False, 1),
         ("finish backend CPU us/run", lambda r: r["fin_cpu"], False, 1),
+        *([("claim WAL B/run (statement)", lambda r: r["clm_wal"], False, 0),
+           ("claim backend CPU us/run", lambda r: r["clm_cpu"], False, 1),
+           ("B/run after claim", lambda r: _tot(r["size_clm"]) / n, False, 0)] if a.claim else []),
         ("finish updates HOT %", lambda r: 100 * sum(s["n_tup_hot_upd"] for s in r["stats"].values())
          / max(1, sum(s["n_tup_upd"] for s in r["stats"].values())), False, 0),
         ("held snapshot: B/run after finish", lambda r: _tot(r["size_fin"]) / n, True, 0),
@@ -683,6 +708,7 @@ if __name__ == "__main__":
     ap.add_argument("--narrow", choices=["write", "read", "both"], help="the split (run_state) against runs as migrated")
     ap.add_argument("--runs", type=int, default=50_000, help="--narrow write: runs per scratch database")
     ap.add_argument("--batch", type=int, default=500, help="--narrow write: runs per apply_runs call")
+    ap.add_argument("--claim", action="store_true", help="--narrow write: a claim update (RUNNING) before the finish")
     args = ap.parse_args()
     if args.narrow:
         if args.narrow in ("write", "both"):
