@@ -199,10 +199,12 @@ class Fencepost:
                 pass
 
     def start(self, workers: int, *worker_args: str, reconciler: bool = True) -> None:
-        """Spawn the reconciler and `workers` workers; snapshot the harness's PostgreSQL backends first."""
+        """Spawn the reconcilers (`--reconcilers`, default 1) and `workers` workers; snapshot the harness's
+        PostgreSQL backends first."""
         self.harness_backends = pg_backend_pids(self.postmaster, FP_DB)()
         if reconciler:
-            self.procs.append(spawn(self.settings, "reconciler"))
+            for _ in range(self.a.reconcilers):
+                self.procs.append(spawn(self.settings, "reconciler"))
         for _ in range(workers):
             self.add_worker(*worker_args)
 
@@ -310,7 +312,7 @@ async def fp_drain(a: argparse.Namespace, workers: int) -> dict[str, Any]:
            "cpu_us": per_job_cpu(cpu, a.jobs), "busy_cores": cpu["machine"] / cpu["wall"],
            "cpu_raw": cpu, "commandstats": stats, "events": events, "history_done_at": history_done_at,
            "procs_alive": alive, "procs": len(fp.procs),
-           "notes": f"concurrency={a.concurrency or 'default'}; calls of {call}"}
+           "notes": f"concurrency={a.concurrency or 'default'}; calls of {call}; reconcilers={a.reconcilers}"}
     if recorded != a.jobs or failed:
         out["error"] = f"handler recorded {recorded} of {a.jobs} jobs; {failed} runs not SUCCEEDED"
     return out
@@ -1064,6 +1066,8 @@ def main() -> None:
                     "V/bin/pip install DIR uvloop); shown as fencepost-ref, with fp/fp-ref ratios")
     ap.add_argument("--case", default=None, choices=("drain", "single", "open", "spike", "kill"),
                     help=argparse.SUPPRESS)  # one Fencepost case as a JSON line (how --ref-python runs)
+    ap.add_argument("--reconcilers", type=int, default=1,
+                    help="Fencepost reconcilers beside the workers (2: the replica layout, one beside each of 2 workers)")
     ap.add_argument("--single", type=int, default=2_000, help="sequential single submits per system (0: skip)")
     ap.add_argument("--call-size", type=int, default=None, help="jobs per bulk submit call (default 1,000; --noop 10,000)")
     ap.add_argument("--concurrency", type=int, default=None, help="Fencepost worker --concurrency (default: none given)")

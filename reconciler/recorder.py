@@ -38,6 +38,7 @@ from fencepost.core.states import ACTIVE, TERMINAL
 from fencepost.core.stores import Stores
 from fencepost.core.submit import SubmitPath
 from fencepost.reconciler import gauges
+from fencepost.reconciler.shares import Shares
 
 __all__ = ["GROUP", "Recorder", "stream_id_int"]
 
@@ -319,8 +320,10 @@ class _Fold:
 
 class Recorder:
     def __init__(self, stores: Stores, *, batch: int = 5000, consumer: str | None = None,
-                 claim_idle_ms: int = 30_000) -> None:
+                 claim_idle_ms: int = 30_000, shares: Shares | None = None) -> None:
         self.stores = stores
+        self.shares = shares
+        """The queues whose streams this recorder reads, among reconcilers as replicas (None: every queue)."""
         self.batch = batch
         # Stable across restarts of one host/container, so a restarted recorder re-reads its own pending entries.
         self.consumer = consumer or os.environ.get("FENCEPOST_RECORDER_ID") or socket.gethostname()
@@ -389,6 +392,9 @@ class Recorder:
     async def run_once(self, *, block_ms: int = 200, pending: bool = False) -> int:
         """Read one batch (own pending entries first if `pending`) and record it. Returns entries handled."""
         queues = await self.queues()
+        if self.shares is not None and not pending:  # its own pending entries it replays wherever they are
+            await self.shares.refresh()
+            queues = self.shares.mine(queues)
         if not queues:
             await asyncio.sleep(block_ms / 1000)
             return 0

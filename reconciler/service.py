@@ -5,7 +5,8 @@ with one job, run as its own asyncio task (reconciler/loops.py):
     rebuild     tick (1 s)                              stamps: rebuild every untrusted queue
     reaper      tick (1 s)                              expired leases back to PENDING (reap_expired.lua)
     outbox      tick (1 s), or at once on a NOTIFY      runs committed in a producer's transaction -> Redis
-    drift       tick (1 s)                              one incremental drift-repair step per queue
+    drift       tick (1 s)                              one incremental drift-repair step per queue of this
+                                                        reconciler's share (shares.py; the recorder reads that share too)
     refill      tick (1 s)                              free concurrency slots -> held runs
     gauges      5 s                                     fleet gauges and the stuck-run detector
     scale_hint  FENCEPOST_SCALE_EVERY_S (30 s)          fencepost_scale_hint_workers
@@ -43,6 +44,7 @@ from fencepost.reconciler.rebuild import rebuild_queue, untrusted_queues
 from fencepost.reconciler.recorder import Recorder
 from fencepost.reconciler.retention import Maintenance, parse_archive_after, parse_chart_retention, parse_duration
 from fencepost.reconciler.scalehint import ScaleHints
+from fencepost.reconciler.shares import Shares
 
 log = logging.getLogger("fencepost.reconciler")
 
@@ -56,7 +58,9 @@ class Reconciler:
     def __init__(self, settings: Settings | None = None, *, tick_s: float = 1.0, drift_grace_s: float = 5.0,
                  stop_grace_s: float = 10.0) -> None:
         self.stores = Stores(settings, db_pool_size=4)
-        self.recorder = Recorder(self.stores)
+        self.shares = Shares(self.stores)
+        """This reconciler's share of the queues among the live ones (streams read, drift ticked)."""
+        self.recorder = Recorder(self.stores, shares=self.shares)
         self.outbox = OutboxRelay(self.stores)
         self.drift = DriftRepair(self.stores, grace_s=drift_grace_s)
         self.gauges = Gauges(self.stores)
@@ -133,7 +137,8 @@ class Reconciler:
         await self.outbox.relay()
 
     async def _drift(self) -> None:
-        queues = await self.recorder.queues()
+        await self.shares.refresh()
+        queues = self.shares.mine(await self.recorder.queues())
         # A fresh check each pass, as before the split: a queue another reconciler is
         # rebuilding (its stamp deleted) is left to that rebuild.
         untrusted = set(await untrusted_queues(self.stores))
@@ -216,6 +221,7 @@ class Reconciler:
         finally:
             self.stop.set()  # the recorder finishes its batch; loops get stop_grace_s, then are cancelled
             await asyncio.gather(recorder, loops, return_exceptions=True)
+            await self.shares.leave()
             await self.outbox.close()
             await self.stores.close()
         for task in (recorder, loops):

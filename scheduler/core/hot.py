@@ -62,6 +62,7 @@ __all__ = [
     "PageArgs",
     "PulseArgs",
     "ReapArgs",
+    "ReconcilerArgs",
     "RenewArgs",
     "Renewal",
     "ReplicatedClaims",
@@ -228,6 +229,12 @@ class PulseArgs(msgspec.Struct, frozen=True):
     worker: str
     liveness_ms: int
     """The worker counts as alive this long after the pulse (Redis server clock); 0: it is leaving."""
+
+
+class ReconcilerArgs(msgspec.Struct, frozen=True):
+    member: str
+    liveness_ms: int
+    """The reconciler counts as alive this long after the call (Redis server clock); 0: it is leaving."""
 
 
 class EscalateArgs(msgspec.Struct, frozen=True):
@@ -437,6 +444,8 @@ def _scalar(tp: Any) -> Callable[..., Any]:
         return lambda raw: raw.decode() if isinstance(raw, bytes) else str(raw)
     if tp == list[int]:
         return lambda raw: list(map(int, raw))
+    if tp == list[str]:
+        return lambda raw: [x.decode() if isinstance(x, bytes) else str(x) for x in raw]
     return tp  # type: ignore[no-any-return]  # int, bool
 
 
@@ -516,6 +525,7 @@ CONTRACTS: dict[str, Contract] = {
     "rescore_due": _contract(Page, RescoreArgs),
     "breaker_check": _contract(BreakerState, BreakerCheckArgs, keys=_BREAKER),
     "breaker_record": _contract(BreakerState, BreakerRecordArgs, keys=(*_BREAKER, "buckets")),
+    "reconcilers_live": _contract(list[str], ReconcilerArgs, keys=("live",)),
 }
 """Every script in lua/, by name."""
 
@@ -728,6 +738,10 @@ class Scripts:
 
     async def escalate_stop(self, keys: Keys, args: EscalateArgs) -> bool:
         return await self._call("escalate_stop", keys, args)  # type: ignore[no-any-return]
+
+    async def reconcilers_live(self, key: str, args: ReconcilerArgs) -> list[str]:
+        """`key`: keys.RECONCILERS_KEY. The members alive on the server's clock (this one included)."""
+        return await self._call("reconcilers_live", [key], args)  # type: ignore[no-any-return]
 
     async def breaker_check(self, keys: Sequence[str], args: BreakerCheckArgs) -> BreakerState:
         """`keys`: the breaker's keys (keys.breaker_keys)."""

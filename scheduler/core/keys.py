@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "QUEUES_KEY", "QUEUE_NAME_PATTERN", "QUEUE_SUFFIXES", "WORKERS_KEY", "Keys", "api_authfail_key", "api_rate_key",
+    "QUEUES_KEY", "QUEUE_NAME_PATTERN", "QUEUE_SUFFIXES", "RECONCILERS_KEY", "WORKERS_KEY", "Keys", "api_authfail_key",
+    "api_rate_key",
     "breaker_keys", "lua_keys", "recorder_poison_key",
     "valid_queue_name", "worker_key", "worker_stop_key",
 ]
@@ -37,6 +38,12 @@ def QUEUES_KEY(prefix: str) -> str:
 def WORKERS_KEY(prefix: str) -> str:
     """ZSET worker id -> last identity heartbeat (ms): who to list (not tagged, not on the hot path)."""
     return f"{prefix}:workers"
+
+
+def RECONCILERS_KEY(prefix: str) -> str:
+    """ZSET reconciler member -> alive until (ms, the Redis server's clock): who splits the queues'
+    streams and drift ticks (lua/reconcilers_live.lua, fencepost/reconciler/shares.py)."""
+    return f"{prefix}:reconcilers"
 
 
 def worker_key(prefix: str, worker_id: str) -> str:
