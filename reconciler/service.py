@@ -7,6 +7,7 @@ with one job, run as its own asyncio task (reconciler/loops.py):
     outbox      tick (1 s), or at once on a NOTIFY      runs committed in a producer's transaction -> Redis
     drift       tick (1 s)                              one incremental drift-repair step per queue of this
                                                         reconciler's share (shares.py; the recorder reads that share too)
+    shares      0.5 s                                   says this reconciler is alive, reads who else is (shares.py)
     refill      tick (1 s)                              free concurrency slots -> held runs
     gauges      5 s                                     fleet gauges and the stuck-run detector
     scale_hint  FENCEPOST_SCALE_EVERY_S (30 s)          fencepost_scale_hint_workers
@@ -58,7 +59,7 @@ class Reconciler:
     def __init__(self, settings: Settings | None = None, *, tick_s: float = 1.0, drift_grace_s: float = 5.0,
                  stop_grace_s: float = 10.0) -> None:
         self.stores = Stores(settings, db_pool_size=4)
-        self.shares = Shares(self.stores)
+        self.shares = Shares(self.stores, enabled=False)
         """This reconciler's share of the queues among the live ones (streams read, drift ticked)."""
         self.recorder = Recorder(self.stores, shares=self.shares)
         self.outbox = OutboxRelay(self.stores)
@@ -83,6 +84,7 @@ class Reconciler:
             Loop("reaper", self._reap_all, self.tick_s),
             Loop("outbox", self._relay, self.tick_s, wakeup=self.outbox.wakeup),
             Loop("drift", self._drift, self.tick_s),
+            Loop("shares", self._shares, self.shares.refresh_s),
             Loop("refill", self._refill, self.tick_s),
             Loop("gauges", self._observe, GAUGES_EVERY_S),
             Loop("scale_hint", self._scale_hint, self.scale_hints.every_s),
@@ -135,6 +137,9 @@ class Reconciler:
         if not self.outbox.listening():
             await self.outbox.listen()
         await self.outbox.relay()
+
+    async def _shares(self) -> None:
+        await self.shares.refresh(force=True)
 
     async def _drift(self) -> None:
         await self.shares.refresh()
@@ -212,6 +217,8 @@ class Reconciler:
             await self.outbox.listen()
         except Exception as exc:
             log.warning("outbox_listen failed: %s", exc, extra={"event": "outbox_listen_failed"})
+        self.shares.enabled = True  # the service splits the queues with the other live reconcilers
+        await self.shares.refresh(force=True)
         log.info("reconciler started", extra={"event": "reconciler_started"})
         recorder = asyncio.create_task(self.recorder.run(self.stop), name="fencepost-recorder")
         loops = asyncio.create_task(run_loops(self.loops.values(), self.stop, grace_s=self.stop_grace_s),

@@ -15,8 +15,11 @@ by its owner; the other maintenance loops are cheap or locked and run everywhere
 Nothing here is needed for correctness: two recorders on one stream record it exactly once (the
 consumer group, compare-and-set on versions, transitions locked in one order), so whenever the split is
 unknown (Redis unreachable, this member not yet in the set) a reconciler takes every queue, as before.
-A reconciler that dies leaves the set after `liveness_s` and its queues go to the others; entries it had
-read and not acknowledged are adopted by the survivors after the recorder's claim_idle_ms, as before.
+A reconciler that dies leaves the set after `liveness_s` (3 s) and its queues go to the others; entries
+it had read and not acknowledged are adopted by the survivors after the recorder's claim_idle_ms, as
+before. The service says it is alive from a loop of its own every `refresh_s` (0.5 s), so a long batch
+does not drop it from the set; one that drops out anyway (a stalled event loop) only makes two
+reconcilers read its queues until it is back, which is what they did before.
 """
 
 from __future__ import annotations
@@ -52,20 +55,23 @@ class Shares:
     """This reconciler's share of the queues. `refresh` (at most every `refresh_s`) says it is alive
     and reads who else is; `mine` keeps the queues it owns (all of them while the split is unknown)."""
 
-    def __init__(self, stores: Stores, *, member: str | None = None, liveness_s: float = 5.0,
-                 refresh_s: float = 1.0) -> None:
+    def __init__(self, stores: Stores, *, member: str | None = None, liveness_s: float = 3.0,
+                 refresh_s: float = 0.5, enabled: bool = True) -> None:
         self.stores = stores
         self.member = member or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         """Unique per process: two reconcilers on one host (one consumer name) are still two members."""
         self.liveness_s = liveness_s
         self.refresh_s = refresh_s
+        self.enabled = enabled
+        """False: every queue is this reconciler's (one-shot use: `Reconciler.maintain_once`, tests); the
+        service enables the split when it starts."""
         self.live: tuple[str, ...] | None = None
         """The members alive at the last refresh; None: unknown (every queue is this reconciler's)."""
         self._at = -math.inf
 
     async def refresh(self, *, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self._at < self.refresh_s:
+        if not self.enabled or (not force and now - self._at < self.refresh_s):
             return
         self._at = now
         try:
@@ -80,7 +86,7 @@ class Shares:
 
     def mine(self, queues: Iterable[str]) -> list[str]:
         live = self.live
-        if not live or self.member not in live or len(live) == 1:
+        if not self.enabled or not live or self.member not in live or len(live) == 1:
             return list(queues)
         return [q for q in queues if owner(q, live) == self.member]
 

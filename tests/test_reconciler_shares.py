@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from fencepost.client import Client
+from fencepost.core.config import Settings
 from fencepost.core.errors import RedisUnavailable
 from fencepost.core.hot import ClaimArgs, Finish, FinishArgs
 from fencepost.core.keys import RECONCILERS_KEY
@@ -18,6 +21,7 @@ from fencepost.core.models import Submit
 from fencepost.core.stores import Stores
 from fencepost.reconciler.recorder import Recorder
 from fencepost.reconciler.shares import Shares, owner
+from tests.conftest import spawn, stop, wait_until
 
 
 def test_every_queue_has_one_owner_and_a_leaver_moves_only_its_own_share() -> None:
@@ -130,3 +134,50 @@ async def test_the_live_set_is_kept_on_the_redis_servers_clock(stores: Stores) -
     (member, score), = await stores.redis.zrange(RECONCILERS_KEY(stores.settings.prefix), 0, -1, withscores=True)
     sec, usec = await stores.redis.time()
     assert member == b"rec-1" and abs(score - (sec * 1000 + usec // 1000 + 30_000)) < 2_000
+
+
+def test_one_shot_use_does_every_queue(stores: Stores) -> None:
+    """`Reconciler.maintain_once` and tests use a reconciler that is not running as a service: it must
+    tick every queue whoever else is alive (the service enables the split when it starts)."""
+    from fencepost.reconciler.service import Reconciler
+
+    rec = Reconciler(stores.settings)
+    rec.shares.live = ("someone-else", rec.shares.member)
+    assert rec.shares.mine(["a", "b", "c"]) == ["a", "b", "c"]
+
+
+@pytest.mark.slow
+async def test_two_reconciler_processes_one_killed_the_other_records_its_queue(
+        client: Client, stores: Stores, settings: Settings) -> None:
+    """Two `fencepost reconciler` processes; the one owning tq is SIGKILLed; the survivor records tq's
+    later transitions once the dead one's liveness is over."""
+    key = RECONCILERS_KEY(settings.prefix)
+    procs = {name: spawn(settings, "reconciler", FENCEPOST_RECORDER_ID=name) for name in ("rec-a", "rec-b")}
+    try:
+        async def both_live() -> bool:
+            return len(await stores.redis.zrange(key, 0, -1)) == 2
+
+        await wait_until(both_live, timeout=30, what="both reconcilers in the live set")
+        sec, usec = await stores.redis.time()
+        both_since = sec * 1000 + usec // 1000 + 3_000  # a member's score: its last refresh + its liveness (3 s)
+
+        async def each_saw_the_other() -> bool:  # both refreshed since both were in the set
+            return all(score > both_since for _, score in await stores.redis.zrange(key, 0, -1, withscores=True))
+
+        await wait_until(each_saw_the_other, timeout=30, what="each reconciler refreshed with the other in the set")
+        live = tuple(m.decode() for m in await stores.redis.zrange(key, 0, -1))
+        pid = int(owner("tq", live).split(":")[1])
+        dead = next(p for p in procs.values() if p.pid == pid)
+        first = await _work(client, stores, 100)
+
+        async def recorded(ids: list[int]) -> bool:
+            return {r.status for r in await stores.db.rows("run_status", ids)} == {"SUCCEEDED"}
+
+        await wait_until(lambda: recorded(first), timeout=30, what="tq recorded by its owner")
+        dead.kill()
+        dead.wait(10)
+        second = await _work(client, stores, 100)
+        await wait_until(lambda: recorded(second), timeout=30, what="tq recorded by the survivor")
+        assert len(await stores.redis.zrange(key, 0, -1)) == 1, "the dead one left the set (its liveness ran out)"
+    finally:
+        stop(procs.values())
