@@ -6,6 +6,16 @@ each updated once to SUCCEEDED as apply_runs does. Bytes per run, and how many u
     python bench/projection_hot.py          # scratch databases on the PostgreSQL at 127.0.0.1:5432
     python bench/projection_hot.py --indexes                 # what each runs index costs a submit and a finish
     python bench/projection_hot.py --explain runs_created_page runs_waiting_run_at   # who needs an index
+    python bench/projection_hot.py --narrow write --runs 50000 --rounds 5 [--claim]   # a real split, writes
+    python bench/projection_hot.py --narrow read --rounds 7                           # ... and its readers
+
+--narrow (docs/narrow-state-table.md): runs as migrated against the split (runs keeps the submit-time columns and
+the indexes on them; run_state carries the columns apply_runs sets and the 7 state indexes, fillfactor 70 or
+100), and against the split without state indexes (the lower bound above). write: per variant a scratch database
+fp_narrow_*, --runs runs by insert_runs_fresh in calls of 1,000, then apply_runs SUCCEEDED in batches of --batch
+(--claim: a RUNNING apply_runs first); bytes, WAL (EXPLAIN (ANALYZE, WAL) of each statement), backend CPU, HOT %,
+and the same under a REPEATABLE READ snapshot held through the updates. read: the listing, dead-letter, gauge and
+drift readers rewritten as runs JOIN run_state, at 200,000 runs, against the migrated ones.
 
 --indexes and --explain use one scratch database `fp_runs_cost` of 200,000 runs (88 % SUCCEEDED, 6 % PENDING,
 half of them due later, 3 % RETRY_WAIT, 3 % FAILED, 8 queues, created a second apart). --indexes: a
