@@ -109,10 +109,10 @@ async def fresh_database(admin_url: str, name: str) -> str:
     return url
 
 
-def spawn(settings: Settings, *args: str) -> subprocess.Popen[bytes]:
+def spawn(settings: Settings, *args: str, **extra: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, FENCEPOST_REDIS_URL=settings.redis_url, FENCEPOST_DATABASE_URL=settings.database_url,
                FENCEPOST_PREFIX=settings.prefix, FENCEPOST_LOG_FORMAT="json",
-               PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p))
+               PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p), **extra)
     nice = int(os.environ.get("BENCH_NICE", "0")) if args[:1] == ("reconciler",) else 0
     return subprocess.Popen([sys.executable, "-m", "fencepost.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -203,8 +203,8 @@ class Fencepost:
         PostgreSQL backends first."""
         self.harness_backends = pg_backend_pids(self.postmaster, FP_DB)()
         if reconciler:
-            for _ in range(self.a.reconcilers):
-                self.procs.append(spawn(self.settings, "reconciler"))
+            for i in range(self.a.reconcilers):  # replicas on one host: an id each (reconciler/shares.py)
+                self.procs.append(spawn(self.settings, "reconciler", FENCEPOST_RECORDER_ID=f"bench-rec-{i}"))
         for _ in range(workers):
             self.add_worker(*worker_args)
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
-import socket
 import time
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
@@ -38,7 +36,7 @@ from fencepost.core.states import ACTIVE, TERMINAL
 from fencepost.core.stores import Stores
 from fencepost.core.submit import SubmitPath
 from fencepost.reconciler import gauges
-from fencepost.reconciler.shares import Shares
+from fencepost.reconciler.shares import Shares, reconciler_id
 
 __all__ = ["GROUP", "Recorder", "stream_id_int"]
 
@@ -326,7 +324,7 @@ class Recorder:
         """The queues whose streams this recorder reads, among reconcilers as replicas (None: every queue)."""
         self.batch = batch
         # Stable across restarts of one host/container, so a restarted recorder re-reads its own pending entries.
-        self.consumer = consumer or os.environ.get("FENCEPOST_RECORDER_ID") or socket.gethostname()
+        self.consumer = consumer or reconciler_id()
         self.claim_idle_ms = claim_idle_ms
         self._groups: set[str] = set()
         self.recorded = 0

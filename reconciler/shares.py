@@ -15,7 +15,8 @@ by its owner; the other maintenance loops are cheap or locked and run everywhere
 Nothing here is needed for correctness: two recorders on one stream record it exactly once (the
 consumer group, compare-and-set on versions, transitions locked in one order), so whenever the split is
 unknown (Redis unreachable, this member not yet in the set) a reconciler takes every queue, as before.
-A reconciler that dies leaves the set after `liveness_s` (3 s) and its queues go to the others; entries
+A reconciler that dies leaves the set after `liveness_s` (3 s) and its queues go to the others (restarted
+under its name, FENCEPOST_RECORDER_ID or the host's, it takes its place back at once); entries
 it had read and not acknowledged are adopted by the survivors after the recorder's claim_idle_ms, as
 before. The service says it is alive from a loop of its own every `refresh_s` (0.5 s), so a long batch
 does not drop it from the set; one that drops out anyway (a stalled event loop) only makes two
@@ -28,7 +29,6 @@ import hashlib
 import logging
 import math
 import os
-import secrets
 import socket
 import time
 from collections.abc import Iterable
@@ -37,9 +37,18 @@ from fencepost.core.hot import ReconcilerArgs
 from fencepost.core.keys import RECONCILERS_KEY
 from fencepost.core.stores import Stores
 
-__all__ = ["Shares", "owner"]
+__all__ = ["Shares", "owner", "reconciler_id"]
 
 log = logging.getLogger("fencepost.reconciler")
+
+
+def reconciler_id() -> str:
+    """This reconciler's name: its recorder's consumer name in the streams' group and its member name in
+    the live set. Stable across restarts of one host or container (FENCEPOST_RECORDER_ID, else the host
+    name), so a restarted reconciler re-reads its own pending entries and takes its own place in the set
+    at once, instead of waiting for its dead incarnation's liveness to run out. Replicas on one host need
+    an id each (the same name is one member: both read every queue, as before the split)."""
+    return os.environ.get("FENCEPOST_RECORDER_ID") or socket.gethostname()
 
 
 def _rank(queue: str, member: str) -> bytes:
@@ -58,8 +67,7 @@ class Shares:
     def __init__(self, stores: Stores, *, member: str | None = None, liveness_s: float = 3.0,
                  refresh_s: float = 0.5, enabled: bool = True) -> None:
         self.stores = stores
-        self.member = member or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        """Unique per process: two reconcilers on one host (one consumer name) are still two members."""
+        self.member = member or reconciler_id()
         self.liveness_s = liveness_s
         self.refresh_s = refresh_s
         self.enabled = enabled

@@ -147,37 +147,44 @@ def test_one_shot_use_does_every_queue(stores: Stores) -> None:
 
 
 @pytest.mark.slow
-async def test_two_reconciler_processes_one_killed_the_other_records_its_queue(
+async def test_two_reconciler_processes_one_killed_the_other_records_its_queue_and_a_restart_takes_its_place(
         client: Client, stores: Stores, settings: Settings) -> None:
     """Two `fencepost reconciler` processes; the one owning tq is SIGKILLed; the survivor records tq's
-    later transitions once the dead one's liveness is over."""
+    later transitions once the dead one's liveness is over. Restarted under its name, the dead one takes
+    its place back (one member per name, never a ghost beside it)."""
     key = RECONCILERS_KEY(settings.prefix)
-    procs = {name: spawn(settings, "reconciler", FENCEPOST_RECORDER_ID=name) for name in ("rec-a", "rec-b")}
+    names = ("rec-a", "rec-b")
+    procs = {name: spawn(settings, "reconciler", FENCEPOST_RECORDER_ID=name) for name in names}
+
+    async def members() -> set[str]:
+        return {m.decode() for m in await stores.redis.zrange(key, 0, -1)}
+
+    async def recorded(ids: list[int]) -> bool:
+        return {r.status for r in await stores.db.rows("run_status", ids)} == {"SUCCEEDED"}
+
+    async def each_saw_the_other() -> bool:  # both refreshed since both were in the set
+        return all(score > since for _, score in await stores.redis.zrange(key, 0, -1, withscores=True))
+
     try:
         async def both_live() -> bool:
-            return len(await stores.redis.zrange(key, 0, -1)) == 2
+            return await members() == set(names)
 
         await wait_until(both_live, timeout=30, what="both reconcilers in the live set")
         sec, usec = await stores.redis.time()
-        both_since = sec * 1000 + usec // 1000 + 3_000  # a member's score: its last refresh + its liveness (3 s)
-
-        async def each_saw_the_other() -> bool:  # both refreshed since both were in the set
-            return all(score > both_since for _, score in await stores.redis.zrange(key, 0, -1, withscores=True))
-
+        since = sec * 1000 + usec // 1000 + 3_000  # a member's score: its last refresh + its liveness (3 s)
         await wait_until(each_saw_the_other, timeout=30, what="each reconciler refreshed with the other in the set")
-        live = tuple(m.decode() for m in await stores.redis.zrange(key, 0, -1))
-        pid = int(owner("tq", live).split(":")[1])
-        dead = next(p for p in procs.values() if p.pid == pid)
+        dead = owner("tq", names)
         first = await _work(client, stores, 100)
-
-        async def recorded(ids: list[int]) -> bool:
-            return {r.status for r in await stores.db.rows("run_status", ids)} == {"SUCCEEDED"}
-
         await wait_until(lambda: recorded(first), timeout=30, what="tq recorded by its owner")
-        dead.kill()
-        dead.wait(10)
+        procs[dead].kill()
+        procs[dead].wait(10)
         second = await _work(client, stores, 100)
         await wait_until(lambda: recorded(second), timeout=30, what="tq recorded by the survivor")
-        assert len(await stores.redis.zrange(key, 0, -1)) == 1, "the dead one left the set (its liveness ran out)"
+        assert await members() == set(names) - {dead}, "the dead one left the set (its liveness ran out)"
+        procs[dead] = spawn(settings, "reconciler", FENCEPOST_RECORDER_ID=dead)
+        await wait_until(both_live, timeout=30, what="the restarted reconciler back in the set")
+        third = await _work(client, stores, 100)
+        await wait_until(lambda: recorded(third), timeout=30, what="tq recorded after the restart")
+        assert await members() == set(names)
     finally:
         stop(procs.values())
