@@ -471,7 +471,8 @@ async def narrow_write(a):
     with open("/proc/loadavg") as f:
         load1 = f.read().split()[:3]
     print(f"--narrow: {n:,} runs per scratch database (fp_narrow_*), insert_runs_fresh in calls of 1,000, then "
-          f"{'apply_runs RUNNING (claim), then ' if a.claim else ''}apply_runs SUCCEEDED in batches of {a.batch}; {a.rounds} rounds, variants interleaved; medians "
+          f"{'apply_runs RUNNING (claim), then ' if a.claim else ''}apply_runs SUCCEEDED in batches of {a.batch}; "
+          f"{a.rounds} rounds, variants interleaved; medians "
           f"[min-max]; load average {' '.join(load0)} at start, {' '.join(load1)} at end")
 
     def med(v, hold, f):
