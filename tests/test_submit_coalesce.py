@@ -19,8 +19,8 @@ pytestmark = pytest.mark.asyncio
 
 
 class Traffic:
-    """What the client sends: statements on every pooled PostgreSQL connection (asyncpg's query
-    logger: a pool's reset query is logged too) and Redis commands by name."""
+    """What the client sends: statements on every pooled PostgreSQL connection and on the gateway's
+    lane (asyncpg's query logger: a pool's reset query is logged too) and Redis commands by name."""
 
     def __init__(self) -> None:
         self.sql: list[str] = []
@@ -34,6 +34,7 @@ class Traffic:
             conn.add_query_logger(lambda q: self.sql.append(q.query))
         for conn in held:
             await pool.release(conn)
+        client.stores.db.log_lane(lambda q: self.sql.append(q.query))  # lone statements go there
         self.sql.clear()
         redis = client.stores.redis
         real = redis.execute_command

@@ -465,6 +465,11 @@ class Database:
         self.url = url
         self._min, self._max = min_size, max_size
         self.pool: asyncpg.Pool | None = None
+        self._lane: asyncpg.Connection | None = None
+        """A connection of its own beside the pool for lone named queries (`_one`)."""
+        self._lane_busy = False
+        self._closing = False
+        self._lane_loggers: list[Callable[[Any], None]] = []
 
     @staticmethod
     async def _no_reset(conn: asyncpg.Connection) -> None:
@@ -475,6 +480,7 @@ class Database:
         lent by `session()` may hold session state: it resets them itself before giving them back."""
 
     async def connect(self) -> Database:
+        self._closing = False
         if self.pool is None:
             try:
                 self.pool = await asyncpg.create_pool(self.url, min_size=self._min, max_size=self._max,
@@ -485,6 +491,10 @@ class Database:
 
     async def close(self) -> None:
         if self.pool is not None:
+            self._closing = True  # a lane statement in flight closes its connection when it ends
+            lane, self._lane = self._lane, None
+            if lane is not None and not self._lane_busy:
+                lane.terminate()
             await self.pool.close()
             self.pool = None
 
@@ -497,36 +507,85 @@ class Database:
             raise DatabaseUnavailable("database not connected")
         return self.pool
 
-    def _on(self, conn: Conn | None) -> _Target:
-        if conn is None:
-            return self._p()
-        return conn.conn if isinstance(conn, Session) else conn
+    async def _fetch(self, conn: Conn | None, name: str, args: tuple[Any, ...]) -> list[asyncpg.Record]:
+        if conn is not None:
+            return await _fetch(conn.conn if isinstance(conn, Session) else conn, name, args)
+        return await self._one(_fetch, name, args)  # type: ignore[no-any-return]
+
+    async def _one(self, op: Callable[[_Target, str, tuple[Any, ...]], Awaitable[Any]], name: str,
+                   args: tuple[Any, ...]) -> Any:
+        """A lone named query (one autocommit statement) on the lane: a connection of this gateway's own
+        beside the pool. asyncpg's acquire and release around each pooled statement cost ~60 us of client
+        CPU, as much as a small statement's own round trip (a lone submit's insert: 176 against 109 us,
+        tests/test_db_lane.py's docstring), and pgqueuer pays neither. While the lane is busy (concurrent
+        callers) a statement takes a pooled connection as before. A lane PostgreSQL closed (a restart, an
+        idle timeout) is opened again before use; one whose statement did not end cleanly (a connection
+        lost mid-statement, a cancellation) is terminated, never reused in an unknown state."""
+        pool = self._p()
+        if self._lane_busy or self._closing:
+            return await op(pool, name, args)
+        self._lane_busy = True
+        lane: asyncpg.Connection | None = None
+        keep = False
+        try:
+            lane = self._lane
+            if lane is None or lane.is_closed():
+                self._lane = lane = None
+                try:
+                    lane = await asyncpg.connect(self.url)
+                except (*_MAPPED, asyncpg.PostgresError, TimeoutError):
+                    return await op(pool, name, args)  # no lane now (down, too many connections): the pool decides
+                for logger in self._lane_loggers:
+                    lane.add_query_logger(logger)
+            result = await op(lane, name, args)
+            keep = True
+            return result
+        except asyncpg.PostgresError:  # the statement's own error (a connection's is DatabaseUnavailable)
+            keep = True
+            raise
+        finally:
+            self._lane_busy = False
+            if lane is not None:
+                if keep and not self._closing:
+                    self._lane = lane
+                else:
+                    self._lane = None
+                    lane.terminate()  # its state is unknown (or the gateway is closing): never reuse it
+
+    def log_lane(self, logger: Callable[[Any], None]) -> None:
+        """asyncpg's query logger on the lane, now and on every lane opened later (tests that count the
+        statements a client sends; the pool's connections take `add_query_logger` themselves)."""
+        self._lane_loggers.append(logger)
+        if self._lane is not None:
+            self._lane.add_query_logger(logger)
 
     async def fetch(self, name: str, *args: Any, conn: Conn | None = None) -> list[asyncpg.Record]:
-        return await _fetch(self._on(conn), name, args)
+        return await self._fetch(conn, name, args)
 
     async def fetchrow(self, name: str, *args: Any, conn: Conn | None = None) -> asyncpg.Record | None:
-        rows = await _fetch(self._on(conn), name, args)
+        rows = await self._fetch(conn, name, args)
         return rows[0] if rows else None
 
     async def rows(self, name: str, *args: Any, conn: Conn | None = None) -> list[Any]:
         """The query's rows as its row Struct (`row_type(name)`: fields the `-- returns:` columns),
         read by attribute (`row.status`), never by string key. Typed Any statically: the Struct is
         made at run time from the header, and a test holds its fields to the header."""
-        return _typed(name, await _fetch(self._on(conn), name, args))
+        return _typed(name, await self._fetch(conn, name, args))
 
     async def row(self, name: str, *args: Any, conn: Conn | None = None) -> Any:
         """The first row as the query's row Struct, or None when there is no row."""
-        rows = await _fetch(self._on(conn), name, args)
+        rows = await self._fetch(conn, name, args)
         return _typed(name, rows[:1])[0] if rows else None
 
     async def fetchval(self, name: str, *args: Any, conn: Conn | None = None) -> Any:
         """First column of the first row (None when no row)."""
-        rows = await _fetch(self._on(conn), name, args)
+        rows = await self._fetch(conn, name, args)
         return rows[0][0] if rows else None
 
     async def execute(self, name: str, *args: Any, conn: Conn | None = None) -> str:
-        return await _execute(self._on(conn), name, args)
+        if conn is not None:
+            return await _execute(conn.conn if isinstance(conn, Session) else conn, name, args)
+        return await self._one(_execute, name, args)  # type: ignore[no-any-return]
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[Session]:
