@@ -522,7 +522,7 @@ class Database:
         idle timeout) is opened again before use; one whose statement did not end cleanly (a connection
         lost mid-statement, a cancellation) is terminated, never reused in an unknown state."""
         pool = self._p()
-        if self._lane_busy or self._closing:
+        if self._lane_busy or self._closing or pool.is_closing():
             return await op(pool, name, args)
         self._lane_busy = True
         lane: asyncpg.Connection | None = None
