@@ -36,6 +36,7 @@ from fencepost.core.hot import render
 from fencepost.core.models import Submit
 from fencepost.core.registry import Registry
 from fencepost.core.stores import Stores
+from fencepost.core.workers import list_workers
 from fencepost.reconciler.drift import DriftRepair
 from fencepost.reconciler.rebuild import rebuild_queue
 from fencepost.worker.runtime import Worker, WorkerOptions
@@ -444,13 +445,18 @@ async def test_api_reads_and_changes_rates(api: Api, client: Client) -> None:
 async def test_two_worker_processes_share_one_limit(client: Client, settings: Settings, stores: Stores,
                                                     tmp_path: Path) -> None:
     """30 runs of one account (3 per 400 ms) and 6 of another, two worker processes: every run
-    succeeds, and no 400 ms span of the server's clock holds more than 3 starts of one account."""
-    a = await client.submit_many([Submit(handler="t.rated", args=("A", i)) for i in range(30)])
-    b = await client.submit_many([Submit(handler="t.rated", args=("B", i)) for i in range(6)])
+    succeeds, and no 400 ms span of the server's clock holds more than 3 starts of one account.
+    Both workers are listed before the first submit: one that is still importing when the other
+    has claimed everything proves nothing about sharing (CI once saw exactly that)."""
     logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
     workers = [spawn(settings, "worker", "--app", "tests.apps:registry", "--queue", "tq", "--concurrency", "20",
                      log=log) for log in logs]
     try:
+        async def both_listed() -> bool:
+            return len(await list_workers(stores)) == 2
+        await wait_until(both_listed, timeout=60, what="both workers to list themselves")
+        a = await client.submit_many([Submit(handler="t.rated", args=("A", i)) for i in range(30)])
+        b = await client.submit_many([Submit(handler="t.rated", args=("B", i)) for i in range(6)])
         for rid in a + b:
             try:
                 out = await client.wait(rid, timeout=120)
