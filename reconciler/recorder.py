@@ -356,11 +356,25 @@ class Recorder:
     linger_batch = 1000
 
     async def _ensure_groups(self, queues: list[str]) -> list[str]:
-        streams = [self.stores.keys(q).events for q in queues]
-        for s in streams:
+        """The queues' streams, each with its group. A stream whose group cannot be made (its Redis
+        Cluster shard down) is left out of this batch, said once per stream every 10 s, so the other
+        queues are recorded; only every stream failing raises. (Before, the dead shard's XGROUP CREATE
+        failed the whole batch on every pass: no queue's history was recorded until its failover.)"""
+        streams: list[str] = []
+        failed: BaseException | None = None
+        for q in queues:
+            s = self.stores.keys(q).events
             if s not in self._groups:
-                await self.streams.create_group(s)
+                try:
+                    await self.streams.create_group(s)
+                except RedisUnavailableErrors as exc:
+                    failed = exc
+                    self._stream_failed(s, exc)
+                    continue
                 self._groups.add(s)
+            streams.append(s)
+        if not streams and failed is not None:
+            raise failed
         return streams
 
     queues_every_s = 5.0
