@@ -124,8 +124,8 @@ def _redis_client(settings: Settings) -> aioredis.Redis:
     if settings.redis_cluster:
         from redis.asyncio.cluster import RedisCluster
 
-        opts.pop("retry_on_timeout")  # the cluster client retries on its own (claims carry a deadline)
-        opts["retry"] = cluster_retry()
+        opts.pop("retry_on_timeout")  # the cluster client retries MOVED and refused nodes (claims carry a deadline),
+        opts["retry"] = cluster_retry()  # a few times, briefly
         return RedisCluster.from_url(settings.redis_url, **opts)  # type: ignore[return-value]
     return connect(settings.redis_url, health_check_interval=30, **opts)
 
